@@ -1,0 +1,1 @@
+"""Use cases, written once against the storage port."""

@@ -1,0 +1,358 @@
+"""Run lifecycle: creation with idempotency, fenced transitions, and the event log."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from ql3.application import rows
+from ql3.domain.errors import (
+    Conflict,
+    IdempotencyConflict,
+    InvalidRunTransition,
+    NotFound,
+    RunVersionConflict,
+    ValidationFailed,
+)
+from ql3.domain.ids import new_id
+from ql3.domain.model import Attempt, Run, RunEvent, Task
+from ql3.domain.states import attempt_transition_allowed, is_run_terminal, run_transition_allowed
+from ql3.ports.storage import Transaction
+
+MAX_EVENT_PAYLOAD_BYTES: Final = 2048
+MAX_PAGE: Final = 100
+DEFAULT_PAGE: Final = 50
+RUNS_CHANNEL: Final = "runs"
+# Payload keys that may ever appear in an event: low-sensitivity facts only (no command, env, pid...).
+EVENT_PAYLOAD_KEYS: Final = frozenset(
+    {
+        "trigger_type", "task_revision", "attempt", "attempt_id", "from", "to", "exit_code", "error_code",
+        "reason", "worker_id", "dispatch_count", "result", "outcome", "lease_generation", "mutation_id",
+        "previous_dispatch_version", "dispatch_version", "retry_delay_ms", "next_attempt_at_ms", "run_version",
+        "approval_request_id", "dispatch_id", "scheduled_for_ms", "delay_ms", "previous_result",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventSpec:
+    type: str
+    actor_type: str
+    actor_id: str | None = None
+    attempt_id: str | None = None
+    payload: dict[str, Any] | None = None
+    dedupe_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptChange:
+    """An Attempt CAS riding along a Run transition: expected status and callback sequence."""
+
+    attempt: Attempt
+    new: Attempt
+
+
+def _payload_json(payload: dict[str, Any] | None) -> str:
+    body = payload or {}
+    unknown = set(body) - EVENT_PAYLOAD_KEYS
+    if unknown:
+        raise ValidationFailed("event payload has keys outside the allowlist", keys=sorted(unknown))
+    text = json.dumps(body, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) > MAX_EVENT_PAYLOAD_BYTES:
+        raise ValidationFailed("event payload is too large")
+    return text
+
+
+def append_events(tx: Transaction, run_id: str, first_sequence: int, events: list[EventSpec]) -> None:
+    """Insert events with consecutive sequences; a failure aborts the caller's transaction."""
+    now = tx.now_ms()
+    for offset, ev in enumerate(events):
+        tx.run(
+            "event_insert",
+            {
+                "id": new_id(),
+                "run_id": run_id,
+                "sequence": first_sequence + offset,
+                "type": ev.type,
+                "dedupe_key": ev.dedupe_key,
+                "actor_type": ev.actor_type,
+                "actor_id": ev.actor_id,
+                "attempt_id": ev.attempt_id,
+                "payload_json": _payload_json(ev.payload),
+                "now": now,
+            },
+        )
+
+
+def lock_run(tx: Transaction, run_id: str) -> Run:
+    row = tx.one("run_lock", {"id": run_id})
+    if row is None:
+        raise NotFound("run not found")
+    return rows.run(row)
+
+
+def lock_attempt(tx: Transaction, attempt_id: str) -> Attempt:
+    row = tx.one("attempt_lock", {"id": attempt_id})
+    if row is None:
+        raise NotFound("attempt not found")
+    return rows.attempt(row)
+
+
+def latest_attempt(tx: Transaction, run_id: str) -> Attempt | None:
+    row = tx.one("attempt_latest", {"run_id": run_id})
+    return rows.attempt(row) if row else None
+
+
+def write_run(
+    tx: Transaction,
+    current: Run,
+    new: Run,
+    events: list[EventSpec],
+    attempt_change: AttemptChange | None = None,
+) -> Run:
+    """One Run change: CAS on the version, bump the event sequence, optional Attempt CAS, events.
+
+    The caller's transaction rolls all of it back if any step fails.
+    """
+    if new.status != current.status:
+        if is_run_terminal(current.status):
+            raise InvalidRunTransition("the run is already terminal", status=current.status)
+        if not run_transition_allowed(current.status, new.status):
+            raise InvalidRunTransition(status=current.status, to=new.status)
+    elif is_run_terminal(current.status):
+        raise InvalidRunTransition("the run is already terminal", status=current.status)
+    written = replace(new, version=current.version + 1, event_sequence=current.event_sequence + len(events))
+    count = tx.run(
+        "run_cas",
+        {
+            "id": current.id,
+            "expected_version": current.version,
+            "status": written.status,
+            "event_sequence": written.event_sequence,
+            "queued_at_ms": written.queued_at_ms,
+            "started_at_ms": written.started_at_ms,
+            "finished_at_ms": written.finished_at_ms,
+            "cancel_requested_at_ms": written.cancel_requested_at_ms,
+            "cancel_reason": written.cancel_reason,
+            "error_code": written.error_code,
+            "exit_code": written.exit_code,
+            "now": tx.now_ms(),
+        },
+    )
+    if count != 1:
+        raise RunVersionConflict(expected_version=current.version)
+    if attempt_change is not None:
+        write_attempt(tx, attempt_change.attempt, attempt_change.new)
+    append_events(tx, current.id, current.event_sequence + 1, events)
+    return written
+
+
+def write_attempt(tx: Transaction, current: Attempt, new: Attempt) -> Attempt:
+    if new.status != current.status and not attempt_transition_allowed(current.status, new.status):
+        raise InvalidRunTransition("the attempt cannot move to that status", status=current.status, to=new.status)
+    count = tx.run(
+        "attempt_cas",
+        {
+            "id": current.id,
+            "expected_status": current.status,
+            "expected_callback_sequence": current.callback_sequence,
+            "status": new.status,
+            "worker_id": new.worker_id,
+            "pid": new.pid,
+            "executor_handle": new.executor_handle,
+            "log_artifact_id": new.log_artifact_id,
+            "deadline_at_ms": new.deadline_at_ms,
+            "callback_token_hash": new.callback_token_hash,
+            "callback_sequence": new.callback_sequence,
+            "started_at_ms": new.started_at_ms,
+            "finished_at_ms": new.finished_at_ms,
+            "exit_code": new.exit_code,
+            "error_code": new.error_code,
+        },
+    )
+    if count != 1:
+        raise Conflict("the attempt changed concurrently")
+    return new
+
+
+def transition(
+    tx: Transaction,
+    run_id: str,
+    expected_version: int,
+    to: str,
+    *,
+    actor_type: str,
+    actor_id: str | None = None,
+    **fields: Any,
+) -> Run:
+    """Move a Run to ``to`` if it is still at ``expected_version``; appends ``run.<to>``."""
+    current = lock_run(tx, run_id)
+    if current.version != expected_version:
+        raise RunVersionConflict(expected_version=expected_version)
+    new = replace(current, status=to, **fields)
+    return write_run(
+        tx,
+        current,
+        new,
+        [
+            EventSpec(
+                type=f"run.{to}",
+                actor_type=actor_type,
+                actor_id=actor_id,
+                payload={"from": current.status, "to": to},
+                dedupe_key=f"run-transition:{expected_version}:{to}",
+            )
+        ],
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateRun:
+    """One typed input for run creation, built by HTTP, CLI, cron and approved actions alike."""
+
+    project_id: str
+    task: Task
+    trigger_type: str = "manual"
+    trigger_id: str | None = None
+    idempotency_key: str | None = None
+    priority: int = 0
+    request_id: str | None = None
+    retry_of_run_id: str | None = None
+    scheduled_for_ms: int | None = None
+    actor_type: str = "user"
+    actor_id: str | None = None
+
+
+def validate_idempotency_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not 1 <= len(key) <= 255 or any(ord(c) < 32 for c in key):
+        raise ValidationFailed("invalid idempotency key", field="idempotency_key")
+    return key
+
+
+def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
+    """Create a queued Run with its first (claimed) Attempt and two events.
+
+    Returns ``(run, True)`` for a new run, ``(existing, False)`` when the idempotency key was already
+    used in this project for the same task; the unique index is the final arbiter under races.
+    """
+    if not -(2**31) <= cmd.priority < 2**31:
+        raise ValidationFailed("priority out of range", field="priority")
+    now = tx.now_ms()
+    run_id = new_id()
+    inserted = tx.run(
+        "run_insert",
+        {
+            "id": run_id,
+            "project_id": cmd.project_id,
+            "task_id": cmd.task.id,
+            "task_revision": cmd.task.revision,
+            "trigger_type": cmd.trigger_type,
+            "trigger_id": cmd.trigger_id,
+            "status": "queued",
+            "priority": cmd.priority,
+            "idempotency_key": cmd.idempotency_key,
+            "request_id": cmd.request_id,
+            "retry_of_run_id": cmd.retry_of_run_id,
+            "scheduled_for_ms": cmd.scheduled_for_ms,
+            "queued_at_ms": now,
+            "now": now,
+        },
+    )
+    if inserted == 0:
+        if cmd.idempotency_key is None:
+            raise Conflict("run id collision")
+        row = tx.one(
+            "run_by_idempotency", {"project_id": cmd.project_id, "idempotency_key": cmd.idempotency_key}
+        )
+        if row is None:
+            raise Conflict("run id collision")
+        existing = rows.run(row)
+        if existing.task_id != cmd.task.id:
+            raise IdempotencyConflict()
+        return existing, False
+    attempt_id = new_id()
+    tx.run(
+        "attempt_insert",
+        {
+            "id": attempt_id,
+            "run_id": run_id,
+            "attempt": 1,
+            "status": "claimed",
+            "executor_type": "local_process",
+            "now": now,
+        },
+    )
+    current = rows.run(tx.one("run_get", {"id": run_id}) or {})
+    payload = {"trigger_type": cmd.trigger_type, "task_revision": cmd.task.revision}
+    if cmd.scheduled_for_ms is not None:
+        payload["scheduled_for_ms"] = cmd.scheduled_for_ms
+    # created and queued are facts of this one transaction (event_sequence starts at 2, version at 0).
+    append_events(
+        tx,
+        run_id,
+        1,
+        [
+            EventSpec(type="run.created", actor_type=cmd.actor_type, actor_id=cmd.actor_id, payload=payload),
+            EventSpec(type="run.queued", actor_type="system", attempt_id=attempt_id, payload={"attempt": 1}),
+        ],
+    )
+    tx.notify(RUNS_CHANNEL)
+    return current, True
+
+
+def get_run(tx: Transaction, project_id: str, run_id: str) -> Run:
+    row = tx.one("run_get_in_project", {"id": run_id, "project_id": project_id})
+    if row is None:
+        raise NotFound("run not found")
+    return rows.run(row)
+
+
+def encode_cursor(created_at_ms: int, run_id: str) -> str:
+    raw = json.dumps([created_at_ms, run_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    try:
+        if len(cursor) > 200:
+            raise ValueError
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        value = json.loads(raw)
+        if (
+            not isinstance(value, list)
+            or len(value) != 2
+            or not isinstance(value[0], int)
+            or not isinstance(value[1], str)
+        ):
+            raise ValueError
+        return int(value[0]), str(value[1])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationFailed("invalid cursor", field="cursor") from exc
+
+
+def list_runs(
+    tx: Transaction, project_id: str, *, task_id: str | None, cursor: str | None, limit: int
+) -> tuple[list[Run], str | None]:
+    """Newest first, keyset paginated; reads ``limit + 1`` to know whether a next page exists."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValidationFailed("limit out of range", field="limit")
+    params: dict[str, Any] = {"project_id": project_id, "limit": limit + 1, "task_id": task_id}
+    prefix = "run_list_task" if task_id else "run_list"
+    if cursor:
+        params["cursor_ms"], params["cursor_id"] = decode_cursor(cursor)
+        found = tx.all(f"{prefix}_after", params)
+    else:
+        found = tx.all(f"{prefix}_first", params)
+    runs = [rows.run(r) for r in found[:limit]]
+    next_cursor = encode_cursor(runs[-1].created_at_ms, runs[-1].id) if len(found) > limit else None
+    return runs, next_cursor
+
+
+def list_events(tx: Transaction, run_id: str, *, after: int, limit: int) -> list[RunEvent]:
+    if not 1 <= limit <= 500 or after < 0:
+        raise ValidationFailed("page out of range")
+    return [rows.event(r) for r in tx.all("event_list", {"run_id": run_id, "after": after, "limit": limit})]

@@ -1,0 +1,129 @@
+"""Tasks and their immutable revisions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from ql3.application import rows
+from ql3.domain.errors import Conflict, NameTaken, NotFound, ValidationFailed
+from ql3.domain.ids import is_id, new_id
+from ql3.domain.model import Task, TaskRevision
+from ql3.domain.tasks import TaskSpec, build_spec, validate_name
+from ql3.ports.storage import Transaction
+
+MAX_TASK_PAGE: Final = 200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskView:
+    task: Task
+    revision: TaskRevision
+    spec: TaskSpec
+
+
+def find_task(tx: Transaction, project_id: str, ref: str) -> Task:
+    """A live task by id or name within the project; another project's id is simply not found."""
+    if not isinstance(ref, str) or not ref or len(ref) > 128:
+        raise NotFound("task not found")
+    query = "task_get_by_id" if is_id(ref) else "task_get_by_name"
+    row = tx.one(query, {"project_id": project_id, "ref": ref})
+    if row is None and query == "task_get_by_id":
+        row = tx.one("task_get_by_name", {"project_id": project_id, "ref": ref})
+    if row is None:
+        raise NotFound("task not found")
+    return rows.task(row)
+
+
+def get_revision(tx: Transaction, task_id: str, revision: int) -> TaskRevision:
+    """Exact lookup of a pinned revision; there is never a fallback to the latest."""
+    row = tx.one("task_revision_get", {"task_id": task_id, "revision": revision})
+    if row is None:
+        raise NotFound("task revision not found")
+    return rows.task_revision(row)
+
+
+def view(tx: Transaction, task: Task) -> TaskView:
+    rev = get_revision(tx, task.id, task.revision)
+    return TaskView(task=task, revision=rev, spec=build_spec(rev.spec))
+
+
+def _insert_revision(tx: Transaction, task_id: str, revision: int, spec: TaskSpec) -> None:
+    tx.run(
+        "task_revision_insert",
+        {
+            "task_id": task_id,
+            "revision": revision,
+            "spec_json": json.dumps(spec.to_dict(), separators=(",", ":")),
+            "content_digest": spec.digest(),
+            "now": tx.now_ms(),
+        },
+    )
+
+
+def create_task(tx: Transaction, project_id: str, name: str, raw_spec: Mapping[str, Any], enabled: bool = True) -> TaskView:
+    validate_name(name)
+    spec = build_spec(raw_spec)
+    task_id = new_id()
+    inserted = tx.run(
+        "task_insert",
+        {"id": task_id, "project_id": project_id, "name": name, "enabled": int(enabled), "now": tx.now_ms()},
+    )
+    if inserted != 1:
+        raise NameTaken()
+    _insert_revision(tx, task_id, 1, spec)
+    return view(tx, find_task(tx, project_id, task_id))
+
+
+def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, Any]) -> TaskView:
+    """Publish a new revision from the current one plus ``changes``; history is never rewritten."""
+    if not changes:
+        raise ValidationFailed("nothing to change")
+    current = view(tx, find_task(tx, project_id, ref))
+    merged = current.spec.to_dict()
+    merged.update(changes)
+    spec = build_spec(merged)
+    if spec.digest() == current.revision.content_digest:
+        return current
+    new_revision = current.task.revision + 1
+    _insert_revision(tx, current.task.id, new_revision, spec)
+    _update(tx, current.task, replace(current.task, revision=new_revision))
+    return view(tx, find_task(tx, project_id, current.task.id))
+
+
+def _update(tx: Transaction, current: Task, new: Task) -> None:
+    count = tx.run(
+        "task_update",
+        {
+            "id": current.id,
+            "enabled": int(new.enabled),
+            "revision": new.revision,
+            "expected_revision": current.revision,
+            "expected_enabled": int(current.enabled),
+            "now": tx.now_ms(),
+        },
+    )
+    if count != 1:
+        raise Conflict("the task changed concurrently")
+
+
+def set_enabled(tx: Transaction, project_id: str, ref: str, enabled: bool) -> TaskView:
+    task = find_task(tx, project_id, ref)
+    if task.enabled != enabled:
+        _update(tx, task, replace(task, enabled=enabled))
+    return view(tx, find_task(tx, project_id, task.id))
+
+
+def delete_task(tx: Transaction, project_id: str, ref: str) -> Task:
+    """Soft delete: runs keep their pinned revisions; the name becomes free again."""
+    task = find_task(tx, project_id, ref)
+    tx.run("task_delete", {"id": task.id, "now": tx.now_ms()})
+    return task
+
+
+def list_tasks(tx: Transaction, project_id: str, *, after: str = "", limit: int = MAX_TASK_PAGE) -> list[TaskView]:
+    if not 1 <= limit <= MAX_TASK_PAGE:
+        raise ValidationFailed("limit out of range", field="limit")
+    return [view(tx, rows.task(r)) for r in tx.all("task_list", {"project_id": project_id, "after": after, "limit": limit})]

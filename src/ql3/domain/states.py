@@ -1,0 +1,45 @@
+"""Run and Attempt state machines (domain.md section 2)."""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+RunStatus = Literal[
+    "created", "queued", "dispatching", "running", "waiting_approval", "retry_wait", "lost",
+    "succeeded", "failed", "cancelled", "timed_out",
+]
+AttemptStatus = Literal["claimed", "starting", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
+
+RUN_TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+ATTEMPT_TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
+ATTEMPT_ACTIVE: Final = frozenset({"claimed", "starting", "running"})
+
+RUN_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
+    "created": frozenset({"queued", "cancelled"}),
+    "queued": frozenset({"dispatching", "cancelled", "timed_out"}),
+    "dispatching": frozenset({"running", "retry_wait", "failed", "cancelled", "lost", "timed_out"}),
+    "running": frozenset(
+        {"waiting_approval", "retry_wait", "succeeded", "failed", "cancelled", "timed_out", "lost"}
+    ),
+    "waiting_approval": frozenset({"running", "cancelled", "timed_out"}),
+    "retry_wait": frozenset({"queued", "cancelled", "timed_out"}),
+    "lost": frozenset({"queued", "failed", "cancelled", "retry_wait"}),
+}
+
+ATTEMPT_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
+    "claimed": frozenset({"starting", "cancelled", "lost"}),
+    "starting": frozenset({"running", "failed", "cancelled", "timed_out", "lost"}),
+    "running": frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"}),
+}
+
+
+def run_transition_allowed(current: str, to: str) -> bool:
+    return to in RUN_TRANSITIONS.get(current, frozenset())
+
+
+def attempt_transition_allowed(current: str, to: str) -> bool:
+    return to in ATTEMPT_TRANSITIONS.get(current, frozenset())
+
+
+def is_run_terminal(status: str) -> bool:
+    return status in RUN_TERMINAL

@@ -1,0 +1,216 @@
+"""Task definitions: validation, normalisation and the revision content digest."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from cronsim import CronSim, CronSimError
+
+from ql3.domain.digests import canonical_json, domain_digest
+from ql3.domain.errors import ValidationFailed
+
+NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+LABEL_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+MAX_COMMAND_BYTES: Final = 128 * 1024
+MAX_ENV_ENTRIES: Final = 256
+MAX_ENV_VALUE_BYTES: Final = 64 * 1024
+MAX_ENV_TOTAL_BYTES: Final = 256 * 1024
+MAX_TIMEOUT_MS: Final = 7 * 24 * 3600 * 1000
+MAX_GRACE_MS: Final = 5 * 60 * 1000
+MAX_PLACEMENT_ENTRIES: Final = 16
+MAX_ATTEMPTS: Final = 16
+TASK_DIGEST_DOMAIN: Final = "ql3.task-revision.v1"
+
+Overlap = Literal["allow", "skip", "cancel_previous"]
+OVERLAPS: Final = ("allow", "skip", "cancel_previous")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preference:
+    labels: dict[str, str]
+    weight: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec:
+    """The immutable content of one task revision."""
+
+    command: str
+    cron: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    environment_policy: Literal["inherit", "isolated"] = "inherit"
+    timeout_ms: int | None = None
+    grace_ms: int = 5000
+    require: dict[str, str] = field(default_factory=dict)
+    prefer: tuple[Preference, ...] = ()
+    overlap: Overlap = "allow"
+    approval: Literal["none", "required"] = "none"
+    max_attempts: int = 1
+    executor: str = "local_process"
+
+    def to_dict(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["prefer"] = [{"labels": dict(p.labels), "weight": p.weight} for p in self.prefer]
+        return body
+
+    def digest(self) -> str:
+        return domain_digest(TASK_DIGEST_DOMAIN, canonical_json(self.to_dict()))
+
+
+def validate_name(name: object, what: str = "name") -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValidationFailed(f"invalid {what}", field=what)
+    return name
+
+
+def validate_cron(expr: object) -> str:
+    """Five-field cron in UTC; macros (``@daily``) are refused so the schedule is always explicit."""
+    if not isinstance(expr, str) or not expr.strip() or len(expr) > 256 or expr.strip().startswith("@"):
+        raise ValidationFailed("invalid cron expression", field="cron")
+    normalized = " ".join(expr.split())
+    if len(normalized.split(" ")) != 5:
+        raise ValidationFailed("invalid cron expression", field="cron")
+    try:
+        CronSim(normalized, datetime(2026, 1, 1, tzinfo=UTC))
+    except (CronSimError, ValueError) as exc:
+        raise ValidationFailed("invalid cron expression", field="cron") from exc
+    return normalized
+
+
+def next_fire_ms(expr: str, after_ms: int) -> int:
+    """The first occurrence of ``expr`` strictly after ``after_ms`` (UTC)."""
+    start = datetime.fromtimestamp(after_ms / 1000, tz=UTC)
+    it = CronSim(expr, start)
+    nxt: datetime = next(it)
+    return int(nxt.timestamp() * 1000)
+
+
+def _text(value: object, what: str, max_bytes: int) -> str:
+    if not isinstance(value, str):
+        raise ValidationFailed(f"invalid {what}", field=what)
+    if "\x00" in value:
+        raise ValidationFailed(f"{what} contains NUL", field=what)
+    if len(value.encode()) > max_bytes:
+        raise ValidationFailed(f"{what} is too large", field=what)
+    return value
+
+
+def _labels(value: object, what: str) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise ValidationFailed(f"invalid {what}", field=what)
+    if len(value) > MAX_PLACEMENT_ENTRIES:
+        raise ValidationFailed(f"too many {what}", field=what)
+    out: dict[str, str] = {}
+    for key, val in value.items():
+        if not isinstance(key, str) or not LABEL_KEY_RE.match(key):
+            raise ValidationFailed(f"invalid {what} key", field=what)
+        out[key] = _text(val, what, 256)
+        if any(ord(c) < 32 for c in out[key]):
+            raise ValidationFailed(f"invalid {what} value", field=what)
+    return dict(sorted(out.items()))
+
+
+def _int(value: object, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValidationFailed(f"{what} must be an integer in [{lo}, {hi}]", field=what)
+    return value
+
+
+def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
+    """Validate and normalise a task definition; unknown keys are refused."""
+    allowed = set(TaskSpec.__dataclass_fields__)
+    unknown = set(raw) - allowed
+    if unknown:
+        raise ValidationFailed("unknown fields", fields=sorted(unknown)[:16])
+    command = _text(raw.get("command"), "command", MAX_COMMAND_BYTES)
+    if not command.strip():
+        raise ValidationFailed("command must not be empty", field="command")
+    cron = raw.get("cron")
+    cwd = raw.get("cwd")
+    if cwd is not None:
+        cwd = _text(cwd, "cwd", 4096)
+        if not cwd.startswith("/"):
+            raise ValidationFailed("cwd must be an absolute path", field="cwd")
+    env_raw = raw.get("env") or {}
+    if not isinstance(env_raw, Mapping) or len(env_raw) > MAX_ENV_ENTRIES:
+        raise ValidationFailed("invalid env", field="env")
+    env: dict[str, str] = {}
+    total = 0
+    for key, val in env_raw.items():
+        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
+            raise ValidationFailed("invalid env key", field="env")
+        env[key] = _text(val, "env", MAX_ENV_VALUE_BYTES)
+        total += len(key) + len(env[key].encode())
+    if total > MAX_ENV_TOTAL_BYTES:
+        raise ValidationFailed("env is too large", field="env")
+    policy = raw.get("environment_policy", "inherit")
+    if policy not in ("inherit", "isolated"):
+        raise ValidationFailed("invalid environment_policy", field="environment_policy")
+    timeout = raw.get("timeout_ms")
+    if timeout is not None:
+        timeout = _int(timeout, "timeout_ms", 1, MAX_TIMEOUT_MS)
+    prefer_raw = raw.get("prefer") or []
+    if not isinstance(prefer_raw, list | tuple) or len(prefer_raw) > MAX_PLACEMENT_ENTRIES:
+        raise ValidationFailed("invalid prefer", field="prefer")
+    prefer: list[Preference] = []
+    for entry in prefer_raw:
+        if not isinstance(entry, Mapping) or set(entry) - {"labels", "weight"}:
+            raise ValidationFailed("invalid prefer entry", field="prefer")
+        prefer.append(
+            Preference(
+                labels=_labels(entry.get("labels", {}), "prefer"),
+                weight=_int(entry.get("weight", 1), "weight", 1, 100),
+            )
+        )
+    overlap = raw.get("overlap", "allow")
+    if overlap not in OVERLAPS:
+        raise ValidationFailed("invalid overlap", field="overlap")
+    approval = raw.get("approval", "none")
+    if approval not in ("none", "required"):
+        raise ValidationFailed("invalid approval", field="approval")
+    executor = raw.get("executor", "local_process")
+    if executor != "local_process":
+        raise ValidationFailed("unsupported executor", field="executor")
+    return TaskSpec(
+        command=command,
+        cron=validate_cron(cron) if cron is not None else None,
+        cwd=cwd,
+        env=dict(sorted(env.items())),
+        environment_policy=policy,
+        timeout_ms=timeout,
+        grace_ms=_int(raw.get("grace_ms", 5000), "grace_ms", 0, MAX_GRACE_MS),
+        require=_labels(raw.get("require") or {}, "require"),
+        prefer=tuple(prefer),
+        overlap=overlap,
+        approval=approval,
+        max_attempts=_int(raw.get("max_attempts", 1), "max_attempts", 1, MAX_ATTEMPTS),
+        executor=executor,
+    )
+
+
+def spec_from_stored(data: Mapping[str, Any]) -> TaskSpec:
+    return build_spec(data)
+
+
+def public_spec(spec: TaskSpec) -> dict[str, Any]:
+    """What management surfaces may show: never the command, cwd or env values."""
+    return {
+        "cron": spec.cron,
+        "env_keys": sorted(spec.env),
+        "has_cwd": spec.cwd is not None,
+        "environment_policy": spec.environment_policy,
+        "timeout_ms": spec.timeout_ms,
+        "grace_ms": spec.grace_ms,
+        "require": dict(spec.require),
+        "prefer": [{"labels": dict(p.labels), "weight": p.weight} for p in spec.prefer],
+        "overlap": spec.overlap,
+        "approval": spec.approval,
+        "max_attempts": spec.max_attempts,
+        "executor": spec.executor,
+    }

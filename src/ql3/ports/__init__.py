@@ -1,0 +1,1 @@
+"""Interfaces (typing.Protocol). Each method's docstring is its contract."""

@@ -1,0 +1,1 @@
+"""Storage adapters (SQLite and PostgreSQL) and the migration runner."""

@@ -1,0 +1,226 @@
+"""PostgreSQL adapter: psycopg 3 with a pool; the database clock is the time authority."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from ql3.domain.errors import Conflict, StorageBusy, StorageUnavailable
+from ql3.ports.storage import Params, Row, Transaction
+from ql3.storage.migrations import MigrationState, chain, verify_applied
+from ql3.storage.notify import LocalNotifier
+from ql3.storage.queries import catalogue
+
+T = TypeVar("T")
+MAX_TX_RETRIES = 5
+# Statement 5 s, lock 1 s, idle-in-transaction 10 s (domain.md conventions).
+_OPTIONS = "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=10000"
+_MIGRATION_LOCK = 7_301_114_003
+
+
+class PostgresTransaction:
+    dialect = "postgres"
+
+    def __init__(self, conn: psycopg.Connection[Row], queries: dict[str, str]) -> None:
+        self._conn = conn
+        self._queries = queries
+        self._now: int | None = None
+        self.channels: set[str] = set()
+
+    def now_ms(self) -> int:
+        if self._now is None:
+            row = self._conn.execute("SELECT ql3_now_ms() AS now").fetchone()
+            assert row is not None
+            self._now = int(row["now"])
+        return self._now
+
+    def _exec(self, query: str, params: Params | None) -> psycopg.Cursor[Row]:
+        try:
+            return self._conn.execute(self._queries[query], dict(params or {}))
+        except pg_errors.IntegrityError as exc:
+            raise Conflict("a uniqueness or integrity rule rejected the write", query=query) from exc
+
+    def one(self, query: str, params: Params | None = None) -> Row | None:
+        cur = self._exec(query, params)
+        return cur.fetchone() if cur.description else None
+
+    def all(self, query: str, params: Params | None = None) -> list[Row]:
+        return self._exec(query, params).fetchall()
+
+    def run(self, query: str, params: Params | None = None) -> int:
+        return self._exec(query, params).rowcount
+
+    def notify(self, channel: str) -> None:
+        self.channels.add(channel)
+
+
+class PostgresDatabase:
+    """The cluster engine: replicas coordinate only through row locks, CAS and LISTEN/NOTIFY."""
+
+    dialect = "postgres"
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8) -> None:
+        self.dsn = dsn
+        self._queries = catalogue("postgres")
+        self.notifier = LocalNotifier()
+        self._listener: threading.Thread | None = None
+        self._stop = threading.Event()
+        try:
+            self.pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                kwargs={"row_factory": dict_row, "autocommit": True, "options": _OPTIONS},
+                open=True,
+                timeout=10.0,
+            )
+        except psycopg.Error as exc:
+            raise StorageUnavailable() from exc
+
+    def transaction(self, fn: Callable[[Transaction], T], *, write: bool = True) -> T:
+        for attempt in range(MAX_TX_RETRIES):
+            try:
+                with self.pool.connection() as conn:
+                    tx = PostgresTransaction(conn, self._queries)
+                    with conn.transaction():
+                        if not write:
+                            conn.execute("SET TRANSACTION READ ONLY")
+                        result = fn(tx)
+                        for channel in sorted(tx.channels):
+                            conn.execute("SELECT pg_notify(%s, '')", (f"ql3_{channel}",))
+                for channel in tx.channels:
+                    self.notifier.notify(channel)
+                return result
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as exc:
+                if attempt + 1 >= MAX_TX_RETRIES:
+                    raise StorageBusy() from exc
+                time.sleep(min(0.2, 0.005 * 2**attempt) * (0.5 + random.random()))
+            except (pg_errors.LockNotAvailable, pg_errors.QueryCanceled) as exc:
+                raise StorageBusy() from exc
+            except psycopg.OperationalError as exc:
+                raise StorageUnavailable() from exc
+        raise StorageBusy()
+
+    def start_listening(self, channels: list[str]) -> None:
+        """Relay NOTIFYs from other replicas into the local notifier (one thread, blocking)."""
+        if self._listener is not None:
+            return
+
+        def listen() -> None:
+            while not self._stop.is_set():
+                try:
+                    with psycopg.connect(self.dsn, autocommit=True) as conn:
+                        for channel in channels:
+                            conn.execute(f"LISTEN ql3_{channel}")  # channel names are internal constants
+                        while not self._stop.is_set():
+                            for note in conn.notifies(timeout=1.0):
+                                self.notifier.notify(note.channel.removeprefix("ql3_"))
+                except psycopg.Error:
+                    self._stop.wait(1.0)
+
+        self._listener = threading.Thread(target=listen, name="ql3-pg-listen", daemon=True)
+        self._listener.start()
+
+    def wait_for(self, channel: str, timeout_s: float) -> bool:
+        return self.notifier.wait(channel, timeout_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.pool.close()
+        if self._listener is not None:
+            self._listener.join(timeout=3)
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def _applied(self, conn: psycopg.Connection[Row]) -> dict[int, tuple[str, str, int]]:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS ql3_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            " checksum TEXT NOT NULL, applied_at_ms BIGINT NOT NULL)"
+        )
+        rows = conn.execute("SELECT version, name, checksum, applied_at_ms FROM ql3_schema_migrations").fetchall()
+        return {int(r["version"]): (str(r["name"]), str(r["checksum"]), int(r["applied_at_ms"])) for r in rows}
+
+    def migrate(self) -> list[int]:
+        """Apply pending migrations under an advisory lock so concurrent replicas serialise."""
+        applied_now: list[int] = []
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            applied = self._applied(conn)
+            for migration in verify_applied("postgres", {v: c for v, (_, c, _) in applied.items()}):
+                conn.execute(migration.sql.encode())
+                conn.execute(
+                    "INSERT INTO ql3_schema_migrations (version, name, checksum, applied_at_ms)"
+                    " VALUES (%s, %s, %s, %s)",
+                    (migration.version, migration.name, migration.checksum, time.time_ns() // 1_000_000),
+                )
+                applied_now.append(migration.version)
+        return applied_now
+
+    def migration_status(self) -> list[MigrationState]:
+        with self.pool.connection() as conn:
+            applied = self._applied(conn)
+        verify_applied("postgres", {v: c for v, (_, c, _) in applied.items()})
+        return [
+            MigrationState(
+                version=m.version,
+                name=m.name,
+                applied=m.version in applied,
+                applied_at_ms=applied[m.version][2] if m.version in applied else None,
+            )
+            for m in chain("postgres")
+        ]
+
+    def schema_snapshot(self) -> str:
+        """Normalised description of tables, columns, indexes and functions."""
+        lines: list[str] = []
+        with self.pool.connection() as conn:
+            for r in conn.execute(
+                "SELECT table_name, column_name, data_type, is_nullable, column_default"
+                " FROM information_schema.columns WHERE table_schema = current_schema()"
+                " AND table_name != 'ql3_schema_migrations' ORDER BY table_name, ordinal_position"
+            ):
+                lines.append(
+                    f"COLUMN {r['table_name']}.{r['column_name']} {r['data_type']}"
+                    f" null={r['is_nullable']} default={r['column_default']}"
+                )
+            for r in conn.execute(
+                "SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema()"
+                " AND tablename != 'ql3_schema_migrations' ORDER BY indexname"
+            ):
+                lines.append(f"INDEX {r['indexdef']}")
+            for r in conn.execute(
+                "SELECT conrelid::regclass::text AS t, conname, pg_get_constraintdef(oid) AS def"
+                " FROM pg_constraint WHERE connamespace = current_schema()::regnamespace"
+                " AND conrelid::regclass::text != 'ql3_schema_migrations' ORDER BY 1, 2"
+            ):
+                lines.append(f"CONSTRAINT {r['t']}.{r['conname']} {r['def']}")
+            for r in conn.execute(
+                "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                " WHERE n.nspname = current_schema() ORDER BY 1"
+            ):
+                lines.append(f"FUNCTION {r['proname']}")
+        return "\n".join(lines) + "\n"
+
+    def columns(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        with self.pool.connection() as conn:
+            for r in conn.execute(
+                "SELECT table_name, column_name FROM information_schema.columns"
+                " WHERE table_schema = current_schema() ORDER BY table_name, column_name"
+            ):
+                out.setdefault(str(r["table_name"]), []).append(str(r["column_name"]))
+        return out
+
+    def raw(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
+        """Test and tooling escape hatch: one statement outside the catalogue."""
+        with self.pool.connection() as conn:
+            cur = conn.execute(sql.replace("?", "%s").encode(), params)
+            return cur.fetchall() if cur.description else []

@@ -1,0 +1,7 @@
+-- SQLite overrides. Writers are serialised by BEGIN IMMEDIATE, so a plain read is a locked read.
+
+-- name: run_lock
+SELECT * FROM runs WHERE id = :id
+
+-- name: attempt_lock
+SELECT * FROM run_attempts WHERE id = :id
