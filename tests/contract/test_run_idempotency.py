@@ -1,0 +1,75 @@
+"""Run creation with an idempotency key: one run per (project, key), also under a race."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from ql3.domain.errors import IdempotencyConflict
+from tests.conftest import Harness
+from tests.contract.helpers import count, seed_project, seed_task, start_run
+
+
+def test_repeated_key_returns_the_existing_run_and_creates_nothing(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    task = seed_task(harness.db, project)
+    first, created = start_run(harness.db, project, task, key="nightly-2026-11-30")
+
+    again, created_again = start_run(harness.db, project, task, key="nightly-2026-11-30")
+
+    assert created and not created_again and again.id == first.id
+    assert count(harness.db, "runs") == 1 and count(harness.db, "run_attempts") == 1
+    assert count(harness.db, "run_events") == 2
+
+
+def test_same_key_in_another_project_is_independent(harness: Harness) -> None:
+    a = seed_project(harness.db)
+    b = seed_project(harness.db, "other")
+    start_run(harness.db, a, seed_task(harness.db, a), key="k")
+
+    _, created = start_run(harness.db, b, seed_task(harness.db, b), key="k")
+
+    assert created and count(harness.db, "runs") == 2
+
+
+def test_same_key_for_another_task_is_a_conflict(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    start_run(harness.db, project, seed_task(harness.db, project, "one"), key="k")
+
+    with pytest.raises(IdempotencyConflict):
+        start_run(harness.db, project, seed_task(harness.db, project, "two"), key="k")
+    assert count(harness.db, "runs") == 1
+
+
+def test_racing_creations_with_one_key_yield_one_run(harness: Harness) -> None:
+    # Given several real connections racing on one key
+    project = seed_project(harness.db)
+    task = seed_task(harness.db, project)
+    others = [harness.second_connection() for _ in range(3)]
+    barrier = threading.Barrier(4)
+    ids: list[str] = []
+    errors: list[BaseException] = []
+
+    def create(db: Any) -> None:
+        barrier.wait()
+        try:
+            run, _ = start_run(db, project, task, key="race")
+            ids.append(run.id)
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(db,)) for db in [harness.db, *others]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for db in others:
+        db.close()
+
+    # Then every caller sees the same single run, and no duplicate attempt or event exists
+    assert not errors
+    assert len(ids) == 4 and len(set(ids)) == 1
+    assert count(harness.db, "runs") == 1 and count(harness.db, "run_attempts") == 1
+    assert count(harness.db, "run_events") == 2
