@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ql3.domain.errors import ConfigurationError
 from ql3.ports.storage import Database
 from ql3.storage.migrations import MigrationState
+from ql3.storage.notify import LocalNotifier
 
 
 class ManagedDatabase(Database, Protocol):
+    notifier: LocalNotifier
+
     def migrate(self) -> list[int]: ...
     def migration_status(self) -> list[MigrationState]: ...
 
@@ -37,3 +42,138 @@ def open_database(url: str) -> ManagedDatabase:
 
         return PostgresDatabase(url)
     raise ConfigurationError("unsupported database URL scheme (use sqlite:/// or postgresql://)")
+
+
+# -- the standalone runtime: dispatcher, embedded worker, scanners ------------------------------------
+
+PROFILES: dict[str, dict[str, float]] = {
+    # backstop cadences in seconds: how long an idle loop sleeps when nothing wakes it
+    "edge": {"dispatch": 30.0, "expiry": 30.0, "maintain": 10.0},
+    "standalone": {"dispatch": 5.0, "expiry": 5.0, "maintain": 10.0},
+}
+
+
+def lease_secret(home: Path) -> bytes:
+    """The control-plane secret that derives run lease tokens (so the database holds digests only)."""
+    path = home / "lease.secret"
+    try:
+        data = path.read_bytes()
+        if len(data) >= 32:
+            return data
+    except FileNotFoundError:
+        pass
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, os.urandom(32))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path.read_bytes()
+
+
+def fault_point(point: str) -> None:
+    """Crash injection for the fault tests: ``QL3_FAULT=<point>`` ends the process there, like kill -9."""
+    if os.environ.get("QL3_FAULT") == point:
+        os._exit(137)
+
+
+@dataclass
+class StandaloneRuntime:
+    """Everything ``ql3 serve`` runs besides HTTP; ``loops`` are started in order, stopped in reverse."""
+
+    dispatcher: Any
+    worker: Any
+    loops: list[Any]
+
+    def start(self) -> None:
+        self.worker.start()
+        for loop in self.loops:
+            loop.start()
+
+    def stop(self) -> None:
+        for loop in reversed(self.loops):
+            loop.stop()
+        self.worker.stop()
+
+
+def build_standalone_runtime(
+    db: ManagedDatabase,
+    home: Path,
+    *,
+    profile: str = "standalone",
+    slots: int | None = None,
+    worker_id: str | None = None,
+) -> StandaloneRuntime:
+    import socket
+    import time
+
+    from ql3.application import leases
+    from ql3.application.dispatcher import RunDispatcher
+    from ql3.application.gateway import InProcessControlPlane
+    from ql3.application.lifecycle import LifecycleRunner
+    from ql3.domain.errors import Ql3Error
+    from ql3.worker.agent import WorkerAgent, WorkerConfig
+
+    if profile not in PROFILES:
+        raise ConfigurationError("unknown profile")
+    cadence = PROFILES[profile]
+    clock = getattr(db, "clock", None) or (lambda: time.time_ns() // 1_000_000)
+    dispatcher = RunDispatcher(db, lease_secret=lease_secret(home), incarnation_started_ms=clock())
+    wid = worker_id or f"embedded-{socket.gethostname()}"[:128]
+    worker = WorkerAgent(
+        InProcessControlPlane(db),
+        WorkerConfig(worker_id=wid, home=home / "worker", slots=slots or max(2, (os.cpu_count() or 2) * 2)),
+        clock=clock,
+        fault=fault_point,
+    )
+    notifier = db.notifier
+
+    def dispatch_cycle() -> bool:
+        if worker.active_count >= worker.config.slots:
+            return False
+        result = dispatcher.dispatch_once()
+        if result.offer is None:
+            return result.truncated
+        fault_point("after_claim")
+        try:
+            worker.receive(result.offer)
+        except Ql3Error:
+            pass  # the lease stays; expiry or recovery decides, never a blind retry here
+        return True
+
+    def expiry_cycle() -> bool:
+        did = False
+        for attempt_id in db.transaction(lambda tx: leases.expired_page(tx, 16), write=False):
+            db.transaction(partial(leases.expire_lease, attempt_id=attempt_id))
+            did = True
+        for run_id in db.transaction(lambda tx: leases.retry_due_page(tx, 16), write=False):
+            db.transaction(partial(leases.admit_retry, run_id=run_id))
+            did = True
+        return did
+
+    worker.on_settled = lambda attempt_id: notifier.notify("runs")
+    loops = [
+        LifecycleRunner(
+            "dispatcher",
+            dispatch_cycle,
+            wake=lambda t: db.wait_for("runs", t),
+            backstop_s=cadence["dispatch"],
+            interrupt=lambda: notifier.notify("runs"),
+        ),
+        LifecycleRunner(
+            "worker-maintain",
+            lambda: bool(worker.maintain()),
+            wake=lambda t: db.wait_for("maintain", t),
+            backstop_s=cadence["maintain"],
+            interrupt=lambda: notifier.notify("maintain"),
+        ),
+        LifecycleRunner(
+            "lease-expiry",
+            expiry_cycle,
+            wake=lambda t: db.wait_for("retries", t),
+            backstop_s=cadence["expiry"],
+            interrupt=lambda: notifier.notify("retries"),
+        ),
+    ]
+    return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops)

@@ -47,7 +47,8 @@ def test_an_edited_applied_migration_is_refused(harness: Harness) -> None:
 
 def test_an_unknown_applied_migration_is_refused(harness: Harness) -> None:
     harness.db.raw(
-        "INSERT INTO ql3_schema_migrations (version, name, checksum, applied_at_ms) VALUES (9999, 'future', 'x', 0)"
+        "INSERT INTO ql3_schema_migrations (version, name, checksum, applied_at_ms)"
+        " VALUES (9999, 'future', 'x', 0)"
     )
 
     with pytest.raises(MigrationError):

@@ -30,7 +30,9 @@ def test_transition_bumps_version_and_sequence_and_appends_one_event(harness: Ha
     project = seed_project(harness.db)
     run, _ = start_run(harness.db, project, seed_task(harness.db, project))
 
-    moved = harness.db.transaction(lambda tx: runs.transition(tx, run.id, 0, "dispatching", actor_type="system"))
+    moved = harness.db.transaction(
+        lambda tx: runs.transition(tx, run.id, 0, "dispatching", actor_type="system")
+    )
 
     assert (moved.status, moved.version, moved.event_sequence) == ("dispatching", 1, 3)
     stored = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))

@@ -15,7 +15,9 @@ def test_edit_publishes_a_new_revision_and_keeps_history(harness: Harness) -> No
     task = seed_task(harness.db, project, command="echo one")
     run, _ = start_run(harness.db, project, task)
 
-    edited = harness.db.transaction(lambda tx: tasks.edit_task(tx, project.id, "job", {"command": "echo two"}))
+    edited = harness.db.transaction(
+        lambda tx: tasks.edit_task(tx, project.id, "job", {"command": "echo two"})
+    )
 
     assert edited.task.revision == 2
     first = harness.db.transaction(lambda tx: tasks.get_revision(tx, task.id, 1))

@@ -10,7 +10,9 @@ from ql3.ports.storage import Row
 
 
 def project(row: Row) -> Project:
-    return Project(id=row["id"], name=row["name"], version=int(row["version"]), created_at_ms=row["created_at_ms"])
+    return Project(
+        id=row["id"], name=row["name"], version=int(row["version"]), created_at_ms=row["created_at_ms"]
+    )
 
 
 def task(row: Row) -> Task:

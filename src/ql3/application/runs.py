@@ -28,10 +28,31 @@ RUNS_CHANNEL: Final = "runs"
 # Payload keys that may ever appear in an event: low-sensitivity facts only (no command, env, pid...).
 EVENT_PAYLOAD_KEYS: Final = frozenset(
     {
-        "trigger_type", "task_revision", "attempt", "attempt_id", "from", "to", "exit_code", "error_code",
-        "reason", "worker_id", "dispatch_count", "result", "outcome", "lease_generation", "mutation_id",
-        "previous_dispatch_version", "dispatch_version", "retry_delay_ms", "next_attempt_at_ms", "run_version",
-        "approval_request_id", "dispatch_id", "scheduled_for_ms", "delay_ms", "previous_result",
+        "trigger_type",
+        "task_revision",
+        "attempt",
+        "attempt_id",
+        "from",
+        "to",
+        "exit_code",
+        "error_code",
+        "reason",
+        "worker_id",
+        "dispatch_count",
+        "result",
+        "outcome",
+        "lease_generation",
+        "mutation_id",
+        "previous_dispatch_version",
+        "dispatch_version",
+        "retry_delay_ms",
+        "next_attempt_at_ms",
+        "run_version",
+        "approval_request_id",
+        "dispatch_id",
+        "scheduled_for_ms",
+        "delay_ms",
+        "previous_result",
     }
 )
 
@@ -151,7 +172,9 @@ def write_run(
 
 def write_attempt(tx: Transaction, current: Attempt, new: Attempt) -> Attempt:
     if new.status != current.status and not attempt_transition_allowed(current.status, new.status):
-        raise InvalidRunTransition("the attempt cannot move to that status", status=current.status, to=new.status)
+        raise InvalidRunTransition(
+            "the attempt cannot move to that status", status=current.status, to=new.status
+        )
     count = tx.run(
         "attempt_cas",
         {

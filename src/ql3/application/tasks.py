@@ -63,7 +63,9 @@ def _insert_revision(tx: Transaction, task_id: str, revision: int, spec: TaskSpe
     )
 
 
-def create_task(tx: Transaction, project_id: str, name: str, raw_spec: Mapping[str, Any], enabled: bool = True) -> TaskView:
+def create_task(
+    tx: Transaction, project_id: str, name: str, raw_spec: Mapping[str, Any], enabled: bool = True
+) -> TaskView:
     validate_name(name)
     spec = build_spec(raw_spec)
     task_id = new_id()
@@ -123,7 +125,12 @@ def delete_task(tx: Transaction, project_id: str, ref: str) -> Task:
     return task
 
 
-def list_tasks(tx: Transaction, project_id: str, *, after: str = "", limit: int = MAX_TASK_PAGE) -> list[TaskView]:
+def list_tasks(
+    tx: Transaction, project_id: str, *, after: str = "", limit: int = MAX_TASK_PAGE
+) -> list[TaskView]:
     if not 1 <= limit <= MAX_TASK_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
-    return [view(tx, rows.task(r)) for r in tx.all("task_list", {"project_id": project_id, "after": after, "limit": limit})]
+    return [
+        view(tx, rows.task(r))
+        for r in tx.all("task_list", {"project_id": project_id, "after": after, "limit": limit})
+    ]

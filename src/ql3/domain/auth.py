@@ -13,8 +13,17 @@ PERMISSIONS: Final[dict[str, frozenset[str]]] = {
     "approver": frozenset({"run.read", "task.read", "worker.read", "approval.decide", "approval.recover"}),
     "admin": frozenset(
         {
-            "run.read", "task.read", "worker.read", "run.create", "run.stop", "task.write",
-            "approval.decide", "approval.recover", "token.create", "worker.manage", "project.admin",
+            "run.read",
+            "task.read",
+            "worker.read",
+            "run.create",
+            "run.stop",
+            "task.write",
+            "approval.decide",
+            "approval.recover",
+            "token.create",
+            "worker.manage",
+            "project.admin",
         }
     ),
 }

@@ -5,10 +5,21 @@ from __future__ import annotations
 from typing import Final, Literal
 
 RunStatus = Literal[
-    "created", "queued", "dispatching", "running", "waiting_approval", "retry_wait", "lost",
-    "succeeded", "failed", "cancelled", "timed_out",
+    "created",
+    "queued",
+    "dispatching",
+    "running",
+    "waiting_approval",
+    "retry_wait",
+    "lost",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "timed_out",
 ]
-AttemptStatus = Literal["claimed", "starting", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
+AttemptStatus = Literal[
+    "claimed", "starting", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"
+]
 
 RUN_TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 ATTEMPT_TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
@@ -17,7 +28,8 @@ ATTEMPT_ACTIVE: Final = frozenset({"claimed", "starting", "running"})
 RUN_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "created": frozenset({"queued", "cancelled"}),
     "queued": frozenset({"dispatching", "cancelled", "timed_out"}),
-    "dispatching": frozenset({"running", "retry_wait", "failed", "cancelled", "lost", "timed_out"}),
+    # dispatching -> queued: an unstarted claim whose lease expired goes back to the queue (ql3 decision).
+    "dispatching": frozenset({"queued", "running", "retry_wait", "failed", "cancelled", "lost", "timed_out"}),
     "running": frozenset(
         {"waiting_approval", "retry_wait", "succeeded", "failed", "cancelled", "timed_out", "lost"}
     ),

@@ -142,11 +142,16 @@ class PostgresDatabase:
 
     def _applied(self, conn: psycopg.Connection[Row]) -> dict[int, tuple[str, str, int]]:
         conn.execute(
-            "CREATE TABLE IF NOT EXISTS ql3_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            "CREATE TABLE IF NOT EXISTS ql3_schema_migrations (version INTEGER PRIMARY KEY,"
+            " name TEXT NOT NULL,"
             " checksum TEXT NOT NULL, applied_at_ms BIGINT NOT NULL)"
         )
-        rows = conn.execute("SELECT version, name, checksum, applied_at_ms FROM ql3_schema_migrations").fetchall()
-        return {int(r["version"]): (str(r["name"]), str(r["checksum"]), int(r["applied_at_ms"])) for r in rows}
+        rows = conn.execute(
+            "SELECT version, name, checksum, applied_at_ms FROM ql3_schema_migrations"
+        ).fetchall()
+        return {
+            int(r["version"]): (str(r["name"]), str(r["checksum"]), int(r["applied_at_ms"])) for r in rows
+        }
 
     def migrate(self) -> list[int]:
         """Apply pending migrations under an advisory lock so concurrent replicas serialise."""

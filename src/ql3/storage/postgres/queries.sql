@@ -5,3 +5,9 @@ SELECT * FROM runs WHERE id = :id FOR UPDATE
 
 -- name: attempt_lock
 SELECT * FROM run_attempts WHERE id = :id FOR UPDATE
+
+-- name: lease_lock
+SELECT * FROM run_leases WHERE attempt_id = :attempt_id FOR UPDATE
+
+-- name: worker_lock
+SELECT * FROM workers WHERE worker_id = :worker_id FOR UPDATE

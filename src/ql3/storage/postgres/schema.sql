@@ -42,6 +42,30 @@ COLUMN run_events.actor_id text null=YES default=None
 COLUMN run_events.attempt_id text null=YES default=None
 COLUMN run_events.payload_json text null=NO default=None
 COLUMN run_events.created_at_ms bigint null=NO default=None
+COLUMN run_leases.attempt_id text null=NO default=None
+COLUMN run_leases.run_id text null=NO default=None
+COLUMN run_leases.status text null=NO default=None
+COLUMN run_leases.version integer null=NO default=None
+COLUMN run_leases.lease_generation integer null=NO default=None
+COLUMN run_leases.worker_id text null=NO default=None
+COLUMN run_leases.worker_session_id text null=NO default=None
+COLUMN run_leases.worker_generation integer null=NO default=None
+COLUMN run_leases.lease_token_digest text null=NO default=None
+COLUMN run_leases.acquired_at_ms bigint null=NO default=None
+COLUMN run_leases.renewed_at_ms bigint null=NO default=None
+COLUMN run_leases.expires_at_ms bigint null=NO default=None
+COLUMN run_leases.released_at_ms bigint null=YES default=None
+COLUMN run_leases.release_reason text null=YES default=None
+COLUMN run_leases.completed_at_ms bigint null=YES default=None
+COLUMN run_leases.updated_at_ms bigint null=NO default=None
+COLUMN run_retry_policies.run_id text null=NO default=None
+COLUMN run_retry_policies.max_attempts integer null=NO default=None
+COLUMN run_retry_policies.retry_on_lost integer null=NO default=None
+COLUMN run_retry_policies.safety text null=NO default=None
+COLUMN run_retry_policies.backoff_min_ms bigint null=NO default=None
+COLUMN run_retry_policies.backoff_max_ms bigint null=NO default=None
+COLUMN run_retry_policies.next_retry_at_ms bigint null=YES default=None
+COLUMN run_retry_policies.version integer null=NO default=None
 COLUMN runs.id text null=NO default=None
 COLUMN runs.project_id text null=NO default=None
 COLUMN runs.task_id text null=NO default=None
@@ -78,6 +102,19 @@ COLUMN tasks.revision integer null=NO default=None
 COLUMN tasks.created_at_ms bigint null=NO default=None
 COLUMN tasks.updated_at_ms bigint null=NO default=None
 COLUMN tasks.deleted_at_ms bigint null=YES default=None
+COLUMN workers.worker_id text null=NO default=None
+COLUMN workers.session_id text null=NO default=None
+COLUMN workers.generation integer null=NO default=None
+COLUMN workers.status text null=NO default=None
+COLUMN workers.version integer null=NO default=None
+COLUMN workers.capabilities_json text null=NO default=None
+COLUMN workers.capabilities_hash text null=NO default=None
+COLUMN workers.max_concurrent_runs integer null=NO default=None
+COLUMN workers.session_lease_ms bigint null=NO default=None
+COLUMN workers.registered_at_ms bigint null=NO default=None
+COLUMN workers.last_heartbeat_at_ms bigint null=NO default=None
+COLUMN workers.lease_expires_at_ms bigint null=NO default=None
+COLUMN workers.updated_at_ms bigint null=NO default=None
 INDEX CREATE UNIQUE INDEX principals_pkey ON public.principals USING btree (id)
 INDEX CREATE UNIQUE INDEX principals_token_digest_key ON public.principals USING btree (token_digest)
 INDEX CREATE UNIQUE INDEX projects_name_key ON public.projects USING btree (name)
@@ -91,6 +128,12 @@ INDEX CREATE INDEX run_attempts_status ON public.run_attempts USING btree (statu
 INDEX CREATE UNIQUE INDEX run_events_pkey ON public.run_events USING btree (id)
 INDEX CREATE UNIQUE INDEX run_events_run_id_dedupe_key_key ON public.run_events USING btree (run_id, dedupe_key)
 INDEX CREATE UNIQUE INDEX run_events_run_id_sequence_key ON public.run_events USING btree (run_id, sequence)
+INDEX CREATE INDEX run_leases_expiry ON public.run_leases USING btree (status, expires_at_ms, attempt_id)
+INDEX CREATE UNIQUE INDEX run_leases_pkey ON public.run_leases USING btree (attempt_id)
+INDEX CREATE INDEX run_leases_worker ON public.run_leases USING btree (worker_id, status)
+INDEX CREATE INDEX run_retry_due ON public.run_retry_policies USING btree (next_retry_at_ms) WHERE (next_retry_at_ms IS NOT NULL)
+INDEX CREATE UNIQUE INDEX run_retry_policies_pkey ON public.run_retry_policies USING btree (run_id)
+INDEX CREATE INDEX runs_dispatch_candidates ON public.runs USING btree (status, priority DESC, queued_at_ms, id)
 INDEX CREATE UNIQUE INDEX runs_idempotency ON public.runs USING btree (project_id, idempotency_key) WHERE (idempotency_key IS NOT NULL)
 INDEX CREATE UNIQUE INDEX runs_pkey ON public.runs USING btree (id)
 INDEX CREATE INDEX runs_project_created ON public.runs USING btree (project_id, created_at_ms, id)
@@ -102,6 +145,8 @@ INDEX CREATE UNIQUE INDEX task_revisions_pkey ON public.task_revisions USING btr
 INDEX CREATE UNIQUE INDEX tasks_live_name ON public.tasks USING btree (project_id, name) WHERE (deleted_at_ms IS NULL)
 INDEX CREATE UNIQUE INDEX tasks_pkey ON public.tasks USING btree (id)
 INDEX CREATE INDEX tasks_project ON public.tasks USING btree (project_id, created_at_ms, id)
+INDEX CREATE UNIQUE INDEX workers_pkey ON public.workers USING btree (worker_id)
+INDEX CREATE INDEX workers_status ON public.workers USING btree (status, worker_id)
 CONSTRAINT principals.principals_is_owner_check CHECK ((is_owner = ANY (ARRAY[0, 1])))
 CONSTRAINT principals.principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'service'::text, 'worker'::text])))
 CONSTRAINT principals.principals_pkey PRIMARY KEY (id)
@@ -126,6 +171,22 @@ CONSTRAINT run_events.run_events_run_id_dedupe_key_key UNIQUE (run_id, dedupe_ke
 CONSTRAINT run_events.run_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs(id)
 CONSTRAINT run_events.run_events_run_id_sequence_key UNIQUE (run_id, sequence)
 CONSTRAINT run_events.run_events_sequence_check CHECK ((sequence >= 1))
+CONSTRAINT run_leases.run_leases_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES run_attempts(id)
+CONSTRAINT run_leases.run_leases_check CHECK (((expires_at_ms > renewed_at_ms) AND (renewed_at_ms >= acquired_at_ms)))
+CONSTRAINT run_leases.run_leases_check1 CHECK ((((status = 'leased'::text) AND (released_at_ms IS NULL) AND (release_reason IS NULL) AND (completed_at_ms IS NULL)) OR ((status = 'released'::text) AND (released_at_ms IS NOT NULL) AND (release_reason IS NOT NULL) AND (completed_at_ms IS NULL)) OR ((status = 'completed'::text) AND (completed_at_ms IS NOT NULL) AND (released_at_ms IS NULL) AND (release_reason IS NULL))))
+CONSTRAINT run_leases.run_leases_lease_generation_check CHECK ((lease_generation >= 1))
+CONSTRAINT run_leases.run_leases_pkey PRIMARY KEY (attempt_id)
+CONSTRAINT run_leases.run_leases_release_reason_check CHECK ((release_reason = ANY (ARRAY['declined'::text, 'shutdown'::text, 'start_failed'::text, 'capacity_changed'::text, 'lease_expired'::text])))
+CONSTRAINT run_leases.run_leases_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs(id)
+CONSTRAINT run_leases.run_leases_status_check CHECK ((status = ANY (ARRAY['leased'::text, 'released'::text, 'completed'::text])))
+CONSTRAINT run_leases.run_leases_version_check CHECK ((version >= 0))
+CONSTRAINT run_retry_policies.run_retry_policies_check CHECK ((NOT ((retry_on_lost = 1) AND (safety = 'unknown'::text))))
+CONSTRAINT run_retry_policies.run_retry_policies_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 16)))
+CONSTRAINT run_retry_policies.run_retry_policies_pkey PRIMARY KEY (run_id)
+CONSTRAINT run_retry_policies.run_retry_policies_retry_on_lost_check CHECK ((retry_on_lost = ANY (ARRAY[0, 1])))
+CONSTRAINT run_retry_policies.run_retry_policies_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs(id)
+CONSTRAINT run_retry_policies.run_retry_policies_safety_check CHECK ((safety = ANY (ARRAY['unknown'::text, 'idempotent'::text, 'deduplicated'::text])))
+CONSTRAINT run_retry_policies.run_retry_policies_version_check CHECK ((version >= 0))
 CONSTRAINT runs.runs_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['user'::text, 'policy'::text, 'shutdown'::text, 'reconcile'::text, 'timeout'::text])))
 CONSTRAINT runs.runs_event_sequence_check CHECK ((event_sequence >= 0))
 CONSTRAINT runs.runs_pkey PRIMARY KEY (id)
@@ -141,4 +202,9 @@ CONSTRAINT tasks.tasks_enabled_check CHECK ((enabled = ANY (ARRAY[0, 1])))
 CONSTRAINT tasks.tasks_pkey PRIMARY KEY (id)
 CONSTRAINT tasks.tasks_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT tasks.tasks_revision_check CHECK ((revision >= 1))
+CONSTRAINT workers.workers_generation_check CHECK ((generation >= 1))
+CONSTRAINT workers.workers_max_concurrent_runs_check CHECK (((max_concurrent_runs >= 1) AND (max_concurrent_runs <= 1024)))
+CONSTRAINT workers.workers_pkey PRIMARY KEY (worker_id)
+CONSTRAINT workers.workers_status_check CHECK ((status = ANY (ARRAY['online'::text, 'draining'::text, 'offline'::text])))
+CONSTRAINT workers.workers_version_check CHECK ((version >= 0))
 FUNCTION ql3_now_ms

@@ -140,10 +140,13 @@ class SqliteDatabase:
 
     def _applied(self, conn: sqlite3.Connection) -> dict[int, tuple[str, str, int]]:
         conn.execute(
-            "CREATE TABLE IF NOT EXISTS ql3_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            "CREATE TABLE IF NOT EXISTS ql3_schema_migrations (version INTEGER PRIMARY KEY,"
+            " name TEXT NOT NULL,"
             " checksum TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)"
         )
-        rows = conn.execute("SELECT version, name, checksum, applied_at_ms FROM ql3_schema_migrations").fetchall()
+        rows = conn.execute(
+            "SELECT version, name, checksum, applied_at_ms FROM ql3_schema_migrations"
+        ).fetchall()
         return {int(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in rows}
 
     def migrate(self) -> list[int]:
@@ -180,10 +183,14 @@ class SqliteDatabase:
 
     def schema_snapshot(self) -> str:
         """Normalised DDL of every ql3 object, for the committed snapshot test."""
-        rows = self._conn().execute(
-            "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL "
-            "AND name NOT LIKE 'sqlite_%' AND name != 'ql3_schema_migrations' ORDER BY type, name"
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL "
+                "AND name NOT LIKE 'sqlite_%' AND name != 'ql3_schema_migrations' ORDER BY type, name"
+            )
+            .fetchall()
+        )
         return "\n".join(f"{' '.join(str(r[2]).split())};" for r in rows) + "\n"
 
     def columns(self) -> dict[str, list[str]]:

@@ -1,0 +1,386 @@
+"""The bounded Run dispatcher (ADR-0014): one observation, no timer, at most one offer per cycle."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ql3.application import leases, workers
+from ql3.application.runs import latest_attempt, lock_run
+from ql3.application.tasks import get_revision
+from ql3.domain.digests import digest_equals
+from ql3.domain.errors import Ql3Error, ValidationFailed
+from ql3.domain.offers import LeaseFence, Offer, derive_lease_token, normalize_spec, offer_id, spec_digest
+from ql3.domain.tasks import build_spec
+from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
+from ql3.ports.storage import Database, Row, Transaction
+
+HARD_PAGE: Final = 64
+HARD_PAGES: Final = 16
+HARD_WORKERS: Final = 64
+HARD_CLAIMS: Final = 64
+MAX_RECOVERED_MEMORY: Final = 1024
+
+
+class DispatchCycleError(Ql3Error):
+    """The dispatch cycle failed closed (cursor, page or identity invariant broken)."""
+
+    code = "dispatch_cycle_failed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchBudget:
+    """Per-cycle budgets; invalid configurations are refused at start-up."""
+
+    recovery_page: int = 8
+    recovery_pages: int = 2
+    candidate_page: int = 8
+    candidate_pages: int = 2
+    worker_page: int = 8
+    worker_pages: int = 2
+    claims: int = 8
+    lease_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        for name in ("recovery_page", "candidate_page", "worker_page"):
+            if not 1 <= getattr(self, name) <= HARD_PAGE:
+                raise ValidationFailed(f"{name} must be 1-{HARD_PAGE}", field=name)
+        for name in ("recovery_pages", "candidate_pages", "worker_pages"):
+            if not 1 <= getattr(self, name) <= HARD_PAGES:
+                raise ValidationFailed(f"{name} must be 1-{HARD_PAGES}", field=name)
+        if self.worker_page * self.worker_pages > HARD_WORKERS:
+            raise ValidationFailed(f"at most {HARD_WORKERS} workers per placement", field="worker_pages")
+        if not 1 <= self.claims <= HARD_CLAIMS:
+            raise ValidationFailed(f"claims must be 1-{HARD_CLAIMS}", field="claims")
+        if not leases.MIN_LEASE_MS <= self.lease_ms <= leases.MAX_LEASE_MS:
+            raise ValidationFailed("lease_ms out of range", field="lease_ms")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchResult:
+    """What one cycle did. Carries no spec or plan unless an offer was produced."""
+
+    reason: str
+    offer: Offer | None = None
+    truncated: bool = False
+    worker_calls: int = 0
+    plan_calls: int = 0
+    claim_calls: int = 0
+
+
+@dataclass(slots=True)
+class _Counters:
+    worker_calls: int = 0
+    plan_calls: int = 0
+    claim_calls: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    run_id: str
+    project_id: str
+    task_id: str
+    task_revision: int
+    priority: int
+    queued_at_ms: int
+
+
+def _candidate(row: Row) -> Candidate:
+    return Candidate(
+        run_id=row["run_id"],
+        project_id=row["project_id"],
+        task_id=row["task_id"],
+        task_revision=int(row["task_revision"]),
+        priority=int(row["priority"]),
+        queued_at_ms=int(row["queued_at_ms"]),
+    )
+
+
+def build_plan(
+    tx: Transaction, run_id: str, attempt_id: str, project_id: str, task_id: str, revision: int
+) -> tuple[dict[str, Any], Any]:
+    """Materialise the pinned revision into a validated, deep-copied ExecutionSpec (memory only)."""
+    rev = get_revision(tx, task_id, revision)
+    task_spec = build_spec(rev.spec)
+    raw: dict[str, Any] = {
+        "runId": run_id,
+        "attemptId": attempt_id,
+        "projectId": project_id,
+        "taskId": task_id,
+        "taskRevision": str(revision),
+        "command": {"kind": "shell", "command": task_spec.command},
+        "environmentPolicy": task_spec.environment_policy,
+        "environment": dict(task_spec.env),
+        "terminationGraceMs": task_spec.grace_ms,
+    }
+    if task_spec.cwd is not None:
+        raw["workingDirectory"] = task_spec.cwd
+    if task_spec.timeout_ms is not None:
+        raw["timeoutMs"] = task_spec.timeout_ms
+    spec = normalize_spec(raw)
+    identity = (spec["runId"], spec["attemptId"], spec["projectId"], spec["taskId"], spec["taskRevision"])
+    if identity != (run_id, attempt_id, project_id, task_id, str(revision)):
+        raise ValidationFailed("execution spec identity drifted", field="spec")
+    return spec, task_spec
+
+
+class RunDispatcher:
+    """``dispatch_once()`` is a plain call: it never creates timers or threads."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        lease_secret: bytes,
+        budget: DispatchBudget | None = None,
+        incarnation_started_ms: int,
+    ) -> None:
+        if len(lease_secret) < 32:
+            raise ValidationFailed("lease secret must be at least 32 bytes")
+        self._db = db
+        self._secret = lease_secret
+        self.budget = budget or DispatchBudget()
+        self._since = incarnation_started_ms
+        self._recovered: set[str] = set()
+
+    def token_for(self, attempt_id: str) -> Callable[[int], str]:
+        return lambda generation: derive_lease_token(self._secret, attempt_id, generation)
+
+    # -- recovery --------------------------------------------------------------------------------
+
+    def _recover(self, counters: _Counters) -> DispatchResult | None:
+        cursor: tuple[int, str] | None = None
+        seen: set[str] = set()
+        for _ in range(self.budget.recovery_pages):
+            page = self._db.transaction(partial(self._recovery_page, cursor=cursor), write=False)
+            if len(page) > self.budget.recovery_page:
+                raise DispatchCycleError("oversized recovery page")
+            for row in page:
+                key = (int(row["expires_at_ms"]), str(row["attempt_id"]))
+                if row["attempt_id"] in seen or (cursor is not None and key <= cursor):
+                    raise DispatchCycleError("recovery cursor stalled or repeated")
+                seen.add(row["attempt_id"])
+                cursor = key
+                offer = self._db.transaction(
+                    partial(self._recovery_offer, attempt_id=row["attempt_id"]), write=False
+                )
+                if offer is not None and offer.offer_id not in self._recovered:
+                    if len(self._recovered) >= MAX_RECOVERED_MEMORY:
+                        self._recovered.clear()
+                    self._recovered.add(offer.offer_id)
+                    counters.plan_calls += 1
+                    return DispatchResult(reason="recovered", offer=offer, plan_calls=counters.plan_calls)
+            if len(page) < self.budget.recovery_page:
+                return None
+        return None
+
+    def _recovery_page(self, tx: Transaction, cursor: tuple[int, str] | None) -> list[Row]:
+        params: dict[str, Any] = {"since": self._since, "limit": self.budget.recovery_page}
+        if cursor is None:
+            return tx.all("lease_recovery_first", params)
+        params["c_expires"], params["c_attempt"] = cursor
+        return tx.all("lease_recovery_after", params)
+
+    def _recovery_offer(self, tx: Transaction, attempt_id: str) -> Offer | None:
+        lease = leases.get_lease(tx, attempt_id)
+        now = tx.now_ms()
+        if lease is None or lease.status != "leased" or lease.expires_at_ms <= now:
+            return None
+        run = lock_run(tx, lease.run_id)
+        attempt = latest_attempt(tx, run.id)
+        if run.status != "dispatching" or run.cancel_requested_at_ms is not None:
+            return None
+        if attempt is None or attempt.id != attempt_id or attempt.status != "claimed":
+            return None
+        worker = tx.one("worker_get", {"worker_id": lease.worker_id})
+        if (
+            worker is None
+            or worker["session_id"] != lease.worker_session_id
+            or int(worker["generation"]) != lease.worker_generation
+            or worker["status"] not in ("online", "draining")
+            or int(worker["lease_expires_at_ms"]) <= now
+        ):
+            return None
+        try:
+            spec, _ = build_plan(tx, run.id, attempt_id, run.project_id, run.task_id, run.task_revision)
+        except Ql3Error:
+            return None
+        return self._offer(lease, spec, "lease_recovery", None)
+
+    def _offer(self, lease: leases.Lease, spec: dict[str, Any], kind: Any, score: int | None) -> Offer:
+        token = derive_lease_token(self._secret, lease.attempt_id, lease.lease_generation)
+        if not digest_equals(lease.lease_token_digest, leases.lease_digest(token)):
+            raise DispatchCycleError("lease token does not match its digest")
+        return Offer(
+            offer_id=offer_id(
+                lease.attempt_id,
+                lease.lease_generation,
+                lease.worker_id,
+                lease.worker_session_id,
+                lease.worker_generation,
+            ),
+            delivery_kind=kind,
+            fence=LeaseFence(
+                run_id=lease.run_id,
+                attempt_id=lease.attempt_id,
+                worker_id=lease.worker_id,
+                session_id=lease.worker_session_id,
+                worker_generation=lease.worker_generation,
+                lease_generation=lease.lease_generation,
+                lease_token=token,
+                lease_version=lease.version,
+            ),
+            lease_expires_at_ms=lease.expires_at_ms,
+            spec=spec,
+            spec_digest=spec_digest(spec),
+            placement_score=score,
+        )
+
+    # -- new claims ------------------------------------------------------------------------------
+
+    def _candidates(self, tx: Transaction, cursor: Candidate | None) -> list[Candidate]:
+        params: dict[str, Any] = {"limit": self.budget.candidate_page}
+        if cursor is None:
+            return [_candidate(r) for r in tx.all("candidate_first", params)]
+        params.update(c_priority=cursor.priority, c_queued=cursor.queued_at_ms, c_id=cursor.run_id)
+        return [_candidate(r) for r in tx.all("candidate_after", params)]
+
+    def _workers(self, counters: _Counters) -> list[WorkerSnapshot]:
+        out: list[WorkerSnapshot] = []
+        after = ""
+        for _ in range(self.budget.worker_pages):
+            counters.worker_calls += 1
+            page = self._db.transaction(
+                partial(workers.snapshot_page, after=after, limit=self.budget.worker_page),
+                write=False,
+            )
+            if len(page) > self.budget.worker_page:
+                raise DispatchCycleError("oversized worker page")
+            for w in page:
+                if w.worker_id <= after:
+                    raise DispatchCycleError("worker cursor stalled or repeated")
+                after = w.worker_id
+            out.extend(page)
+            if len(page) < self.budget.worker_page:
+                break
+        return out
+
+    def dispatch_once(self) -> DispatchResult:
+        counters = _Counters()
+        recovered = self._recover(counters)
+        if recovered is not None:
+            return recovered
+        cursor: Candidate | None = None
+        seen: set[str] = set()
+        snapshot: list[WorkerSnapshot] | None = None
+        outcome = "no_candidates"
+        claims = 0
+        for page_no in range(self.budget.candidate_pages):
+            page = self._db.transaction(partial(self._candidates, cursor=cursor), write=False)
+            if len(page) > self.budget.candidate_page:
+                raise DispatchCycleError("oversized candidate page")
+            if not page:
+                break
+            for cand in page:
+                key = (-cand.priority, cand.queued_at_ms, cand.run_id)
+                if cand.run_id in seen or (
+                    cursor is not None and key <= (-cursor.priority, cursor.queued_at_ms, cursor.run_id)
+                ):
+                    raise DispatchCycleError("candidate cursor stalled or repeated")
+                seen.add(cand.run_id)
+                cursor = cand
+                if snapshot is None:
+                    snapshot = self._workers(counters)
+                if not snapshot:
+                    return self._result("no_workers", counters)
+                result, outcome_for = self._try_candidate(cand, snapshot, counters, claims)
+                claims = counters.claim_calls
+                if result is not None:
+                    return result
+                outcome = outcome_for
+                if claims >= self.budget.claims:
+                    return self._result("claim_budget_exhausted", counters, truncated=True)
+            if len(page) < self.budget.candidate_page:
+                break
+            if page_no == self.budget.candidate_pages - 1:
+                return self._result("scan_budget_exhausted", counters, truncated=True)
+        return self._result(outcome, counters)
+
+    def _result(self, reason: str, counters: _Counters, *, truncated: bool = False) -> DispatchResult:
+        return DispatchResult(
+            reason=reason,
+            truncated=truncated,
+            worker_calls=counters.worker_calls,
+            plan_calls=counters.plan_calls,
+            claim_calls=counters.claim_calls,
+        )
+
+    def _try_candidate(
+        self, cand: Candidate, snapshot: list[WorkerSnapshot], counters: _Counters, claims: int
+    ) -> tuple[DispatchResult | None, str]:
+        attempt_row = self._db.transaction(lambda tx: latest_attempt(tx, cand.run_id), write=False)
+        if attempt_row is None or attempt_row.status != "claimed":
+            return None, "claim_raced"
+        attempt_id = attempt_row.id
+        counters.plan_calls += 1
+        try:
+            spec, task_spec = self._db.transaction(
+                lambda tx: build_plan(
+                    tx, cand.run_id, attempt_id, cand.project_id, cand.task_id, cand.task_revision
+                ),
+                write=False,
+            )
+            placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
+        except Ql3Error:
+            return None, "plans_unavailable"
+        ranked = rank(placement, snapshot)
+        if not ranked:
+            return None, "no_match"
+        for worker, score in ranked:
+            if counters.claim_calls >= self.budget.claims:
+                return None, "claim_budget_exhausted"
+            counters.claim_calls += 1
+            result = self._db.transaction(
+                partial(
+                    leases.claim,
+                    run_id=cand.run_id,
+                    attempt_id=attempt_id,
+                    worker_id=worker.worker_id,
+                    session_id=worker.session_id,
+                    worker_generation=worker.generation,
+                    token_for_generation=self.token_for(attempt_id),
+                    lease_ms=self.budget.lease_ms,
+                )
+            )
+            if result.status == "claimed" and result.lease is not None:
+                offer = self._offer(result.lease, spec, "new_claim", score)
+                return DispatchResult(
+                    reason="claimed",
+                    offer=offer,
+                    worker_calls=counters.worker_calls,
+                    plan_calls=counters.plan_calls,
+                    claim_calls=counters.claim_calls,
+                ), "claimed"
+            if result.status in ("worker_unavailable", "capacity_exhausted"):
+                snapshot[:] = [w for w in snapshot if w.worker_id != worker.worker_id]
+                continue
+            return None, "claim_raced"
+        return None, "no_match"
+
+
+def decode_offer(text: str) -> Offer:
+    return Offer.from_json(json.loads(text))
+
+
+__all__ = [
+    "Candidate",
+    "DispatchBudget",
+    "DispatchCycleError",
+    "DispatchResult",
+    "RunDispatcher",
+    "build_plan",
+    "decode_offer",
+]

@@ -1,0 +1,711 @@
+"""Fenced run leases, activation ACKs, completion, expiry and lost retry (ADR-0013/0014/0021)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal
+
+from ql3.application import rows
+from ql3.application.runs import AttemptChange, EventSpec, latest_attempt, lock_attempt, lock_run, write_run
+from ql3.domain.digests import digest_equals, sha256_hex
+from ql3.domain.errors import Conflict, FenceConflict, ValidationFailed
+from ql3.domain.ids import new_id
+from ql3.domain.model import Attempt, Run
+from ql3.domain.offers import LeaseFence
+from ql3.domain.states import ATTEMPT_TERMINAL, is_run_terminal
+from ql3.ports.storage import Row, Transaction
+
+MIN_LEASE_MS: Final = 5_000
+MAX_LEASE_MS: Final = 600_000
+MAX_HANDLE_BYTES: Final = 512
+MAX_SCAN_PAGE: Final = 64
+ClaimStatus = Literal["claimed", "leased", "not_eligible", "worker_unavailable", "capacity_exhausted"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    attempt_id: str
+    run_id: str
+    status: str
+    version: int
+    lease_generation: int
+    worker_id: str
+    worker_session_id: str
+    worker_generation: int
+    lease_token_digest: str
+    acquired_at_ms: int
+    expires_at_ms: int
+
+
+def _lease(row: Row) -> Lease:
+    return Lease(
+        attempt_id=row["attempt_id"],
+        run_id=row["run_id"],
+        status=row["status"],
+        version=int(row["version"]),
+        lease_generation=int(row["lease_generation"]),
+        worker_id=row["worker_id"],
+        worker_session_id=row["worker_session_id"],
+        worker_generation=int(row["worker_generation"]),
+        lease_token_digest=row["lease_token_digest"],
+        acquired_at_ms=int(row["acquired_at_ms"]),
+        expires_at_ms=int(row["expires_at_ms"]),
+    )
+
+
+def lease_digest(token: str) -> str:
+    return sha256_hex(token)
+
+
+def get_lease(tx: Transaction, attempt_id: str, *, lock: bool = False) -> Lease | None:
+    row = tx.one("lease_lock" if lock else "lease_get", {"attempt_id": attempt_id})
+    return _lease(row) if row else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimResult:
+    status: ClaimStatus
+    lease: Lease | None = None
+
+
+def claim(
+    tx: Transaction,
+    *,
+    run_id: str,
+    attempt_id: str,
+    worker_id: str,
+    session_id: str,
+    worker_generation: int,
+    token_for_generation: Any,
+    lease_ms: int,
+) -> ClaimResult:
+    """Atomic claim: lease (generation +1) and Run ``queued -> dispatching``; the Attempt stays claimed.
+
+    Lock order Run -> Attempt -> worker -> lease. ``token_for_generation(g)`` returns the raw token of
+    lease generation ``g``; only its digest is stored.
+    """
+    if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
+        raise ValidationFailed("lease duration out of range")
+    run = lock_run(tx, run_id)
+    if run.status != "queued" or run.cancel_requested_at_ms is not None:
+        return ClaimResult(status="not_eligible")
+    attempt = lock_attempt(tx, attempt_id)
+    latest = latest_attempt(tx, run_id)
+    if attempt.status != "claimed" or latest is None or latest.id != attempt.id:
+        return ClaimResult(status="not_eligible")
+    worker = tx.one("worker_lock", {"worker_id": worker_id})
+    now = tx.now_ms()
+    if (
+        worker is None
+        or worker["session_id"] != session_id
+        or int(worker["generation"]) != worker_generation
+        or worker["status"] != "online"
+        or int(worker["lease_expires_at_ms"]) <= now
+    ):
+        return ClaimResult(status="worker_unavailable")
+    active = int((tx.one("worker_active_leases", {"worker_id": worker_id}) or {"n": 0})["n"])
+    if active >= int(worker["max_concurrent_runs"]):
+        return ClaimResult(status="capacity_exhausted")
+    existing = get_lease(tx, attempt_id, lock=True)
+    params = {
+        "attempt_id": attempt_id,
+        "run_id": run_id,
+        "worker_id": worker_id,
+        "worker_session_id": session_id,
+        "worker_generation": worker_generation,
+        "expires_at_ms": now + lease_ms,
+        "now": now,
+    }
+    if existing is None:
+        generation = 1
+        params["lease_token_digest"] = lease_digest(token_for_generation(generation))
+        tx.run("lease_insert", params)
+    else:
+        if existing.status == "completed" or (existing.status == "leased" and existing.expires_at_ms > now):
+            return ClaimResult(status="leased" if existing.status == "leased" else "not_eligible")
+        generation = existing.lease_generation + 1
+        params["lease_token_digest"] = lease_digest(token_for_generation(generation))
+        params["expected_version"] = existing.version
+        if tx.run("lease_reacquire", params) != 1:
+            return ClaimResult(status="leased")
+    write_run(
+        tx,
+        run,
+        replace(run, status="dispatching"),
+        [
+            EventSpec(
+                type="run.dispatching",
+                actor_type="system",
+                attempt_id=attempt_id,
+                payload={
+                    "from": "queued",
+                    "to": "dispatching",
+                    "worker_id": worker_id,
+                    "lease_generation": generation,
+                },
+                dedupe_key=f"run-transition:{run.version}:dispatching",
+            )
+        ],
+        AttemptChange(attempt=attempt, new=replace(attempt, worker_id=worker_id)),
+    )
+    lease = get_lease(tx, attempt_id)
+    assert lease is not None
+    return ClaimResult(status="claimed", lease=lease)
+
+
+def check_fence(
+    tx: Transaction, fence: LeaseFence, *, allow_terminal_replay: bool = False, ignore_version: bool = False
+) -> tuple[Lease, int]:
+    """Verify the full fence under a lease row lock; raises FenceConflict with a domain reason.
+
+    ``ignore_version`` is for results (completion, lost report, status): the renewal version may lag
+    behind after a restart, while identity, generation and token must still match exactly.
+    """
+    lease = get_lease(tx, fence.attempt_id, lock=True)
+    now = tx.now_ms()
+    if lease is None:
+        raise FenceConflict(reason="missing")
+    if lease.run_id != fence.run_id:
+        raise FenceConflict(reason="run_mismatch")
+    if lease.worker_id != fence.worker_id:
+        raise FenceConflict(reason="worker_mismatch")
+    if lease.worker_session_id != fence.session_id:
+        raise FenceConflict(reason="worker_session_mismatch")
+    if lease.worker_generation != fence.worker_generation:
+        raise FenceConflict(reason="worker_generation_mismatch")
+    if lease.lease_generation != fence.lease_generation:
+        raise FenceConflict(reason="lease_generation_mismatch")
+    if not digest_equals(lease.lease_token_digest, lease_digest(fence.lease_token)):
+        raise FenceConflict(reason="lease_token_mismatch")
+    if lease.status != "leased":
+        if allow_terminal_replay and lease.status == "completed":
+            return lease, now
+        raise FenceConflict(reason="not_leased")
+    if lease.version != fence.lease_version and not ignore_version:
+        raise FenceConflict(reason="version_mismatch")
+    if lease.expires_at_ms <= now:
+        raise FenceConflict(reason="lease_expired")
+    worker = tx.one("worker_get", {"worker_id": fence.worker_id})
+    if (
+        worker is None
+        or worker["session_id"] != fence.session_id
+        or int(worker["generation"]) != fence.worker_generation
+        or worker["status"] not in ("online", "draining")
+        or int(worker["lease_expires_at_ms"]) <= now
+    ):
+        raise FenceConflict(reason="worker_unavailable")
+    return lease, now
+
+
+def renew(tx: Transaction, fence: LeaseFence, lease_ms: int) -> Lease:
+    """Same full fence, before expiry: version +1 and a new expiry."""
+    if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
+        raise ValidationFailed("lease duration out of range")
+    lease, now = check_fence(tx, fence)
+    if (
+        tx.run(
+            "lease_renew",
+            {
+                "attempt_id": lease.attempt_id,
+                "expected_version": lease.version,
+                "expires_at_ms": now + lease_ms,
+                "now": now,
+            },
+        )
+        != 1
+    ):
+        raise FenceConflict(reason="version_mismatch")
+    renewed = get_lease(tx, lease.attempt_id)
+    assert renewed is not None
+    return renewed
+
+
+AckResult = Literal["starting", "already_starting", "running", "already_running"]
+
+
+def _run_and_attempt(tx: Transaction, fence: LeaseFence) -> tuple[Run, Attempt]:
+    run = lock_run(tx, fence.run_id)
+    attempt = lock_attempt(tx, fence.attempt_id)
+    if attempt.run_id != run.id:
+        raise FenceConflict(reason="run_mismatch")
+    return run, attempt
+
+
+def ack_starting(
+    tx: Transaction, fence: LeaseFence, *, deadline_at_ms: int | None
+) -> tuple[AckResult, Lease]:
+    """Attempt ``claimed -> starting`` (the Run stays dispatching); the deadline is persisted before spawn."""
+    run, attempt = _run_and_attempt(tx, fence)
+    lease, _ = check_fence(tx, fence)
+    if attempt.status == "starting":
+        return "already_starting", lease
+    if attempt.status == "running":
+        return "already_running", lease
+    if attempt.status != "claimed" or run.status != "dispatching":
+        raise Conflict("the attempt cannot start", status=attempt.status)
+    write_run(
+        tx,
+        run,
+        run,
+        [
+            EventSpec(
+                type="attempt.starting",
+                actor_type="worker",
+                actor_id=fence.worker_id,
+                attempt_id=attempt.id,
+                payload={"attempt": attempt.attempt},
+            )
+        ],
+        AttemptChange(
+            attempt=attempt, new=replace(attempt, status="starting", deadline_at_ms=deadline_at_ms)
+        ),
+    )
+    tx.notify("attempts")
+    return "starting", lease
+
+
+def ack_running(
+    tx: Transaction,
+    fence: LeaseFence,
+    *,
+    pid: int,
+    handle: str,
+    log_artifact_id: str,
+    callback_sequence: int,
+    callback_token_digest: str,
+) -> tuple[AckResult, Lease]:
+    """Attempt and Run -> running with DB times; an identical replay is idempotent, another handle is not."""
+    if len(handle.encode()) > MAX_HANDLE_BYTES or pid < 1 or callback_sequence < 1:
+        raise ValidationFailed("invalid running ACK")
+    if len(callback_token_digest) != 64:
+        raise ValidationFailed("invalid callback digest")
+    run, attempt = _run_and_attempt(tx, fence)
+    lease, now = check_fence(tx, fence)
+    if attempt.status == "running":
+        if (
+            attempt.executor_handle == handle
+            and attempt.pid == pid
+            and attempt.callback_sequence == callback_sequence
+        ):
+            return "already_running", lease
+        raise Conflict("a different handle is already running", reason="handle_mismatch")
+    if attempt.status != "starting":
+        raise Conflict("running requires starting", status=attempt.status)
+    new_attempt = replace(
+        attempt,
+        status="running",
+        pid=pid,
+        executor_handle=handle,
+        log_artifact_id=log_artifact_id,
+        callback_sequence=callback_sequence,
+        callback_token_hash=callback_token_digest,
+        started_at_ms=now,
+    )
+    write_run(
+        tx,
+        run,
+        replace(run, status="running", started_at_ms=now),
+        [
+            EventSpec(
+                type="attempt.running",
+                actor_type="worker",
+                actor_id=fence.worker_id,
+                attempt_id=attempt.id,
+                payload={"attempt": attempt.attempt},
+            ),
+            EventSpec(
+                type="run.running",
+                actor_type="worker",
+                actor_id=fence.worker_id,
+                attempt_id=attempt.id,
+                payload={"from": run.status, "to": "running"},
+                dedupe_key=f"run-transition:{run.version}:running",
+            ),
+        ],
+        AttemptChange(attempt=attempt, new=new_attempt),
+    )
+    return "running", lease
+
+
+def _cancel_outcome(run: Run, default: str, code: str | None) -> tuple[str, str | None]:
+    """A committed cancel intent decides the outcome: timeout wins, then cancel."""
+    if run.cancel_requested_at_ms is not None:
+        if run.cancel_reason == "timeout":
+            return "timed_out", "EXECUTION_TIMED_OUT"
+        return "cancelled", "EXECUTION_CANCELLED"
+    return default, code
+
+
+def ack_start_failure(tx: Transaction, fence: LeaseFence, *, error_code: str) -> str:
+    """From ``starting``: outcome by cancel fact; lease completed (v+1); two events; atomic."""
+    run, attempt = _run_and_attempt(tx, fence)
+    lease, now = check_fence(tx, fence, allow_terminal_replay=True)
+    if lease.status == "completed":
+        if attempt.status in ATTEMPT_TERMINAL and lease.version == fence.lease_version + 1:
+            return "already_terminal"
+        raise FenceConflict(reason="not_leased")
+    if attempt.status not in ("starting", "claimed"):
+        raise Conflict("start failure requires starting", status=attempt.status)
+    outcome, code = _cancel_outcome(run, "failed", "EXECUTOR_START_FAILED" if error_code else None)
+    _finish(
+        tx,
+        run,
+        attempt,
+        lease,
+        outcome=outcome,
+        error_code=code or error_code,
+        exit_code=None,
+        actor_id=fence.worker_id,
+        now=now,
+        bump_sequence=True,
+    )
+    return outcome
+
+
+def _finish(
+    tx: Transaction,
+    run: Run,
+    attempt: Attempt,
+    lease: Lease | None,
+    *,
+    outcome: str,
+    error_code: str | None,
+    exit_code: int | None,
+    actor_id: str | None,
+    now: int,
+    bump_sequence: bool,
+    actor_type: str = "worker",
+) -> None:
+    new_attempt = replace(
+        attempt,
+        status=outcome,
+        finished_at_ms=now,
+        exit_code=exit_code,
+        error_code=error_code,
+        callback_sequence=attempt.callback_sequence + (1 if bump_sequence else 0),
+    )
+    payload: dict[str, Any] = {"attempt": attempt.attempt}
+    if exit_code is not None:
+        payload["exit_code"] = exit_code
+    if error_code is not None:
+        payload["error_code"] = error_code
+    write_run(
+        tx,
+        run,
+        replace(run, status=outcome, finished_at_ms=now, exit_code=exit_code, error_code=error_code),
+        [
+            EventSpec(
+                type=f"attempt.{outcome}",
+                actor_type=actor_type,
+                actor_id=actor_id,
+                attempt_id=attempt.id,
+                payload=payload,
+            ),
+            EventSpec(
+                type=f"run.{outcome}",
+                actor_type=actor_type,
+                actor_id=actor_id,
+                attempt_id=attempt.id,
+                payload={"from": run.status, "to": outcome},
+                dedupe_key=f"run-transition:{run.version}:{outcome}",
+            ),
+        ],
+        AttemptChange(attempt=attempt, new=new_attempt),
+    )
+    if lease is not None and lease.status == "leased":
+        tx.run(
+            "lease_complete", {"attempt_id": lease.attempt_id, "expected_version": lease.version, "now": now}
+        )
+    tx.notify("runs")  # a slot was freed: the dispatcher may place the next candidate
+
+
+CompletionResult = Literal["applied", "already_terminal"]
+
+
+def complete(
+    tx: Transaction,
+    fence: LeaseFence,
+    *,
+    callback_sequence: int,
+    callback_token: str,
+    exit_code: int,
+) -> tuple[CompletionResult, str]:
+    """The one completion path for live close and receipt replay.
+
+    Checks relation, token hash (constant time) and sequence; an already-terminal attempt answers
+    ``already_terminal`` (a late callback appends ``attempt.late_callback_ignored`` only); a committed
+    cancel intent forces cancelled / timed_out; otherwise exit 0 succeeds and anything else fails.
+    """
+    if not 0 <= exit_code <= 255:
+        raise ValidationFailed("exit code out of range")
+    run, attempt = _run_and_attempt(tx, fence)
+    if attempt.callback_token_hash is None or not digest_equals(
+        attempt.callback_token_hash, sha256_hex(callback_token)
+    ):
+        raise FenceConflict(reason="callback_token_mismatch")
+    if attempt.status in ATTEMPT_TERMINAL or is_run_terminal(run.status):
+        if attempt.status in ATTEMPT_TERMINAL and attempt.callback_sequence == callback_sequence + 1:
+            return "already_terminal", attempt.status
+        if not is_run_terminal(run.status):
+            write_run(
+                tx,
+                run,
+                run,
+                [
+                    EventSpec(
+                        type="attempt.late_callback_ignored",
+                        actor_type="worker",
+                        actor_id=fence.worker_id,
+                        attempt_id=attempt.id,
+                        payload={"attempt": attempt.attempt},
+                    )
+                ],
+            )
+        return "already_terminal", attempt.status
+    if callback_sequence != attempt.callback_sequence:
+        raise FenceConflict(reason="callback_sequence_mismatch")
+    lease, now = check_fence(tx, fence, ignore_version=True)
+    outcome, code = _cancel_outcome(
+        run, "succeeded" if exit_code == 0 else "failed", None if exit_code == 0 else "EXIT_NONZERO"
+    )
+    _finish(
+        tx,
+        run,
+        attempt,
+        lease,
+        outcome=outcome,
+        error_code=code,
+        exit_code=exit_code,
+        actor_id=fence.worker_id,
+        now=now,
+        bump_sequence=True,
+    )
+    return "applied", outcome
+
+
+def mark_lost(
+    tx: Transaction, run_id: str, attempt_id: str, *, error_code: str, actor_type: str = "reconciler"
+) -> bool:
+    """Attempt and Run become ``lost`` (non-terminal Run), then lost retry decides what follows."""
+    run = lock_run(tx, run_id)
+    attempt = lock_attempt(tx, attempt_id)
+    if (
+        attempt.status in ATTEMPT_TERMINAL
+        or is_run_terminal(run.status)
+        or run.status not in ("dispatching", "running")
+    ):
+        return False
+    now = tx.now_ms()
+    lease = get_lease(tx, attempt_id, lock=True)
+    outcome, code = _cancel_outcome(run, "lost", error_code)
+    if outcome != "lost":
+        _finish(
+            tx,
+            run,
+            attempt,
+            lease,
+            outcome=outcome,
+            error_code=code,
+            exit_code=None,
+            actor_id=None,
+            now=now,
+            bump_sequence=False,
+            actor_type=actor_type,
+        )
+        return True
+    new_attempt = replace(attempt, status="lost", finished_at_ms=now, error_code=error_code)
+    lost_run = write_run(
+        tx,
+        run,
+        replace(run, status="lost", error_code=error_code),
+        [
+            EventSpec(
+                type="attempt.lost",
+                actor_type=actor_type,
+                attempt_id=attempt.id,
+                payload={"attempt": attempt.attempt, "error_code": error_code},
+            ),
+            EventSpec(
+                type="run.lost",
+                actor_type=actor_type,
+                attempt_id=attempt.id,
+                payload={"from": run.status, "to": "lost"},
+                dedupe_key=f"run-transition:{run.version}:lost",
+            ),
+        ],
+        AttemptChange(attempt=attempt, new=new_attempt),
+    )
+    if lease is not None and lease.status == "leased":
+        tx.run(
+            "lease_release",
+            {
+                "attempt_id": attempt_id,
+                "expected_version": lease.version,
+                "reason": "lease_expired",
+                "now": now,
+            },
+        )
+    _after_lost(tx, lost_run, new_attempt, now)
+    return True
+
+
+def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int) -> None:
+    """Lost retry: schedule a new attempt when the policy allows, else the run fails."""
+    policy = tx.one("retry_policy_get", {"run_id": run.id})
+    if policy is not None and policy["retry_on_lost"] and attempt.attempt < int(policy["max_attempts"]):
+        delay = min(
+            int(policy["backoff_max_ms"]), int(policy["backoff_min_ms"]) * 2 ** min(attempt.attempt - 1, 30)
+        )
+        tx.run(
+            "retry_policy_schedule",
+            {"run_id": run.id, "expected_version": policy["version"], "next_retry_at_ms": now + delay},
+        )
+        write_run(
+            tx,
+            run,
+            replace(run, status="retry_wait"),
+            [
+                EventSpec(
+                    type="run.retry_wait",
+                    actor_type="system",
+                    attempt_id=attempt.id,
+                    payload={"from": "lost", "to": "retry_wait", "delay_ms": delay},
+                    dedupe_key=f"run-transition:{run.version}:retry_wait",
+                )
+            ],
+        )
+        tx.notify("retries")
+        return
+    write_run(
+        tx,
+        run,
+        replace(run, status="failed", finished_at_ms=now),
+        [
+            EventSpec(
+                type="run.failed",
+                actor_type="system",
+                attempt_id=attempt.id,
+                payload={"from": "lost", "to": "failed", "error_code": run.error_code},
+                dedupe_key=f"run-transition:{run.version}:failed",
+            )
+        ],
+    )
+
+
+def admit_retry(tx: Transaction, run_id: str) -> str | None:
+    """When due: re-check, create Attempt N+1 (claimed), Run -> queued, clear the cursor. Replay-safe."""
+    policy = tx.one("retry_policy_get", {"run_id": run_id})
+    run = lock_run(tx, run_id)
+    now = tx.now_ms()
+    if policy is None or policy["next_retry_at_ms"] is None or int(policy["next_retry_at_ms"]) > now:
+        return None
+    latest = latest_attempt(tx, run_id)
+    tx.run(
+        "retry_policy_schedule",
+        {"run_id": run_id, "expected_version": policy["version"], "next_retry_at_ms": None},
+    )
+    if run.status != "retry_wait" or latest is None or latest.status != "lost" or run.cancel_requested_at_ms:
+        return None
+    if latest.attempt >= int(policy["max_attempts"]):
+        return None
+    attempt_id = new_id()
+    tx.run(
+        "attempt_insert",
+        {
+            "id": attempt_id,
+            "run_id": run_id,
+            "attempt": latest.attempt + 1,
+            "status": "claimed",
+            "executor_type": latest.executor_type,
+            "now": now,
+        },
+    )
+    write_run(
+        tx,
+        run,
+        replace(run, status="queued", queued_at_ms=now, error_code=None),
+        [
+            EventSpec(
+                type="run.queued",
+                actor_type="system",
+                attempt_id=attempt_id,
+                payload={"from": "retry_wait", "to": "queued", "attempt": latest.attempt + 1},
+                dedupe_key=f"run-transition:{run.version}:queued",
+            )
+        ],
+    )
+    tx.notify("runs")
+    return attempt_id
+
+
+def expire_lease(tx: Transaction, attempt_id: str) -> str:
+    """Server-side expiry (lease row locked first): claimed -> release only; starting/running -> lost."""
+    lease = get_lease(tx, attempt_id, lock=False)
+    if lease is None:
+        return "missing"
+    run = lock_run(tx, lease.run_id)
+    attempt = lock_attempt(tx, attempt_id)
+    lease = get_lease(tx, attempt_id, lock=True)
+    now = tx.now_ms()
+    if lease is None or lease.status != "leased" or lease.expires_at_ms > now:
+        return "noop"
+    if attempt.status == "claimed":
+        tx.run(
+            "lease_release",
+            {
+                "attempt_id": attempt_id,
+                "expected_version": lease.version,
+                "reason": "lease_expired",
+                "now": now,
+            },
+        )
+        if run.status == "dispatching":
+            # An unstarted claim whose lease expired returns the run to the queue; the next claim gets a
+            # new lease generation (and so a new offer id).
+            write_run(
+                tx,
+                run,
+                replace(run, status="queued"),
+                [
+                    EventSpec(
+                        type="run.queued",
+                        actor_type="system",
+                        attempt_id=attempt.id,
+                        payload={"from": "dispatching", "to": "queued", "reason": "lease_expired"},
+                        dedupe_key=f"run-transition:{run.version}:queued",
+                    )
+                ],
+            )
+            tx.notify("runs")
+        return "released"
+    if attempt.status in ("starting", "running"):
+        mark_lost(tx, run.id, attempt_id, error_code="LEASE_EXPIRED")
+        return "lost"
+    tx.run(
+        "lease_release",
+        {"attempt_id": attempt_id, "expected_version": lease.version, "reason": "lease_expired", "now": now},
+    )
+    return "released"
+
+
+def expired_page(tx: Transaction, limit: int) -> list[str]:
+    if not 1 <= limit <= MAX_SCAN_PAGE:
+        raise ValidationFailed("page out of range")
+    return [r["attempt_id"] for r in tx.all("lease_expired_page", {"now": tx.now_ms(), "limit": limit})]
+
+
+def retry_due_page(tx: Transaction, limit: int) -> list[str]:
+    if not 1 <= limit <= MAX_SCAN_PAGE:
+        raise ValidationFailed("page out of range")
+    return [r["run_id"] for r in tx.all("retry_due_page", {"now": tx.now_ms(), "limit": limit})]
+
+
+def attempt_row(tx: Transaction, attempt_id: str) -> Attempt | None:
+    row = tx.one("attempt_get", {"id": attempt_id})
+    return rows.attempt(row) if row else None
+
+
+def lease_status(tx: Transaction, fence: LeaseFence) -> Lease:
+    """The live lease for an exact authority (any renewal version), for a worker resuming after a restart."""
+    lease, _ = check_fence(tx, fence, ignore_version=True)
+    return lease

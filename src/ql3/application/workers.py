@@ -1,0 +1,225 @@
+"""Worker sessions: registration with monotonic generations, heartbeats, drain and offline."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFailed
+from ql3.domain.ids import is_id
+from ql3.domain.workers import (
+    MAX_SESSION_LEASE_MS,
+    MIN_SESSION_LEASE_MS,
+    Capabilities,
+    WorkerSnapshot,
+    parse_capabilities,
+    validate_worker_id,
+)
+from ql3.ports.storage import Row, Transaction
+
+MAX_WORKER_PAGE: Final = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSession:
+    worker_id: str
+    session_id: str
+    generation: int
+    version: int
+    status: str
+    lease_expires_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registration:
+    session: WorkerSession
+    outcome: str  # registered | replayed | replaced
+
+
+def _session(row: Row) -> WorkerSession:
+    return WorkerSession(
+        worker_id=row["worker_id"],
+        session_id=row["session_id"],
+        generation=int(row["generation"]),
+        version=int(row["version"]),
+        status=row["status"],
+        lease_expires_at_ms=int(row["lease_expires_at_ms"]),
+    )
+
+
+def register(
+    tx: Transaction,
+    *,
+    worker_id: str,
+    session_id: str,
+    capabilities: Capabilities,
+    max_concurrent_runs: int,
+    session_lease_ms: int,
+) -> Registration:
+    """First registration is generation 1; the same session with the same content replays; the same
+    session with other content conflicts; a new session atomically replaces the old one and bumps the
+    generation, which fences everything the old session held."""
+    validate_worker_id(worker_id)
+    if not is_id(session_id):
+        raise ValidationFailed("session id must be a lowercase UUIDv7", field="session_id")
+    if isinstance(max_concurrent_runs, bool) or not 1 <= max_concurrent_runs <= 1024:
+        raise ValidationFailed("max_concurrent_runs must be 1-1024", field="max_concurrent_runs")
+    if not MIN_SESSION_LEASE_MS <= session_lease_ms <= MAX_SESSION_LEASE_MS:
+        raise ValidationFailed("session lease out of range", field="session_lease_ms")
+    now = tx.now_ms()
+    params: dict[str, Any] = {
+        "worker_id": worker_id,
+        "session_id": session_id,
+        "capabilities_json": capabilities.to_json(),
+        "capabilities_hash": capabilities.digest(),
+        "max_concurrent_runs": max_concurrent_runs,
+        "session_lease_ms": session_lease_ms,
+        "lease_expires_at_ms": now + session_lease_ms,
+        "now": now,
+    }
+    if tx.run("worker_insert", params) == 1:
+        return Registration(session=_get(tx, worker_id), outcome="registered")
+    current = tx.one("worker_lock", {"worker_id": worker_id})
+    assert current is not None
+    if current["session_id"] == session_id:
+        same = (
+            current["capabilities_hash"] == params["capabilities_hash"]
+            and int(current["max_concurrent_runs"]) == max_concurrent_runs
+        )
+        if not same:
+            raise Conflict("the session was registered with different content")
+        # A replay also revives the session's liveness (a restarted host resuming its own session).
+        tx.run(
+            "worker_cas",
+            {
+                "worker_id": worker_id,
+                "session_id": session_id,
+                "generation": current["generation"],
+                "expected_version": current["version"],
+                "status": "online" if current["status"] != "draining" else "draining",
+                "last_heartbeat_at_ms": now,
+                "lease_expires_at_ms": now + session_lease_ms,
+                "now": now,
+            },
+        )
+        return Registration(session=_get(tx, worker_id), outcome="replayed")
+    params["expected_version"] = current["version"]
+    if tx.run("worker_replace_session", params) != 1:
+        raise Conflict("the worker changed concurrently")
+    return Registration(session=_get(tx, worker_id), outcome="replaced")
+
+
+def _get(tx: Transaction, worker_id: str) -> WorkerSession:
+    row = tx.one("worker_get", {"worker_id": worker_id})
+    if row is None:
+        raise NotFound("worker not found")
+    return _session(row)
+
+
+def current_session(tx: Transaction, worker_id: str, session_id: str, generation: int) -> WorkerSession:
+    """The worker's current session if it matches the presented authority, else a fence error."""
+    row = tx.one("worker_get", {"worker_id": worker_id})
+    if row is None:
+        raise FenceConflict("worker unknown", reason="worker_unavailable")
+    session = _session(row)
+    if session.session_id != session_id:
+        raise FenceConflict(reason="worker_session_mismatch")
+    if session.generation != generation:
+        raise FenceConflict(reason="worker_generation_mismatch")
+    return session
+
+
+def _update(tx: Transaction, worker_id: str, session_id: str, generation: int, status: str) -> WorkerSession:
+    row = tx.one("worker_lock", {"worker_id": worker_id})
+    if row is None:
+        raise FenceConflict(reason="worker_unavailable")
+    session = _session(row)
+    if session.session_id != session_id:
+        raise FenceConflict(reason="worker_session_mismatch")
+    if session.generation != generation:
+        raise FenceConflict(reason="worker_generation_mismatch")
+    if session.status == "offline" and status != "offline":
+        raise FenceConflict("the session is offline", reason="worker_unavailable")
+    now = tx.now_ms()
+    alive = status != "offline"
+    tx.run(
+        "worker_cas",
+        {
+            "worker_id": worker_id,
+            "session_id": session_id,
+            "generation": generation,
+            "expected_version": session.version,
+            "status": status,
+            "last_heartbeat_at_ms": now,
+            "lease_expires_at_ms": now + int(row["session_lease_ms"]) if alive else now,
+            "now": now,
+        },
+    )
+    return _get(tx, worker_id)
+
+
+def heartbeat(tx: Transaction, worker_id: str, session_id: str, generation: int) -> WorkerSession:
+    """Extend the session lease; keeps ``draining`` as it is."""
+    row = tx.one("worker_get", {"worker_id": worker_id})
+    status = row["status"] if row else "online"
+    return _update(tx, worker_id, session_id, generation, status)
+
+
+def drain(
+    tx: Transaction, worker_id: str, session_id: str | None = None, generation: int | None = None
+) -> WorkerSession:
+    """Capacity goes to zero first: a draining worker gets no new claims, only lease recovery."""
+    row = tx.one("worker_get", {"worker_id": worker_id})
+    if row is None:
+        raise NotFound("worker not found")
+    return _update(
+        tx, worker_id, session_id or row["session_id"], generation or int(row["generation"]), "draining"
+    )
+
+
+def go_offline(tx: Transaction, worker_id: str, session_id: str, generation: int) -> WorkerSession:
+    return _update(tx, worker_id, session_id, generation, "offline")
+
+
+def snapshot_page(tx: Transaction, *, after: str, limit: int) -> list[WorkerSnapshot]:
+    """Eligible workers (online, live session lease), keyset by worker id."""
+    if not 1 <= limit <= MAX_WORKER_PAGE:
+        raise ValidationFailed("worker page out of range")
+    out: list[WorkerSnapshot] = []
+    for row in tx.all("worker_snapshot_page", {"now": tx.now_ms(), "after": after, "limit": limit}):
+        out.append(
+            WorkerSnapshot(
+                worker_id=row["worker_id"],
+                session_id=row["session_id"],
+                generation=int(row["generation"]),
+                capabilities=parse_capabilities(json.loads(row["capabilities_json"])),
+                free_slots=max(0, int(row["max_concurrent_runs"]) - int(row["active_leases"])),
+            )
+        )
+    return out
+
+
+def list_workers(tx: Transaction, *, after: str = "", limit: int = MAX_WORKER_PAGE) -> list[dict[str, Any]]:
+    """Management view: no session ids, tokens or capability hashes."""
+    if not 1 <= limit <= MAX_WORKER_PAGE:
+        raise ValidationFailed("limit out of range", field="limit")
+    now = tx.now_ms()
+    out = []
+    for row in tx.all("worker_list", {"after": after, "limit": limit}):
+        caps = json.loads(row["capabilities_json"])
+        out.append(
+            {
+                "id": row["worker_id"],
+                "status": row["status"]
+                if row["lease_expires_at_ms"] > now or row["status"] == "offline"
+                else "expired",
+                "generation": int(row["generation"]),
+                "max_concurrent_runs": int(row["max_concurrent_runs"]),
+                "active_runs": int(row["active_leases"]),
+                "labels": caps.get("labels", {}),
+                "executors": caps.get("executors", []),
+                "last_heartbeat_at_ms": int(row["last_heartbeat_at_ms"]),
+            }
+        )
+    return out

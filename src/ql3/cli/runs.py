@@ -1,0 +1,143 @@
+"""``ql3 run``: start, list, show, events."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from typing import Any
+
+from ql3.cli import output
+from ql3.cli.client import ApiClient, seg
+from ql3.cli.common import Parser, Subparsers, add_command, positive_int, project_flag, wants_json
+from ql3.cli.errors import EXIT_OK
+
+
+def _when(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _base(args: argparse.Namespace) -> str:
+    return f"/projects/{seg(args.project)}/runs"
+
+
+def _show(run: dict[str, Any]) -> None:
+    output.fields(
+        [
+            ("id", run["id"]),
+            ("status", run["status"]),
+            ("task_id", run["task_id"]),
+            ("task_revision", run["task_revision"]),
+            ("trigger_type", run.get("trigger_type")),
+            ("priority", run.get("priority")),
+            ("created", _when(run.get("created_at_ms"))),
+            ("started", _when(run.get("started_at_ms"))),
+            ("finished", _when(run.get("finished_at_ms"))),
+            ("exit_code", run.get("exit_code")),
+            ("error_code", run.get("error_code")),
+            ("cancel_reason", run.get("cancel_reason")),
+        ]
+    )
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"priority": args.priority}
+    if args.idempotency_key is not None:
+        body["idempotency_key"] = args.idempotency_key
+    with ApiClient.from_environment() as api:
+        status, run = api.call(
+            "POST", f"/projects/{seg(args.project)}/tasks/{seg(args.task)}/runs", json=body
+        )
+    if wants_json(args):
+        output.emit_json(run)
+    else:
+        verb = "started" if status == 201 else "already exists"
+        output.line(f"run {run['id']} {verb}: {run['status']}")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    params = {"task": args.task, "cursor": args.cursor, "limit": args.limit}
+    with ApiClient.from_environment() as api:
+        _, page = api.call("GET", _base(args), params=params)
+    if wants_json(args):
+        output.emit_json(page)
+        return EXIT_OK
+    output.table(
+        ("ID", "TASK", "REV", "STATUS", "CREATED", "EXIT"),
+        [
+            (
+                r["id"],
+                r["task_id"],
+                r["task_revision"],
+                r["status"],
+                _when(r["created_at_ms"]),
+                r.get("exit_code"),
+            )
+            for r in page["items"]
+        ],
+    )
+    if page.get("next_cursor"):
+        output.note(f"more: ql3 run list --cursor {page['next_cursor']}")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, run = api.call("GET", f"{_base(args)}/{seg(args.run)}")
+    if wants_json(args):
+        output.emit_json(run)
+    else:
+        _show(run)
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, page = api.call(
+            "GET", f"{_base(args)}/{seg(args.run)}/events", params={"after": args.after, "limit": args.limit}
+        )
+    if wants_json(args):
+        output.emit_json(page)
+        return EXIT_OK
+    output.table(
+        ("SEQ", "TIME", "TYPE", "ACTOR", "PAYLOAD"),
+        [
+            (
+                e["sequence"],
+                _when(e["created_at_ms"]),
+                e["type"],
+                e["actor_type"],
+                " ".join(f"{k}={v}" for k, v in sorted(e.get("payload", {}).items())),
+            )
+            for e in page["items"]
+        ],
+    )
+    if page.get("next_after") is not None:
+        output.note(f"more: ql3 run events {args.run} --after {page['next_after']}")
+    return EXIT_OK
+
+
+def register(subparsers: Subparsers) -> None:
+    group: Parser = subparsers.add_parser("run", help="start and inspect runs", description="Runs.")
+    actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
+    proj = project_flag()
+
+    start = add_command(actions, "start", cmd_start, "queue a run of a task's current revision", proj)
+    start.add_argument("task", metavar="TASK", help="task name or id")
+    start.add_argument("--idempotency-key", metavar="K", help="repeating a key returns the same run")
+    start.add_argument("--priority", type=int, default=0, metavar="P", help="higher runs first (default 0)")
+
+    lst = add_command(actions, "list", cmd_list, "list runs, newest first (one page)", proj)
+    lst.add_argument("--task", metavar="T", help="only runs of this task (name or id)")
+    lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
+    lst.add_argument("--limit", type=positive_int, default=50, metavar="N", help="page size, at most 100")
+
+    show = add_command(actions, "show", cmd_show, "show one run", proj)
+    show.add_argument("run", metavar="RUN", help="run id")
+
+    events = add_command(actions, "events", cmd_events, "the run's event log", proj)
+    events.add_argument("run", metavar="RUN", help="run id")
+    events.add_argument("--after", type=int, default=0, metavar="N", help="events after this sequence")
+    events.add_argument("--limit", type=positive_int, default=100, metavar="N", help="page size, at most 500")

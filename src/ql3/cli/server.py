@@ -1,0 +1,161 @@
+"""``ql3 init`` and ``ql3 serve``: prepare the database and the owner's credentials, then serve."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from ql3.application import auth
+from ql3.bootstrap import ManagedDatabase, open_database
+from ql3.cli import output
+from ql3.cli.common import Subparsers, add_command, wants_json
+from ql3.cli.config import (
+    DEFAULT_LISTEN,
+    Credentials,
+    client_url,
+    credentials_path,
+    database_url,
+    parse_listen,
+    read_credentials_file,
+    write_credentials_file,
+)
+from ql3.cli.db import database_flag
+from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+
+log = logging.getLogger("ql3.serve")
+DEFAULT_URL = client_url(*parse_listen(DEFAULT_LISTEN))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    db: ManagedDatabase
+    credentials: Path
+    owner_created: bool
+    credentials_written: bool
+
+
+def prepare(db_url: str, api_url: str, *, update_url: bool) -> Prepared:
+    """Migrate, create the owner on the very first start, and keep the credentials file in step.
+
+    The owner's token exists only in the transaction that creates it, so it is written to the
+    credentials file right then; later starts can only update the file's ``url``.
+    """
+    db = open_database(db_url)
+    try:
+        db.migrate()
+        issued = db.transaction(auth.bootstrap_owner)
+        path = credentials_path()
+        written = False
+        if issued is not None:
+            write_credentials_file(path, Credentials(url=api_url, token=issued.token))
+            written = True
+        elif update_url:
+            stored = read_credentials_file(path)
+            if stored is not None and stored.url != api_url:
+                write_credentials_file(path, Credentials(url=api_url, token=stored.token))
+                written = True
+    except BaseException:
+        db.close()
+        raise
+    return Prepared(db=db, credentials=path, owner_created=issued is not None, credentials_written=written)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    prepared = prepare(
+        database_url(args.database_url), args.url or DEFAULT_URL, update_url=args.url is not None
+    )
+    prepared.db.close()
+    has_credentials = prepared.credentials.exists()
+    if wants_json(args):
+        output.emit_json(
+            {
+                "owner_created": prepared.owner_created,
+                "credentials": str(prepared.credentials),
+                "credentials_present": has_credentials,
+            }
+        )
+    elif prepared.owner_created:
+        output.line(f"initialised; owner credentials written to {prepared.credentials}")
+    else:
+        output.line("already initialised")
+    if not has_credentials:
+        raise CliError(
+            "credentials_missing",
+            f"the owner exists but {prepared.credentials} is missing; ask an admin for a token",
+        )
+    return EXIT_OK
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """uvicorn re-raises the signal that stopped it once it has shut down; by then we are done."""
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ql3.http.app import create_app
+
+    host, port = parse_listen(args.listen)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    prepared = prepare(database_url(args.database_url), client_url(host, port), update_url=True)
+    try:
+        app = create_app(prepared.db)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="on",
+            log_level="info",
+            server_header=False,
+            proxy_headers=False,
+            timeout_graceful_shutdown=10,
+            # edge boxes get a smaller connection budget; behaviour is the same
+            limit_concurrency=64 if args.profile == "edge" else None,
+            backlog=64 if args.profile == "edge" else 2048,
+        )
+        server = uvicorn.Server(config)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _ignore)
+        output.note(
+            f"ql3 {args.profile} serving on {client_url(host, port)}; credentials: {prepared.credentials}"
+        )
+        try:
+            server.run()
+        except SystemExit as exc:  # uvicorn exits on bind or lifespan startup failure
+            code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
+            return code or EXIT_ERROR
+        return EXIT_OK if server.started else EXIT_ERROR
+    finally:
+        prepared.db.close()
+
+
+def register(subparsers: Subparsers) -> None:
+    init = add_command(
+        subparsers,
+        "init",
+        cmd_init,
+        "migrate the database, create the owner and write $QL3_HOME/credentials (0600)",
+    )
+    database_flag(init)
+    init.add_argument(
+        "--url", metavar="URL", help=f"API URL to record in the credentials (default {DEFAULT_URL})"
+    )
+
+    serve = add_command(
+        subparsers,
+        "serve",
+        cmd_serve,
+        "run the standalone server (first start: migrate, create the owner, write credentials)",
+    )
+    serve.add_argument("--profile", choices=("edge", "standalone"), default="standalone")
+    serve.add_argument(
+        "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
+    )
+    database_flag(serve)

@@ -1,0 +1,239 @@
+"""``ql3 task``: add, list, show, edit, enable, disable, rm."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ql3.cli import output
+from ql3.cli.client import ApiClient, seg
+from ql3.cli.common import (
+    Parser,
+    Subparsers,
+    add_command,
+    key_values,
+    positive_int,
+    preferences,
+    project_flag,
+    seconds_to_ms,
+    wants_json,
+)
+from ql3.cli.errors import EXIT_OK, UsageError
+
+TASK_COLUMNS = ("NAME", "ID", "REV", "ENABLED", "CRON", "OVERLAP")
+
+
+def _base(args: argparse.Namespace) -> str:
+    return f"/projects/{seg(args.project)}/tasks"
+
+
+def _show(task: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        output.emit_json(task)
+        return
+    output.fields(
+        [
+            ("name", task["name"]),
+            ("id", task["id"]),
+            ("revision", task["revision"]),
+            ("enabled", task["enabled"]),
+            ("cron", task.get("cron")),
+            ("overlap", task.get("overlap")),
+            ("approval", task.get("approval")),
+            ("timeout_ms", task.get("timeout_ms")),
+            ("max_attempts", task.get("max_attempts")),
+            ("env_keys", ",".join(task.get("env_keys", [])) or None),
+            ("require", ",".join(f"{k}={v}" for k, v in task.get("require", {}).items()) or None),
+            ("content_digest", task.get("content_digest")),
+        ]
+    )
+
+
+def _spec_options(parser: Parser, *, editing: bool) -> None:
+    parser.add_argument("--cron", metavar="EXPR", help="five-field cron expression, UTC")
+    parser.add_argument("--cwd", metavar="DIR", help="absolute working directory")
+    parser.add_argument(
+        "--env",
+        action="append",
+        metavar="K=V",
+        help="environment variable (repeatable)" + ("; replaces the whole mapping" if editing else ""),
+    )
+    parser.add_argument("--timeout", type=float, metavar="S", help="timeout in seconds")
+    parser.add_argument("--grace", type=float, metavar="S", help="seconds between TERM and KILL (default 5)")
+    parser.add_argument(
+        "--require",
+        action="append",
+        metavar="k=v",
+        help="worker label required for placement (repeatable)" + ("; replaces all" if editing else ""),
+    )
+    parser.add_argument(
+        "--prefer",
+        action="append",
+        metavar="k=v[:weight]",
+        help="worker label preferred for placement (repeatable)" + ("; replaces all" if editing else ""),
+    )
+    parser.add_argument("--overlap", choices=("allow", "skip", "cancel_previous"))
+    parser.add_argument(
+        "--approval", choices=("required", "none"), help="require an approval before each run"
+    )
+    parser.add_argument("--max-attempts", type=positive_int, metavar="N")
+    parser.add_argument(
+        "--environment-policy",
+        choices=("inherit", "isolated"),
+        help="inherit the server's environment or not",
+    )
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if args.cron is not None:
+        body["cron"] = args.cron
+    if args.cwd is not None:
+        body["cwd"] = args.cwd
+    if args.env is not None:
+        body["env"] = key_values(args.env, "--env")
+    if args.timeout is not None:
+        body["timeout_ms"] = seconds_to_ms(args.timeout, "--timeout")
+    if args.grace is not None:
+        if args.grace < 0:
+            raise UsageError("--grace must not be negative")
+        body["grace_ms"] = round(args.grace * 1000)
+    if args.require is not None:
+        body["require"] = key_values(args.require, "--require")
+    if args.prefer is not None:
+        body["prefer"] = preferences(args.prefer)
+    for name in ("overlap", "approval", "max_attempts", "environment_policy"):
+        if getattr(args, name) is not None:
+            body[name] = getattr(args, name)
+    return body
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    body = {"name": args.name, "command": args.command, **_spec(args)}
+    if args.disabled:
+        body["enabled"] = False
+    with ApiClient.from_environment() as api:
+        _, task = api.call("POST", _base(args), json=body)
+    if wants_json(args):
+        output.emit_json(task)
+    else:
+        output.line(f"task {task['name']} created: id {task['id']} revision {task['revision']}")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, page = api.call("GET", _base(args), params={"cursor": args.cursor, "limit": args.limit})
+    if wants_json(args):
+        output.emit_json(page)
+        return EXIT_OK
+    output.table(
+        TASK_COLUMNS,
+        [
+            (t["name"], t["id"], t["revision"], t["enabled"], t.get("cron"), t.get("overlap"))
+            for t in page["items"]
+        ],
+    )
+    if page.get("next_cursor"):
+        output.note(f"more: ql3 task list --cursor {page['next_cursor']}")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, task = api.call("GET", f"{_base(args)}/{seg(args.task)}")
+    _show(task, wants_json(args))
+    return EXIT_OK
+
+
+def cmd_edit(args: argparse.Namespace) -> int:
+    body = _spec(args)
+    if args.command is not None:
+        body["command"] = args.command
+    for flag, name in (
+        ("no_cron", "cron"),
+        ("no_cwd", "cwd"),
+        ("no_timeout", "timeout_ms"),
+        ("clear_env", "env"),
+        ("clear_require", "require"),
+        ("clear_prefer", "prefer"),
+    ):
+        if getattr(args, flag):
+            if name in body:
+                raise UsageError(f"--{flag.replace('_', '-')} conflicts with a new value for {name}")
+            body[name] = None
+    if not body:
+        raise UsageError("nothing to change: give at least one option")
+    with ApiClient.from_environment() as api:
+        _, task = api.call("PATCH", f"{_base(args)}/{seg(args.task)}", json=body)
+    if wants_json(args):
+        output.emit_json(task)
+    else:
+        output.line(f"task {task['name']} is at revision {task['revision']}")
+    return EXIT_OK
+
+
+def _toggle(args: argparse.Namespace, action: str) -> int:
+    with ApiClient.from_environment() as api:
+        _, task = api.call("POST", f"{_base(args)}/{seg(args.task)}/{action}")
+    if wants_json(args):
+        output.emit_json(task)
+    else:
+        output.line(f"task {task['name']} {'enabled' if task['enabled'] else 'disabled'}")
+    return EXIT_OK
+
+
+def cmd_enable(args: argparse.Namespace) -> int:
+    return _toggle(args, "enable")
+
+
+def cmd_disable(args: argparse.Namespace) -> int:
+    return _toggle(args, "disable")
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        api.call("DELETE", f"{_base(args)}/{seg(args.task)}")
+    if wants_json(args):
+        output.emit_json({"deleted": True, "task": args.task})
+    else:
+        output.line(f"task {args.task} deleted")
+    return EXIT_OK
+
+
+def register(subparsers: Subparsers) -> None:
+    group: Parser = subparsers.add_parser("task", help="define and manage tasks", description="Tasks.")
+    actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
+    proj = project_flag()
+
+    add = add_command(actions, "add", cmd_add, "define a task", proj)
+    add.add_argument("name", metavar="NAME")
+    add.add_argument("--command", required=True, metavar="CMD", help="shell command to run")
+    _spec_options(add, editing=False)
+    add.add_argument("--disabled", action="store_true", help="create the task disabled")
+
+    lst = add_command(actions, "list", cmd_list, "list tasks by name", proj)
+    lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
+    lst.add_argument("--limit", type=positive_int, default=200, metavar="N", help="page size, at most 200")
+
+    show = add_command(actions, "show", cmd_show, "show one task (never its command or env values)", proj)
+    show.add_argument("task", metavar="TASK", help="name or id")
+
+    edit = add_command(actions, "edit", cmd_edit, "publish a new revision of a task", proj)
+    edit.add_argument("task", metavar="TASK", help="name or id")
+    edit.add_argument("--command", metavar="CMD")
+    _spec_options(edit, editing=True)
+    edit.add_argument("--no-cron", action="store_true", help="remove the schedule")
+    edit.add_argument("--no-cwd", action="store_true", help="run in the default directory")
+    edit.add_argument("--no-timeout", action="store_true", help="remove the timeout")
+    edit.add_argument("--clear-env", action="store_true", help="remove all environment variables")
+    edit.add_argument("--clear-require", action="store_true", help="remove all required labels")
+    edit.add_argument("--clear-prefer", action="store_true", help="remove all preferences")
+
+    for name, handler, text in (
+        ("enable", cmd_enable, "enable a task (its cron fires again)"),
+        ("disable", cmd_disable, "disable a task"),
+        ("rm", cmd_rm, "delete a task (its runs stay)"),
+    ):
+        cmd = add_command(actions, name, handler, text, proj)
+        cmd.add_argument("task", metavar="TASK", help="name or id")

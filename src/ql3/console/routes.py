@@ -1,0 +1,39 @@
+"""Serves the console's static files. The page itself holds no data; it calls ``/api/v1``."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Final
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+router = APIRouter(include_in_schema=False)
+
+_HEADERS: Final = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+@cache
+def _asset(name: str) -> bytes:
+    return resources.files("ql3.console").joinpath("static", name).read_bytes()
+
+
+@router.get("/")
+def index() -> Response:
+    return Response(_asset("index.html"), media_type="text/html; charset=utf-8", headers=_HEADERS)
+
+
+@router.get("/console/app.js")
+def script() -> Response:
+    return Response(_asset("app.js"), media_type="text/javascript; charset=utf-8", headers=_HEADERS)
+
+
+@router.get("/console/app.css")
+def style() -> Response:
+    return Response(_asset("app.css"), media_type="text/css; charset=utf-8", headers=_HEADERS)

@@ -1,0 +1,1 @@
+"""Local process execution: durable process identity, the per-attempt shim, stop control, receipts, logs."""

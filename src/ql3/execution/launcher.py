@@ -1,0 +1,517 @@
+"""Start commands under the per-attempt shim, and reap the shims from one watcher thread.
+
+Per run the cost is one ``posix_spawn`` of ``/bin/sh`` (the shim, which is the new session's and
+process group's leader), one fork+exec for the command and one exec of ``ln`` to publish the receipt:
+no Python interpreter is ever started per run. The shim lives outside this process, so if the worker
+dies the command keeps running, its log keeps growing and its receipt is still published.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import pwd
+import re
+import selectors
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from ql3.domain.errors import Ql3Error
+from ql3.execution.identity import CaptureFailed, ProcessHandle, capture, read_boot_id
+from ql3.execution.logs import MAX_LOG_CAP_BYTES, create_log, enforce_log_cap
+from ql3.execution.receipts import (
+    MAX_RECEIPT_BYTES,
+    InvalidAttemptId,
+    check_file_id,
+    receipt_path,
+    receipt_prefix,
+    receipt_temp_path,
+)
+
+ISOLATED_PATH = "/usr/local/bin:/usr/bin:/bin"
+MAX_ID_CHARS = 255
+MAX_ARGS = 4096
+MAX_ENV_ENTRIES = 256
+MAX_ENV_VALUE_BYTES = 64 * 1024
+MAX_ENV_TOTAL_BYTES = 256 * 1024
+# The kernel caps every single argv/env string (MAX_ARG_STRLEN); the command travels in one of each.
+MAX_ARG_STRLEN = 32 * 4096
+SHIM_ENV_PREFIX = "QL3_SHIM_"
+_COMMAND_VAR = "QL3_SHIM_COMMAND"
+_RECEIPT_TAIL_BYTES = 48
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+_TOOL_DIRS = ("/usr/bin", "/bin")
+_log = logging.getLogger(__name__)
+
+
+class LaunchRejected(Ql3Error, ValueError):
+    """The launch request is invalid; nothing was started."""
+
+    code = "launch_rejected"
+    http_status = 422
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(None, reason=reason)
+        self.reason = reason
+
+
+class LaunchFailed(Ql3Error):
+    """The command could not be started."""
+
+    code = "launch_failed"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(None, reason=reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShellCommand:
+    """A POSIX shell command line, run as ``/bin/sh -c command``."""
+
+    command: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArgvCommand:
+    """A program and its arguments, looked up in the child's PATH like ``execvp``."""
+
+    file: str
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchRequest:
+    run_id: str
+    attempt_id: str
+    command: ShellCommand | ArgvCommand = field(repr=False)
+    working_directory: str | None = field(repr=False)
+    environment_policy: Literal["inherit", "isolated"]
+    environment: Mapping[str, str] = field(repr=False)
+    callback_token: str = field(repr=False)
+    callback_sequence: int
+    log_path: Path
+    receipt_dir: Path
+    log_cap_bytes: int
+    started_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launched:
+    """A started attempt.
+
+    ``pidfd`` belongs to the receiver: pass the whole object to ``ExitWatcher.watch`` (which closes it
+    after reaping the shim) or close it yourself. Until someone reaps the shim, it stays a zombie.
+    """
+
+    handle: ProcessHandle
+    pid: int
+    pidfd: int
+    log_path: Path
+    log_cap_bytes: int
+    receipt_temp_path: Path
+
+
+class LocalLauncher:
+    """Starts each attempt under its own shim (``shim.sh``) as the leader of a new session.
+
+    ``durable_receipts`` adds ``sync(1)`` of the receipt and its directory (two more execs per run);
+    without it a power loss may lose a receipt, which ends as ``lost``, never as a wrong exit code.
+    """
+
+    def __init__(self, *, shell: str = "/bin/sh", durable_receipts: bool = False) -> None:
+        self._shell = shell
+        self._script = resources.files("ql3.execution").joinpath("shim.sh").read_text("utf-8")
+        self._boot_id = read_boot_id()
+        self._ln = _find_tool("ln")
+        self._sync = _find_tool("sync") if durable_receipts else ""
+        self._home = _home_directory()
+        self._sigdef = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+        self._known_dirs: set[Path] = set()
+
+    def start(self, request: LaunchRequest) -> Launched:
+        """Spawn the shim; raises ``LaunchRejected`` (bad input) or ``LaunchFailed`` (nothing runs)."""
+        _validate(request)
+        receipt_dir = Path(os.path.abspath(request.receipt_dir))
+        log_path = Path(os.path.abspath(request.log_path))
+        env = self._child_environment(request)
+        env.update(self._shim_variables(request, receipt_dir))
+        argv = [self._shell, "-c", self._script, "sh"]
+        if isinstance(request.command, ArgvCommand):
+            argv += [request.command.file, *request.command.args]
+        try:
+            self._ensure_dir(receipt_dir)
+            self._ensure_dir(log_path.parent)
+            log_fd = create_log(log_path)
+        except OSError as exc:
+            raise LaunchFailed("log_or_receipt_dir_unavailable") from exc
+        try:
+            if log_fd < 3:
+                # dup2 onto itself would not clear close-on-exec; keep stdio slots free.
+                low, log_fd = log_fd, fcntl.fcntl(log_fd, fcntl.F_DUPFD_CLOEXEC, 3)
+                os.close(low)
+            env["QL3_SHIM_CLOCK_BASE"] = str(request.started_at_ms - _boot_time_ms())
+            pid = os.posix_spawn(
+                self._shell,
+                argv,
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                    (os.POSIX_SPAWN_DUP2, log_fd, 2),
+                ],
+                setsid=True,
+                setsigmask=(),
+                setsigdef=self._sigdef,
+            )
+        except OSError as exc:
+            raise LaunchFailed("spawn_failed") from exc
+        finally:
+            os.close(log_fd)
+        return self._identify(pid, request, log_path, receipt_dir)
+
+    def _identify(self, pid: int, request: LaunchRequest, log_path: Path, receipt_dir: Path) -> Launched:
+        # Our unreaped child: its pid (and group id) cannot be reused until we wait for it.
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            _abandon(pid, None)
+            raise LaunchFailed("pidfd_unavailable") from exc
+        try:
+            handle = capture(pid, request.attempt_id, boot_id=self._boot_id, allow_zombie=True)
+        except CaptureFailed as exc:
+            # Without a handle nothing could ever stop it or prove its exit; end it now.
+            _abandon(pid, pidfd)
+            raise LaunchFailed("capture_failed") from exc
+        return Launched(
+            handle=handle,
+            pid=pid,
+            pidfd=pidfd,
+            log_path=log_path,
+            log_cap_bytes=request.log_cap_bytes,
+            receipt_temp_path=receipt_temp_path(receipt_dir, request.attempt_id),
+        )
+
+    def _child_environment(self, request: LaunchRequest) -> dict[str, str]:
+        if request.environment_policy == "isolated":
+            env = {"PATH": ISOLATED_PATH, "HOME": self._home, "LANG": "C.UTF-8"}
+        else:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(SHIM_ENV_PREFIX)}
+        env.update(request.environment)
+        for prefix in ("QL3_", "QL_"):
+            env[prefix + "RUN_ID"] = request.run_id
+            env[prefix + "ATTEMPT_ID"] = request.attempt_id
+            env[prefix + "CALLBACK_TOKEN"] = request.callback_token
+        return env
+
+    def _shim_variables(self, request: LaunchRequest, receipt_dir: Path) -> dict[str, str]:
+        command = request.command
+        return {
+            "QL3_SHIM_MODE": "argv" if isinstance(command, ArgvCommand) else "shell",
+            _COMMAND_VAR: command.command if isinstance(command, ShellCommand) else "",
+            "QL3_SHIM_CWD": request.working_directory or "",
+            "QL3_SHIM_SH": self._shell,
+            "QL3_SHIM_HEAD": _prefix(request),
+            "QL3_SHIM_STARTED": str(request.started_at_ms),
+            "QL3_SHIM_TMP": str(receipt_temp_path(receipt_dir, request.attempt_id)),
+            "QL3_SHIM_DST": str(receipt_path(receipt_dir, request.attempt_id)),
+            "QL3_SHIM_DIR": str(receipt_dir),
+            "QL3_SHIM_LN": self._ln,
+            "QL3_SHIM_SYNC": self._sync,
+        }
+
+    def _ensure_dir(self, path: Path) -> None:
+        if path not in self._known_dirs:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._known_dirs.add(path)
+
+
+def _prefix(request: LaunchRequest) -> str:
+    return receipt_prefix(
+        run_id=request.run_id,
+        attempt_id=request.attempt_id,
+        callback_sequence=request.callback_sequence,
+        token=request.callback_token,
+        started_at_ms=request.started_at_ms,
+    )
+
+
+def _validate(request: LaunchRequest) -> None:
+    if not _text(request.run_id, MAX_ID_CHARS):
+        raise LaunchRejected("run_id")
+    try:
+        check_file_id(request.attempt_id)
+    except InvalidAttemptId as exc:
+        raise LaunchRejected("attempt_id") from exc
+    if type(request.callback_token) is not str or _TOKEN_RE.fullmatch(request.callback_token) is None:
+        raise LaunchRejected("callback_token")
+    if type(request.callback_sequence) is not int or request.callback_sequence < 0:
+        raise LaunchRejected("callback_sequence")
+    if type(request.started_at_ms) is not int or request.started_at_ms < 0:
+        raise LaunchRejected("started_at_ms")
+    if type(request.log_cap_bytes) is not int or not 1 <= request.log_cap_bytes <= MAX_LOG_CAP_BYTES:
+        raise LaunchRejected("log_cap_bytes")
+    if request.environment_policy not in ("inherit", "isolated"):
+        raise LaunchRejected("environment_policy")
+    if not _valid_command(request.command):
+        raise LaunchRejected("command")
+    cwd = request.working_directory
+    if cwd is not None and not (_text(cwd, 4096) and os.path.isabs(cwd) and os.path.isdir(cwd)):
+        raise LaunchRejected("working_directory")
+    if not _valid_environment(request.environment):
+        raise LaunchRejected("environment")
+    if len(_prefix(request).encode("utf-8")) + _RECEIPT_TAIL_BYTES > MAX_RECEIPT_BYTES:
+        raise LaunchRejected("receipt_too_large")
+
+
+def _text(value: object, max_bytes: int) -> bool:
+    if type(value) is not str or not value or "\x00" in value:
+        return False
+    try:
+        return len(value.encode("utf-8")) <= max_bytes
+    except UnicodeEncodeError:
+        return False
+
+
+def _valid_command(command: object) -> bool:
+    if isinstance(command, ShellCommand):
+        return _text(command.command, MAX_ARG_STRLEN - len(_COMMAND_VAR) - 2)
+    if isinstance(command, ArgvCommand):
+        return (
+            _text(command.file, 4096)
+            and not command.file.startswith("-")
+            and type(command.args) is tuple
+            and len(command.args) <= MAX_ARGS
+            and all(a == "" or _text(a, MAX_ARG_STRLEN - 1) for a in command.args)
+        )
+    return False
+
+
+def _valid_environment(environment: object) -> bool:
+    if not isinstance(environment, Mapping) or len(environment) > MAX_ENV_ENTRIES:
+        return False
+    total = 0
+    for key, value in environment.items():
+        if type(key) is not str or _ENV_KEY_RE.fullmatch(key) is None or key.startswith(SHIM_ENV_PREFIX):
+            return False
+        if not (value == "" or _text(value, MAX_ENV_VALUE_BYTES)):
+            return False
+        total += len(key) + len(value.encode("utf-8")) + 2
+    return total <= MAX_ENV_TOTAL_BYTES
+
+
+def _find_tool(name: str) -> str:
+    for directory in _TOOL_DIRS:
+        candidate = os.path.join(directory, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise LaunchFailed("tool_missing")
+
+
+def _home_directory() -> str:
+    home = os.environ.get("HOME")
+    if home:
+        return home
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir or "/"
+    except KeyError:
+        return "/"
+
+
+def _boot_time_ms() -> int:
+    # The clock behind /proc/uptime, which the shim reads for finishedAtMs.
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1_000_000
+
+
+def _abandon(pid: int, pidfd: int | None) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
+    if pidfd is not None:
+        os.close(pidfd)
+
+
+class ExitWatcher:
+    """Reaps launched shims and reports each exit, from one background thread.
+
+    ``start()`` creates the thread and ``stop()`` ends it; nothing creates a thread per run. The thread
+    sleeps in ``select`` over the shims' pidfds and a self-pipe (written by ``watch`` and ``stop``); idle,
+    it blocks without a timeout. While attempts run it also wakes every ``log_check_interval_s`` to cut
+    logs that outgrew their cap. On each exit it reaps the shim, removes the receipt's temp file, cuts
+    the log to its cap and then calls ``on_exit(attempt_id)`` on the watcher thread (keep it short).
+    Errors go to ``on_error`` (or the module logger) and never stop the thread.
+
+    Only children of this process can be reaped. After a restart, shims started by a previous
+    incarnation are not our children: callers fall back to ``identity.probe`` of the stored handle and
+    ``receipts.read_receipt``. Shims still watched at ``stop()`` are left running, unreaped.
+    """
+
+    def __init__(
+        self,
+        on_exit: Callable[[str], None],
+        *,
+        log_check_interval_s: float = 1.0,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        if not 0 < log_check_interval_s <= 3600:
+            raise ValueError("log_check_interval_s out of range")
+        self._on_exit = on_exit
+        self._on_error = on_error
+        self._interval = log_check_interval_s
+        self._lock = threading.Lock()
+        self._incoming: list[Launched] = []
+        self._pending = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._wake_r = -1
+        self._wake_w = -1
+
+    @property
+    def pending(self) -> int:
+        """Attempts handed to ``watch`` whose exit has not been reported yet."""
+        with self._lock:
+            return self._pending
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("exit watcher already started")
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="ql3-exit-watcher", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with self._lock:
+            thread = self._thread
+            if thread is None or self._stopping:
+                return
+            self._stopping = True
+            self._wake_locked()
+        thread.join(timeout_s)
+        with self._lock:
+            if not thread.is_alive():
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._thread = None
+
+    def watch(self, launched: Launched) -> None:
+        """Take ownership of ``launched.pidfd`` and report its exit once. Raises if not running."""
+        with self._lock:
+            if self._thread is None or self._stopping:
+                raise RuntimeError("exit watcher is not running")
+            self._incoming.append(launched)
+            self._pending += 1
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full, so a wake-up is already pending
+
+    def _run(self) -> None:
+        watched: dict[int, Launched] = {}
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        next_check: float | None = None
+        try:
+            while True:
+                timeout = None if next_check is None else max(0.0, next_check - time.monotonic())
+                for key, _ in selector.select(timeout):
+                    if key.data is None:
+                        self._drain_wake_pipe()
+                    else:
+                        self._collect(selector, watched, key.data)
+                with self._lock:
+                    incoming, self._incoming = self._incoming, []
+                    stopping = self._stopping
+                for launched in incoming:
+                    self._register(selector, watched, launched)
+                if stopping:
+                    return
+                now = time.monotonic()
+                if not watched:
+                    next_check = None
+                elif next_check is None:
+                    next_check = now + self._interval
+                elif now >= next_check:
+                    self._enforce_caps(watched.values())
+                    next_check = now + self._interval
+        finally:
+            with self._lock:
+                leftovers, self._incoming = self._incoming, []
+            for launched in [*watched.values(), *leftovers]:
+                os.close(launched.pidfd)
+            selector.close()
+
+    def _register(
+        self, selector: selectors.BaseSelector, watched: dict[int, Launched], item: Launched
+    ) -> None:
+        try:
+            selector.register(item.pidfd, selectors.EVENT_READ, item)
+        except (OSError, ValueError, KeyError) as exc:
+            with self._lock:
+                self._pending -= 1
+            self._report(exc)
+            return
+        watched[item.pidfd] = item
+
+    def _collect(
+        self, selector: selectors.BaseSelector, watched: dict[int, Launched], item: Launched
+    ) -> None:
+        try:
+            pid, _status = os.waitpid(item.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid = item.pid  # reaped elsewhere (e.g. SIGCHLD ignored); the pidfd already said it exited
+        if pid == 0:
+            return
+        selector.unregister(item.pidfd)
+        del watched[item.pidfd]
+        os.close(item.pidfd)
+        with self._lock:
+            self._pending -= 1
+        try:
+            item.receipt_temp_path.unlink(missing_ok=True)
+            enforce_log_cap(item.log_path, item.log_cap_bytes)
+        except OSError as exc:
+            self._report(exc)
+        try:
+            self._on_exit(item.handle.attempt_id)
+        except Exception as exc:
+            self._report(exc)
+
+    def _enforce_caps(self, items: Iterable[Launched]) -> None:
+        for item in items:
+            try:
+                enforce_log_cap(item.log_path, item.log_cap_bytes)
+            except OSError as exc:
+                self._report(exc)
+
+    def _drain_wake_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _report(self, exc: BaseException) -> None:
+        if self._on_error is None:
+            _log.warning("exit watcher error", extra={"action": "execution.exit_watcher_error"}, exc_info=exc)
+            return
+        try:
+            self._on_error(exc)
+        except Exception:
+            _log.warning(
+                "exit watcher error handler failed", extra={"action": "execution.exit_watcher_error"}
+            )

@@ -1,0 +1,334 @@
+"""Completion receipts: the shim's record of a command's real exit code (domain.md §1, §4).
+
+Exact shape, at most 4 KiB, keys in this order::
+
+    {"schemaVersion":1,"runId":..,"attemptId":..,"callbackSequence":..,"token":..,
+     "startedAtMs":..,"finishedAtMs":..,"exitCode":..}
+
+Publication never overwrites: the payload goes to a new temp file in the same directory, which is then
+hard-linked to ``<receipt_dir>/<attempt_id>.json``. Readers therefore see nothing or the whole receipt.
+Anything that does not match the shape exactly is ``ReceiptInvalid`` and belongs in quarantine.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ql3.domain.errors import Ql3Error
+
+SCHEMA_VERSION = 1
+MAX_RECEIPT_BYTES = 4096
+QUARANTINE_DIR = ".quarantine"
+MAX_QUARANTINE_COPIES = 64
+_KEYS = (
+    "schemaVersion",
+    "runId",
+    "attemptId",
+    "callbackSequence",
+    "token",
+    "startedAtMs",
+    "finishedAtMs",
+    "exitCode",
+)
+_KEY_SET = frozenset(_KEYS)
+# Attempt ids name files here and in the log root: no separators, no leading dot, bounded length.
+_FILE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+
+
+class InvalidAttemptId(Ql3Error, ValueError):
+    """The attempt id cannot name a local file."""
+
+    code = "invalid_attempt_id"
+    http_status = 422
+
+
+class ReceiptInvalid(Ql3Error, ValueError):
+    """The completion receipt is invalid and must be quarantined."""
+
+    code = "receipt_invalid"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(None, reason=reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Receipt:
+    """A validated receipt. The raw callback token is kept out of ``repr``."""
+
+    run_id: str
+    attempt_id: str
+    callback_sequence: int
+    token: str = field(repr=False)
+    started_at_ms: int
+    finished_at_ms: int
+    exit_code: int
+
+    def to_json(self) -> str:
+        return _compact(
+            {
+                "schemaVersion": SCHEMA_VERSION,
+                "runId": self.run_id,
+                "attemptId": self.attempt_id,
+                "callbackSequence": self.callback_sequence,
+                "token": self.token,
+                "startedAtMs": self.started_at_ms,
+                "finishedAtMs": self.finished_at_ms,
+                "exitCode": self.exit_code,
+            }
+        )
+
+
+def _compact(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def check_file_id(attempt_id: str) -> str:
+    """Return ``attempt_id`` if it is safe as a file name, else raise ``InvalidAttemptId``."""
+    if not isinstance(attempt_id, str) or _FILE_ID_RE.fullmatch(attempt_id) is None:
+        raise InvalidAttemptId()
+    return attempt_id
+
+
+def receipt_path(receipt_dir: Path, attempt_id: str) -> Path:
+    return receipt_dir / f"{check_file_id(attempt_id)}.json"
+
+
+def receipt_temp_path(receipt_dir: Path, attempt_id: str) -> Path:
+    return receipt_dir / f".{check_file_id(attempt_id)}.tmp"
+
+
+def token_digest(token: str) -> str:
+    """Lowercase hex ``sha256(token)``, the form in which the callback token is persisted."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def receipt_prefix(
+    *, run_id: str, attempt_id: str, callback_sequence: int, token: str, started_at_ms: int
+) -> str:
+    """The receipt up to and including ``"finishedAtMs":``; the shim appends the rest.
+
+    JSON escaping happens here, in Python, so the shell never has to quote anything.
+    """
+    head = _compact(
+        {
+            "schemaVersion": SCHEMA_VERSION,
+            "runId": run_id,
+            "attemptId": attempt_id,
+            "callbackSequence": callback_sequence,
+            "token": token,
+            "startedAtMs": started_at_ms,
+        }
+    )
+    return head[:-1] + ',"finishedAtMs":'
+
+
+def publish_receipt(receipt_dir: Path, receipt: Receipt, *, durable: bool = False) -> bool:
+    """The shim's protocol in Python: new temp file, hard link, remove the temp.
+
+    Returns False when a receipt is already published (it is never replaced). Raises ``OSError`` when
+    writing fails (for example ENOSPC), leaving no final receipt.
+    """
+    data = (receipt.to_json() + "\n").encode("utf-8")
+    if len(data) > MAX_RECEIPT_BYTES:
+        raise ReceiptInvalid("too_large")
+    tmp = receipt_temp_path(receipt_dir, receipt.attempt_id)
+    final = receipt_path(receipt_dir, receipt.attempt_id)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            return False
+        if durable:
+            _fsync_dir(receipt_dir)
+        return True
+    finally:
+        _unlink_quietly(tmp)
+
+
+def read_receipt(
+    receipt_dir: Path,
+    attempt_id: str,
+    *,
+    expected_run_id: str,
+    expected_sequence: int,
+    expected_token_digest: str,
+) -> Receipt | None:
+    """The published receipt of one attempt, fully validated; ``None`` when none is published.
+
+    Raises ``ReceiptInvalid(reason)`` (quarantine it) with a fixed reason code: ``not_regular_file``,
+    ``too_large``, ``encoding``, ``json``, ``duplicate_key``, ``shape``, ``unknown_key``, ``missing_key``,
+    ``schema_version``, ``type``, ``callback_sequence``, ``time_order``, ``exit_code``, ``run_id``,
+    ``attempt_id``, ``token``. Raises ``OSError`` for I/O errors other than "no such file".
+    """
+    if not isinstance(expected_token_digest, str) or _DIGEST_RE.fullmatch(expected_token_digest) is None:
+        raise ValueError("expected_token_digest must be lowercase hex sha256")
+    path = receipt_path(receipt_dir, attempt_id)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ReceiptInvalid("not_regular_file") from exc
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReceiptInvalid("not_regular_file")
+        raw = _read_at_most(fd, MAX_RECEIPT_BYTES + 1)
+    finally:
+        os.close(fd)
+    receipt = parse_receipt(raw)
+    if receipt.run_id != expected_run_id:
+        raise ReceiptInvalid("run_id")
+    if receipt.attempt_id != attempt_id:
+        raise ReceiptInvalid("attempt_id")
+    if receipt.callback_sequence != expected_sequence:
+        raise ReceiptInvalid("callback_sequence")
+    if not hmac.compare_digest(token_digest(receipt.token), expected_token_digest):
+        raise ReceiptInvalid("token")
+    return receipt
+
+
+def parse_receipt(raw: bytes) -> Receipt:
+    """Validate the shape of a receipt (no expectations about ids); raises ``ReceiptInvalid``."""
+    if len(raw) > MAX_RECEIPT_BYTES:
+        raise ReceiptInvalid("too_large")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReceiptInvalid("encoding") from exc
+    try:
+        obj = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
+    except _DuplicateKey as exc:
+        raise ReceiptInvalid("duplicate_key") from exc
+    except (ValueError, RecursionError) as exc:
+        raise ReceiptInvalid("json") from exc
+    if type(obj) is not dict:
+        raise ReceiptInvalid("shape")
+    if not obj.keys() <= _KEY_SET:
+        raise ReceiptInvalid("unknown_key")
+    if obj.keys() != _KEY_SET:
+        raise ReceiptInvalid("missing_key")
+    if type(obj["schemaVersion"]) is not int or obj["schemaVersion"] != SCHEMA_VERSION:
+        raise ReceiptInvalid("schema_version")
+    strings = (obj["runId"], obj["attemptId"], obj["token"])
+    ints = (obj["callbackSequence"], obj["startedAtMs"], obj["finishedAtMs"], obj["exitCode"])
+    if any(type(s) is not str for s in strings) or any(type(i) is not int for i in ints):
+        raise ReceiptInvalid("type")
+    if obj["callbackSequence"] < 0:
+        raise ReceiptInvalid("callback_sequence")
+    if obj["startedAtMs"] < 0 or obj["finishedAtMs"] < obj["startedAtMs"]:
+        raise ReceiptInvalid("time_order")
+    if not 0 <= obj["exitCode"] <= 255:
+        raise ReceiptInvalid("exit_code")
+    return Receipt(
+        run_id=obj["runId"],
+        attempt_id=obj["attemptId"],
+        callback_sequence=obj["callbackSequence"],
+        token=obj["token"],
+        started_at_ms=obj["startedAtMs"],
+        finished_at_ms=obj["finishedAtMs"],
+        exit_code=obj["exitCode"],
+    )
+
+
+def delete_receipt(receipt_dir: Path, attempt_id: str) -> bool:
+    """Remove a consumed receipt (and any leftover temp); True when a receipt was there."""
+    _unlink_quietly(receipt_temp_path(receipt_dir, attempt_id))
+    try:
+        os.unlink(receipt_path(receipt_dir, attempt_id))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def quarantine_receipt(receipt_dir: Path, attempt_id: str) -> Path | None:
+    """Move an invalid receipt into ``.quarantine/`` (mode 0700) by hard link + unlink.
+
+    Nothing is ever overwritten: a second invalid receipt for the same attempt gets a numbered name.
+    Returns the quarantined path, or ``None`` when there was nothing to move.
+    """
+    source = receipt_path(receipt_dir, attempt_id)
+    qdir = receipt_dir / QUARANTINE_DIR
+    try:
+        os.mkdir(qdir, 0o700)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(qdir).st_mode):
+            raise
+        os.chmod(qdir, 0o700)
+    for n in range(MAX_QUARANTINE_COPIES):
+        target = qdir / (f"{attempt_id}.json" if n == 0 else f"{attempt_id}.{n}.json")
+        try:
+            os.link(source, target, follow_symlinks=False)
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            return None
+        os.unlink(source)
+        _unlink_quietly(receipt_temp_path(receipt_dir, attempt_id))
+        return target
+    raise FileExistsError(errno.EEXIST, "quarantine slots exhausted")
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey()
+        out[key] = value
+    return out
+
+
+def _reject_constant(_: str) -> Any:
+    raise ValueError("non-finite number")
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while total < limit:
+        chunk = os.read(fd, limit - total)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,56 @@
+# ql3 per-attempt shim (POSIX sh, run as `sh -c <this> sh [file args...]`).
+# It leads the attempt's process group: it runs the command as a foreground child, publishes the
+# completion receipt, and exits with the command's status. Inputs arrive as QL3_SHIM_* environment
+# variables (argv is readable by every local user) and are removed before the command starts.
+_ql3_on_signal() { :; }
+# A handler, not an ignore: children start with default dispositions. A trapped signal does not cut
+# short a foreground wait (the handler runs after it), so $? below is always the real exit status.
+# A background child + `wait` would not do: sh makes async lists ignore INT and QUIT for good.
+trap _ql3_on_signal TERM INT HUP
+_ql3_mode=$QL3_SHIM_MODE _ql3_cmd=$QL3_SHIM_COMMAND _ql3_cwd=$QL3_SHIM_CWD _ql3_sh=$QL3_SHIM_SH
+_ql3_head=$QL3_SHIM_HEAD _ql3_start=$QL3_SHIM_STARTED _ql3_base=$QL3_SHIM_CLOCK_BASE
+_ql3_tmp=$QL3_SHIM_TMP _ql3_dst=$QL3_SHIM_DST _ql3_dir=$QL3_SHIM_DIR
+_ql3_ln=$QL3_SHIM_LN _ql3_sync=$QL3_SHIM_SYNC
+unset QL3_SHIM_MODE QL3_SHIM_COMMAND QL3_SHIM_CWD QL3_SHIM_SH QL3_SHIM_HEAD QL3_SHIM_STARTED \
+  QL3_SHIM_CLOCK_BASE QL3_SHIM_TMP QL3_SHIM_DST QL3_SHIM_DIR QL3_SHIM_LN QL3_SHIM_SYNC
+
+# Failures before the command runs stay out of the log: it must never show the cwd or the command.
+if [ "$_ql3_mode" = argv ]; then
+  (
+    if [ -n "$_ql3_cwd" ]; then cd "$_ql3_cwd" 2>/dev/null || exit 126; unset OLDPWD; fi
+    command -v "$1" >/dev/null 2>&1 || exit 127
+    exec "$@"
+  )
+else
+  (
+    if [ -n "$_ql3_cwd" ]; then cd "$_ql3_cwd" 2>/dev/null || exit 126; unset OLDPWD; fi
+    exec "$_ql3_sh" -c "$_ql3_cmd"
+  )
+fi
+_ql3_rc=$?
+
+# finishedAtMs = (startedAtMs - boot time at launch) + boot time now, from /proc/uptime: no date(1) exec.
+_ql3_fin=$_ql3_start
+if { read -r _ql3_up _ql3_idle; } 2>/dev/null </proc/uptime; then
+  case $_ql3_up in
+    *[0-9].[0-9][0-9])
+      _ql3_cs=${_ql3_up#*.}
+      _ql3_fin=$((_ql3_base + ${_ql3_up%.*} * 1000 + ${_ql3_cs%?} * 100 + ${_ql3_cs#?} * 10))
+      ;;
+  esac
+fi
+[ "$_ql3_fin" -ge "$_ql3_start" ] 2>/dev/null || _ql3_fin=$_ql3_start
+
+# Publish: a new temp file (noclobber opens with O_EXCL), then a hard link that never replaces an
+# existing receipt. The caller removes the temp after reaping us, which saves an rm(1) exec per run.
+# Any failure here only means "no receipt"; the exit status stays the command's.
+umask 077
+set -C
+if { printf '%s%s,"exitCode":%s}\n' "$_ql3_head" "$_ql3_fin" "$_ql3_rc" >"$_ql3_tmp"; } 2>/dev/null; then
+  if [ -z "$_ql3_sync" ]; then
+    "$_ql3_ln" "$_ql3_tmp" "$_ql3_dst" 2>/dev/null
+  elif "$_ql3_sync" "$_ql3_tmp" 2>/dev/null && "$_ql3_ln" "$_ql3_tmp" "$_ql3_dst" 2>/dev/null; then
+    "$_ql3_sync" "$_ql3_dir" 2>/dev/null
+  fi
+fi
+exit "$_ql3_rc"

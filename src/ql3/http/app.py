@@ -1,0 +1,97 @@
+"""The FastAPI app factory. The lifespan owns the long-running loops handed to it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+import ql3
+from ql3.console import routes as console
+from ql3.domain.errors import Ql3Error
+from ql3.http import errors
+from ql3.http.auth import DbDep
+from ql3.http.dto import Status
+from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll
+from ql3.http.routes import projects, runs, tasks
+from ql3.ports.storage import Database, Transaction
+
+log = logging.getLogger("ql3.http")
+
+
+class Lifecycle(Protocol):
+    """A long-running loop owned by the server: started in order, stopped in reverse."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _stop_all(started: list[Lifecycle]) -> None:
+    for component in reversed(started):
+        try:
+            component.stop()
+        except Exception as exc:  # one failing stop must not keep the others running
+            log.error(
+                "lifecycle stop failed",
+                extra={"action": "lifecycle.stop_failed", "error_type": type(exc).__name__},
+            )
+
+
+def create_app(db: Database, *, lifecycle: Sequence[Lifecycle] = ()) -> FastAPI:
+    """Build the API over ``db``; ``lifecycle`` components run while the app is being served."""
+    components = tuple(lifecycle)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        started: list[Lifecycle] = []
+        try:
+            for component in components:
+                component.start()
+                started.append(component)
+            yield
+        finally:
+            _stop_all(started)
+
+    app = FastAPI(
+        title="ql3",
+        version=ql3.__version__,
+        description="A durable task-execution control plane. Every `/api/v1` call needs "
+        '`Authorization: Bearer <token>`; errors are `{"error": {"code", "message"}}`.',
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.db = db
+    errors.install(app)
+    # Starlette wraps later additions around earlier ones: CatchAll is outermost.
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(CatchAll)
+
+    @app.get("/healthz", response_model=Status, tags=["health"])
+    def healthz() -> Status:
+        """The process is up (no authentication, no database)."""
+        return Status(status="ok")
+
+    @app.get("/readyz", response_model=Status, tags=["health"], responses={503: {}})
+    def readyz(db: DbDep) -> Status | JSONResponse:
+        """The database answers a read transaction."""
+
+        def probe(tx: Transaction) -> int:
+            return tx.now_ms()
+
+        try:
+            db.transaction(probe, write=False)
+        except Ql3Error as exc:
+            return JSONResponse(errors.error_body(exc.code, exc.message), status_code=503)
+        return Status(status="ready")
+
+    app.include_router(projects.router)
+    app.include_router(tasks.router)
+    app.include_router(runs.router)
+    app.include_router(console.router)
+    return app

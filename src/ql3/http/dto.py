@@ -1,0 +1,255 @@
+"""Request and response shapes of the HTTP API.
+
+Requests are strict (no type coercion) and refuse unknown fields; the domain then validates the
+values. Responses are built only from public facts: a task shows ``public_spec`` and never its
+command, working directory or env values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ql3.application.auth import IssuedToken
+from ql3.application.tasks import TaskView
+from ql3.domain.model import Project, Run, RunEvent
+from ql3.domain.tasks import public_spec
+
+# -- requests -------------------------------------------------------------------------------------
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class PreferenceIn(Body):
+    labels: dict[str, str]
+    weight: int = 1
+
+
+class TaskSpecFields(Body):
+    cron: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    environment_policy: Literal["inherit", "isolated"] | None = None
+    timeout_ms: int | None = None
+    grace_ms: int | None = None
+    require: dict[str, str] | None = None
+    prefer: list[PreferenceIn] | None = None
+    overlap: Literal["allow", "skip", "cancel_previous"] | None = None
+    approval: Literal["none", "required"] | None = None
+    max_attempts: int | None = None
+
+
+class TaskCreate(TaskSpecFields):
+    name: str
+    command: str
+    enabled: bool = True
+
+    def spec(self) -> dict[str, Any]:
+        """The raw spec for ``build_spec``: only what the client sent, defaults left to the domain."""
+        return self.model_dump(exclude_unset=True, exclude_none=True, exclude={"name", "enabled"})
+
+
+class TaskEdit(TaskSpecFields):
+    command: str | None = None
+
+    def changes(self) -> dict[str, Any]:
+        """Fields the client sent; an explicit null clears an optional field (cron, cwd, env...)."""
+        return self.model_dump(exclude_unset=True)
+
+
+class RunCreate(Body):
+    idempotency_key: str | None = None
+    priority: int = 0
+
+
+class ProjectCreate(Body):
+    name: str
+
+
+class TokenCreate(Body):
+    role: Literal["viewer", "operator", "approver", "admin"]
+    name: str = "token"
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+
+class PreferenceOut(BaseModel):
+    labels: dict[str, str]
+    weight: int
+
+
+class TaskOut(BaseModel):
+    id: str
+    project_id: str
+    name: str
+    revision: int
+    enabled: bool
+    content_digest: str
+    created_at_ms: int
+    updated_at_ms: int
+    cron: str | None
+    env_keys: list[str]
+    has_cwd: bool
+    environment_policy: str
+    timeout_ms: int | None
+    grace_ms: int
+    require: dict[str, str]
+    prefer: list[PreferenceOut]
+    overlap: str
+    approval: str
+    max_attempts: int
+    executor: str
+
+
+class TaskPage(BaseModel):
+    items: list[TaskOut]
+    next_cursor: str | None
+
+
+class RunOut(BaseModel):
+    id: str
+    project_id: str
+    task_id: str
+    task_revision: int
+    status: str
+    trigger_type: str
+    version: int
+    priority: int
+    idempotency_key: str | None
+    created_at_ms: int
+    queued_at_ms: int | None
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    scheduled_for_ms: int | None
+    exit_code: int | None
+    error_code: str | None
+    cancel_requested_at_ms: int | None
+    cancel_reason: str | None
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    next_cursor: str | None
+
+
+class EventOut(BaseModel):
+    id: str
+    run_id: str
+    sequence: int
+    type: str
+    actor_type: str
+    actor_id: str | None
+    attempt_id: str | None
+    payload: dict[str, Any]
+    created_at_ms: int
+
+
+class EventPage(BaseModel):
+    items: list[EventOut]
+    next_after: int | None
+
+
+class ProjectOut(BaseModel):
+    id: str
+    name: str
+    version: int
+    created_at_ms: int
+    role: str | None = None
+
+
+class ProjectPage(BaseModel):
+    items: list[ProjectOut]
+    next_cursor: str | None
+
+
+class TokenOut(BaseModel):
+    token: str
+    principal_id: str
+    name: str
+    role: str
+    project_id: str
+    project: str
+
+
+class Status(BaseModel):
+    status: str
+
+
+# -- mapping --------------------------------------------------------------------------------------
+
+
+def task_out(view: TaskView) -> TaskOut:
+    task = view.task
+    return TaskOut(
+        id=task.id,
+        project_id=task.project_id,
+        name=task.name,
+        revision=task.revision,
+        enabled=task.enabled,
+        content_digest=view.revision.content_digest,
+        created_at_ms=task.created_at_ms,
+        updated_at_ms=task.updated_at_ms,
+        **public_spec(view.spec),
+    )
+
+
+def run_out(run: Run) -> RunOut:
+    return RunOut(
+        id=run.id,
+        project_id=run.project_id,
+        task_id=run.task_id,
+        task_revision=run.task_revision,
+        status=run.status,
+        trigger_type=run.trigger_type,
+        version=run.version,
+        priority=run.priority,
+        idempotency_key=run.idempotency_key,
+        created_at_ms=run.created_at_ms,
+        queued_at_ms=run.queued_at_ms,
+        started_at_ms=run.started_at_ms,
+        finished_at_ms=run.finished_at_ms,
+        scheduled_for_ms=run.scheduled_for_ms,
+        exit_code=run.exit_code,
+        error_code=run.error_code,
+        cancel_requested_at_ms=run.cancel_requested_at_ms,
+        cancel_reason=run.cancel_reason,
+    )
+
+
+def event_out(event: RunEvent) -> EventOut:
+    return EventOut(
+        id=event.id,
+        run_id=event.run_id,
+        sequence=event.sequence,
+        type=event.type,
+        actor_type=event.actor_type,
+        actor_id=event.actor_id,
+        attempt_id=event.attempt_id,
+        payload=dict(event.payload),
+        created_at_ms=event.created_at_ms,
+    )
+
+
+def project_out(project: Project, role: str | None = None) -> ProjectOut:
+    return ProjectOut(
+        id=project.id,
+        name=project.name,
+        version=project.version,
+        created_at_ms=project.created_at_ms,
+        role=role,
+    )
+
+
+def token_out(issued: IssuedToken) -> TokenOut:
+    return TokenOut(
+        token=issued.token,
+        principal_id=issued.principal.id,
+        name=issued.principal.name,
+        role=issued.role,
+        project_id=issued.project.id,
+        project=issued.project.name,
+    )

@@ -1,0 +1,110 @@
+"""The one exception -> HTTP response table.
+
+Bodies are always ``{"error": {"code", "message", ["details"]}}``. Nothing a client sent is echoed
+back (pydantic's ``input`` and the raw body are dropped) so that commands, env values and tokens can
+never leak through an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any, Final
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ql3.domain.errors import PayloadTooLarge, Ql3Error, ValidationFailed
+
+log = logging.getLogger("ql3.http")
+
+# Framework-level statuses that do not come from a Ql3Error, with their stable codes.
+FRAMEWORK_CODES: Final[dict[int, tuple[str, str]]] = {
+    400: ("bad_request", "The request is malformed."),
+    401: ("unauthenticated", "A valid bearer token is required."),
+    403: ("permission_denied", "The caller's role does not allow this."),
+    404: ("not_found", "The resource does not exist."),
+    405: ("method_not_allowed", "The method is not allowed on this resource."),
+    413: (PayloadTooLarge.code, "The request body is too large."),
+    415: ("unsupported_media_type", "The request body must be JSON."),
+    422: (ValidationFailed.code, "The input is invalid."),
+}
+INTERNAL: Final = ("internal_error", "ql3 failed.")
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        body["details"] = details
+    return {"error": body}
+
+
+def status_for(exc: Ql3Error) -> int:
+    """Every ql3 error maps by its class's ``http_status``; the code is the class's ``code``."""
+    return exc.http_status
+
+
+def ql3_error_response(exc: Ql3Error) -> JSONResponse:
+    headers = {"Retry-After": "1"} if exc.retryable else None
+    if status_for(exc) == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    return JSONResponse({"error": exc.to_dict()}, status_code=status_for(exc), headers=headers)
+
+
+def _validation_details(exc: RequestValidationError) -> dict[str, Any]:
+    # Only known field locations, two levels deep: deeper parts are map keys the client chose, and
+    # the name of an unknown field is the client's text too, so it is counted, not echoed.
+    fields: list[str] = []
+    unknown = 0
+    for err in exc.errors()[:32]:
+        loc = [str(part) for part in err.get("loc", ())]
+        if err.get("type") == "extra_forbidden" and len(loc) <= 2:
+            unknown += 1
+            continue
+        name = ".".join(loc[:2]) if loc else "request"
+        if name not in fields:
+            fields.append(name)
+    details: dict[str, Any] = {}
+    if fields:
+        details["fields"] = fields
+    if unknown:
+        details["unknown_fields"] = unknown
+    return details
+
+
+def _on_ql3_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Ql3Error)
+    if status_for(exc) >= 500:
+        log.warning("request failed", extra={"action": "http.error", "code": exc.code})
+    return ql3_error_response(exc)
+
+
+def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    code, message = FRAMEWORK_CODES[422]
+    return JSONResponse(error_body(code, message, _validation_details(exc)), status_code=422)
+
+
+def _on_http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code, message = FRAMEWORK_CODES.get(exc.status_code, INTERNAL)
+    return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+
+
+def log_unhandled(exc: BaseException) -> None:
+    # The message of an arbitrary exception may carry data; log its type and frames only.
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    log.error(
+        "unhandled error %s\n%s",
+        type(exc).__name__,
+        frames,
+        extra={"action": "http.unhandled", "error_type": type(exc).__name__},
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(Ql3Error, _on_ql3_error)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http)

@@ -1,0 +1,82 @@
+"""Projects and the tokens of their members."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, status
+
+from ql3.application import auth
+from ql3.application import rows as row_map
+from ql3.domain.errors import PermissionDenied
+from ql3.http.auth import DbDep, PrincipalDep
+from ql3.http.dto import (
+    ProjectCreate,
+    ProjectOut,
+    ProjectPage,
+    TokenCreate,
+    TokenOut,
+    project_out,
+    token_out,
+)
+from ql3.ports.storage import Transaction
+
+router = APIRouter(prefix="/api/v1/projects", tags=["projects"])
+
+MAX_PROJECT_PAGE = 200
+
+
+@router.get("", response_model=ProjectPage)
+def list_projects(
+    db: DbDep,
+    principal: PrincipalDep,
+    cursor: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PROJECT_PAGE)] = 50,
+) -> ProjectPage:
+    """Projects the caller holds a role in (the owner sees all), by name."""
+
+    def unit(tx: Transaction) -> ProjectPage:
+        scanned = tx.all("project_list", {"after": cursor or "", "limit": limit})
+        items: list[ProjectOut] = []
+        for row in scanned:
+            project = row_map.project(row)
+            role = auth.role_in(tx, principal, project)
+            if role is not None:
+                items.append(project_out(project, role))
+        # The cursor follows what was scanned, not what was shown, so a page is always bounded.
+        next_cursor = str(scanned[-1]["name"]) if len(scanned) == limit else None
+        return ProjectPage(items=items, next_cursor=next_cursor)
+
+    return db.transaction(unit, write=False)
+
+
+@router.post("", response_model=ProjectOut, status_code=status.HTTP_201_CREATED)
+def create_project(body: ProjectCreate, db: DbDep, principal: PrincipalDep) -> ProjectOut:
+    """Only the owner creates projects."""
+
+    def unit(tx: Transaction) -> ProjectOut:
+        if not principal.is_owner:
+            raise PermissionDenied(permission="project.create")
+        return project_out(auth.create_project(tx, body.name), "admin")
+
+    return db.transaction(unit)
+
+
+@router.get("/{project}", response_model=ProjectOut)
+def show_project(project: str, db: DbDep, principal: PrincipalDep) -> ProjectOut:
+    def unit(tx: Transaction) -> ProjectOut:
+        found = auth.authorize(tx, principal, project, "task.read")
+        return project_out(found, auth.role_in(tx, principal, found))
+
+    return db.transaction(unit, write=False)
+
+
+@router.post("/{project}/tokens", response_model=TokenOut, status_code=status.HTTP_201_CREATED)
+def create_token(project: str, body: TokenCreate, db: DbDep, principal: PrincipalDep) -> TokenOut:
+    """A new principal with ``role`` in this project. The token is in this response and nowhere else."""
+
+    def unit(tx: Transaction) -> TokenOut:
+        found = auth.authorize(tx, principal, project, "token.create")
+        return token_out(auth.issue_token(tx, name=body.name, role=body.role, project=found))
+
+    return db.transaction(unit)

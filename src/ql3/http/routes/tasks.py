@@ -1,0 +1,126 @@
+"""Tasks: create, list, show, edit (a new revision), enable, disable, delete, and start a run."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from ql3.application import auth, runs, tasks
+from ql3.http.auth import DbDep, PrincipalDep
+from ql3.http.dto import RunCreate, RunOut, TaskCreate, TaskEdit, TaskOut, TaskPage, run_out, task_out
+from ql3.ports.storage import Transaction
+
+router = APIRouter(prefix="/api/v1/projects/{project}/tasks", tags=["tasks"])
+
+
+@router.get("", response_model=TaskPage)
+def list_tasks(
+    project: str,
+    db: DbDep,
+    principal: PrincipalDep,
+    cursor: Annotated[
+        str | None, Query(max_length=128, description="the last name of the previous page")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=tasks.MAX_TASK_PAGE)] = 50,
+) -> TaskPage:
+    def unit(tx: Transaction) -> TaskPage:
+        found = auth.authorize(tx, principal, project, "task.read")
+        views = tasks.list_tasks(tx, found.id, after=cursor or "", limit=limit)
+        next_cursor = views[-1].task.name if len(views) == limit else None
+        return TaskPage(items=[task_out(v) for v in views], next_cursor=next_cursor)
+
+    return db.transaction(unit, write=False)
+
+
+@router.post("", response_model=TaskOut, status_code=status.HTTP_201_CREATED)
+def create_task(project: str, body: TaskCreate, db: DbDep, principal: PrincipalDep) -> TaskOut:
+    def unit(tx: Transaction) -> TaskOut:
+        found = auth.authorize(tx, principal, project, "task.write")
+        return task_out(tasks.create_task(tx, found.id, body.name, body.spec(), enabled=body.enabled))
+
+    return db.transaction(unit)
+
+
+@router.get("/{task}", response_model=TaskOut)
+def show_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> TaskOut:
+    def unit(tx: Transaction) -> TaskOut:
+        found = auth.authorize(tx, principal, project, "task.read")
+        return task_out(tasks.view(tx, tasks.find_task(tx, found.id, task)))
+
+    return db.transaction(unit, write=False)
+
+
+@router.patch("/{task}", response_model=TaskOut)
+def edit_task(project: str, task: str, body: TaskEdit, db: DbDep, principal: PrincipalDep) -> TaskOut:
+    """Publish a new revision; an edit that changes nothing returns the current one."""
+
+    def unit(tx: Transaction) -> TaskOut:
+        found = auth.authorize(tx, principal, project, "task.write")
+        return task_out(tasks.edit_task(tx, found.id, task, body.changes()))
+
+    return db.transaction(unit)
+
+
+def _set_enabled(db: DbDep, principal: PrincipalDep, project: str, task: str, enabled: bool) -> TaskOut:
+    def unit(tx: Transaction) -> TaskOut:
+        found = auth.authorize(tx, principal, project, "task.write")
+        return task_out(tasks.set_enabled(tx, found.id, task, enabled))
+
+    return db.transaction(unit)
+
+
+@router.post("/{task}/enable", response_model=TaskOut)
+def enable_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> TaskOut:
+    return _set_enabled(db, principal, project, task, True)
+
+
+@router.post("/{task}/disable", response_model=TaskOut)
+def disable_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> TaskOut:
+    return _set_enabled(db, principal, project, task, False)
+
+
+@router.delete("/{task}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
+def delete_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> Response:
+    def unit(tx: Transaction) -> None:
+        found = auth.authorize(tx, principal, project, "task.write")
+        tasks.delete_task(tx, found.id, task)
+
+    db.transaction(unit)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post(
+    "/{task}/runs",
+    response_model=RunOut,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": RunOut, "description": "an idempotent repeat: the existing run"}},
+)
+def start_run(
+    project: str,
+    task: str,
+    db: DbDep,
+    principal: PrincipalDep,
+    response: Response,
+    body: RunCreate | None = None,
+) -> RunOut:
+    """Queue a run of the task's current revision: 201 for a new run, 200 when ``idempotency_key``
+    names a run this project already has for the same task."""
+    request = body or RunCreate()
+
+    def unit(tx: Transaction) -> tuple[RunOut, bool]:
+        found = auth.authorize(tx, principal, project, "run.create")
+        cmd = runs.CreateRun(
+            project_id=found.id,
+            task=tasks.find_task(tx, found.id, task),
+            idempotency_key=runs.validate_idempotency_key(request.idempotency_key),
+            priority=request.priority,
+            actor_type="user",
+            actor_id=principal.id,
+        )
+        run, created = runs.create_run(tx, cmd)
+        return run_out(run), created
+
+    out, created = db.transaction(unit)
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return out

@@ -1,0 +1,90 @@
+"""The worker's view of the control plane. The embedded worker uses an in-process implementation; a
+remote worker uses the HTTP one. Both reach the same application services and obey the same fences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ql3.domain.offers import LeaseFence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionInfo:
+    worker_id: str
+    session_id: str
+    generation: int
+    status: str
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseInfo:
+    version: int
+    expires_at_ms: int
+
+
+class ControlPlane(Protocol):
+    def register(
+        self,
+        *,
+        worker_id: str,
+        session_id: str,
+        capabilities: dict[str, Any],
+        max_concurrent_runs: int,
+        session_lease_ms: int,
+    ) -> SessionInfo:
+        """Register or resume a session. Same session + same content replays; a new session replaces
+        the old one and bumps the generation. Raises Conflict on same session with other content."""
+        ...
+
+    def heartbeat(self, session: SessionInfo) -> SessionInfo:
+        """Extend the session lease. Raises FenceConflict when the session was replaced or is offline."""
+        ...
+
+    def set_status(self, session: SessionInfo, status: str) -> SessionInfo:
+        """``draining`` (capacity to zero first) or ``offline``."""
+        ...
+
+    def ack_starting(self, fence: LeaseFence, *, deadline_at_ms: int | None) -> tuple[str, LeaseInfo]:
+        """Attempt claimed -> starting under the full fence; idempotent replays answer already_*."""
+        ...
+
+    def ack_running(
+        self,
+        fence: LeaseFence,
+        *,
+        pid: int,
+        handle: str,
+        log_artifact_id: str,
+        callback_sequence: int,
+        callback_token_digest: str,
+    ) -> tuple[str, LeaseInfo]:
+        """Attempt and Run -> running; identical replay idempotent, a different handle conflicts."""
+        ...
+
+    def ack_start_failure(self, fence: LeaseFence, *, error_code: str) -> str:
+        """From starting: failed / cancelled / timed_out by the cancel facts; lease completed."""
+        ...
+
+    def renew(self, fence: LeaseFence, lease_ms: int) -> LeaseInfo:
+        """Extend the lease before expiry (version +1). Raises FenceConflict with the reason otherwise."""
+        ...
+
+    def complete(
+        self, fence: LeaseFence, *, callback_sequence: int, callback_token: str, exit_code: int
+    ) -> tuple[str, str]:
+        """Apply a completion (``applied`` or ``already_terminal``) and return the outcome status."""
+        ...
+
+    def report_lost(self, fence: LeaseFence, *, error_code: str) -> bool:
+        """The worker proved its process exited without a receipt: the attempt becomes lost."""
+        ...
+
+    def lease_status(self, fence: LeaseFence) -> LeaseInfo:
+        """The lease's current version and expiry for an exact authority whose version may lag."""
+        ...
+
+    def lease_control(self, fence: LeaseFence) -> str:
+        """Probe for stop requests: ``run`` (keep going), ``stop_requested`` or ``terminal``."""
+        ...

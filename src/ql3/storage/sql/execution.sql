@@ -1,0 +1,118 @@
+-- Workers, leases, candidates and retry policies.
+
+-- name: worker_get
+SELECT * FROM workers WHERE worker_id = :worker_id
+
+-- name: worker_insert
+INSERT INTO workers (worker_id, session_id, generation, status, version, capabilities_json, capabilities_hash,
+  max_concurrent_runs, session_lease_ms, registered_at_ms, last_heartbeat_at_ms, lease_expires_at_ms, updated_at_ms)
+VALUES (:worker_id, :session_id, 1, 'online', 0, :capabilities_json, :capabilities_hash, :max_concurrent_runs,
+  :session_lease_ms, :now, :now, :lease_expires_at_ms, :now)
+ON CONFLICT DO NOTHING
+
+-- name: worker_replace_session
+UPDATE workers SET session_id = :session_id, generation = generation + 1, status = 'online', version = version + 1,
+  capabilities_json = :capabilities_json, capabilities_hash = :capabilities_hash,
+  max_concurrent_runs = :max_concurrent_runs, session_lease_ms = :session_lease_ms, registered_at_ms = :now,
+  last_heartbeat_at_ms = :now, lease_expires_at_ms = :lease_expires_at_ms, updated_at_ms = :now
+WHERE worker_id = :worker_id AND version = :expected_version
+
+-- name: worker_cas
+UPDATE workers SET status = :status, version = version + 1, last_heartbeat_at_ms = :last_heartbeat_at_ms,
+  lease_expires_at_ms = :lease_expires_at_ms, updated_at_ms = :now
+WHERE worker_id = :worker_id AND session_id = :session_id AND generation = :generation AND version = :expected_version
+
+-- name: worker_list
+SELECT w.*, (SELECT count(*) FROM run_leases l WHERE l.worker_id = w.worker_id AND l.status = 'leased') AS active_leases
+FROM workers w WHERE w.worker_id > :after ORDER BY w.worker_id LIMIT :limit
+
+-- name: worker_snapshot_page
+SELECT w.worker_id, w.session_id, w.generation, w.capabilities_json, w.max_concurrent_runs,
+  (SELECT count(*) FROM run_leases l WHERE l.worker_id = w.worker_id AND l.status = 'leased') AS active_leases
+FROM workers w
+WHERE w.status = 'online' AND w.lease_expires_at_ms > :now AND w.worker_id > :after
+ORDER BY w.worker_id LIMIT :limit
+
+-- name: worker_active_leases
+SELECT count(*) AS n FROM run_leases WHERE worker_id = :worker_id AND status = 'leased'
+
+-- name: candidate_first
+SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms
+FROM runs r WHERE r.status = 'queued' AND r.cancel_requested_at_ms IS NULL
+ORDER BY r.priority DESC, r.queued_at_ms, r.id LIMIT :limit
+
+-- name: candidate_after
+SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms
+FROM runs r WHERE r.status = 'queued' AND r.cancel_requested_at_ms IS NULL
+  AND (r.priority < :c_priority OR (r.priority = :c_priority AND (r.queued_at_ms > :c_queued
+       OR (r.queued_at_ms = :c_queued AND r.id > :c_id))))
+ORDER BY r.priority DESC, r.queued_at_ms, r.id LIMIT :limit
+
+-- name: lease_get
+SELECT * FROM run_leases WHERE attempt_id = :attempt_id
+
+-- name: lease_insert
+INSERT INTO run_leases (attempt_id, run_id, status, version, lease_generation, worker_id, worker_session_id,
+  worker_generation, lease_token_digest, acquired_at_ms, renewed_at_ms, expires_at_ms, updated_at_ms)
+VALUES (:attempt_id, :run_id, 'leased', 0, 1, :worker_id, :worker_session_id, :worker_generation,
+  :lease_token_digest, :now, :now, :expires_at_ms, :now)
+
+-- name: lease_reacquire
+UPDATE run_leases SET status = 'leased', version = version + 1, lease_generation = lease_generation + 1,
+  worker_id = :worker_id, worker_session_id = :worker_session_id, worker_generation = :worker_generation,
+  lease_token_digest = :lease_token_digest, acquired_at_ms = :now, renewed_at_ms = :now,
+  expires_at_ms = :expires_at_ms, released_at_ms = NULL, release_reason = NULL, completed_at_ms = NULL,
+  updated_at_ms = :now
+WHERE attempt_id = :attempt_id AND version = :expected_version
+
+-- name: lease_renew
+UPDATE run_leases SET version = version + 1, renewed_at_ms = :now, expires_at_ms = :expires_at_ms, updated_at_ms = :now
+WHERE attempt_id = :attempt_id AND version = :expected_version AND status = 'leased'
+
+-- name: lease_complete
+UPDATE run_leases SET status = 'completed', version = version + 1, completed_at_ms = :now, updated_at_ms = :now
+WHERE attempt_id = :attempt_id AND version = :expected_version AND status = 'leased'
+
+-- name: lease_release
+UPDATE run_leases SET status = 'released', version = version + 1, released_at_ms = :now,
+  release_reason = :reason, updated_at_ms = :now
+WHERE attempt_id = :attempt_id AND version = :expected_version AND status = 'leased'
+
+-- name: lease_recovery_first
+SELECT l.attempt_id, l.run_id, l.expires_at_ms FROM run_leases l
+JOIN run_attempts a ON a.id = l.attempt_id AND a.status = 'claimed'
+WHERE l.status = 'leased' AND l.acquired_at_ms <= :since
+ORDER BY l.expires_at_ms, l.attempt_id LIMIT :limit
+
+-- name: lease_recovery_after
+SELECT l.attempt_id, l.run_id, l.expires_at_ms FROM run_leases l
+JOIN run_attempts a ON a.id = l.attempt_id AND a.status = 'claimed'
+WHERE l.status = 'leased' AND l.acquired_at_ms <= :since
+  AND (l.expires_at_ms > :c_expires OR (l.expires_at_ms = :c_expires AND l.attempt_id > :c_attempt))
+ORDER BY l.expires_at_ms, l.attempt_id LIMIT :limit
+
+-- name: lease_expired_page
+SELECT attempt_id, run_id, expires_at_ms FROM run_leases
+WHERE status = 'leased' AND expires_at_ms <= :now
+ORDER BY expires_at_ms, attempt_id LIMIT :limit
+
+-- name: retry_policy_insert
+INSERT INTO run_retry_policies (run_id, max_attempts, retry_on_lost, safety, backoff_min_ms, backoff_max_ms, version)
+VALUES (:run_id, :max_attempts, :retry_on_lost, :safety, :backoff_min_ms, :backoff_max_ms, 0)
+
+-- name: retry_policy_get
+SELECT * FROM run_retry_policies WHERE run_id = :run_id
+
+-- name: retry_policy_schedule
+UPDATE run_retry_policies SET next_retry_at_ms = :next_retry_at_ms, version = version + 1
+WHERE run_id = :run_id AND version = :expected_version
+
+-- name: retry_due_page
+SELECT p.run_id FROM run_retry_policies p
+WHERE p.next_retry_at_ms IS NOT NULL AND p.next_retry_at_ms <= :now
+ORDER BY p.next_retry_at_ms, p.run_id LIMIT :limit
+
+-- name: runs_in_flight_for_worker
+SELECT l.attempt_id, l.run_id FROM run_leases l
+WHERE l.worker_id = :worker_id AND l.status = 'leased' AND l.attempt_id > :after
+ORDER BY l.attempt_id LIMIT :limit

@@ -1,0 +1,1 @@
+"""Worker host: agent loop, local crash-barrier journal, control-plane client port."""

@@ -1,0 +1,551 @@
+"""The worker agent: offer intake behind the journal's crash barrier, launch, ACKs, renewal,
+completion from receipts, and reconciliation after a restart (ADR-0013/0014/0021)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+from ql3.domain.digests import new_token, sha256_hex
+from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
+from ql3.domain.ids import new_id
+from ql3.domain.offers import LeaseFence, Offer, spec_digest
+from ql3.domain.workers import validate_worker_id
+from ql3.execution.controller import ProcessController
+from ql3.execution.identity import InvalidHandle, ProcessHandle, probe
+from ql3.execution.launcher import (
+    ExitWatcher,
+    LaunchFailed,
+    LaunchRejected,
+    LaunchRequest,
+    LocalLauncher,
+    ShellCommand,
+)
+from ql3.execution.logs import log_path_for
+from ql3.execution.receipts import ReceiptInvalid, delete_receipt, quarantine_receipt, read_receipt
+from ql3.ports.control_plane import ControlPlane, SessionInfo
+from ql3.worker.journal import JournalConflict, JournalOffer, JournalRecord, RecoveryReason, WorkerJournal
+
+log = logging.getLogger("ql3.worker")
+CALLBACK_SEQUENCE: Final = 1
+RECEIPT_GRACE_MS: Final = 100
+MAX_SLOTS: Final = 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    worker_id: str
+    home: Path
+    slots: int = 4
+    labels: dict[str, str] = field(default_factory=dict)
+    session_lease_ms: int = 30_000
+    run_lease_ms: int = 30_000
+    log_cap_bytes: int = 16 * 1024 * 1024
+    journal_capacity: int = 64
+
+    def __post_init__(self) -> None:
+        validate_worker_id(self.worker_id)
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise ValidationFailed("slots must be 1-1024", field="slots")
+        if not 1 <= self.journal_capacity <= 1024 or self.journal_capacity < self.slots:
+            raise ValidationFailed("journal capacity must cover the slots and be at most 1024")
+        if not 5_000 <= self.run_lease_ms <= 600_000 or not 5_000 <= self.session_lease_ms <= 600_000:
+            raise ValidationFailed("lease durations must be 5 s - 10 min")
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def receipts_dir(self) -> Path:
+        return self.home / "receipts"
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        caps: dict[str, Any] = {"executors": ["local_process"], "operatingSystem": "linux"}
+        if self.labels:
+            caps["labels"] = dict(self.labels)
+        return caps
+
+
+@dataclass(slots=True)
+class _Active:
+    """In-memory view of one attempt this worker is executing (bounded by the slots)."""
+
+    offer_id: str
+    fence: LeaseFence
+    handle: str | None = None
+    pid: int | None = None
+    adopted: bool = False
+    stop_requested: bool = False
+    acked: bool = False  # running ACK committed: completion may be submitted
+    exited: bool = False  # the process exited; completion pending or to be retried
+
+
+class WorkerAgent:
+    """One worker host. ``receive`` is synchronous up to the running ACK; completion arrives from the
+    exit watcher thread; ``maintain`` (renewals, heartbeats, adopted processes) is a plain cycle run by a
+    LifecycleRunner."""
+
+    def __init__(
+        self,
+        client: ControlPlane,
+        config: WorkerConfig,
+        *,
+        clock: Callable[[], int],
+        launcher: LocalLauncher | None = None,
+        controller: ProcessController | None = None,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        self._client = client
+        self.config = config
+        self._clock = clock
+        self._launcher = launcher or LocalLauncher()
+        self._controller = controller or ProcessController()
+        self._fault = fault or (lambda point: None)
+        self._lock = threading.RLock()
+        self._active: dict[str, _Active] = {}
+        self._journal: WorkerJournal | None = None
+        self._watcher = ExitWatcher(self._on_exit)
+        self.session: SessionInfo | None = None
+        self.on_settled: Callable[[str], None] = lambda attempt_id: None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def journal(self) -> WorkerJournal:
+        assert self._journal is not None, "worker not started"
+        return self._journal
+
+    def _session_file(self) -> Path:
+        return self.config.home / "session.json"
+
+    def start(self) -> None:
+        home = self.config.home
+        for path in (home, self.config.logs_dir, self.config.receipts_dir):
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._journal = WorkerJournal.open(
+            home / "journal.db", clock=self._clock, capacity=self.config.journal_capacity
+        )
+        session_id = self._load_session_id()
+        self.session = self._client.register(
+            worker_id=self.config.worker_id,
+            session_id=session_id,
+            capabilities=self.config.capabilities,
+            max_concurrent_runs=self.config.slots,
+            session_lease_ms=self.config.session_lease_ms,
+        )
+        self._save_session_id(self.session.session_id)
+        self._watcher.start()
+        self.reconcile()
+
+    def stop(self) -> None:
+        """Processes keep running: they are re-adopted by the next start."""
+        self._watcher.stop()
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+
+    def _load_session_id(self) -> str:
+        # Resuming our own session keeps the leases' authority across a restart of this host; a
+        # session replaced by someone else is fenced and a fresh one is registered instead.
+        try:
+            data = json.loads(self._session_file().read_text())
+            if data.get("worker_id") == self.config.worker_id and isinstance(data.get("session_id"), str):
+                return str(data["session_id"])
+        except (OSError, ValueError):
+            pass
+        return new_id()
+
+    def _save_session_id(self, session_id: str) -> None:
+        path = self._session_file()
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"worker_id": self.config.worker_id, "session_id": session_id}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    @property
+    def active_count(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    # -- intake: the crash barrier ----------------------------------------------------------------
+
+    def receive(self, offer: Offer) -> str:
+        """Verify, journal and start one offer. Returns the journal state it reached."""
+        session = self.session
+        if session is None:
+            raise ValidationFailed("worker not started")
+        f = offer.fence
+        if (f.worker_id, f.session_id, f.worker_generation) != (
+            session.worker_id,
+            session.session_id,
+            session.generation,
+        ):
+            raise FenceConflict("offer is for another worker session", reason="worker_session_mismatch")
+        if session.status == "draining" and offer.delivery_kind != "lease_recovery":
+            raise FenceConflict("draining workers accept only lease recovery", reason="worker_unavailable")
+        if spec_digest(offer.spec) != offer.spec_digest or (
+            offer.spec.get("runId"),
+            offer.spec.get("attemptId"),
+        ) != (f.run_id, f.attempt_id):
+            raise ValidationFailed("offer spec does not match its digest or identity", field="spec")
+        accepted = self.journal.accept(
+            JournalOffer(
+                offer_id=offer.offer_id,
+                run_id=f.run_id,
+                attempt_id=f.attempt_id,
+                lease_generation=f.lease_generation,
+                execution_spec_digest=offer.spec_digest,
+                delivery_kind=offer.delivery_kind,
+                offer_json=offer.to_json(),
+            )
+        )
+        record = accepted.record
+        with self._lock:
+            if record.attempt_id in self._active and not accepted.created:
+                return record.state  # in-process duplicate: coalesced
+            self._active[record.attempt_id] = _Active(offer_id=record.offer_id, fence=f)
+        self._fault("after_accept")
+        if record.state == "accepted":
+            record = self._ack_starting(record, offer)
+        if record.state == "starting_acknowledged":
+            record = self._launch(record, offer)
+        elif record.state == "started":
+            record = self._ack_running(record)
+        if record.state not in ("running_acknowledged", "started"):
+            with self._lock:
+                self._active.pop(record.attempt_id, None)
+        return record.state
+
+    def _ack_starting(self, record: JournalRecord, offer: Offer) -> JournalRecord:
+        timeout = offer.spec.get("timeoutMs")
+        now = self._clock()
+        try:
+            self._client.ack_starting(offer.fence, deadline_at_ms=now + int(timeout) if timeout else None)
+        except (FenceConflict, Conflict):
+            self._forget(record.attempt_id)
+            raise
+        record = self.journal.advance(
+            record.offer_id, expected_revision=record.revision, to_state="starting_acknowledged"
+        )
+        self._fault("after_starting_ack")
+        return record
+
+    def _launch(self, record: JournalRecord, offer: Offer) -> JournalRecord:
+        spec = offer.spec
+        token = new_token()
+        record = self.journal.advance(
+            record.offer_id,
+            expected_revision=record.revision,
+            to_state="launching",
+            completion_callback_sequence=CALLBACK_SEQUENCE,
+            completion_token_digest=sha256_hex(token),
+            log_artifact_id=record.attempt_id,
+        )
+        self._fault("after_launching")
+        request = LaunchRequest(
+            run_id=record.run_id,
+            attempt_id=record.attempt_id,
+            command=ShellCommand(command=spec["command"]["command"]),
+            working_directory=spec.get("workingDirectory"),
+            environment_policy=spec.get("environmentPolicy", "inherit"),
+            environment=dict(spec.get("environment", {})),
+            callback_token=token,
+            callback_sequence=CALLBACK_SEQUENCE,
+            log_path=log_path_for(self.config.logs_dir, record.attempt_id),
+            receipt_dir=self.config.receipts_dir,
+            log_cap_bytes=self.config.log_cap_bytes,
+            started_at_ms=self._clock(),
+        )
+        try:
+            launched = self._launcher.start(request)
+        except (LaunchRejected, LaunchFailed) as exc:
+            record = self.journal.advance(
+                record.offer_id, expected_revision=record.revision, to_state="start_failed"
+            )
+            try:
+                self._client.ack_start_failure(offer.fence, error_code="EXECUTOR_START_FAILED")
+            except Ql3Error:
+                log.warning(
+                    "start failure ACK failed",
+                    extra={
+                        "action": "worker.start_failure_ack_failed",
+                        "reason": getattr(exc, "code", "error"),
+                    },
+                )
+                return record
+            self._forget(record.attempt_id)
+            return self.journal.advance(
+                record.offer_id, expected_revision=record.revision, to_state="start_failure_acknowledged"
+            )
+        handle = launched.handle.encode()
+        with self._lock:
+            active = self._active.get(record.attempt_id)
+            if active is not None:
+                active.handle, active.pid = handle, launched.pid
+        record = self.journal.advance(
+            record.offer_id,
+            expected_revision=record.revision,
+            to_state="started",
+            executor_handle=handle,
+            executor_started_at_ms=self._clock(),
+        )
+        self._watcher.watch(launched)
+        self._fault("after_spawn")
+        record = self._ack_running(record)
+        with self._lock:
+            active = self._active.get(record.attempt_id)
+            exited = active is not None and active.exited
+            if active is not None:
+                active.acked = True
+        if exited:
+            # The process finished before its running ACK was committed: complete it now.
+            self._on_exit(record.attempt_id)
+            latest = self.journal.get(record.offer_id)
+            return latest or record
+        return record
+
+    def _ack_running(self, record: JournalRecord) -> JournalRecord:
+        active = self._active_for(record)
+        assert record.executor_handle is not None and record.completion_token_digest is not None
+        handle = ProcessHandle.decode(record.executor_handle)
+        try:
+            self._client.ack_running(
+                active.fence,
+                pid=handle.pid,
+                handle=record.executor_handle,
+                log_artifact_id=record.log_artifact_id or record.attempt_id,
+                callback_sequence=record.completion_callback_sequence or CALLBACK_SEQUENCE,
+                callback_token_digest=record.completion_token_digest,
+            )
+        except FenceConflict:
+            return self._lease_lost(record, active)
+        except Conflict:
+            return self.journal.advance(
+                record.offer_id,
+                expected_revision=record.revision,
+                to_state="recovery_required",
+                recovery_reason="control_plane_terminal",
+            )
+        current = self.journal.get(record.offer_id)
+        assert current is not None
+        if current.state != "started":
+            return current  # completion raced ahead of the ACK bookkeeping
+        return self.journal.advance(
+            record.offer_id, expected_revision=current.revision, to_state="running_acknowledged"
+        )
+
+    def _active_for(self, record: JournalRecord) -> _Active:
+        with self._lock:
+            active = self._active.get(record.attempt_id)
+            if active is None:
+                offer = Offer.from_json(json.loads(record.offer_json))
+                active = _Active(offer_id=record.offer_id, fence=offer.fence, handle=record.executor_handle)
+                self._active[record.attempt_id] = active
+            return active
+
+    def _forget(self, attempt_id: str) -> None:
+        with self._lock:
+            self._active.pop(attempt_id, None)
+        self.on_settled(attempt_id)
+
+    # -- completion ------------------------------------------------------------------------------
+
+    def _on_exit(self, attempt_id: str) -> None:
+        with self._lock:
+            active = self._active.get(attempt_id)
+            if active is not None:
+                active.exited = True
+                if not active.acked:
+                    return  # the intake path completes it right after the running ACK
+        try:
+            self.settle(attempt_id)
+        except Exception as exc:  # the watcher thread must keep running; maintain() retries
+            log.warning(
+                "completion failed", extra={"action": "worker.completion_failed", "error": type(exc).__name__}
+            )
+
+    def settle(self, attempt_id: str) -> str:
+        """Receipt first: complete with the journal's original authority, then acknowledge, then delete."""
+        record = self.journal.find_by_attempt(attempt_id)
+        if record is None or record.completion_token_digest is None:
+            return "unknown"
+        if record.state in ("completion_acknowledged", "start_failure_acknowledged"):
+            return record.state
+        try:
+            receipt = read_receipt(
+                self.config.receipts_dir,
+                attempt_id,
+                expected_run_id=record.run_id,
+                expected_sequence=record.completion_callback_sequence or CALLBACK_SEQUENCE,
+                expected_token_digest=record.completion_token_digest,
+            )
+        except ReceiptInvalid:
+            quarantine_receipt(self.config.receipts_dir, attempt_id)
+            receipt = None
+        if receipt is None:
+            return self._exited_without_receipt(record)
+        active = self._active_for(record)
+        self._client.complete(
+            active.fence,
+            callback_sequence=receipt.callback_sequence,
+            callback_token=receipt.token,
+            exit_code=receipt.exit_code,
+        )
+        self._acknowledge(record)
+        delete_receipt(self.config.receipts_dir, attempt_id)
+        self._forget(attempt_id)
+        return "completion_acknowledged"
+
+    def _acknowledge(self, record: JournalRecord) -> None:
+        for _ in range(4):  # the running-ACK bookkeeping may advance the record concurrently
+            current = self.journal.get(record.offer_id)
+            assert current is not None
+            if current.state == "completion_acknowledged":
+                return
+            try:
+                self.journal.advance(
+                    current.offer_id, expected_revision=current.revision, to_state="completion_acknowledged"
+                )
+                return
+            except JournalConflict:
+                continue
+
+    def _exited_without_receipt(self, record: JournalRecord) -> str:
+        if record.executor_handle is None:
+            return "no_handle"
+        try:
+            alive = probe(ProcessHandle.decode(record.executor_handle)) == "running"
+        except InvalidHandle:
+            alive = False
+        if alive:
+            return "running"
+        active = self._active_for(record)
+        try:
+            self._client.report_lost(active.fence, error_code="RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT")
+        except FenceConflict:
+            pass
+        current = self.journal.get(record.offer_id)
+        if current is not None and current.state in ("started", "running_acknowledged"):
+            self.journal.advance(
+                current.offer_id,
+                expected_revision=current.revision,
+                to_state="recovery_required",
+                recovery_reason="process_exited_without_receipt",
+            )
+        self._forget(record.attempt_id)
+        return "lost"
+
+    # -- lease loss ------------------------------------------------------------------------------
+
+    def _lease_lost(self, record: JournalRecord, active: _Active) -> JournalRecord:
+        """Stop the local process only on a full authority match; the old worker never writes lost."""
+        reason: RecoveryReason = "lease_lost_local_execution_unverified"
+        if record.executor_handle is not None:
+            try:
+                outcome = self._controller.stop(record.executor_handle, None, grace_ms=5000)
+                if outcome.status in ("termination_requested", "already_exited"):
+                    reason = "lease_lost_local_execution_stopped"
+            except Exception:
+                return record
+        current = self.journal.get(record.offer_id)
+        assert current is not None
+        self._forget(record.attempt_id)
+        if current.state in ("completion_acknowledged", "recovery_required"):
+            return current
+        return self.journal.advance(
+            current.offer_id,
+            expected_revision=current.revision,
+            to_state="recovery_required",
+            recovery_reason=reason,
+        )
+
+    # -- maintenance: renewals, heartbeats, adopted processes ------------------------------------
+
+    def maintain(self) -> bool:
+        """One bounded pass: heartbeat, renew every active lease, settle adopted processes that exited."""
+        session = self.session
+        if session is None:
+            return False
+        try:
+            self.session = replace(self._client.heartbeat(session), outcome=session.outcome)
+        except FenceConflict:
+            log.warning("session fenced", extra={"action": "worker.session_fenced"})
+            return False
+        with self._lock:
+            active = list(self._active.items())[:MAX_SLOTS]
+        for attempt_id, item in active:
+            try:
+                info = self._client.renew(item.fence, self.config.run_lease_ms)
+                with self._lock:
+                    if attempt_id in self._active:
+                        self._active[attempt_id].fence = replace(item.fence, lease_version=info.version)
+            except FenceConflict as exc:
+                if exc.details.get("reason") in ("not_leased",):
+                    self.settle(attempt_id)
+                    continue
+                record = self.journal.find_by_attempt(attempt_id)
+                if record is not None:
+                    self._lease_lost(record, item)
+                continue
+            if item.adopted or item.exited:
+                self.settle(attempt_id)
+        return False
+
+    # -- restart ---------------------------------------------------------------------------------
+
+    def reconcile(self) -> dict[str, int]:
+        """After a restart: launching is never re-spawned; receipts first; live processes re-adopted."""
+        counts: dict[str, int] = {}
+        for record in self.journal.startup_recovery():
+            outcome = self._reconcile_one(record)
+            counts[outcome] = counts.get(outcome, 0) + 1
+        return counts
+
+    def _reconcile_one(self, record: JournalRecord) -> str:
+        offer = Offer.from_json(json.loads(record.offer_json))
+        fence = offer.fence
+        if fence.session_id != (self.session.session_id if self.session else None):
+            return "session_fenced"
+        if record.state == "recovery_required" and record.executor_handle is None:
+            return record.recovery_reason or "recovery_required"  # never re-spawned
+        try:
+            info = self._client.renew(fence, self.config.run_lease_ms)
+            fence = replace(fence, lease_version=info.version)
+        except FenceConflict as exc:
+            if exc.details.get("reason") != "version_mismatch":
+                return self._settle_stale(record, fence)
+            fence = self._resume_version(fence)
+        with self._lock:
+            self._active[record.attempt_id] = _Active(
+                offer_id=record.offer_id, fence=fence, handle=record.executor_handle, adopted=True, acked=True
+            )
+        state = self.settle(record.attempt_id)
+        if state == "running" and record.state == "started":
+            self._ack_running(record)
+        return state
+
+    def _resume_version(self, fence: LeaseFence) -> LeaseFence:
+        info = self._client.lease_status(fence)
+        return replace(fence, lease_version=info.version)
+
+    def _settle_stale(self, record: JournalRecord, fence: LeaseFence) -> str:
+        with self._lock:
+            self._active[record.attempt_id] = _Active(
+                offer_id=record.offer_id, fence=fence, handle=record.executor_handle, adopted=True, acked=True
+            )
+        try:
+            return self.settle(record.attempt_id)
+        except FenceConflict:
+            self._forget(record.attempt_id)
+            return "stale"

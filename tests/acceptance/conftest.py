@@ -1,0 +1,132 @@
+"""Real processes: ``ql3 serve`` on a temp ``QL3_HOME`` and a free port, and the ``ql3`` CLI against it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+CLI = [sys.executable, "-m", "ql3.cli.main"]
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+CLI_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def base_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL3_")}
+    env["QL3_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_cli(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        env={**base_env(home), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+
+
+@dataclass
+class Server:
+    home: Path
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args, home=self.home, env=env)
+
+    def cli_json(self, *args: str, env: dict[str, str] | None = None) -> Any:
+        done = self.cli(*args, "--json", env=env)
+        assert done.returncode == 0, f"{args}: rc={done.returncode} stderr={done.stderr}"
+        return json.loads(done.stdout)
+
+    def credentials(self) -> dict[str, str]:
+        data: dict[str, str] = json.loads((self.home / "credentials").read_text())
+        return data
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+    """Signal, wait with a timeout, kill on timeout; always reaps the process."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+        try:
+            return process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait(timeout=STOP_TIMEOUT_S)
+
+
+def start_server(home: Path, *extra: str, attempts: int = 3) -> Server:
+    """Start ``ql3 serve`` and wait for /healthz; retry on another port if the one picked was taken."""
+    last_log = ""
+    for attempt in range(attempts):
+        port = free_port()
+        log_path = home.parent / f"serve-{home.name}-{port}-{attempt}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [*CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra],
+                env=base_env(home),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                    return Server(home=home, url=url, process=process, log_path=log_path)
+            time.sleep(0.05)
+        stop(process)
+        last_log = log_path.read_text(errors="replace")
+        if "address already in use" not in last_log.lower():
+            break
+    pytest.fail(f"ql3 serve did not become healthy:\n{last_log}")
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Server]:
+    """A server of its own for one test."""
+    server = start_server(tmp_path / "home")
+    try:
+        yield server
+    finally:
+        stop(server.process)
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for a module whose tests use distinct task names."""
+    server = start_server(tmp_path_factory.mktemp("acceptance") / "home")
+    try:
+        yield server
+    finally:
+        stop(server.process)

@@ -1,0 +1,132 @@
+"""Without a verified identity, stop sends zero signals and leaves the process alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from ql3.execution import controller as controller_module
+from ql3.execution.controller import ProcessController, StopOutcome
+from ql3.execution.identity import ProcessHandle, capture, probe
+from tests.unit.execution.conftest import signal_pending
+
+# TERM is blocked, so a TERM sent by mistake stays visible as pending instead of being handled.
+TARGET = (
+    "import signal, sys, time\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.fixture
+def target() -> Iterator[ProcessHandle]:
+    """A live process-group leader that blocks TERM, and its genuine handle."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TARGET], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        yield capture(proc.pid, "att-target")
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _untouched(handle: ProcessHandle, outcome: StopOutcome) -> bool:
+    return (
+        outcome.term_signal_sent is False
+        and outcome.kill_signal_sent is False
+        and not signal_pending(handle.pid, signal.SIGTERM)
+        and probe(handle) == "running"
+    )
+
+
+def test_tampered_start_ticks_in_the_future_means_pid_reuse_and_sends_nothing(target: ProcessHandle) -> None:
+    # Given a handle whose process would have started after the live one at that pid
+    tampered = dataclasses.replace(target, start_ticks=str(int(target.start_ticks) + 1))
+
+    # When it is stopped
+    outcome = ProcessController().stop(tampered.encode(), target.pid, grace_ms=0)
+
+    # Then the handle's process is proven gone and the live process got no signal
+    assert outcome.status == "already_exited"
+    assert _untouched(target, outcome)
+
+
+def test_tampered_start_ticks_in_the_past_is_an_identity_mismatch_and_sends_nothing(
+    target: ProcessHandle,
+) -> None:
+    # Given a handle claiming an earlier start than the live process at that pid has
+    tampered = dataclasses.replace(target, start_ticks=str(int(target.start_ticks) - 1))
+
+    # When it is stopped
+    outcome = ProcessController().stop(tampered.encode(), target.pid, grace_ms=0)
+
+    # Then nothing proves an exit: mismatch, and no signal
+    assert outcome.status == "identity_mismatch"
+    assert _untouched(target, outcome)
+
+
+def test_tampered_boot_id_sends_nothing(target: ProcessHandle) -> None:
+    tampered = dataclasses.replace(target, boot_id="00000000-0000-0000-0000-000000000000")
+
+    outcome = ProcessController().stop(tampered.encode(), target.pid, grace_ms=0)
+
+    assert outcome.status == "already_exited"
+    assert _untouched(target, outcome)
+
+
+def test_a_changed_group_with_the_same_start_is_a_mismatch_not_an_exit(target: ProcessHandle) -> None:
+    # pgid == pid still holds in the handle, so only the live record disagrees
+    tampered = dataclasses.replace(target, pid=target.pid, pgid=target.pid)
+    outcome_ok_shape = ProcessController().stop(tampered.encode(), target.pid + 1, grace_ms=0)
+    assert outcome_ok_shape.status == "pid_mismatch"
+    assert _untouched(target, outcome_ok_shape)
+
+
+def test_expected_pid_mismatch_sends_nothing(target: ProcessHandle) -> None:
+    outcome = ProcessController().stop(target.encode(), target.pid + 1, grace_ms=0)
+
+    assert outcome.status == "pid_mismatch"
+    assert _untouched(target, outcome)
+
+
+def test_a_handle_whose_group_is_not_its_pid_sends_nothing(target: ProcessHandle) -> None:
+    tampered = dataclasses.replace(target, pgid=target.pid + 1)
+
+    outcome = ProcessController().stop(tampered.encode(), None, grace_ms=0)
+
+    assert outcome.status == "identity_mismatch"
+    assert _untouched(target, outcome)
+
+
+@pytest.mark.parametrize("text", ["", "ql3lp1.", "ql3lp1.!!!", "pid:1234"])
+def test_invalid_handle_text_is_invalid(text: str) -> None:
+    assert ProcessController().stop(text, None) == StopOutcome(
+        status="invalid", term_signal_sent=False, kill_signal_sent=False
+    )
+
+
+def test_without_pidfds_the_platform_is_unsupported(
+    target: ProcessHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(controller_module, "pidfds_supported", lambda: False)
+
+    outcome = ProcessController().stop(target.encode(), target.pid)
+
+    assert outcome.status == "unsupported"
+    assert _untouched(target, outcome)
+
+
+@pytest.mark.parametrize(("grace_ms", "poll_ms"), [(-1, 50), (60_001, 50), (5000, 0), (5000, 1001), (True, 50)])
+def test_stop_arguments_are_validated(grace_ms: int, poll_ms: int) -> None:
+    with pytest.raises(ValueError):
+        ProcessController().stop("ql3lp1.x", None, grace_ms=grace_ms, poll_ms=poll_ms)

@@ -1,0 +1,435 @@
+"""The journal state machine: one step at a time, CAS on the revision, required fields per state."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ql3.worker.journal import (
+    JournalConflict,
+    JournalInvalid,
+    JournalOffer,
+    JournalRecord,
+    WorkerJournal,
+)
+
+START_MS = 1_800_000_000_000
+SPEC_DIGEST = hashlib.sha256(b"spec").hexdigest()
+LEASE_TOKEN = "lease-token-" + "L" * 40
+STEP_FIELDS: dict[str, dict[str, Any]] = {
+    "launching": {
+        "completion_callback_sequence": 1,
+        "completion_token_digest": hashlib.sha256(b"callback-token").hexdigest(),
+        "log_artifact_id": "log-1",
+    },
+    "started": {"executor_handle": "ql3lp1.eyJ2IjoxfQ", "executor_started_at_ms": START_MS},
+    "recovery_required": {"recovery_reason": "lease_lost_local_execution_stopped"},
+}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = START_MS
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def make_offer(offer_id: str = "offer-1", **overrides: Any) -> JournalOffer:
+    values: dict[str, Any] = {
+        "offer_id": offer_id,
+        "run_id": "run-1",
+        "attempt_id": "attempt-" + offer_id,
+        "lease_generation": 1,
+        "execution_spec_digest": SPEC_DIGEST,
+        "delivery_kind": "new_claim",
+        "offer_json": json.dumps({"lease": {"token": LEASE_TOKEN, "version": 1}}),
+    }
+    values.update(overrides)
+    return JournalOffer(**values)
+
+
+def walk(journal: WorkerJournal, offer_id: str, *states: str) -> JournalRecord:
+    record = journal.get(offer_id)
+    assert record is not None
+    for state in states:
+        record = journal.advance(
+            offer_id, expected_revision=record.revision, to_state=state, **STEP_FIELDS.get(state, {})
+        )
+    return record
+
+
+PATH_TO: dict[str, tuple[str, ...]] = {
+    "accepted": (),
+    "starting_acknowledged": ("starting_acknowledged",),
+    "launching": ("starting_acknowledged", "launching"),
+    "started": ("starting_acknowledged", "launching", "started"),
+    "running_acknowledged": ("starting_acknowledged", "launching", "started", "running_acknowledged"),
+}
+LEASE_LOST = ["lease_lost_local_execution_stopped", "lease_lost_local_execution_unverified"]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def journal(tmp_path: Path, clock: Clock) -> Iterator[WorkerJournal]:
+    with WorkerJournal.open(tmp_path / "worker.db", clock=clock) as opened:
+        opened.accept(make_offer())
+        yield opened
+
+
+def test_the_main_path_advances_one_revision_per_step(journal: WorkerJournal, clock: Clock) -> None:
+    # Given an accepted offer at revision 1
+    record = journal.get("offer-1")
+    assert record is not None and record.revision == 1
+    seen: list[tuple[str, int, int]] = []
+
+    # When it walks the main path, the clock moving between steps
+    for state in (
+        "starting_acknowledged",
+        "launching",
+        "started",
+        "running_acknowledged",
+        "completion_acknowledged",
+    ):
+        clock.now += 1_000
+        record = journal.advance(
+            "offer-1", expected_revision=record.revision, to_state=state, **STEP_FIELDS.get(state, {})
+        )
+        seen.append((record.state, record.revision, record.updated_at_ms))
+
+    # Then every step is one revision and the facts written on the way are kept
+    assert seen == [
+        ("starting_acknowledged", 2, START_MS + 1_000),
+        ("launching", 3, START_MS + 2_000),
+        ("started", 4, START_MS + 3_000),
+        ("running_acknowledged", 5, START_MS + 4_000),
+        ("completion_acknowledged", 6, START_MS + 5_000),
+    ]
+    assert record.completion_acknowledged_at_ms == START_MS + 5_000
+    assert record.accepted_at_ms == START_MS
+    assert record.completion_callback_sequence == 1
+    assert record.completion_token_digest == STEP_FIELDS["launching"]["completion_token_digest"]
+    assert record.log_artifact_id == "log-1"
+    assert record.executor_handle == "ql3lp1.eyJ2IjoxfQ"
+    assert record.executor_started_at_ms == START_MS
+    assert record.recovery_reason is None
+    assert journal.get("offer-1") == record
+
+
+@pytest.mark.parametrize(
+    "before", [(), ("starting_acknowledged",)], ids=["accepted", "starting_acknowledged"]
+)
+def test_an_explicit_start_rejection_ends_in_start_failure_acknowledged(
+    journal: WorkerJournal, before: tuple[str, ...]
+) -> None:
+    record = walk(journal, "offer-1", *before, "start_failed", "start_failure_acknowledged")
+
+    assert record.state == "start_failure_acknowledged"
+    assert record.revision == len(before) + 3
+    assert record.completion_token_digest is None
+
+
+@pytest.mark.parametrize(
+    ("start", "target"),
+    [
+        ("started", "launching"),
+        ("running_acknowledged", "started"),
+        ("starting_acknowledged", "accepted"),
+        ("launching", "starting_acknowledged"),
+    ],
+)
+def test_a_backward_move_is_rejected_and_changes_nothing(
+    journal: WorkerJournal, start: str, target: str
+) -> None:
+    # Given a record that already moved past the target state
+    current = walk(journal, "offer-1", *PATH_TO[start])
+
+    # When it is asked to go back
+    with pytest.raises(JournalConflict) as caught:
+        journal.advance(
+            "offer-1", expected_revision=current.revision, to_state=target, **STEP_FIELDS.get(target, {})
+        )
+
+    # Then the move is refused and the record is as it was
+    assert caught.value.details["reason"] == "invalid_transition"
+    assert journal.get("offer-1") == current
+
+
+@pytest.mark.parametrize(
+    ("start", "target"),
+    [
+        ("accepted", "launching"),
+        ("accepted", "started"),
+        ("starting_acknowledged", "started"),
+        ("launching", "running_acknowledged"),
+        ("started", "completion_acknowledged"),
+        ("launching", "start_failed"),
+        ("accepted", "start_failure_acknowledged"),
+        ("accepted", "completion_acknowledged"),
+    ],
+)
+def test_a_skipped_state_is_rejected_and_changes_nothing(
+    journal: WorkerJournal, start: str, target: str
+) -> None:
+    current = walk(journal, "offer-1", *PATH_TO[start])
+
+    with pytest.raises(JournalConflict) as caught:
+        journal.advance(
+            "offer-1", expected_revision=current.revision, to_state=target, **STEP_FIELDS.get(target, {})
+        )
+
+    assert caught.value.details["reason"] == "invalid_transition"
+    assert journal.get("offer-1") == current
+
+
+@pytest.mark.parametrize("expected_revision", [1, 3], ids=["stale", "gap"])
+def test_a_revision_other_than_the_current_one_is_rejected(
+    journal: WorkerJournal, expected_revision: int
+) -> None:
+    # Given a record at revision 2
+    current = walk(journal, "offer-1", "starting_acknowledged")
+
+    # When a writer presents an older or a future revision
+    with pytest.raises(JournalConflict) as caught:
+        journal.advance(
+            "offer-1", expected_revision=expected_revision, to_state="launching", **STEP_FIELDS["launching"]
+        )
+
+    # Then the write is refused
+    assert caught.value.details["reason"] == "stale_revision"
+    assert journal.get("offer-1") == current
+
+
+def test_only_one_of_two_writers_holding_the_same_revision_wins(journal: WorkerJournal) -> None:
+    # Given two writers that both read revision 1
+    # When both try to advance from it
+    first = journal.advance("offer-1", expected_revision=1, to_state="starting_acknowledged")
+    with pytest.raises(JournalConflict):
+        journal.advance("offer-1", expected_revision=1, to_state="start_failed")
+
+    # Then the first write stands
+    assert journal.get("offer-1") == first
+
+
+@pytest.mark.parametrize(
+    "terminal",
+    [
+        ("start_failed", "start_failure_acknowledged"),
+        ("starting_acknowledged", "launching", "started", "running_acknowledged", "completion_acknowledged"),
+    ],
+    ids=["start_failure_acknowledged", "completion_acknowledged"],
+)
+@pytest.mark.parametrize(
+    "target", ["recovery_required", "accepted", "start_failed", "completion_acknowledged"]
+)
+def test_terminal_states_are_final(journal: WorkerJournal, terminal: tuple[str, ...], target: str) -> None:
+    current = walk(journal, "offer-1", *terminal)
+
+    with pytest.raises(JournalConflict):
+        journal.advance(
+            "offer-1", expected_revision=current.revision, to_state=target, **STEP_FIELDS.get(target, {})
+        )
+
+    assert journal.get("offer-1") == current
+
+
+@pytest.mark.parametrize("missing", sorted(STEP_FIELDS["launching"]))
+def test_launching_without_the_digest_sequence_and_artifact_is_rejected(
+    journal: WorkerJournal, missing: str
+) -> None:
+    # Given a starting_acknowledged record
+    current = walk(journal, "offer-1", "starting_acknowledged")
+    fields = {k: v for k, v in STEP_FIELDS["launching"].items() if k != missing}
+
+    # When launching is written without one of its fields
+    with pytest.raises(JournalInvalid) as caught:
+        journal.advance("offer-1", expected_revision=current.revision, to_state="launching", **fields)
+
+    # Then nothing is written: no launch without an authenticatable receipt
+    assert caught.value.details["reason"] == "field_missing"
+    assert journal.get("offer-1") == current
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "cb_" + "A1b2-C3d4_" * 5,
+        "x" * 64,
+        hashlib.sha256(b"t").hexdigest().upper(),
+        hashlib.sha256(b"t").hexdigest()[:63],
+        hashlib.sha256(b"t").hexdigest() + "\n",
+        hashlib.sha256(b"t").hexdigest() + "00",
+    ],
+    ids=["base64url_token", "not_hex", "uppercase", "short", "newline", "long"],
+)
+def test_a_raw_looking_token_in_the_digest_field_is_rejected_and_never_stored(
+    journal: WorkerJournal, tmp_path: Path, raw: str
+) -> None:
+    current = walk(journal, "offer-1", "starting_acknowledged")
+
+    with pytest.raises(JournalInvalid) as caught:
+        journal.advance(
+            "offer-1",
+            expected_revision=current.revision,
+            to_state="launching",
+            completion_callback_sequence=1,
+            completion_token_digest=raw,
+            log_artifact_id="log-1",
+        )
+
+    assert caught.value.details["reason"] == "token_digest_invalid"
+    assert raw.strip() not in str(caught.value)
+    assert journal.get("offer-1") == current
+    on_disk = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("worker.db"))
+    assert raw.strip().encode() not in on_disk
+
+
+@pytest.mark.parametrize(
+    ("start", "target", "extra"),
+    [
+        ("accepted", "starting_acknowledged", {"executor_handle": "ql3lp1.x"}),
+        ("starting_acknowledged", "launching", {"recovery_reason": "launch_outcome_unknown"}),
+        ("launching", "started", {"log_artifact_id": "log-2"}),
+        ("started", "running_acknowledged", {"completion_token_digest": SPEC_DIGEST}),
+        ("running_acknowledged", "completion_acknowledged", {"executor_started_at_ms": START_MS}),
+    ],
+)
+def test_a_field_that_belongs_to_another_state_is_rejected(
+    journal: WorkerJournal, start: str, target: str, extra: dict[str, Any]
+) -> None:
+    current = walk(journal, "offer-1", *PATH_TO[start])
+
+    with pytest.raises(JournalInvalid) as caught:
+        journal.advance(
+            "offer-1",
+            expected_revision=current.revision,
+            to_state=target,
+            **STEP_FIELDS.get(target, {}),
+            **extra,
+        )
+
+    assert caught.value.details["reason"] == "field_not_allowed"
+    assert journal.get("offer-1") == current
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"executor_handle": "", "executor_started_at_ms": START_MS},
+        {"executor_handle": "ql3lp1 has spaces", "executor_started_at_ms": START_MS},
+        {"executor_handle": "ql3lp1.x", "executor_started_at_ms": -1},
+    ],
+)
+def test_started_needs_a_well_formed_handle_and_start_time(
+    journal: WorkerJournal, fields: dict[str, Any]
+) -> None:
+    current = walk(journal, "offer-1", *PATH_TO["launching"])
+
+    with pytest.raises(JournalInvalid):
+        journal.advance("offer-1", expected_revision=current.revision, to_state="started", **fields)
+
+    assert journal.get("offer-1") == current
+
+
+@pytest.mark.parametrize("start", sorted(PATH_TO))
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "launch_outcome_unknown",
+        "control_plane_already_running",
+        "control_plane_terminal",
+        "lease_lost_local_execution_stopped",
+        "lease_lost_local_execution_unverified",
+        "process_exited_without_receipt",
+    ],
+)
+def test_every_in_flight_state_can_become_recovery_required(
+    journal: WorkerJournal, start: str, reason: str
+) -> None:
+    current = walk(journal, "offer-1", *PATH_TO[start])
+
+    record = journal.advance(
+        "offer-1", expected_revision=current.revision, to_state="recovery_required", recovery_reason=reason
+    )
+
+    assert (record.state, record.recovery_reason, record.revision) == (
+        "recovery_required",
+        reason,
+        current.revision + 1,
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [("start_failed",), ("starting_acknowledged", "launching", "recovery_required")],
+    ids=["start_failed", "recovery_required"],
+)
+def test_recovery_required_is_not_entered_from_outside_the_in_flight_states(
+    journal: WorkerJournal, path: tuple[str, ...]
+) -> None:
+    current = walk(journal, "offer-1", *path)
+
+    with pytest.raises(JournalConflict):
+        journal.advance(
+            "offer-1",
+            expected_revision=current.revision,
+            to_state="recovery_required",
+            recovery_reason="control_plane_terminal",
+        )
+
+    assert journal.get("offer-1") == current
+
+
+def test_recovery_required_needs_a_known_reason(journal: WorkerJournal) -> None:
+    current = walk(journal, "offer-1", *PATH_TO["started"])
+
+    with pytest.raises(JournalInvalid):
+        journal.advance(
+            "offer-1",
+            expected_revision=current.revision,
+            to_state="recovery_required",
+            recovery_reason="gone",
+        )
+    with pytest.raises(JournalInvalid):
+        journal.advance("offer-1", expected_revision=current.revision, to_state="recovery_required")
+
+    assert journal.get("offer-1") == current
+
+
+@pytest.mark.parametrize("reason", LEASE_LOST)
+def test_completion_beats_a_lease_lost_recovery(journal: WorkerJournal, clock: Clock, reason: str) -> None:
+    # Given a running record whose lease was lost locally
+    current = walk(journal, "offer-1", *PATH_TO["running_acknowledged"])
+    lost = journal.advance(
+        "offer-1", expected_revision=current.revision, to_state="recovery_required", recovery_reason=reason
+    )
+    clock.now += 2_000
+
+    # When the completion is still accepted by the control plane
+    done = journal.advance("offer-1", expected_revision=lost.revision, to_state="completion_acknowledged")
+
+    # Then completion wins, keeping the reason as history
+    assert done.state == "completion_acknowledged"
+    assert done.completion_acknowledged_at_ms == clock.now
+    assert done.recovery_reason == reason
+    assert done.revision == lost.revision + 1
+
+
+def test_an_unknown_offer_or_state_is_refused(journal: WorkerJournal) -> None:
+    with pytest.raises(JournalConflict) as caught:
+        journal.advance("offer-404", expected_revision=1, to_state="starting_acknowledged")
+    assert caught.value.details["reason"] == "not_found"
+
+    with pytest.raises(JournalInvalid):
+        journal.advance("offer-1", expected_revision=1, to_state="finished")  # type: ignore[arg-type]
+    with pytest.raises(JournalInvalid):
+        journal.advance("offer-1", expected_revision=0, to_state="starting_acknowledged")
