@@ -243,13 +243,14 @@ class Settings:
     concurrency: int
     huey_delay: float
     huey_max_delay: float
+    pgqueuer_driver: str
+    pgqueuer_limit: str
     workdir: Path
 
 
 def _with_db(pg_url: str, dbname: str) -> str:
     parts = urlsplit(pg_url)
-    query = parts.query or "connect_timeout=10"
-    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, query, ""))
+    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, ""))
 
 
 def _base_env(settings: Settings, record_file: Path) -> dict[str, str]:
@@ -267,13 +268,13 @@ async def fresh_pg_database(settings: Settings, label: str) -> AsyncIterator[str
 
     dbname = f"ql3_bench_{label}_{os.getpid()}"
     admin_dsn = _with_db(settings.pg_url, "postgres")
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{dbname}"')
     try:
         yield _with_db(settings.pg_url, dbname)
     finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=10) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
@@ -295,7 +296,7 @@ class ProcrastinateSession:
 
     def worker_argv(self) -> list[str]:
         return [
-            sys.executable, "-m", "procrastinate", "--app", "app_procrastinate.app",
+            sys.executable, "-m", "procrastinate", "--app", "app_procrastinate.app", "--log-level", "warning",
             "worker", "--concurrency", str(self.settings.concurrency),
         ]  # fmt: skip
 
@@ -341,22 +342,23 @@ class PgqueuerSession:
     def worker_env(self) -> dict[str, str]:
         env = _base_env(self.settings, self.record_file)
         env[DSN_ENV] = self.dsn
+        env["BENCH_PGQ_DRIVER"] = self.settings.pgqueuer_driver
+        env["BENCH_PGQ_LIMIT"] = self.settings.pgqueuer_limit
         return env
 
 
 @contextlib.asynccontextmanager
 async def pgqueuer_session(settings: Settings, record_file: Path) -> AsyncIterator[Session]:
-    import psycopg
-    from pgqueuer import PsycopgDriver, Queries
+    import app_pgqueuer
+    from pgqueuer import Queries
 
-    async with fresh_pg_database(settings, "pgqueuer") as dsn:
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        try:
-            queries = Queries(PsycopgDriver(conn))
-            await queries.install()
-            yield PgqueuerSession(settings, dsn, record_file, queries)
-        finally:
-            await conn.close()
+    async with (
+        fresh_pg_database(settings, "pgqueuer") as dsn,
+        app_pgqueuer.open_driver(dsn, settings.pgqueuer_driver) as driver,
+    ):
+        queries = Queries(driver)
+        await queries.install()
+        yield PgqueuerSession(settings, dsn, record_file, queries)
 
 
 class HueySession:
@@ -636,7 +638,7 @@ def machine_info(pg_url: str) -> dict[str, Any]:
             row = conn.execute("SHOW server_version").fetchone()
             pg_version = str(row[0]) if row else ""
     packages: dict[str, str] = {}
-    for pkg in ("procrastinate", "pgqueuer", "huey", "psycopg"):
+    for pkg in ("procrastinate", "pgqueuer", "huey", "psycopg", "asyncpg"):
         try:
             packages[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -706,12 +708,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2000, help="jobs per throughput repetition")
     p.add_argument("--repeat", type=int, default=3, help="throughput repetitions per peer")
     p.add_argument("--latency-samples", type=int, default=50, help="idle enqueue->start samples (0: skip)")
-    p.add_argument("--peers", default=",".join(PEER_NAMES), help="comma-separated subset of " + ", ".join(PEER_NAMES))
+    p.add_argument(
+        "--peers", default=",".join(PEER_NAMES), help="comma-separated subset of " + ", ".join(PEER_NAMES)
+    )
     p.add_argument("--concurrency", type=int, default=2, help="worker concurrency for every peer")
     p.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432", help="server URL, no database")
     p.add_argument("--phase-timeout", type=float, default=300.0, help="hard limit per phase, seconds")
-    p.add_argument("--huey-delay", type=float, default=0.01, help="huey consumer --delay (initial poll interval)")
+    p.add_argument(
+        "--huey-delay", type=float, default=0.01, help="huey consumer --delay (initial poll interval)"
+    )
     p.add_argument("--huey-max-delay", type=float, default=0.1, help="huey consumer --max-delay")
+    p.add_argument(
+        "--pgqueuer-driver", choices=("asyncpg", "psycopg"), default="asyncpg", help="pgqueuer's driver"
+    )
+    p.add_argument(
+        "--pgqueuer-limit",
+        choices=("entrypoint", "worker", "semaphore"),
+        default="entrypoint",
+        help="how pgqueuer's concurrency is capped (see app_pgqueuer.py)",
+    )
     p.add_argument("--json", type=Path, help="write full results (raw samples included) here")
     p.add_argument("--keep-workdir", action="store_true", help="keep worker logs and record files")
     p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failures")
@@ -736,6 +751,8 @@ async def amain(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         huey_delay=args.huey_delay,
         huey_max_delay=args.huey_max_delay,
+        pgqueuer_driver=args.pgqueuer_driver,
+        pgqueuer_limit=args.pgqueuer_limit,
         workdir=workdir,
     )
     started = time.time()
@@ -761,6 +778,8 @@ async def amain(args: argparse.Namespace) -> int:
                 "concurrency": args.concurrency,
                 "huey_delay": args.huey_delay,
                 "huey_max_delay": args.huey_max_delay,
+                "pgqueuer_driver": args.pgqueuer_driver,
+                "pgqueuer_limit": args.pgqueuer_limit,
                 "phase_timeout": args.phase_timeout,
             },
             "machine": machine_info(args.pg_url),

@@ -57,7 +57,9 @@ def test_run_list_pages_with_cursor_and_limit(shared_server: Server) -> None:
     ids = [shared_server.cli_json("run", "start", "paged")["id"] for _ in range(3)]
 
     first = shared_server.cli_json("run", "list", "--task", "paged", "--limit", "2")
-    rest = shared_server.cli_json("run", "list", "--task", "paged", "--limit", "2", "--cursor", first["next_cursor"])
+    rest = shared_server.cli_json(
+        "run", "list", "--task", "paged", "--limit", "2", "--cursor", first["next_cursor"]
+    )
 
     assert [r["id"] for r in first["items"] + rest["items"]] == list(reversed(ids))
 

@@ -31,7 +31,16 @@ def test_help_documents_exit_codes_env_vars_and_examples(tmp_path: Path) -> None
         ["run", "list", "--limit", "0"],
         ["token", "create", "--role", "root"],
     ],
-    ids=["nothing", "unknown-command", "no-action", "missing-command", "bad-choice", "bad-number", "bad-limit", "bad-role"],
+    ids=[
+        "nothing",
+        "unknown-command",
+        "no-action",
+        "missing-command",
+        "bad-choice",
+        "bad-number",
+        "bad-limit",
+        "bad-role",
+    ],
 )
 def test_argument_errors_exit_64(tmp_path: Path, args: list[str]) -> None:
     done = run_cli(*args, home=tmp_path)

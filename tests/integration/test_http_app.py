@@ -58,6 +58,17 @@ def test_openapi_documents_the_api(client: Any) -> None:
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
 
 
+def test_openapi_documents_errors_in_their_real_shape(client: Any) -> None:
+    spec = client.get("/openapi.json").json()
+
+    responses = spec["paths"]["/api/v1/projects/{project}/tasks"]["post"]["responses"]
+
+    for status in ("401", "403", "404", "413", "422"):
+        assert responses[status]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorOut"
+        }
+
+
 class _Recorder:
     def __init__(self, name: str, log: list[str], fail_start: bool = False) -> None:
         self.name, self.log, self.fail_start = name, log, fail_start

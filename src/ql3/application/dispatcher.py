@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from functools import partial
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
-from ql3.application import leases, workers
-from ql3.application.runs import latest_attempt, lock_run
+from ql3.application import leases, rows, workers
+from ql3.application.runs import latest_attempt
 from ql3.application.tasks import get_revision
 from ql3.domain.digests import digest_equals
 from ql3.domain.errors import Ql3Error, ValidationFailed
@@ -189,7 +189,10 @@ class RunDispatcher:
         now = tx.now_ms()
         if lease is None or lease.status != "leased" or lease.expires_at_ms <= now:
             return None
-        run = lock_run(tx, lease.run_id)
+        row = tx.one("run_get", {"id": lease.run_id})
+        if row is None:
+            return None
+        run = rows.run(row)
         attempt = latest_attempt(tx, run.id)
         if run.status != "dispatching" or run.cancel_requested_at_ms is not None:
             return None

@@ -309,6 +309,7 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
             "now": now,
         },
     )
+    _insert_retry_policy(tx, cmd.task, run_id)
     current = rows.run(tx.one("run_get", {"id": run_id}) or {})
     payload = {"trigger_type": cmd.trigger_type, "task_revision": cmd.task.revision}
     if cmd.scheduled_for_ms is not None:
@@ -325,6 +326,32 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
     )
     tx.notify(RUNS_CHANNEL)
     return current, True
+
+
+RETRY_BACKOFF_MIN_MS: Final = 1_000
+RETRY_BACKOFF_MAX_MS: Final = 60_000
+
+
+def _insert_retry_policy(tx: Transaction, task: Task, run_id: str) -> None:
+    """Written only in the run-create transaction, from the pinned revision. ``--max-attempts`` above 1
+    is the task owner's declaration that the command is safe to run again (safety ``idempotent``)."""
+    row = tx.one("task_revision_get", {"task_id": task.id, "revision": task.revision})
+    if row is None:
+        raise NotFound("task revision not found")
+    max_attempts = int(json.loads(row["spec_json"]).get("max_attempts", 1))
+    if max_attempts <= 1:
+        return
+    tx.run(
+        "retry_policy_insert",
+        {
+            "run_id": run_id,
+            "max_attempts": max_attempts,
+            "retry_on_lost": 1,
+            "safety": "idempotent",
+            "backoff_min_ms": RETRY_BACKOFF_MIN_MS,
+            "backoff_max_ms": RETRY_BACKOFF_MAX_MS,
+        },
+    )
 
 
 def get_run(tx: Transaction, project_id: str, run_id: str) -> Run:

@@ -96,11 +96,12 @@ def _ignore(signum: int, frame: FrameType | None) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    host, port = parse_listen(args.listen)
+    # Imported here so that every other command starts without the web stack.
     import uvicorn
 
     from ql3.http.app import create_app
 
-    host, port = parse_listen(args.listen)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

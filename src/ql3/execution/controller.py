@@ -153,9 +153,12 @@ class ProcessController:
 
     def _group_flag_supported(self) -> bool:
         if self._group_flag is None:
+            # Probe with our own pid: ESRCH (no group with our pid as its id) still means "flag known".
             own = os.pidfd_open(os.getpid())
             try:
                 signal.pidfd_send_signal(own, 0, None, PIDFD_SIGNAL_PROCESS_GROUP)
+                self._group_flag = True
+            except ProcessLookupError:
                 self._group_flag = True
             except OSError as exc:
                 if exc.errno != errno.EINVAL:

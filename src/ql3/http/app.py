@@ -90,8 +90,7 @@ def create_app(db: Database, *, lifecycle: Sequence[Lifecycle] = ()) -> FastAPI:
             return JSONResponse(errors.error_body(exc.code, exc.message), status_code=503)
         return Status(status="ready")
 
-    app.include_router(projects.router)
-    app.include_router(tasks.router)
-    app.include_router(runs.router)
+    for router in (projects.router, tasks.router, runs.router):
+        app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     app.include_router(console.router)
     return app

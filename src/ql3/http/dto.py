@@ -179,6 +179,18 @@ class Status(BaseModel):
     status: str
 
 
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class ErrorOut(BaseModel):
+    """Every error: a stable machine-readable ``code`` and a fixed human ``message``."""
+
+    error: ErrorDetail
+
+
 # -- mapping --------------------------------------------------------------------------------------
 
 

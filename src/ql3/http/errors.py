@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ql3.domain.errors import PayloadTooLarge, Ql3Error, ValidationFailed
+from ql3.http.dto import ErrorOut
 
 log = logging.getLogger("ql3.http")
 
@@ -32,6 +33,16 @@ FRAMEWORK_CODES: Final[dict[int, tuple[str, str]]] = {
     422: (ValidationFailed.code, "The input is invalid."),
 }
 INTERNAL: Final = ("internal_error", "ql3 failed.")
+
+# Documented on every API route (OpenAPI), in the one shape every error has.
+API_ERROR_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
+    401: {"model": ErrorOut, "description": "unauthenticated"},
+    403: {"model": ErrorOut, "description": "permission_denied"},
+    404: {"model": ErrorOut, "description": "not_found"},
+    409: {"model": ErrorOut, "description": "conflict (name_taken, idempotency_conflict, ...)"},
+    413: {"model": ErrorOut, "description": "payload_too_large"},
+    422: {"model": ErrorOut, "description": "validation_failed"},
+}
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:

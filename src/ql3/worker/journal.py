@@ -80,8 +80,10 @@ _TRANSITIONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
     {
         "accepted": frozenset({"starting_acknowledged", "start_failed", "recovery_required"}),
         "starting_acknowledged": frozenset({"launching", "start_failed", "recovery_required"}),
-        "launching": frozenset({"started", "recovery_required"}),
-        "started": frozenset({"running_acknowledged", "recovery_required"}),
+        # An explicit executor rejection is a known outcome: nothing runs, so the start failed.
+        "launching": frozenset({"started", "start_failed", "recovery_required"}),
+        # A trusted receipt found before the running ACK completes the run directly.
+        "started": frozenset({"running_acknowledged", "completion_acknowledged", "recovery_required"}),
         "running_acknowledged": frozenset({"completion_acknowledged", "recovery_required"}),
         "start_failed": frozenset({"start_failure_acknowledged"}),
         # Completion beats every recovery reason, the lease-lost ones included.
@@ -679,7 +681,7 @@ class WorkerJournal:
         if isinstance(now, bool) or not isinstance(now, int) or now < 0:
             raise JournalInvalid(reason="clock_invalid")
         # A clock stepping backwards must not make a record look older than its last write.
-        return now
+        return max(now, floor)
 
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[sqlite3.Connection]:
@@ -830,6 +832,7 @@ def _acquire_lock(lock_path: Path) -> int:
         raise JournalUnavailable() from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.fchmod(fd, 0o600)
     except BlockingIOError:
         os.close(fd)
         raise JournalLocked() from None

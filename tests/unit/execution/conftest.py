@@ -59,6 +59,17 @@ def live_group_members(pgid: int) -> list[int]:
     return members
 
 
+def group_comms(pgid: int) -> list[str]:
+    """Command names of the live members of a process group."""
+    comms = []
+    for pid in live_group_members(pgid):
+        try:
+            comms.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return comms
+
+
 def _status_mask(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):

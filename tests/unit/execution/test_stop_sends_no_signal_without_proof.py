@@ -24,12 +24,8 @@ TARGET = (
 )
 
 
-@pytest.fixture
-def target() -> Iterator[ProcessHandle]:
-    """A live process-group leader that blocks TERM, and its genuine handle."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", TARGET], stdout=subprocess.PIPE, start_new_session=True
-    )
+def _start_target(*, own_group: bool) -> Iterator[ProcessHandle]:
+    proc = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, start_new_session=own_group)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         yield capture(proc.pid, "att-target")
@@ -38,6 +34,18 @@ def target() -> Iterator[ProcessHandle]:
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.fixture
+def target() -> Iterator[ProcessHandle]:
+    """A live process-group leader that blocks TERM, and its genuine handle."""
+    yield from _start_target(own_group=True)
+
+
+@pytest.fixture
+def non_leader() -> Iterator[ProcessHandle]:
+    """A live process that blocks TERM and sits in this test process's group."""
+    yield from _start_target(own_group=False)
 
 
 def _untouched(handle: ProcessHandle, outcome: StopOutcome) -> bool:
@@ -49,23 +57,21 @@ def _untouched(handle: ProcessHandle, outcome: StopOutcome) -> bool:
     )
 
 
-def test_tampered_start_ticks_in_the_future_means_pid_reuse_and_sends_nothing(target: ProcessHandle) -> None:
-    # Given a handle whose process would have started after the live one at that pid
-    tampered = dataclasses.replace(target, start_ticks=str(int(target.start_ticks) + 1))
+def test_a_handle_older_than_the_live_process_means_pid_reuse_and_sends_nothing(target: ProcessHandle) -> None:
+    # Given a handle whose process started before the live process now holding that pid
+    tampered = dataclasses.replace(target, start_ticks=str(int(target.start_ticks) - 1))
 
     # When it is stopped
     outcome = ProcessController().stop(tampered.encode(), target.pid, grace_ms=0)
 
-    # Then the handle's process is proven gone and the live process got no signal
+    # Then the handle's process is proven gone (its pid was reused) and the live process got no signal
     assert outcome.status == "already_exited"
     assert _untouched(target, outcome)
 
 
-def test_tampered_start_ticks_in_the_past_is_an_identity_mismatch_and_sends_nothing(
-    target: ProcessHandle,
-) -> None:
-    # Given a handle claiming an earlier start than the live process at that pid has
-    tampered = dataclasses.replace(target, start_ticks=str(int(target.start_ticks) - 1))
+def test_a_handle_newer_than_the_live_process_is_a_mismatch_and_sends_nothing(target: ProcessHandle) -> None:
+    # Given a handle claiming a later start than the live process at that pid has: impossible if genuine
+    tampered = dataclasses.replace(target, start_ticks=str(int(target.start_ticks) + 1))
 
     # When it is stopped
     outcome = ProcessController().stop(tampered.encode(), target.pid, grace_ms=0)
@@ -84,12 +90,17 @@ def test_tampered_boot_id_sends_nothing(target: ProcessHandle) -> None:
     assert _untouched(target, outcome)
 
 
-def test_a_changed_group_with_the_same_start_is_a_mismatch_not_an_exit(target: ProcessHandle) -> None:
-    # pgid == pid still holds in the handle, so only the live record disagrees
-    tampered = dataclasses.replace(target, pid=target.pid, pgid=target.pid)
-    outcome_ok_shape = ProcessController().stop(tampered.encode(), target.pid + 1, grace_ms=0)
-    assert outcome_ok_shape.status == "pid_mismatch"
-    assert _untouched(target, outcome_ok_shape)
+def test_same_start_but_another_group_is_a_mismatch_not_an_exit(non_leader: ProcessHandle) -> None:
+    # Given a handle that claims the live process leads its own group, which it does not
+    assert non_leader.pgid != non_leader.pid
+    tampered = dataclasses.replace(non_leader, pgid=non_leader.pid)
+
+    # When it is stopped
+    outcome = ProcessController().stop(tampered.encode(), non_leader.pid, grace_ms=0)
+
+    # Then it is the same process (same start), so not exited, but not ours to signal either
+    assert outcome.status == "identity_mismatch"
+    assert _untouched(non_leader, outcome)
 
 
 def test_expected_pid_mismatch_sends_nothing(target: ProcessHandle) -> None:

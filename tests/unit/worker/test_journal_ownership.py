@@ -121,6 +121,25 @@ def test_the_file_is_private(journal: WorkerJournal, path: Path) -> None:
         assert _mode(sidecar) == 0o600
 
 
+def test_modes_are_exact_whatever_the_umask(path: Path) -> None:
+    # Given a umask that would leave the owner without write access
+    previous = os.umask(0o277)
+    try:
+        # When the journal creates its directory and files
+        journal = WorkerJournal.open(path, clock=_clock)
+    finally:
+        os.umask(previous)
+
+    # Then the modes are exactly the private ones, and the journal is writable
+    try:
+        assert _mode(path.parent) == 0o700
+        assert _mode(path) == 0o600
+        assert _mode(path.with_name("worker.db.lock")) == 0o600
+        assert journal.accept(_offer()).created is True
+    finally:
+        journal.close()
+
+
 def test_an_existing_wider_file_is_tightened_to_0600(path: Path) -> None:
     # Given a journal file that someone made group- and world-readable
     with WorkerJournal.open(path, clock=_clock) as journal:

@@ -138,6 +138,33 @@ def test_an_explicit_start_rejection_ends_in_start_failure_acknowledged(
     assert record.completion_token_digest is None
 
 
+def test_an_explicit_executor_rejection_after_launching_ends_in_start_failure_acknowledged(
+    journal: WorkerJournal,
+) -> None:
+    record = walk(journal, "offer-1", *PATH_TO["launching"], "start_failed", "start_failure_acknowledged")
+
+    assert (record.state, record.revision) == ("start_failure_acknowledged", 5)
+    assert record.completion_token_digest == STEP_FIELDS["launching"]["completion_token_digest"]
+
+
+def test_a_receipt_found_before_the_running_ack_completes_a_started_record(
+    journal: WorkerJournal, clock: Clock
+) -> None:
+    # Given a started record whose process finished before its running ACK was written
+    started = walk(journal, "offer-1", *PATH_TO["started"])
+    clock.now += 1_000
+
+    # When the completion from its receipt is acknowledged
+    done = journal.advance("offer-1", expected_revision=started.revision, to_state="completion_acknowledged")
+
+    # Then the record is settled without a running ACK in between
+    assert (done.state, done.revision, done.completion_acknowledged_at_ms) == (
+        "completion_acknowledged",
+        started.revision + 1,
+        clock.now,
+    )
+
+
 @pytest.mark.parametrize(
     ("start", "target"),
     [
@@ -171,8 +198,10 @@ def test_a_backward_move_is_rejected_and_changes_nothing(
         ("accepted", "started"),
         ("starting_acknowledged", "started"),
         ("launching", "running_acknowledged"),
-        ("started", "completion_acknowledged"),
-        ("launching", "start_failed"),
+        ("launching", "completion_acknowledged"),
+        ("starting_acknowledged", "completion_acknowledged"),
+        ("started", "start_failed"),
+        ("running_acknowledged", "start_failed"),
         ("accepted", "start_failure_acknowledged"),
         ("accepted", "completion_acknowledged"),
     ],
@@ -433,3 +462,15 @@ def test_an_unknown_offer_or_state_is_refused(journal: WorkerJournal) -> None:
         journal.advance("offer-1", expected_revision=1, to_state="finished")  # type: ignore[arg-type]
     with pytest.raises(JournalInvalid):
         journal.advance("offer-1", expected_revision=0, to_state="starting_acknowledged")
+
+
+def test_a_clock_stepping_backwards_never_moves_updated_at_back(journal: WorkerJournal, clock: Clock) -> None:
+    # Given a record last written at the current time
+    before = walk(journal, "offer-1", "starting_acknowledged")
+
+    # When the wall clock steps back an hour before the next write
+    clock.now -= 3_600_000
+    after = journal.advance("offer-1", expected_revision=before.revision, to_state="start_failed")
+
+    # Then the record does not look older than it is (retention reads this time)
+    assert after.updated_at_ms == before.updated_at_ms

@@ -1,0 +1,77 @@
+"""Builders for the execution contract tests: workers, dispatchers and fences."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ql3.application import leases, runs, workers
+from ql3.application.dispatcher import DispatchBudget, RunDispatcher
+from ql3.domain.digests import sha256_hex
+from ql3.domain.ids import new_id
+from ql3.domain.model import Project, Run, Task
+from ql3.domain.offers import LeaseFence, Offer
+from ql3.domain.workers import parse_capabilities
+from tests.contract.helpers import seed_project, seed_task, start_run
+
+SECRET = b"s" * 32
+
+
+def register(
+    db: Any,
+    worker_id: str = "w1",
+    *,
+    slots: int = 4,
+    labels: dict[str, str] | None = None,
+    session_id: str | None = None,
+    lease_ms: int = 30_000,
+) -> workers.WorkerSession:
+    caps: dict[str, Any] = {"executors": ["local_process"]}
+    if labels:
+        caps["labels"] = labels
+    reg = db.transaction(
+        lambda tx: workers.register(
+            tx,
+            worker_id=worker_id,
+            session_id=session_id or new_id(),
+            capabilities=parse_capabilities(caps),
+            max_concurrent_runs=slots,
+            session_lease_ms=lease_ms,
+        )
+    )
+    session: workers.WorkerSession = reg.session
+    return session
+
+
+def dispatcher(db: Any, *, since: int = 0, **budget: Any) -> RunDispatcher:
+    return RunDispatcher(
+        db, lease_secret=SECRET, budget=DispatchBudget(**budget), incarnation_started_ms=since
+    )
+
+
+def queued(db: Any, n: int = 1, **spec: Any) -> tuple[Project, Task, list[Run]]:
+    project = seed_project(db)
+    task = seed_task(db, project, name=spec.pop("name", "job"), **spec)
+    created = [start_run(db, project, task)[0] for _ in range(n)]
+    return project, task, created
+
+
+def start(db: Any, offer: Offer, *, seq: int = 1, token: str = "cb-token") -> LeaseFence:
+    f = offer.fence
+    db.transaction(lambda tx: leases.ack_starting(tx, f, deadline_at_ms=None))
+    db.transaction(
+        lambda tx: leases.ack_running(
+            tx,
+            f,
+            pid=4242,
+            handle="ql3lp1.test",
+            log_artifact_id="a",
+            callback_sequence=seq,
+            callback_token_digest=sha256_hex(token),
+        )
+    )
+    return f
+
+
+def run_of(db: Any, project: Project, run_id: str) -> Run:
+    result: Run = db.transaction(lambda tx: runs.get_run(tx, project.id, run_id))
+    return result

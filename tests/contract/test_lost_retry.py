@@ -1,0 +1,57 @@
+"""Lost retry: a new attempt per policy, persisted backoff, never a replayed one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ql3.application import leases
+from tests.conftest import Harness
+from tests.contract.execution_helpers import dispatcher, queued, register, run_of, start
+from tests.contract.helpers import count
+
+
+def _lost_run(harness: Harness, max_attempts: int) -> tuple[Any, Any]:
+    register(harness.db, lease_ms=600_000)
+    project, _, (run,) = queued(harness.db, max_attempts=max_attempts)
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None
+    start(harness.db, offer)
+    harness.advance_clock(30_001)
+    harness.db.transaction(lambda tx: leases.expire_lease(tx, offer.fence.attempt_id))
+    return project, run
+
+
+def test_lost_with_attempts_left_waits_then_creates_attempt_two(harness: Harness) -> None:
+    project, run = _lost_run(harness, max_attempts=3)
+    assert run_of(harness.db, project, run.id).status == "retry_wait"
+
+    # not due yet: nothing happens
+    assert harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id)) is None
+    harness.advance_clock(60_000)
+    attempt_id = harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id))
+
+    assert attempt_id is not None
+    assert run_of(harness.db, project, run.id).status == "queued"
+    assert count(harness.db, "run_attempts") == 2
+    # a replay never creates attempt three
+    assert harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id)) is None
+    assert count(harness.db, "run_attempts") == 2
+
+
+def test_retry_is_dispatched_as_a_new_attempt(harness: Harness) -> None:
+    project, run = _lost_run(harness, max_attempts=2)
+    harness.advance_clock(60_000)
+    harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id))
+    register(harness.db, lease_ms=600_000)
+
+    offer = dispatcher(harness.db).dispatch_once().offer
+
+    assert offer is not None and offer.fence.run_id == run.id
+    attempts = harness.db.raw("SELECT attempt, status FROM run_attempts ORDER BY attempt")
+    assert [(a["attempt"], a["status"]) for a in attempts] == [(1, "lost"), (2, "claimed")]
+
+
+def test_exhausted_policy_fails_the_run(harness: Harness) -> None:
+    project, run = _lost_run(harness, max_attempts=1)
+
+    assert run_of(harness.db, project, run.id).status == "failed"

@@ -1,0 +1,154 @@
+"""The launched command gets exactly the environment, stdio, cwd and process group it should."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from ql3.execution.identity import read_stat
+from ql3.execution.launcher import ArgvCommand, LaunchFailed, LaunchRejected, ShellCommand
+from tests.unit.execution.conftest import ExecHarness
+
+ID_VARS = {"QL3_RUN_ID", "QL3_ATTEMPT_ID", "QL3_CALLBACK_TOKEN", "QL_RUN_ID", "QL_ATTEMPT_ID", "QL_CALLBACK_TOKEN"}
+
+
+def _env_from_log(ex: ExecHarness, attempt_id: str) -> dict[str, str]:
+    ex.wait_exit(attempt_id)
+    lines = ex.log_path(attempt_id).read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines)
+
+
+def test_isolated_environment_is_the_minimal_base_plus_task_env_plus_ids(ex: ExecHarness) -> None:
+    ex.launch("att-iso", ArgvCommand(file="env"), environment={"TASK_VAR": "v 1", "LANG": "en_US.UTF-8"})
+
+    env = _env_from_log(ex, "att-iso")
+
+    # sh exports PWD, which only ever names the command's actual working directory
+    assert env.pop("PWD", os.getcwd()) == os.getcwd()
+    assert set(env) == {"PATH", "HOME", "LANG", "TASK_VAR", *ID_VARS}
+    assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    assert env["LANG"] == "en_US.UTF-8"  # the task may override the base
+    assert env["TASK_VAR"] == "v 1"
+    assert env["QL3_RUN_ID"] == env["QL_RUN_ID"] == ex.run_id
+    assert env["QL3_ATTEMPT_ID"] == env["QL_ATTEMPT_ID"] == "att-iso"
+    assert env["QL3_CALLBACK_TOKEN"] == env["QL_CALLBACK_TOKEN"] == ex.token
+
+
+def test_inherit_environment_adds_the_callers_env_but_never_the_shim_inputs(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QL3_TEST_CALLER_VAR", "from-caller")
+    monkeypatch.setenv("QL3_SHIM_HEAD", "spoofed")
+
+    ex.launch("att-inherit", ArgvCommand(file="env"), environment_policy="inherit", environment={"A": "b"})
+    env = _env_from_log(ex, "att-inherit")
+
+    assert env["QL3_TEST_CALLER_VAR"] == "from-caller"
+    assert env["A"] == "b"
+    assert ID_VARS <= set(env)
+    assert not [key for key in env if key.startswith("QL3_SHIM_")]
+
+
+def test_task_env_cannot_override_the_attempt_ids(ex: ExecHarness) -> None:
+    ex.launch("att-ids", ArgvCommand(file="env"), environment={"QL3_ATTEMPT_ID": "forged"})
+
+    assert _env_from_log(ex, "att-ids")["QL3_ATTEMPT_ID"] == "att-ids"
+
+
+def test_stdin_is_dev_null_and_stdout_and_stderr_append_to_the_log(ex: ExecHarness) -> None:
+    ex.shell("att-stdio", "readlink /proc/self/fd/0; echo to-out; echo to-err >&2; cat")
+    ex.wait_exit("att-stdio")
+
+    log = ex.log_path("att-stdio")
+    assert log.read_text().splitlines() == ["/dev/null", "to-out", "to-err"]
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+def test_working_directory_is_applied_without_leaking_the_callers_cwd(ex: ExecHarness, tmp_path: Path) -> None:
+    workdir = tmp_path / "work dir"
+    workdir.mkdir()
+
+    ex.shell("att-cwd", 'pwd; echo "old=${OLDPWD-unset}"', working_directory=str(workdir))
+    ex.wait_exit("att-cwd")
+
+    assert ex.log_path("att-cwd").read_text().splitlines() == [str(workdir), "old=unset"]
+
+
+def test_the_shim_leads_a_new_session_and_process_group(ex: ExecHarness) -> None:
+    launched = ex.shell("att-group", "sleep 300")
+
+    stat_now = read_stat(launched.pid)
+    assert stat_now is not None
+    assert launched.handle.pid == launched.handle.pgid == launched.pid == stat_now.pgrp
+    session = Path(f"/proc/{launched.pid}/stat").read_text().rsplit(")", 1)[1].split()[3]
+    assert int(session) == launched.pid
+    assert launched.handle.attempt_id == "att-group"
+
+
+def test_argv_commands_pass_arguments_verbatim(ex: ExecHarness) -> None:
+    ex.launch("att-argv", ArgvCommand(file="printf", args=("[%s]", "a b", "$HOME", "", "*")))
+    ex.wait_exit("att-argv")
+
+    assert ex.log_path("att-argv").read_text() == "[a b][$HOME][][*]"
+
+
+def test_a_missing_program_exits_127_without_naming_it_in_the_log(ex: ExecHarness) -> None:
+    ex.launch("att-missing", ArgvCommand(file="ql3-no-such-program-xyz"))
+    ex.wait_exit("att-missing")
+
+    receipt = ex.receipt("att-missing")
+    assert receipt is not None and receipt.exit_code == 127
+    assert "ql3-no-such-program-xyz" not in ex.log_path("att-missing").read_text()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"attempt_id": "../escape"}, "attempt_id"),
+        ({"attempt_id": ".hidden"}, "attempt_id"),
+        ({"run_id": ""}, "run_id"),
+        ({"callback_token": "short"}, "callback_token"),
+        ({"callback_sequence": -1}, "callback_sequence"),
+        ({"log_cap_bytes": 0}, "log_cap_bytes"),
+        ({"started_at_ms": -5}, "started_at_ms"),
+        ({"environment_policy": "host"}, "environment_policy"),
+        ({"environment": {"BAD=KEY": "x"}}, "environment"),
+        ({"environment": {"QL3_SHIM_MODE": "argv"}}, "environment"),
+        ({"environment": {"K": "nul\x00"}}, "environment"),
+        ({"command": ShellCommand(command="")}, "command"),
+        ({"command": ShellCommand(command="echo \x00")}, "command"),
+        ({"command": ArgvCommand(file="-rf")}, "command"),
+        ({"working_directory": "relative/dir"}, "working_directory"),
+        ({"working_directory": "/nonexistent/ql3/dir"}, "working_directory"),
+    ],
+)
+def test_invalid_requests_are_rejected_before_anything_starts(
+    ex: ExecHarness, overrides: dict[str, object], reason: str
+) -> None:
+    values: dict[str, object] = {"attempt_id": "att-reject", "command": ShellCommand(command="echo secret-command")}
+    values.update(overrides)
+    request = ex.request(
+        str(values.pop("attempt_id")), values.pop("command"), log_path=ex.log_path("att-reject"), **values
+    )
+
+    with pytest.raises(LaunchRejected) as caught:
+        ex.launcher.start(request)
+
+    assert caught.value.reason == reason
+    assert "secret-command" not in str(caught.value) and ex.token not in str(caught.value)
+    assert not ex.log_path("att-reject").exists()
+
+
+def test_an_existing_log_file_is_never_reused(ex: ExecHarness) -> None:
+    ex.log_path("att-dup").parent.mkdir(parents=True, exist_ok=True)
+    ex.log_path("att-dup").write_text("earlier output\n")
+
+    with pytest.raises(LaunchFailed) as caught:
+        ex.launcher.start(ex.request("att-dup", ShellCommand(command="true")))
+
+    assert caught.value.reason == "log_or_receipt_dir_unavailable"
+    assert ex.log_path("att-dup").read_text() == "earlier output\n"
+    assert os.listdir(ex.receipts) == []
