@@ -13,7 +13,7 @@ ALLOWED = {
     "application": {"domain", "ports", "application"},
     "storage": {"domain", "ports", "storage"},
     "execution": {"domain", "execution"},
-    "worker": {"domain", "ports", "application", "worker"},
+    "worker": {"domain", "ports", "application", "worker", "execution"},
     "http": {"domain", "ports", "application", "http", "console"},
     "console": {"domain", "console"},
     "cli": {"domain", "ports", "application", "cli", "http", "bootstrap", "worker", "console"},

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from ql3.application import auth
-from ql3.bootstrap import ManagedDatabase, open_database
+from ql3.bootstrap import ManagedDatabase, build_standalone_runtime, open_database
 from ql3.cli import output
 from ql3.cli.common import Subparsers, add_command, wants_json
 from ql3.cli.config import (
@@ -107,7 +107,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     prepared = prepare(database_url(args.database_url), client_url(host, port), update_url=True)
     try:
-        app = create_app(prepared.db)
+        runtime = build_standalone_runtime(
+            prepared.db, prepared.credentials.parent, profile=args.profile, slots=args.slots
+        )
+        app = create_app(prepared.db, lifecycle=[runtime])
         config = uvicorn.Config(
             app,
             host=host,
@@ -156,6 +159,13 @@ def register(subparsers: Subparsers) -> None:
         "run the standalone server (first start: migrate, create the owner, write credentials)",
     )
     serve.add_argument("--profile", choices=("edge", "standalone"), default="standalone")
+    serve.add_argument(
+        "--slots",
+        type=int,
+        metavar="N",
+        default=None,
+        help="concurrent runs of the embedded worker (1-1024; default 2 x CPU cores)",
+    )
     serve.add_argument(
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
     )

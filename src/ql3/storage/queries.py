@@ -35,8 +35,10 @@ def catalogue(dialect: str) -> dict[str, str]:
                 if name in merged:
                     raise ValueError(f"duplicate query name {name}")
                 merged[name] = body
-    overrides = _parse(_read(f"ql3.storage.{dialect}", "queries.sql"))
-    merged.update(overrides)
+    package = f"ql3.storage.{dialect}"
+    for filename in sorted(p.name for p in resources.files(package).iterdir()):
+        if filename.endswith(".sql") and filename != "schema.sql":
+            merged.update(_parse(_read(package, filename)))
     if dialect == "postgres":
         return {k: _PARAM_RE.sub(r"%(\1)s", v.replace("%", "%%")) for k, v in merged.items()}
     return merged

@@ -17,8 +17,8 @@ import pytest
 from ql3.execution.launcher import (
     ArgvCommand,
     ExitWatcher,
-    LaunchRequest,
     Launched,
+    LaunchRequest,
     LocalLauncher,
     ShellCommand,
 )
@@ -107,7 +107,9 @@ class ExecHarness:
     def log_path(self, attempt_id: str) -> Path:
         return self.root / "logs" / f"{attempt_id}.log"
 
-    def request(self, attempt_id: str, command: ShellCommand | ArgvCommand, **overrides: Any) -> LaunchRequest:
+    def request(
+        self, attempt_id: str, command: ShellCommand | ArgvCommand, **overrides: Any
+    ) -> LaunchRequest:
         values: dict[str, Any] = {
             "run_id": self.run_id,
             "attempt_id": attempt_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,14 @@ from ql3.execution.identity import read_stat
 from ql3.execution.launcher import ArgvCommand, LaunchFailed, LaunchRejected, ShellCommand
 from tests.unit.execution.conftest import ExecHarness
 
-ID_VARS = {"QL3_RUN_ID", "QL3_ATTEMPT_ID", "QL3_CALLBACK_TOKEN", "QL_RUN_ID", "QL_ATTEMPT_ID", "QL_CALLBACK_TOKEN"}
+ID_VARS = {
+    "QL3_RUN_ID",
+    "QL3_ATTEMPT_ID",
+    "QL3_CALLBACK_TOKEN",
+    "QL_RUN_ID",
+    "QL_ATTEMPT_ID",
+    "QL_CALLBACK_TOKEN",
+}
 
 
 def _env_from_log(ex: ExecHarness, attempt_id: str) -> dict[str, str]:
@@ -48,7 +56,7 @@ def test_inherit_environment_adds_the_callers_env_but_never_the_shim_inputs(
 
     assert env["QL3_TEST_CALLER_VAR"] == "from-caller"
     assert env["A"] == "b"
-    assert ID_VARS <= set(env)
+    assert set(env) >= ID_VARS
     assert not [key for key in env if key.startswith("QL3_SHIM_")]
 
 
@@ -67,7 +75,9 @@ def test_stdin_is_dev_null_and_stdout_and_stderr_append_to_the_log(ex: ExecHarne
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
 
 
-def test_working_directory_is_applied_without_leaking_the_callers_cwd(ex: ExecHarness, tmp_path: Path) -> None:
+def test_working_directory_is_applied_without_leaking_the_callers_cwd(
+    ex: ExecHarness, tmp_path: Path
+) -> None:
     workdir = tmp_path / "work dir"
     workdir.mkdir()
 
@@ -126,12 +136,15 @@ def test_a_missing_program_exits_127_without_naming_it_in_the_log(ex: ExecHarnes
     ],
 )
 def test_invalid_requests_are_rejected_before_anything_starts(
-    ex: ExecHarness, overrides: dict[str, object], reason: str
+    ex: ExecHarness, overrides: dict[str, Any], reason: str
 ) -> None:
-    values: dict[str, object] = {"attempt_id": "att-reject", "command": ShellCommand(command="echo secret-command")}
+    values: dict[str, Any] = {
+        "attempt_id": "att-reject",
+        "command": ShellCommand(command="echo secret-command"),
+    }
     values.update(overrides)
     request = ex.request(
-        str(values.pop("attempt_id")), values.pop("command"), log_path=ex.log_path("att-reject"), **values
+        values.pop("attempt_id"), values.pop("command"), log_path=ex.log_path("att-reject"), **values
     )
 
     with pytest.raises(LaunchRejected) as caught:

@@ -78,7 +78,11 @@ def test_capture_then_probe_follows_the_process_through_its_exit(
 ) -> None:
     # Given a captured live process
     handle = capture(odd_name_sleeper.pid, "attempt-1")
-    assert (handle.pid, handle.pgid, handle.boot_id) == (odd_name_sleeper.pid, odd_name_sleeper.pid, read_boot_id())
+    assert (handle.pid, handle.pgid, handle.boot_id) == (
+        odd_name_sleeper.pid,
+        odd_name_sleeper.pid,
+        read_boot_id(),
+    )
     assert probe(handle) == "running"
 
     # When it is killed (a zombie until reaped, then gone)

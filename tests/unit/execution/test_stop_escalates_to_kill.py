@@ -21,7 +21,9 @@ def test_a_group_member_that_ignores_term_is_killed_after_the_grace(ex: ExecHarn
 
     def stubborn_child_ready() -> bool:
         members = live_group_members(pgid)
-        return group_comms(pgid).count("sleep") == 2 and any(signal_ignored(p, signal.SIGTERM) for p in members)
+        return group_comms(pgid).count("sleep") == 2 and any(
+            signal_ignored(p, signal.SIGTERM) for p in members
+        )
 
     assert wait_until(stubborn_child_ready)
 

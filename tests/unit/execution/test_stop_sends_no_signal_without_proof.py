@@ -25,7 +25,9 @@ TARGET = (
 
 
 def _start_target(*, own_group: bool) -> Iterator[ProcessHandle]:
-    proc = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, start_new_session=own_group)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TARGET], stdout=subprocess.PIPE, start_new_session=own_group
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         yield capture(proc.pid, "att-target")
@@ -57,7 +59,9 @@ def _untouched(handle: ProcessHandle, outcome: StopOutcome) -> bool:
     )
 
 
-def test_a_handle_older_than_the_live_process_means_pid_reuse_and_sends_nothing(target: ProcessHandle) -> None:
+def test_a_handle_older_than_the_live_process_means_pid_reuse_and_sends_nothing(
+    target: ProcessHandle,
+) -> None:
     # Given a handle whose process started before the live process now holding that pid
     tampered = dataclasses.replace(target, start_ticks=str(int(target.start_ticks) - 1))
 
@@ -137,7 +141,9 @@ def test_without_pidfds_the_platform_is_unsupported(
     assert _untouched(target, outcome)
 
 
-@pytest.mark.parametrize(("grace_ms", "poll_ms"), [(-1, 50), (60_001, 50), (5000, 0), (5000, 1001), (True, 50)])
+@pytest.mark.parametrize(
+    ("grace_ms", "poll_ms"), [(-1, 50), (60_001, 50), (5000, 0), (5000, 1001), (True, 50)]
+)
 def test_stop_arguments_are_validated(grace_ms: int, poll_ms: int) -> None:
     with pytest.raises(ValueError):
         ProcessController().stop("ql3lp1.x", None, grace_ms=grace_ms, poll_ms=poll_ms)

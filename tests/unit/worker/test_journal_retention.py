@@ -135,10 +135,13 @@ def test_retention_deletes_at_most_limit_per_call_oldest_first(journal: WorkerJo
     clock.now += HOUR_MS
 
     # When retention runs with a limit of two, repeatedly
-    counts = [journal.retention(older_than_ms=HOUR_MS, limit=2) for _ in range(4)]
+    first = journal.retention(older_than_ms=HOUR_MS, limit=2)
+    left = [r.offer_id for r in journal.page()]
+    rest = [journal.retention(older_than_ms=HOUR_MS, limit=2) for _ in range(3)]
 
     # Then it deletes two, two, one, none, oldest first
-    assert counts == [2, 2, 1, 0]
+    assert [first, *rest] == [2, 2, 1, 0]
+    assert left == ["offer-0", "offer-1", "offer-2"]
     assert journal.page() == []
 
 

@@ -1,0 +1,127 @@
+"""Crash tests with real processes: kill -9 of ``ql3 serve`` mid-run, and a crash between claim and spawn."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ql3.domain.offers import offer_id
+from tests.acceptance.conftest import CLI, START_TIMEOUT_S, Server, base_env, free_port, stop
+
+pytestmark = pytest.mark.slow
+
+
+def start_with_env(home: Path, env: dict[str, str]) -> Server:
+    port = free_port()
+    log_path = home.parent / f"serve-{port}.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [*CLI, "serve", "--listen", f"127.0.0.1:{port}"],
+            env={**base_env(home), **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return Server(home=home, url=url, process=process, log_path=log_path)
+        time.sleep(0.05)
+    stop(process)
+    pytest.fail("ql3 serve did not start:\n" + log_path.read_text(errors="replace"))
+
+
+def wait_for(predicate: Any, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def run_json(server: Server, run_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = server.cli_json("run", "show", run_id)
+    return result
+
+
+def journal_rows(home: Path) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(home / "worker" / "journal.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        return [
+            dict(r) for r in conn.execute("SELECT offer_id, attempt_id, lease_generation, state FROM journal")
+        ]
+    finally:
+        conn.close()
+
+
+def test_kill_9_mid_run_completes_with_the_real_exit_code_and_runs_once(tmp_path: Path) -> None:
+    # Given a 3-second task that records each start in a marker file and exits 7
+    home = tmp_path / "home"
+    marker = tmp_path / "starts.txt"
+    server = start_with_env(home, {})
+    command = f"echo started >> {marker}; echo before; sleep 3; echo after; exit 7"
+    assert server.cli("task", "add", "slow", "--command", command).returncode == 0
+    run_id = server.cli_json("run", "start", "slow")["id"]
+    wait_for(lambda: run_json(server, run_id)["status"] == "running")
+
+    # When ql3 serve is killed with SIGKILL while the command runs, then restarted
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait(timeout=10)
+    restarted = start_with_env(home, {})
+    try:
+        final = wait_for(
+            lambda: (r := run_json(restarted, run_id))["status"] in ("succeeded", "failed") and r
+        )
+
+        # Then the run completes from the receipt with the real exit code, once
+        assert final["status"] == "failed" and final["exit_code"] == 7
+        assert marker.read_text().splitlines() == ["started"]
+        logs = list((home / "worker" / "logs").iterdir())
+        assert len(logs) == 1 and logs[0].read_text().splitlines() == ["before", "after"]
+    finally:
+        stop(restarted.process)
+
+
+def test_crash_between_claim_and_spawn_recovers_the_same_offer_and_spawns_once(tmp_path: Path) -> None:
+    # Given a server that dies right after committing a claim, before the offer reaches the worker
+    home = tmp_path / "home"
+    marker = tmp_path / "starts.txt"
+    server = start_with_env(home, {"QL3_FAULT": "after_claim"})
+    assert server.cli("task", "add", "once", "--command", f"echo x >> {marker}").returncode == 0
+    run_id = server.cli_json("run", "start", "once")["id"]
+    assert server.process.wait(timeout=30) == 137
+    assert not marker.exists()
+
+    # When it restarts without the fault
+    restarted = start_with_env(home, {})
+    try:
+        final = wait_for(lambda: (r := run_json(restarted, run_id))["status"] == "succeeded" and r)
+
+        # Then the claimed lease was recovered (same generation, same offer id) and the command ran once
+        assert final["exit_code"] == 0
+        assert marker.read_text().splitlines() == ["x"]
+        rows = journal_rows(home)
+        assert len(rows) == 1 and rows[0]["lease_generation"] == 1
+        session = json.loads((home / "worker" / "session.json").read_text())
+        db = sqlite3.connect(home / "ql3.db")
+        worker_id, worker_gen = db.execute("SELECT worker_id, generation FROM workers").fetchone()
+        db.close()
+        expected = offer_id(rows[0]["attempt_id"], 1, worker_id, session["session_id"], worker_gen)
+        assert rows[0]["offer_id"] == expected
+    finally:
+        stop(restarted.process)

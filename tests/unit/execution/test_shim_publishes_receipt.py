@@ -1,0 +1,102 @@
+"""The shim publishes one receipt with the command's real exit code, and none if it is killed itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from ql3.execution.receipts import receipt_path, receipt_temp_path
+from tests.unit.execution.conftest import ExecHarness, group_comms, wait_until
+
+
+@pytest.mark.parametrize(
+    ("command", "exit_code"),
+    [
+        ("exit 0", 0),
+        ("exit 7", 7),
+        ("exit 255", 255),
+        ("kill -TERM $$", 128 + signal.SIGTERM),
+        ("kill -KILL $$", 128 + signal.SIGKILL),
+        ("syntax error (", 2),
+    ],
+)
+def test_the_receipt_holds_the_commands_exit_code(ex: ExecHarness, command: str, exit_code: int) -> None:
+    ex.shell("att-code", command)
+    ex.wait_exit("att-code")
+
+    receipt = ex.receipt("att-code")
+    assert receipt is not None
+    assert receipt.exit_code == exit_code
+
+
+def test_the_receipt_has_the_exact_shape_and_the_temp_file_is_gone(ex: ExecHarness) -> None:
+    # Given a command started at a known time
+    ex.shell("att-shape", "exit 3", callback_sequence=1, started_at_ms=1_700_000_000_000)
+
+    # When it has finished
+    ex.wait_exit("att-shape")
+
+    # Then exactly one receipt file exists, with the keys in order and sane times
+    assert sorted(os.listdir(ex.receipts)) == ["att-shape.json"]
+    path = receipt_path(ex.receipts, "att-shape")
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    body = json.loads(path.read_text())
+    assert list(body) == [
+        "schemaVersion",
+        "runId",
+        "attemptId",
+        "callbackSequence",
+        "token",
+        "startedAtMs",
+        "finishedAtMs",
+        "exitCode",
+    ]
+    assert body["schemaVersion"] == 1 and body["runId"] == ex.run_id and body["attemptId"] == "att-shape"
+    assert body["token"] == ex.token and body["callbackSequence"] == 1 and body["exitCode"] == 3
+    assert body["startedAtMs"] == 1_700_000_000_000 <= body["finishedAtMs"]
+
+
+def test_a_published_receipt_is_never_overwritten(ex: ExecHarness) -> None:
+    # Given a receipt already published for the attempt id
+    ex.receipts.mkdir(parents=True, exist_ok=True)
+    receipt_path(ex.receipts, "att-once").write_text("first\n")
+
+    # When a shim for the same attempt id finishes
+    ex.shell("att-once", "exit 9")
+    ex.wait_exit("att-once")
+
+    # Then the first receipt stands and no temp file is left behind
+    assert receipt_path(ex.receipts, "att-once").read_text() == "first\n"
+    assert sorted(os.listdir(ex.receipts)) == ["att-once.json"]
+
+
+def test_a_killed_shim_leaves_no_receipt(ex: ExecHarness) -> None:
+    # Given a running attempt
+    launched = ex.shell("att-killed", "sleep 300")
+    assert wait_until(lambda: "sleep" in group_comms(launched.pid))
+
+    # When the shim itself is SIGKILLed (it is our unreaped child, so the pid is still its own)
+    os.kill(launched.pid, signal.SIGKILL)
+    ex.wait_exit("att-killed")
+
+    # Then there is simply no receipt
+    assert ex.receipt("att-killed") is None
+    assert os.listdir(ex.receipts) == []
+
+
+def test_a_failed_publication_leaves_no_receipt_and_keeps_the_exit_code(ex: ExecHarness) -> None:
+    # Given a receipt temp path that cannot be created as a file
+    ex.receipts.mkdir(parents=True, exist_ok=True)
+    receipt_temp_path(ex.receipts, "att-nopub").mkdir()
+
+    # When a command runs to completion
+    launched = ex.shell("att-nopub", "echo ran; exit 4", watch=False)
+    _, status = os.waitpid(launched.pid, 0)
+
+    # Then the shim still exits with the command's code, and no receipt appears
+    assert os.waitstatus_to_exitcode(status) == 4
+    assert ex.receipt("att-nopub") is None
+    assert ex.log_path("att-nopub").read_text() == "ran\n"
