@@ -22,7 +22,8 @@ import json, sys
 from ql3.application.dispatcher import DispatchBudget, RunDispatcher
 from ql3.storage.sqlite.adapter import SqliteDatabase
 db = SqliteDatabase(sys.argv[1])
-d = RunDispatcher(db, lease_secret=b"s" * 32, budget=DispatchBudget(lease_ms=600_000), incarnation_started_ms=0)
+budget = DispatchBudget(lease_ms=600_000)
+d = RunDispatcher(db, lease_secret=b"s" * 32, budget=budget, incarnation_started_ms=0)
 claimed, idle = [], 0
 while idle < 3:
     result = d.dispatch_once()

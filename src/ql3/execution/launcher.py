@@ -1,8 +1,9 @@
 """Start commands under the per-attempt shim, and reap the shims from one watcher thread.
 
 Per run the cost is one ``posix_spawn`` of ``/bin/sh`` (the shim, which is the new session's and
-process group's leader), one fork+exec for the command and one exec of ``ln`` to publish the receipt:
-no Python interpreter is ever started per run. The shim lives outside this process, so if the worker
+process group's leader), one fork+exec for the command (``/bin/sh -c`` for a shell command, the program
+itself for an argv command) and one fork+exec of ``ln`` to publish the receipt: no Python interpreter is
+ever started per run. The shim lives outside this process, so if the worker
 dies the command keeps running, its log keeps growing and its receipt is still published.
 """
 
@@ -152,6 +153,7 @@ class LocalLauncher:
             self._ensure_dir(log_path.parent)
             log_fd = create_log(log_path)
         except OSError as exc:
+            self._known_dirs.difference_update((receipt_dir, log_path.parent))
             raise LaunchFailed("log_or_receipt_dir_unavailable") from exc
         try:
             if log_fd < 3:

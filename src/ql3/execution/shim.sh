@@ -6,6 +6,8 @@ _ql3_on_signal() { :; }
 # A handler, not an ignore: children start with default dispositions. A trapped signal does not cut
 # short a foreground wait (the handler runs after it), so $? below is always the real exit status.
 # A background child + `wait` would not do: sh makes async lists ignore INT and QUIT for good.
+# Known gap: a signal landing in the instant between the fork below and the child's reset to default
+# dispositions runs the inherited no-op handler; a stop then ends the group with the KILL after grace.
 trap _ql3_on_signal TERM INT HUP
 _ql3_mode=$QL3_SHIM_MODE _ql3_cmd=$QL3_SHIM_COMMAND _ql3_cwd=$QL3_SHIM_CWD _ql3_sh=$QL3_SHIM_SH
 _ql3_head=$QL3_SHIM_HEAD _ql3_start=$QL3_SHIM_STARTED _ql3_base=$QL3_SHIM_CLOCK_BASE
@@ -18,7 +20,10 @@ unset QL3_SHIM_MODE QL3_SHIM_COMMAND QL3_SHIM_CWD QL3_SHIM_SH QL3_SHIM_HEAD QL3_
 if [ "$_ql3_mode" = argv ]; then
   (
     if [ -n "$_ql3_cwd" ]; then cd "$_ql3_cwd" 2>/dev/null || exit 126; unset OLDPWD; fi
-    command -v "$1" >/dev/null 2>&1 || exit 127
+    case $1 in
+      */*) [ -e "$1" ] || exit 127; [ -f "$1" ] && [ -x "$1" ] || exit 126 ;;
+      *) command -v "$1" >/dev/null 2>&1 || exit 127 ;;
+    esac
     exec "$@"
   )
 else

@@ -165,3 +165,15 @@ def test_an_existing_log_file_is_never_reused(ex: ExecHarness) -> None:
     assert caught.value.reason == "log_or_receipt_dir_unavailable"
     assert ex.log_path("att-dup").read_text() == "earlier output\n"
     assert os.listdir(ex.receipts) == []
+
+
+def test_an_argv_file_that_is_not_executable_exits_126_without_naming_it(ex: ExecHarness) -> None:
+    script = ex.root / "not-executable.sh"
+    script.write_text("echo hi\n")
+
+    ex.launch("att-noexec", ArgvCommand(file=str(script)))
+    ex.wait_exit("att-noexec")
+
+    receipt = ex.receipt("att-noexec")
+    assert receipt is not None and receipt.exit_code == 126
+    assert ex.log_path("att-noexec").read_text() == ""
