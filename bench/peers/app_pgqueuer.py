@@ -56,7 +56,7 @@ async def open_driver(dsn: str, driver: str) -> AsyncIterator[Driver]:
 async def create_pgqueuer() -> AsyncIterator[PgQueuer]:
     async with open_driver(os.environ[DSN_ENV], os.environ.get(DRIVER_ENV, "asyncpg")) as driver:
         pgq = PgQueuer(driver)
-        limit = os.environ.get(LIMIT_ENV, "entrypoint")
+        limit = os.environ.get(LIMIT_ENV, "worker")
         if limit not in LIMITS:
             raise ValueError(f"unknown {LIMIT_ENV} {limit!r}, expected one of {LIMITS}")
         gate = asyncio.Semaphore(concurrency())
@@ -85,7 +85,7 @@ def main() -> None:
     import pgqueuer
 
     logging.basicConfig(level=logging.WARNING)
-    if os.environ.get(LIMIT_ENV, "entrypoint") == "worker":
+    if os.environ.get(LIMIT_ENV, "worker") == "worker":
         asyncio.run(pgqueuer.run(create_pgqueuer, batch_size=1, max_concurrent_tasks=concurrency()))
     else:
         asyncio.run(pgqueuer.run(create_pgqueuer))

@@ -430,6 +430,7 @@ class ThroughputRun:
     enqueue_s: float
     duplicates: int
     peak_rss_kib: int
+    load_1m_after: float
 
 
 @dataclass
@@ -510,6 +511,7 @@ async def throughput_rep(
         enqueue_s=enqueue_s,
         duplicates=len(records) - len(tags),
         peak_rss_kib=worker.rss.peak_kib if worker.rss else 0,
+        load_1m_after=_load(),
     )
 
 
@@ -568,50 +570,75 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-async def run_peer(name: str, settings: Settings, args: argparse.Namespace) -> PeerResult:
-    result = PeerResult(name=name, storage=STORAGE[name])
-    for rep in range(args.repeat):
-        log(f"[{name}] throughput rep {rep + 1}/{args.repeat}: {args.jobs} jobs")
-        try:
-            run = await asyncio.wait_for(
-                throughput_rep(name, settings, args.jobs, rep, args.phase_timeout, result),
-                timeout=args.phase_timeout + 30,
-            )
-        except Exception as exc:
-            result.errors.append(f"throughput rep {rep + 1}: {_describe(exc)}")
-            log(f"[{name}]   FAILED: {_describe(exc)}")
-            if args.verbose:
-                traceback.print_exc()
-            continue
-        result.throughput.append(run)
-        log(
-            f"[{name}]   {run.jobs_per_s:8.1f} jobs/s end-to-end (wall {run.wall_s:.2f} s, "
-            f"startup {run.startup_s:.2f} s, steady {run.steady_jobs_per_s:.1f} jobs/s, "
-            f"enqueue {run.enqueue_s:.2f} s, peak RSS {run.peak_rss_kib / 1024:.1f} MiB)"
+async def run_throughput(result: PeerResult, settings: Settings, args: argparse.Namespace, rep: int) -> None:
+    name = result.name
+    log(f"[{name}] throughput rep {rep + 1}/{args.repeat}: {args.jobs} jobs (load {_load():.2f})")
+    try:
+        run = await asyncio.wait_for(
+            throughput_rep(name, settings, args.jobs, rep, args.phase_timeout, result),
+            timeout=args.phase_timeout + 30,
         )
-    if result.throughput:
-        result.median_jobs_per_s = statistics.median(r.jobs_per_s for r in result.throughput)
-        result.median_steady_jobs_per_s = statistics.median(r.steady_jobs_per_s for r in result.throughput)
-        result.median_startup_s = statistics.median(r.startup_s for r in result.throughput)
-    if args.latency_samples > 0:
-        log(f"[{name}] idle latency: {args.latency_samples} samples")
-        try:
-            result.latency = await asyncio.wait_for(
-                latency_phase(name, settings, args.latency_samples, args.phase_timeout),
-                timeout=args.phase_timeout + 30,
-            )
-            lat = result.latency
-            log(f"[{name}]   p50 {lat.p50_ms:.2f} ms, p99 {lat.p99_ms:.2f} ms, max {lat.max_ms:.2f} ms")
-        except Exception as exc:
-            result.errors.append(f"latency: {_describe(exc)}")
-            log(f"[{name}]   FAILED: {_describe(exc)}")
-            if args.verbose:
-                traceback.print_exc()
-    peaks = [r.peak_rss_kib for r in result.throughput]
+    except Exception as exc:
+        result.errors.append(f"throughput rep {rep + 1}: {_describe(exc)}")
+        log(f"[{name}]   FAILED: {_describe(exc)}")
+        if args.verbose:
+            traceback.print_exc()
+        return
+    result.throughput.append(run)
+    log(
+        f"[{name}]   {run.jobs_per_s:8.1f} jobs/s end-to-end (wall {run.wall_s:.2f} s, "
+        f"startup {run.startup_s:.2f} s, steady {run.steady_jobs_per_s:.1f} jobs/s, "
+        f"enqueue {run.enqueue_s:.2f} s, peak RSS {run.peak_rss_kib / 1024:.1f} MiB)"
+    )
+
+
+async def run_latency(result: PeerResult, settings: Settings, args: argparse.Namespace) -> None:
+    name = result.name
+    log(f"[{name}] idle latency: {args.latency_samples} samples (load {_load():.2f})")
+    try:
+        result.latency = await asyncio.wait_for(
+            latency_phase(name, settings, args.latency_samples, args.phase_timeout),
+            timeout=args.phase_timeout + 30,
+        )
+    except Exception as exc:
+        result.errors.append(f"latency: {_describe(exc)}")
+        log(f"[{name}]   FAILED: {_describe(exc)}")
+        if args.verbose:
+            traceback.print_exc()
+        return
+    lat = result.latency
+    log(f"[{name}]   p50 {lat.p50_ms:.2f} ms, p99 {lat.p99_ms:.2f} ms, max {lat.max_ms:.2f} ms")
+
+
+def summarize(result: PeerResult) -> None:
+    runs = result.throughput
+    if runs:
+        result.median_jobs_per_s = statistics.median(r.jobs_per_s for r in runs)
+        result.median_steady_jobs_per_s = statistics.median(r.steady_jobs_per_s for r in runs)
+        result.median_startup_s = statistics.median(r.startup_s for r in runs)
+    peaks = [r.peak_rss_kib for r in runs]
     if result.latency is not None:
         peaks.append(result.latency.peak_rss_kib)
     result.peak_rss_kib = max(peaks) if peaks else None
-    return result
+
+
+async def run_all(settings: Settings, args: argparse.Namespace) -> list[PeerResult]:
+    """Repetitions are interleaved (rep 1 of every peer, then rep 2, ...) so that background load
+    on the machine spreads over all peers instead of hitting one of them."""
+    results = [PeerResult(name=name, storage=STORAGE[name]) for name in args.peer_list]
+    for rep in range(args.repeat):
+        for result in results:
+            await run_throughput(result, settings, args, rep)
+    if args.latency_samples > 0:
+        for result in results:
+            await run_latency(result, settings, args)
+    for result in results:
+        summarize(result)
+    return results
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -724,7 +751,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--pgqueuer-limit",
         choices=("entrypoint", "worker", "semaphore"),
-        default="entrypoint",
+        default="worker",
         help="how pgqueuer's concurrency is capped (see app_pgqueuer.py)",
     )
     p.add_argument("--json", type=Path, help="write full results (raw samples included) here")
@@ -756,10 +783,9 @@ async def amain(args: argparse.Namespace) -> int:
         workdir=workdir,
     )
     started = time.time()
-    results: list[PeerResult] = []
+    load_before = os.getloadavg()
     try:
-        for name in args.peer_list:
-            results.append(await run_peer(name, settings, args))
+        results = await run_all(settings, args)
     finally:
         if args.keep_workdir:
             log(f"worker logs and record files kept in {workdir}")
@@ -771,6 +797,8 @@ async def amain(args: argparse.Namespace) -> int:
         payload = {
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
             "duration_s": round(time.time() - started, 1),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
             "params": {
                 "jobs": args.jobs,
                 "repeat": args.repeat,

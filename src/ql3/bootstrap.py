@@ -112,7 +112,6 @@ def build_standalone_runtime(
     from ql3.application.dispatcher import RunDispatcher
     from ql3.application.gateway import InProcessControlPlane
     from ql3.application.lifecycle import LifecycleRunner
-    from ql3.domain.errors import Ql3Error
     from ql3.worker.agent import WorkerAgent, WorkerConfig
 
     if profile not in PROFILES:
@@ -136,10 +135,7 @@ def build_standalone_runtime(
         if result.offer is None:
             return result.truncated
         fault_point("after_claim")
-        try:
-            worker.receive(result.offer)
-        except Ql3Error:
-            pass  # the lease stays; expiry or recovery decides, never a blind retry here
+        worker.submit(result.offer)
         return True
 
     def expiry_cycle() -> bool:

@@ -101,3 +101,66 @@ def make_task(client: TestClient, owner: dict[str, str]) -> Callable[..., dict[s
         return result
 
     return make
+
+
+# -- run logs and workers (test_http_logs*, test_http_workers*) -----------------------------------
+
+
+@pytest.fixture
+def logs_root(tmp_path: Path) -> Path:
+    root = tmp_path / "worker" / "logs"
+    root.mkdir(parents=True)
+    return root
+
+
+@pytest.fixture
+def logs_client(db: SqliteDatabase, owner_token: str, logs_root: Path) -> Iterator[TestClient]:
+    """The app with a logs root, like ``ql3 serve`` (whose embedded worker writes there)."""
+    with TestClient(create_app(db, logs_root=logs_root)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def started_run(
+    db: SqliteDatabase, logs_client: TestClient, owner: dict[str, str]
+) -> Callable[..., dict[str, Any]]:
+    """Start a run of task ``name`` (created on first use); returns the run plus its ``attempt_id``."""
+
+    def start(name: str = "job", project: str = "default") -> dict[str, Any]:
+        base = f"/api/v1/projects/{project}/tasks"
+        if logs_client.get(f"{base}/{name}", headers=owner).status_code == 404:
+            created = logs_client.post(base, json={"name": name, "command": "true"}, headers=owner)
+            assert created.status_code == 201, created.text
+        resp = logs_client.post(f"{base}/{name}/runs", json={}, headers=owner)
+        assert resp.status_code == 201, resp.text
+        run: dict[str, Any] = resp.json()
+        rows = db.raw(
+            "SELECT id FROM run_attempts WHERE run_id = ? ORDER BY attempt DESC LIMIT 1", (run["id"],)
+        )
+        run["attempt_id"] = rows[0]["id"]
+        return run
+
+    return start
+
+
+@pytest.fixture
+def register_worker(db: SqliteDatabase) -> Callable[..., None]:
+    """Register a worker session directly, as a worker's hello would."""
+    from ql3.application import workers
+    from ql3.domain.ids import new_id
+    from ql3.domain.workers import parse_capabilities
+
+    def register(worker_id: str = "w1", *, slots: int = 2, labels: dict[str, str] | None = None) -> None:
+        caps: dict[str, Any] = {"executors": ["local_process"], "labels": labels or {}}
+        db.transaction(
+            lambda tx: workers.register(
+                tx,
+                worker_id=worker_id,
+                session_id=new_id(),
+                capabilities=parse_capabilities(caps),
+                max_concurrent_runs=slots,
+                session_lease_ms=30_000,
+            )
+        )
+
+    return register

@@ -145,6 +145,9 @@ class RunDispatcher:
         self.budget = budget or DispatchBudget()
         self._since = incarnation_started_ms
         self._recovered: set[str] = set()
+        # Only leases acquired before this incarnation need recovery; once a full walk finds none
+        # left, later walks could only find the same ones again.
+        self._recovery_done = False
 
     def token_for(self, attempt_id: str) -> Callable[[int], str]:
         return lambda generation: derive_lease_token(self._secret, attempt_id, generation)
@@ -174,6 +177,7 @@ class RunDispatcher:
                     counters.plan_calls += 1
                     return DispatchResult(reason="recovered", offer=offer, plan_calls=counters.plan_calls)
             if len(page) < self.budget.recovery_page:
+                self._recovery_done = True
                 return None
         return None
 
@@ -273,9 +277,10 @@ class RunDispatcher:
 
     def dispatch_once(self) -> DispatchResult:
         counters = _Counters()
-        recovered = self._recover(counters)
-        if recovered is not None:
-            return recovered
+        if not self._recovery_done:
+            recovered = self._recover(counters)
+            if recovered is not None:
+                return recovered
         cursor: Candidate | None = None
         seen: set[str] = set()
         snapshot: list[WorkerSnapshot] | None = None

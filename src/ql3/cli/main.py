@@ -7,7 +7,7 @@ import sys
 from typing import Final
 
 import ql3
-from ql3.cli import db, projects, runs, server, tasks, tokens
+from ql3.cli import db, projects, runs, server, tasks, tokens, workers
 from ql3.cli.common import Handler, Parser
 from ql3.cli.errors import EXIT_ERROR, CliError
 from ql3.domain.errors import Ql3Error
@@ -23,12 +23,21 @@ exit codes:
   0    success
   1    error: the API refused the request (401, 403, 404, 409...), network, database
   64   usage: bad arguments, or input the API rejected as invalid (422, 413)
+  run start --wait / --follow exit with the run's outcome:
+  0    succeeded
+  2    failed (non-zero exit, start failure, or lost and not retried)
+  3    timed_out
+  4    cancelled
+  5    --timeout-wait elapsed before the run ended
 
 examples:
   ql3 serve                                     # first start creates the owner's credentials
   ql3 task add backup --command 'tar czf /tmp/b.tgz /srv' --cron '0 3 * * *'
   ql3 run start backup --idempotency-key nightly-1
+  ql3 run start backup --follow                 # stream the log, exit with the outcome
+  ql3 run logs RUN --follow
   ql3 run list --task backup --json
+  ql3 worker list
   ql3 token create --role viewer --name dashboard
   ql3 db status
 """
@@ -47,6 +56,7 @@ def build_parser() -> Parser:
     server.register(commands)
     tasks.register(commands)
     runs.register(commands)
+    workers.register(commands)
     tokens.register(commands)
     projects.register(commands)
     db.register(commands)

@@ -1,15 +1,17 @@
-"""``ql3 run``: start, list, show, events."""
+"""``ql3 run``: start (optionally waiting for the outcome), list, show, events, logs."""
 
 from __future__ import annotations
 
 import argparse
+import io
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from ql3.cli import output
+from ql3.cli import output, watch
 from ql3.cli.client import ApiClient, seg
 from ql3.cli.common import Parser, Subparsers, add_command, positive_int, project_flag, wants_json
-from ql3.cli.errors import EXIT_OK
+from ql3.cli.errors import EXIT_OK, CliError, UsageError
 
 
 def _when(ms: int | None) -> str | None:
@@ -34,9 +36,12 @@ def _show(run: dict[str, Any]) -> None:
             ("created", _when(run.get("created_at_ms"))),
             ("started", _when(run.get("started_at_ms"))),
             ("finished", _when(run.get("finished_at_ms"))),
-            ("exit_code", run.get("exit_code")),
-            ("error_code", run.get("error_code")),
-            ("cancel_reason", run.get("cancel_reason")),
+        ]
+        # The outcome of the run's last attempt, when it has one.
+        + [
+            (key, run[key])
+            for key in ("exit_code", "error_code", "cancel_reason")
+            if run.get(key) is not None
         ]
     )
 
@@ -45,16 +50,57 @@ def cmd_start(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"priority": args.priority}
     if args.idempotency_key is not None:
         body["idempotency_key"] = args.idempotency_key
+    timeout_s = _timeout_wait(args.timeout_wait)
+    waiting = args.wait or args.follow
+    if timeout_s is not None and not waiting:
+        raise UsageError("--timeout-wait needs --wait or --follow")
     with ApiClient.from_environment() as api:
         status, run = api.call(
             "POST", f"/projects/{seg(args.project)}/tasks/{seg(args.task)}/runs", json=body
         )
+        verb = "started" if status == 201 else "already exists"
+        if not waiting:
+            if wants_json(args):
+                output.emit_json(run)
+            else:
+                output.line(f"run {run['id']} {verb}: {run['status']}")
+            return EXIT_OK
+        # While waiting, stdout carries only the log (--follow) and the final result.
+        if not wants_json(args):
+            output.note(f"run {run['id']} {verb}: {run['status']}")
+        poller = watch.Poller(timeout_s=timeout_s)
+        if args.follow:
+            _follow(api, args, str(run["id"]), poller)
+        run = watch.wait_for_run(api, args.project, run, poller)
     if wants_json(args):
         output.emit_json(run)
     else:
-        verb = "started" if status == 201 else "already exists"
-        output.line(f"run {run['id']} {verb}: {run['status']}")
-    return EXIT_OK
+        _outcome(run)
+    return watch.outcome_exit(run)
+
+
+def _timeout_wait(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if value != value or value <= 0 or value > 10**9:  # NaN or out of range
+        raise UsageError("--timeout-wait must be a positive number of seconds")
+    return float(value)
+
+
+def _follow(api: ApiClient, args: argparse.Namespace, run_id: str, poller: watch.Poller) -> None:
+    """Stream the log while the run goes on; with --json it goes to stderr (stdout is the run)."""
+    out = sys.stderr if wants_json(args) else sys.stdout
+    try:
+        watch.print_log(api, args.project, run_id, follow=True, poller=poller, out=out)
+    except CliError as exc:
+        if exc.code != "logs_unavailable":
+            raise
+        output.note("the log is not available from this server; waiting for the outcome")
+
+
+def _outcome(run: dict[str, Any]) -> None:
+    detail = [f"{k} {run[k]}" for k in ("exit_code", "error_code") if run.get(k) is not None]
+    output.note(f"run {run['id']} {run['status']}" + (f" ({', '.join(detail)})" if detail else ""))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -119,15 +165,51 @@ def cmd_events(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    text = io.StringIO() if wants_json(args) else None
+    with ApiClient.from_environment() as api:
+        last = watch.print_log(
+            api, args.project, args.run, attempt=args.attempt, follow=args.follow, out=text
+        )
+    if text is not None:
+        output.emit_json({"run_id": args.run, **last, "data": text.getvalue()})
+    return EXIT_OK
+
+
 def register(subparsers: Subparsers) -> None:
     group: Parser = subparsers.add_parser("run", help="start and inspect runs", description="Runs.")
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     proj = project_flag()
 
-    start = add_command(actions, "start", cmd_start, "queue a run of a task's current revision", proj)
+    start = add_command(
+        actions,
+        "start",
+        cmd_start,
+        "queue a run of a task's current revision",
+        proj,
+        epilog=watch.EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     start.add_argument("task", metavar="TASK", help="task name or id")
     start.add_argument("--idempotency-key", metavar="K", help="repeating a key returns the same run")
     start.add_argument("--priority", type=int, default=0, metavar="P", help="higher runs first (default 0)")
+    start.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the run ends and exit with its outcome (see below); --json prints the final run",
+    )
+    start.add_argument(
+        "--follow",
+        action="store_true",
+        help="like --wait, and stream the run's log to stdout while it is written (stderr with --json)",
+    )
+    start.add_argument(
+        "--timeout-wait",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop waiting after S seconds with exit status 5 (default: wait as long as the run takes)",
+    )
 
     lst = add_command(actions, "list", cmd_list, "list runs, newest first (one page)", proj)
     lst.add_argument("--task", metavar="T", help="only runs of this task (name or id)")
@@ -136,6 +218,13 @@ def register(subparsers: Subparsers) -> None:
 
     show = add_command(actions, "show", cmd_show, "show one run", proj)
     show.add_argument("run", metavar="RUN", help="run id")
+
+    logs = add_command(actions, "logs", cmd_logs, "print the output of the run's latest attempt", proj)
+    logs.add_argument("run", metavar="RUN", help="run id")
+    logs.add_argument(
+        "--follow", "-f", action="store_true", help="keep printing new output until the run has ended"
+    )
+    logs.add_argument("--attempt", type=positive_int, default=None, metavar="N", help="attempt N instead")
 
     events = add_command(actions, "events", cmd_events, "the run's event log", proj)
     events.add_argument("run", metavar="RUN", help="run id")

@@ -110,7 +110,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         runtime = build_standalone_runtime(
             prepared.db, prepared.credentials.parent, profile=args.profile, slots=args.slots
         )
-        app = create_app(prepared.db, lifecycle=[runtime])
+        logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
+        app = create_app(prepared.db, lifecycle=[runtime], logs_root=logs_root)
         config = uvicorn.Config(
             app,
             host=host,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Protocol
 
 from fastapi import FastAPI
@@ -17,7 +18,7 @@ from ql3.http import errors
 from ql3.http.auth import DbDep
 from ql3.http.dto import Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll
-from ql3.http.routes import projects, runs, tasks
+from ql3.http.routes import projects, runs, tasks, workers
 from ql3.ports.storage import Database, Transaction
 
 log = logging.getLogger("ql3.http")
@@ -42,8 +43,14 @@ def _stop_all(started: list[Lifecycle]) -> None:
             )
 
 
-def create_app(db: Database, *, lifecycle: Sequence[Lifecycle] = ()) -> FastAPI:
-    """Build the API over ``db``; ``lifecycle`` components run while the app is being served."""
+def create_app(
+    db: Database, *, lifecycle: Sequence[Lifecycle] = (), logs_root: Path | None = None
+) -> FastAPI:
+    """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
+
+    ``logs_root`` is the directory of the per-attempt log files this server can read (the embedded
+    worker's); without it the logs route answers ``logs_unavailable``.
+    """
     components = tuple(lifecycle)
 
     @asynccontextmanager
@@ -67,6 +74,7 @@ def create_app(db: Database, *, lifecycle: Sequence[Lifecycle] = ()) -> FastAPI:
         redoc_url=None,
     )
     app.state.db = db
+    app.state.logs_root = logs_root
     errors.install(app)
     # Starlette wraps later additions around earlier ones: CatchAll is outermost.
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
@@ -90,7 +98,7 @@ def create_app(db: Database, *, lifecycle: Sequence[Lifecycle] = ()) -> FastAPI:
             return JSONResponse(errors.error_body(exc.code, exc.message), status_code=503)
         return Status(status="ready")
 
-    for router in (projects.router, tasks.router, runs.router):
+    for router in (projects.router, tasks.router, runs.router, workers.router):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     app.include_router(console.router)
     return app

@@ -153,6 +153,33 @@ class EventPage(BaseModel):
     next_after: int | None
 
 
+class LogPage(BaseModel):
+    """One page of an attempt's log; ask again with ``offset=next_offset``."""
+
+    attempt: int | None
+    offset: int
+    next_offset: int
+    data: str
+    eof: bool
+    complete: bool
+
+
+class WorkerOut(BaseModel):
+    id: str
+    status: str
+    generation: int
+    max_concurrent_runs: int
+    active_runs: int
+    labels: dict[str, str]
+    executors: list[str]
+    last_heartbeat_at_ms: int
+
+
+class WorkerPage(BaseModel):
+    items: list[WorkerOut]
+    next_after: str | None
+
+
 class ProjectOut(BaseModel):
     id: str
     name: str

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,6 +49,7 @@ class WorkerConfig:
     run_lease_ms: int = 30_000
     log_cap_bytes: int = 16 * 1024 * 1024
     journal_capacity: int = 64
+    intake_threads: int = 2
 
     def __post_init__(self) -> None:
         validate_worker_id(self.worker_id)
@@ -55,6 +57,8 @@ class WorkerConfig:
             raise ValidationFailed("slots must be 1-1024", field="slots")
         if not 1 <= self.journal_capacity <= 1024 or self.journal_capacity < self.slots:
             raise ValidationFailed("journal capacity must cover the slots and be at most 1024")
+        if not 1 <= self.intake_threads <= 16:
+            raise ValidationFailed("intake_threads must be 1-16", field="intake_threads")
         if not 5_000 <= self.run_lease_ms <= 600_000 or not 5_000 <= self.session_lease_ms <= 600_000:
             raise ValidationFailed("lease durations must be 5 s - 10 min")
 
@@ -113,6 +117,7 @@ class WorkerAgent:
         self._active: dict[str, _Active] = {}
         self._journal: WorkerJournal | None = None
         self._watcher = ExitWatcher(self._on_exit)
+        self._intake: ThreadPoolExecutor | None = None
         self.session: SessionInfo | None = None
         self.on_settled: Callable[[str], None] = lambda attempt_id: None
 
@@ -144,9 +149,13 @@ class WorkerAgent:
         self._save_session_id(self.session.session_id)
         self._watcher.start()
         self.reconcile()
+        self._intake = ThreadPoolExecutor(self.config.intake_threads, thread_name_prefix="ql3-intake")
 
     def stop(self) -> None:
         """Processes keep running: they are re-adopted by the next start."""
+        if self._intake is not None:
+            self._intake.shutdown(wait=True, cancel_futures=False)
+            self._intake = None
         self._watcher.stop()
         if self._journal is not None:
             self._journal.close()
@@ -179,6 +188,21 @@ class WorkerAgent:
             return len(self._active)
 
     # -- intake: the crash barrier ----------------------------------------------------------------
+
+    def submit(self, offer: Offer) -> None:
+        """Hand an offer to the intake threads (spawns overlap with the dispatcher's next claim).
+        The queue is bounded by the worker's slots: every offer holds a lease counted against them."""
+        if self._intake is None:
+            raise ValidationFailed("worker not started")
+        self._intake.submit(self._receive_logged, offer)
+
+    def _receive_logged(self, offer: Offer) -> None:
+        try:
+            self.receive(offer)
+        except Exception as exc:  # the lease stays; recovery or expiry decides, never a blind retry
+            log.warning(
+                "offer intake failed", extra={"action": "worker.intake_failed", "error": type(exc).__name__}
+            )
 
     def receive(self, offer: Offer) -> str:
         """Verify, journal and start one offer. Returns the journal state it reached."""

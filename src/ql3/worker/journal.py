@@ -322,7 +322,10 @@ class WorkerJournal:
     """The single-owner local journal of one worker host.
 
     Every method is thread-safe (one lock, one connection) and every write is one short
-    ``BEGIN IMMEDIATE`` transaction with ``synchronous=FULL``, so a returned write survives power loss.
+    ``BEGIN IMMEDIATE`` transaction. Every write survives a crash of the process; the ``launching``
+    barrier (written before every spawn) is committed with ``synchronous=FULL``, so it and every
+    write before it also survive power loss. Later states are re-derivable after a power loss: the
+    process died with the machine, and its handle proves that.
     Build it with :meth:`open`; release it with :meth:`close`.
     """
 
@@ -479,7 +482,7 @@ class WorkerJournal:
         if recovery_reason is not None and recovery_reason not in RECOVERY_REASONS:
             raise JournalInvalid(reason="recovery_reason_invalid")
 
-        with self._transaction(write=True) as conn:
+        with self._transaction(write=True, durable=to_state == "launching") as conn:
             row = conn.execute(_SELECT_ONE, (offer_id,)).fetchone()
             if row is None:
                 raise JournalConflict(reason="not_found")
@@ -684,13 +687,18 @@ class WorkerJournal:
         return max(now, floor)
 
     @contextmanager
-    def _transaction(self, *, write: bool) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, *, write: bool, durable: bool = False) -> Iterator[sqlite3.Connection]:
         with self._mutex:
             conn = self._owned_connection()
             try:
+                if durable:
+                    # The crash barrier itself: fsync the WAL (and every earlier frame) at this commit.
+                    conn.execute("PRAGMA synchronous = FULL")
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 yield conn
                 conn.execute("COMMIT")
+                if durable:
+                    conn.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.Error as exc:
                 _rollback(conn)
                 raise JournalUnavailable() from exc
@@ -869,7 +877,9 @@ def _connect(path: Path) -> sqlite3.Connection:
         (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
         if str(mode).lower() != "wal":
             raise JournalUnavailable(reason="wal_unavailable")
-        conn.execute("PRAGMA synchronous = FULL")
+        # NORMAL survives a crash of the process; the launching barrier upgrades its own commit to FULL
+        # so it also survives power loss (see _transaction).
+        conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA trusted_schema = OFF")
         _migrate(conn)
         for suffix in ("-wal", "-shm"):

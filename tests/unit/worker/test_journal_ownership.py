@@ -153,10 +153,31 @@ def test_an_existing_wider_file_is_tightened_to_0600(path: Path) -> None:
         assert journal.get("offer-1") is not None
 
 
-def test_the_file_is_a_wal_database_written_with_synchronous_full(journal: WorkerJournal, path: Path) -> None:
-    journal.accept(_offer())
+def test_the_file_is_a_wal_database_and_only_the_launching_barrier_is_fsynced(
+    journal: WorkerJournal, path: Path
+) -> None:
+    # Given a trace of every statement the journal sends to SQLite
+    statements: list[str] = []
+    journal._conn.set_trace_callback(statements.append)
 
-    assert journal._conn.execute("PRAGMA synchronous").fetchone() == (2,)
+    # When an offer is accepted, acknowledged and then crosses the launching barrier
+    record = journal.accept(_offer()).record
+    record = journal.advance(record.offer_id, expected_revision=record.revision, to_state="starting_acknowledged")
+    before_barrier = len(statements)
+    journal.advance(
+        record.offer_id,
+        expected_revision=record.revision,
+        to_state="launching",
+        completion_callback_sequence=1,
+        completion_token_digest="a" * 64,
+        log_artifact_id="artifact-1",
+    )
+
+    # Then only the barrier's commit ran under synchronous=FULL, and the file is a WAL database
+    assert not any("synchronous = FULL" in s for s in statements[:before_barrier])
+    barrier = statements[before_barrier:]
+    assert barrier[0] == "PRAGMA synchronous = FULL" and barrier[-1] == "PRAGMA synchronous = NORMAL"
+    assert journal._conn.execute("PRAGMA synchronous").fetchone() == (1,)
     probe = sqlite3.connect(path)
     try:
         assert probe.execute("PRAGMA journal_mode").fetchone() == ("wal",)

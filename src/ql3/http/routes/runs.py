@@ -1,21 +1,34 @@
-"""Runs: keyset-paginated list, show, and the event log."""
+"""Runs: keyset-paginated list, show, the event log and the attempt's log."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query, Request
 
-from ql3.application import auth, runs, tasks
+from ql3.application import auth, rows, runs, tasks
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
+from ql3.domain.model import Attempt
+from ql3.domain.states import is_run_terminal
+from ql3.http import logs
 from ql3.http.auth import DbDep, PrincipalDep
-from ql3.http.dto import EventPage, RunOut, RunPage, event_out, run_out
+from ql3.http.dto import EventPage, LogPage, RunOut, RunPage, event_out, run_out
 from ql3.ports.storage import Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}/runs", tags=["runs"])
 
 MAX_EVENT_PAGE = 500
+MAX_ATTEMPTS_LISTED = 64  # what the attempt_list query returns at most
+
+
+def get_logs_root(request: Request) -> Path | None:
+    root: Path | None = getattr(request.app.state, "logs_root", None)
+    return root
+
+
+LogsRootDep = Annotated[Path | None, Depends(get_logs_root)]
 
 
 def _run_id(run_id: str) -> str:
@@ -70,3 +83,51 @@ def list_events(
         return EventPage(items=[event_out(e) for e in events], next_after=next_after)
 
     return db.transaction(unit, write=False)
+
+
+def _attempt(tx: Transaction, run_id: str, number: int | None) -> Attempt | None:
+    if number is None:
+        return runs.latest_attempt(tx, run_id)
+    for row in tx.all("attempt_list", {"run_id": run_id}):
+        if int(row["attempt"]) == number:
+            return rows.attempt(row)
+    raise NotFound("attempt not found")
+
+
+@router.get("/{run_id}/logs", response_model=LogPage)
+def read_logs(
+    project: str,
+    run_id: str,
+    db: DbDep,
+    principal: PrincipalDep,
+    logs_root: LogsRootDep,
+    offset: Annotated[int, Query(ge=0, le=2**62, description="the next_offset of the previous page")] = 0,
+    max_bytes: Annotated[int, Query(ge=1, le=logs.MAX_LOG_PAGE)] = logs.DEFAULT_LOG_PAGE,
+    attempt: Annotated[
+        int | None, Query(ge=1, le=MAX_ATTEMPTS_LISTED, description="default: the latest attempt")
+    ] = None,
+) -> LogPage:
+    """A page of the attempt's output (UTF-8, invalid bytes replaced). Poll with ``offset=next_offset``;
+    ``complete`` means the run is terminal and no more bytes follow."""
+
+    def unit(tx: Transaction) -> tuple[bool, Attempt | None]:
+        found = auth.authorize(tx, principal, project, "run.read")
+        run = runs.get_run(tx, found.id, _run_id(run_id))
+        return is_run_terminal(run.status), _attempt(tx, run.id, attempt)
+
+    # The status is read before the file: when the run was terminal then, the log was already whole.
+    terminal, chosen = db.transaction(unit, write=False)
+    if logs_root is None:
+        raise logs.LogsUnavailable()
+    if chosen is None:
+        return LogPage(attempt=None, offset=offset, next_offset=offset, data="", eof=True, complete=terminal)
+    chunk = logs.read_chunk(logs_root, chosen.log_artifact_id or chosen.id, offset, max_bytes)
+    text, next_offset = logs.split_text(chunk, final=terminal and chunk.eof)
+    return LogPage(
+        attempt=chosen.attempt,
+        offset=offset,
+        next_offset=next_offset,
+        data=text,
+        eof=chunk.eof,  # a character still being written is held back, but nothing else follows yet
+        complete=terminal and chunk.eof,  # a terminal run's last page is never held back
+    )

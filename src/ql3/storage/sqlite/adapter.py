@@ -80,6 +80,9 @@ class SqliteDatabase:
         self._all_lock = threading.Lock()
         self._queries = catalogue("sqlite")
         self.notifier = LocalNotifier()
+        # Writers of this process queue on a lock instead of on SQLITE_BUSY, whose busy handler
+        # sleeps in coarse steps; busy_timeout then only arbitrates between processes.
+        self._write_lock = threading.Lock()
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -99,6 +102,12 @@ class SqliteDatabase:
         return conn
 
     def transaction(self, fn: Callable[[Transaction], T], *, write: bool = True) -> T:
+        if write:
+            with self._write_lock:
+                return self._transaction(fn, write=True)
+        return self._transaction(fn, write=False)
+
+    def _transaction(self, fn: Callable[[Transaction], T], *, write: bool) -> T:
         conn = self._conn()
         for attempt in range(MAX_BUSY_RETRIES):
             tx = SqliteTransaction(conn, self.clock, self._queries)

@@ -1,0 +1,64 @@
+"""``ql3 worker list`` and ``ql3 worker drain``."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+
+from ql3.cli import output
+from ql3.cli.client import ApiClient, seg
+from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json
+from ql3.cli.errors import EXIT_OK
+
+
+def _when(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, page = api.call("GET", f"/projects/{seg(args.project)}/workers", params={"after": args.after})
+    if wants_json(args):
+        output.emit_json(page)
+        return EXIT_OK
+    output.table(
+        ("ID", "STATUS", "GEN", "RUNS", "SLOTS", "LABELS", "HEARTBEAT"),
+        [
+            (
+                w["id"],
+                w["status"],
+                w["generation"],
+                w["active_runs"],
+                w["max_concurrent_runs"],
+                ",".join(f"{k}={v}" for k, v in sorted(w.get("labels", {}).items())) or None,
+                _when(w.get("last_heartbeat_at_ms")),
+            )
+            for w in page["items"]
+        ],
+    )
+    if page.get("next_after"):
+        output.note(f"more: ql3 worker list --after {page['next_after']}")
+    return EXIT_OK
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, worker = api.call("POST", f"/workers/{seg(args.worker)}/drain")
+    if wants_json(args):
+        output.emit_json(worker)
+    else:
+        output.line(f"worker {worker['id']} {worker['status']}: it gets no new runs; its runs go on")
+    return EXIT_OK
+
+
+def register(subparsers: Subparsers) -> None:
+    group: Parser = subparsers.add_parser("worker", help="inspect and drain workers", description="Workers.")
+    actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
+    lst = add_command(actions, "list", cmd_list, "list the registered workers (one page)", project_flag())
+    lst.add_argument("--after", default=None, metavar="ID", help="the next_after of the previous page")
+    drain = add_command(
+        actions, "drain", cmd_drain, "stop giving a worker new runs (owner or admin of default)"
+    )
+    drain.add_argument("worker", metavar="ID", help="worker id")

@@ -1,0 +1,101 @@
+-- Durable cancellation dispatch (ADR-0005): claim/backoff rows, the supervisor's sources, management reads.
+
+-- name: cancel_dispatch_get
+SELECT * FROM cancellation_dispatches WHERE run_id = :run_id
+
+-- name: cancel_dispatch_get_in_project
+SELECT * FROM cancellation_dispatches WHERE run_id = :run_id AND project_id = :project_id
+
+-- name: cancel_dispatch_insert
+INSERT INTO cancellation_dispatches (run_id, attempt_id, project_id, status, version, dispatch_count,
+  next_attempt_at_ms, created_at_ms, updated_at_ms)
+VALUES (:run_id, :attempt_id, :project_id, 'pending', 0, 0, :next_attempt_at_ms, :now, :now)
+
+-- name: cancel_dispatch_lease
+UPDATE cancellation_dispatches SET status = 'leased', version = version + 1, dispatch_count = dispatch_count + 1,
+  next_attempt_at_ms = NULL, lease_owner = :owner, lease_token_digest = :lease_token_digest,
+  lease_expires_at_ms = :lease_expires_at_ms, updated_at_ms = :now
+WHERE run_id = :run_id AND version = :expected_version AND status IN ('pending', 'retry_wait', 'leased')
+
+-- name: cancel_dispatch_settle
+UPDATE cancellation_dispatches SET status = :status, version = version + 1, next_attempt_at_ms = :next_attempt_at_ms,
+  lease_owner = NULL, lease_token_digest = NULL, lease_expires_at_ms = NULL, last_result = :result,
+  last_dispatched_at_ms = :last_dispatched_at_ms, updated_at_ms = :now
+WHERE run_id = :run_id AND version = :expected_version AND status = 'leased'
+
+-- name: cancel_dispatch_rearm
+UPDATE cancellation_dispatches SET status = 'retry_wait', version = version + 1,
+  next_attempt_at_ms = :next_attempt_at_ms, updated_at_ms = :now
+WHERE run_id = :run_id AND project_id = :project_id AND version = :expected_version AND status = 'blocked'
+  AND last_result = :expected_last_result
+
+-- name: cancel_active_attempts
+SELECT * FROM run_attempts WHERE run_id = :run_id AND status IN ('claimed', 'starting', 'running')
+ORDER BY attempt LIMIT 2
+
+-- name: cancel_intent_first
+SELECT r.id AS run_id, r.cancel_requested_at_ms FROM runs r
+LEFT JOIN cancellation_dispatches d ON d.run_id = r.id
+WHERE r.cancel_requested_at_ms IS NOT NULL
+  AND r.status IN ('created', 'queued', 'dispatching', 'running', 'waiting_approval', 'retry_wait', 'lost')
+  AND (d.run_id IS NULL
+       OR (d.status IN ('pending', 'retry_wait') AND d.next_attempt_at_ms <= :now)
+       OR (d.status = 'leased' AND d.lease_expires_at_ms <= :now))
+ORDER BY r.cancel_requested_at_ms, r.id LIMIT :limit
+
+-- name: cancel_intent_after
+SELECT r.id AS run_id, r.cancel_requested_at_ms FROM runs r
+LEFT JOIN cancellation_dispatches d ON d.run_id = r.id
+WHERE r.cancel_requested_at_ms IS NOT NULL
+  AND r.status IN ('created', 'queued', 'dispatching', 'running', 'waiting_approval', 'retry_wait', 'lost')
+  AND (r.cancel_requested_at_ms > :c_ms OR (r.cancel_requested_at_ms = :c_ms AND r.id > :c_id))
+  AND (d.run_id IS NULL
+       OR (d.status IN ('pending', 'retry_wait') AND d.next_attempt_at_ms <= :now)
+       OR (d.status = 'leased' AND d.lease_expires_at_ms <= :now))
+ORDER BY r.cancel_requested_at_ms, r.id LIMIT :limit
+
+-- name: cancel_timeout_page
+SELECT a.id AS attempt_id, a.run_id, r.project_id, a.deadline_at_ms FROM run_attempts a
+JOIN runs r ON r.id = a.run_id
+WHERE a.status IN ('starting', 'running') AND a.deadline_at_ms IS NOT NULL AND a.deadline_at_ms <= :now
+  AND r.cancel_requested_at_ms IS NULL
+ORDER BY a.deadline_at_ms, a.id LIMIT :limit
+
+-- name: cancel_summary_counts
+SELECT d.status, d.last_result, count(*) AS n,
+  sum(CASE WHEN d.status IN ('pending', 'retry_wait') AND d.next_attempt_at_ms <= :now THEN 1 ELSE 0 END) AS due,
+  sum(CASE WHEN d.status = 'leased' AND d.lease_expires_at_ms <= :now THEN 1 ELSE 0 END) AS expired,
+  min(CASE WHEN d.status = 'blocked' THEN d.updated_at_ms END) AS oldest_blocked
+FROM cancellation_dispatches d
+JOIN runs r ON r.project_id = d.project_id AND r.id = d.run_id
+WHERE d.project_id = :project_id
+  AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+GROUP BY d.status, d.last_result
+ORDER BY d.status, d.last_result LIMIT 64
+
+-- name: cancel_blocked_first
+SELECT d.run_id, d.updated_at_ms FROM cancellation_dispatches d
+JOIN runs r ON r.project_id = d.project_id AND r.id = d.run_id
+WHERE d.project_id = :project_id AND d.status = 'blocked' AND d.updated_at_ms <= :snapshot_at_ms
+  AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+ORDER BY d.updated_at_ms, d.run_id LIMIT :limit
+
+-- name: cancel_blocked_after
+SELECT d.run_id, d.updated_at_ms FROM cancellation_dispatches d
+JOIN runs r ON r.project_id = d.project_id AND r.id = d.run_id
+WHERE d.project_id = :project_id AND d.status = 'blocked' AND d.updated_at_ms <= :snapshot_at_ms
+  AND (d.updated_at_ms > :c_blocked_at_ms OR (d.updated_at_ms = :c_blocked_at_ms AND d.run_id > :c_run_id))
+  AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+ORDER BY d.updated_at_ms, d.run_id LIMIT :limit
+
+-- name: cancel_audit_insert
+INSERT INTO cancellation_audit (id, project_id, run_id, principal_id, operation, mutation_id, created_at_ms,
+  payload_json)
+VALUES (:id, :project_id, :run_id, :principal_id, :operation, :mutation_id, :now, :payload_json)
+
+-- name: cancel_audit_by_mutation
+SELECT * FROM cancellation_audit WHERE project_id = :project_id AND operation = :operation
+  AND mutation_id = :mutation_id
+
+-- name: cancel_event_by_dedupe
+SELECT * FROM run_events WHERE run_id = :run_id AND dedupe_key = :dedupe_key
