@@ -76,7 +76,17 @@ def claim(db: Any, run_id: str, owner: str = "sup-a", token: str | None = None, 
     )
 
 
-def record(db: Any, outcome: Any, result: str, *, owner: str = "sup-a", token: str | None = None) -> Any:
+def record(
+    db: Any,
+    outcome: Any,
+    result: str,
+    *,
+    owner: str = "sup-a",
+    token: str | None = None,
+    controller_ran: bool = True,
+    retry_base_ms: int = 1_000,
+    retry_max_ms: int = 60_000,
+) -> Any:
     return db.transaction(
         lambda tx: cancellation.record_result(
             tx,
@@ -86,9 +96,9 @@ def record(db: Any, outcome: Any, result: str, *, owner: str = "sup-a", token: s
             token=token if token is not None else outcome.token,
             expected_version=outcome.dispatch_version,
             result=result,
-            controller_ran=True,
-            retry_base_ms=1_000,
-            retry_max_ms=60_000,
+            controller_ran=controller_ran,
+            retry_base_ms=retry_base_ms,
+            retry_max_ms=retry_max_ms,
         )
     )
 

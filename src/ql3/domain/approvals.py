@@ -96,7 +96,7 @@ APPROVAL_TRANSITIONS: Final[dict[tuple[str, int], tuple[tuple[str, int], ...]]] 
 EXECUTION_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "pending": frozenset({"leased"}),
     "leased": frozenset({"leased", "retry_wait", "blocked", "executing"}),
-    "retry_wait": frozenset({"leased"}),
+    "retry_wait": frozenset({"leased", "blocked"}),
     "executing": frozenset({"executing", "succeeded", "failed", "blocked"}),
     "succeeded": frozenset(),
     "failed": frozenset(),
@@ -308,6 +308,7 @@ class ExecutionFence:
     token: str = field(repr=False)
     version: int
     attempt: int
+    started_at_ms: int | None = None
 
 
 # -- digests ------------------------------------------------------------------------------------
