@@ -48,8 +48,8 @@ def open_database(url: str) -> ManagedDatabase:
 
 PROFILES: dict[str, dict[str, float]] = {
     # backstop cadences in seconds: how long an idle loop sleeps when nothing wakes it
-    "edge": {"dispatch": 30.0, "expiry": 30.0, "maintain": 10.0},
-    "standalone": {"dispatch": 5.0, "expiry": 5.0, "maintain": 10.0},
+    "edge": {"dispatch": 30.0, "expiry": 30.0, "maintain": 10.0, "cron": 60.0, "cron_page": 4},
+    "standalone": {"dispatch": 5.0, "expiry": 5.0, "maintain": 10.0, "cron": 30.0, "cron_page": 16},
 }
 
 
@@ -108,7 +108,8 @@ def build_standalone_runtime(
     import socket
     import time
 
-    from ql3.application import leases
+    from ql3.application import leases, schedules
+    from ql3.application.cron import CronScheduler
     from ql3.application.dispatcher import RunDispatcher
     from ql3.application.gateway import InProcessControlPlane
     from ql3.application.lifecycle import LifecycleRunner
@@ -148,6 +149,17 @@ def build_standalone_runtime(
             did = True
         return did
 
+    scheduler = CronScheduler(db, page=int(cadence["cron_page"]))
+
+    def cron_cycle() -> bool:
+        return len(scheduler.schedule_once().decisions) >= int(cadence["cron_page"])
+
+    def cron_wait(backstop_s: float) -> bool:
+        # Sleep until the earliest occurrence (or a task change), never longer than the backstop.
+        earliest = db.transaction(schedules.earliest_fire_at, write=False)
+        delay = backstop_s if earliest is None else max(0.0, (earliest - clock()) / 1000)
+        return db.wait_for("schedules", min(backstop_s, delay + 0.001))
+
     worker.on_settled = lambda attempt_id: notifier.notify("runs")
     loops = [
         LifecycleRunner(
@@ -170,6 +182,13 @@ def build_standalone_runtime(
             wake=lambda t: db.wait_for("retries", t),
             backstop_s=cadence["expiry"],
             interrupt=lambda: notifier.notify("retries"),
+        ),
+        LifecycleRunner(
+            "cron",
+            cron_cycle,
+            wake=cron_wait,
+            backstop_s=cadence["cron"],
+            interrupt=lambda: notifier.notify("schedules"),
         ),
     ]
     return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ql3.application import rows
+from ql3.application.schedules import sync_schedule
 from ql3.domain.errors import Conflict, NameTaken, NotFound, ValidationFailed
 from ql3.domain.ids import is_id, new_id
 from ql3.domain.model import Task, TaskRevision
@@ -76,7 +77,9 @@ def create_task(
     if inserted != 1:
         raise NameTaken()
     _insert_revision(tx, task_id, 1, spec)
-    return view(tx, find_task(tx, project_id, task_id))
+    created = view(tx, find_task(tx, project_id, task_id))
+    sync_schedule(tx, created)
+    return created
 
 
 def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, Any]) -> TaskView:
@@ -92,7 +95,9 @@ def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, 
     new_revision = current.task.revision + 1
     _insert_revision(tx, current.task.id, new_revision, spec)
     _update(tx, current.task, replace(current.task, revision=new_revision))
-    return view(tx, find_task(tx, project_id, current.task.id))
+    edited = view(tx, find_task(tx, project_id, current.task.id))
+    sync_schedule(tx, edited)
+    return edited
 
 
 def _update(tx: Transaction, current: Task, new: Task) -> None:
@@ -115,13 +120,16 @@ def set_enabled(tx: Transaction, project_id: str, ref: str, enabled: bool) -> Ta
     task = find_task(tx, project_id, ref)
     if task.enabled != enabled:
         _update(tx, task, replace(task, enabled=enabled))
-    return view(tx, find_task(tx, project_id, task.id))
+    changed = view(tx, find_task(tx, project_id, task.id))
+    sync_schedule(tx, changed)
+    return changed
 
 
 def delete_task(tx: Transaction, project_id: str, ref: str) -> Task:
     """Soft delete: runs keep their pinned revisions; the name becomes free again."""
     task = find_task(tx, project_id, ref)
     tx.run("task_delete", {"id": task.id, "now": tx.now_ms()})
+    tx.run("schedule_delete", {"task_id": task.id})
     return task
 
 

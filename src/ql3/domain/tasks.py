@@ -53,6 +53,7 @@ class TaskSpec:
     approval: Literal["none", "required"] = "none"
     max_attempts: int = 1
     executor: str = "local_process"
+    misfire: Literal["skip", "fire_once"] = "skip"
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
@@ -174,6 +175,9 @@ def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
     approval = raw.get("approval", "none")
     if approval not in ("none", "required"):
         raise ValidationFailed("invalid approval", field="approval")
+    misfire = raw.get("misfire", "skip")
+    if misfire not in ("skip", "fire_once"):
+        raise ValidationFailed("invalid misfire policy", field="misfire")
     executor = raw.get("executor", "local_process")
     if executor != "local_process":
         raise ValidationFailed("unsupported executor", field="executor")
@@ -191,6 +195,7 @@ def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
         approval=approval,
         max_attempts=_int(raw.get("max_attempts", 1), "max_attempts", 1, MAX_ATTEMPTS),
         executor=executor,
+        misfire=misfire,
     )
 
 
@@ -213,4 +218,5 @@ def public_spec(spec: TaskSpec) -> dict[str, Any]:
         "approval": spec.approval,
         "max_attempts": spec.max_attempts,
         "executor": spec.executor,
+        "misfire": spec.misfire,
     }

@@ -11,3 +11,6 @@ SELECT * FROM run_leases WHERE attempt_id = :attempt_id FOR UPDATE
 
 -- name: worker_lock
 SELECT * FROM workers WHERE worker_id = :worker_id FOR UPDATE
+
+-- name: schedule_lock
+SELECT * FROM task_schedules WHERE task_id = :task_id FOR UPDATE

@@ -1,0 +1,110 @@
+"""Cron admission (ADR-0103): a persisted cursor per task, explicit misfire policy, idempotent runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Final
+
+from ql3.application import rows, tasks
+from ql3.application.runs import CreateRun, create_run
+from ql3.application.schedules import cron_key
+from ql3.domain.errors import ValidationFailed
+from ql3.domain.model import Task
+from ql3.domain.tasks import next_fire_ms
+from ql3.ports.storage import Database, Transaction
+
+HARD_PAGE: Final = 256
+MAX_GRACE_MS: Final = 5 * 60 * 1000
+MAX_ACTIVE_SCAN: Final = 64
+
+
+@dataclass(slots=True)
+class ScheduleReport:
+    admitted: int = 0
+    skipped_overlap: int = 0
+    skipped_misfire: int = 0
+    raced: int = 0
+    decisions: list[str] = field(default_factory=list)
+
+
+class CronScheduler:
+    """``schedule_once()`` handles one bounded page of due schedules; it never creates timers."""
+
+    def __init__(self, db: Database, *, page: int = 16, grace_ms: int = MAX_GRACE_MS) -> None:
+        if not 1 <= page <= HARD_PAGE:
+            raise ValidationFailed(f"cron page must be 1-{HARD_PAGE}", field="page")
+        if not 0 <= grace_ms <= MAX_GRACE_MS:
+            raise ValidationFailed("cron grace must be 0-5 min", field="grace_ms")
+        self._db = db
+        self._page = page
+        self._grace_ms = grace_ms
+
+    def schedule_once(self) -> ScheduleReport:
+        report = ScheduleReport()
+        due = self._db.transaction(
+            lambda tx: tx.all("schedule_due_page", {"now": tx.now_ms(), "limit": self._page}), write=False
+        )
+        for row in due:
+            decision = self._db.transaction(partial(self._decide, task_id=row["task_id"]))
+            report.decisions.append(decision)
+            if decision == "admitted":
+                report.admitted += 1
+            elif decision == "skipped_overlap":
+                report.skipped_overlap += 1
+            elif decision == "skipped_misfire":
+                report.skipped_misfire += 1
+            else:
+                report.raced += 1
+        return report
+
+    def _decide(self, tx: Transaction, task_id: str) -> str:
+        """One atomic decision: re-read everything, then run + cursor move commit together."""
+        sched = tx.one("schedule_lock", {"task_id": task_id})
+        now = tx.now_ms()
+        if sched is None or sched["next_fire_at_ms"] is None or int(sched["next_fire_at_ms"]) > now:
+            return "raced"
+        task_row = tx.one("task_get_any", {"id": task_id})
+        if task_row is None or task_row["deleted_at_ms"] is not None or not task_row["enabled"]:
+            tx.run("schedule_delete", {"task_id": task_id})
+            return "raced"
+        task = rows.task(task_row)
+        if task.revision != int(sched["task_revision"]):
+            return "raced"
+        expr = str(sched["cron_expr"])
+        fire_at = int(sched["next_fire_at_ms"])
+        view = tasks.view(tx, task)
+        on_time = now - fire_at <= self._grace_ms
+        admit = on_time or view.spec.misfire == "fire_once"
+        decision = "skipped_misfire"
+        if admit:
+            decision = self._admit(tx, task, view, fire_at)
+        # Jump past now: missed occurrences beyond the one admitted are never replayed.
+        tx.run(
+            "schedule_advance",
+            {
+                "task_id": task_id,
+                "expected_version": sched["state_version"],
+                "next_fire_at_ms": next_fire_ms(expr, max(now, fire_at)),
+                "last_scheduled_at_ms": fire_at,
+                "now": now,
+            },
+        )
+        return decision
+
+    def _admit(self, tx: Transaction, task: Task, view: tasks.TaskView, fire_at: int) -> str:
+        if view.spec.overlap == "skip" and tx.all("task_active_runs", {"task_id": task.id, "limit": 1}):
+            return "skipped_overlap"
+        create_run(
+            tx,
+            CreateRun(
+                project_id=task.project_id,
+                task=task,
+                trigger_type="cron",
+                trigger_id=task.id,
+                idempotency_key=cron_key(task.id, task.revision, fire_at),
+                scheduled_for_ms=fire_at,
+                actor_type="scheduler",
+            ),
+        )
+        return "admitted"

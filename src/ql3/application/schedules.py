@@ -1,0 +1,53 @@
+"""The cron cursor of each task, kept in step with task changes (written in the same transaction)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ql3.domain.tasks import next_fire_ms
+from ql3.ports.storage import Transaction
+
+if TYPE_CHECKING:
+    from ql3.application.tasks import TaskView
+
+
+def cron_key(task_id: str, revision: int, scheduled_for_ms: int) -> str:
+    return f"ql3:cron:v1:{task_id}:{revision}:{scheduled_for_ms}"
+
+
+def sync_schedule(tx: Transaction, view: TaskView) -> None:
+    """Keep the task's schedule row in step with its current revision and enabled flag.
+
+    A new or changed schedule starts at the change time: it never invents past occurrences.
+    """
+    task = view.task
+    tx.notify("schedules")
+    if not task.enabled or view.spec.cron is None:
+        tx.run("schedule_delete", {"task_id": task.id})
+        return
+    current = tx.one("schedule_get", {"task_id": task.id})
+    if current is not None and int(current["task_revision"]) == task.revision and current["next_fire_at_ms"]:
+        return
+    now = tx.now_ms()
+    tx.run(
+        "schedule_upsert",
+        {
+            "task_id": task.id,
+            "project_id": task.project_id,
+            "task_revision": task.revision,
+            "cron_expr": view.spec.cron,
+            "next_fire_at_ms": next_fire_ms(view.spec.cron, now),
+            "now": now,
+        },
+    )
+
+
+def earliest_fire_at(tx: Transaction) -> int | None:
+    """The next due time over all schedules (one index lookup), for the scheduler's idle wait."""
+    row = tx.one("schedule_earliest")
+    return int(row["next_fire_at_ms"]) if row and row["next_fire_at_ms"] is not None else None
+
+
+def next_fire_at(tx: Transaction, task_id: str) -> int | None:
+    row = tx.one("schedule_get", {"task_id": task_id})
+    return int(row["next_fire_at_ms"]) if row and row["next_fire_at_ms"] is not None else None
