@@ -67,7 +67,8 @@ class ProcessController:
     4. SIGTERM goes to the group through the pidfd (``PIDFD_SIGNAL_PROCESS_GROUP``): the kernel
        resolves the group from the pinned pid itself, so PID reuse cannot redirect it, and members left
        behind by an exited leader can still be reached. On kernels without that flag the fallback is
-       ``os.killpg`` issued only while the pidfd shows the verified leader still holds its pid.
+       ``os.killpg`` issued only while the pidfd shows the verified leader still holds its pid (once
+       the leader is reaped that proof is gone, and the fallback stops signalling).
        Then every ``poll_ms`` the group is re-verified the same way (plus: any non-zombie member left?)
        until ``grace_ms`` ends, and after one last re-verification the group gets SIGKILL.
     5. No proof, no signal; a bare pid is never signalled.

@@ -166,6 +166,7 @@ class LocalLauncher:
                 argv,
                 env,
                 file_actions=[
+                    *_close_inheritable_fds(),
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                     (os.POSIX_SPAWN_DUP2, log_fd, 1),
                     (os.POSIX_SPAWN_DUP2, log_fd, 2),
@@ -326,6 +327,20 @@ def _home_directory() -> str:
         return pwd.getpwuid(os.getuid()).pw_dir or "/"
     except KeyError:
         return "/"
+
+
+def _close_inheritable_fds() -> list[tuple[int, int]]:
+    """Close actions for stray inheritable descriptors (posix_spawn has no close_fds)."""
+    actions = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                if os.get_inheritable(fd):
+                    actions.append((os.POSIX_SPAWN_CLOSE, fd))
+            except OSError:
+                pass  # closed meanwhile (it was the listdir's own descriptor, for one)
+    return actions
 
 
 def _boot_time_ms() -> int:

@@ -177,3 +177,19 @@ def test_an_argv_file_that_is_not_executable_exits_126_without_naming_it(ex: Exe
     receipt = ex.receipt("att-noexec")
     assert receipt is not None and receipt.exit_code == 126
     assert ex.log_path("att-noexec").read_text() == ""
+
+
+def test_only_stdio_reaches_the_command_even_if_the_caller_leaks_a_descriptor(ex: ExecHarness) -> None:
+    # Given a descriptor the caller made inheritable by mistake
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    try:
+        # When a command lists its open descriptors
+        ex.launch("att-fds", ArgvCommand(file="ls", args=("/proc/self/fd",)))
+        ex.wait_exit("att-fds")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+    # Then it has stdin, stdout, stderr and the descriptor ls itself opened, nothing else
+    assert ex.log_path("att-fds").read_text().split() == ["0", "1", "2", "3"]

@@ -62,8 +62,6 @@ def test_a_cooperative_group_ends_on_term_without_kill(ex: ExecHarness) -> None:
 def test_the_killpg_fallback_for_kernels_without_pidfd_group_signals(ex: ExecHarness) -> None:
     # Given a running command and a controller forced onto the pre-6.9 fallback
     launched = ex.shell("att-fallback", "sleep 300")
-    # (running the command itself: a TERM in the instant between the shim's fork and the exec is
-    # absorbed by the shim's inherited handler, and only the KILL after the grace would end it)
     assert wait_until(lambda: "sleep" in group_comms(launched.handle.pgid))
     controller = ProcessController(group_signal_via_pidfd=False)
 
