@@ -245,3 +245,34 @@ def test_late_completion_after_expiry_is_ignored(harness: Harness) -> None:
 
     assert result[0] == "already_terminal"
     assert run_of(harness.db, project, fence.run_id).status == "failed"
+
+
+def test_the_active_lease_counter_always_equals_the_leased_rows(harness: Harness) -> None:
+    # Given claims, a completion, a start failure and an expiry on one worker
+    register(harness.db, slots=8)
+    project, _, _ = queued(harness.db, n=4)
+    d = dispatcher(harness.db)
+    offers = [d.dispatch_once().offer for _ in range(4)]
+    assert all(o is not None for o in offers)
+    done, failed, expired, _kept = (o.fence for o in offers if o is not None)
+    start(harness.db, _offer_of(done))
+    harness.db.transaction(
+        lambda tx: leases.complete(tx, done, callback_sequence=1, callback_token="cb-token", exit_code=0)
+    )
+    harness.db.transaction(lambda tx: leases.ack_starting(tx, failed, deadline_at_ms=None))
+    harness.db.transaction(lambda tx: leases.ack_start_failure(tx, failed, error_code="X"))
+
+    def counter() -> tuple[int, int]:
+        w = harness.db.raw("SELECT active_leases FROM workers WHERE worker_id = 'w1'")[0]["active_leases"]
+        n = harness.db.raw("SELECT count(*) AS n FROM run_leases WHERE status = 'leased'")[0]["n"]
+        return int(w), int(n)
+
+    assert counter() == (2, 2)
+
+    # When the remaining leases expire
+    harness.advance_clock(30_001)
+    for fence in (expired, _kept):
+        harness.db.transaction(lambda tx, a=fence.attempt_id: leases.expire_lease(tx, a))
+
+    # Then the counter followed every change
+    assert counter() == (0, 0)

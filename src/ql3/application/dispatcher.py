@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -14,7 +15,7 @@ from ql3.application.tasks import get_revision
 from ql3.domain.digests import digest_equals
 from ql3.domain.errors import Ql3Error, ValidationFailed
 from ql3.domain.offers import LeaseFence, Offer, derive_lease_token, normalize_spec, offer_id, spec_digest
-from ql3.domain.tasks import build_spec
+from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
 from ql3.ports.storage import Database, Row, Transaction
 
@@ -23,6 +24,7 @@ HARD_PAGES: Final = 16
 HARD_WORKERS: Final = 64
 HARD_CLAIMS: Final = 64
 MAX_RECOVERED_MEMORY: Final = 1024
+SPEC_CACHE_SIZE: Final = 256
 
 
 class DispatchCycleError(Ql3Error):
@@ -86,6 +88,8 @@ class Candidate:
     task_revision: int
     priority: int
     queued_at_ms: int
+    attempt_id: str | None = None
+    attempt_status: str | None = None
 
 
 def _candidate(row: Row) -> Candidate:
@@ -96,15 +100,27 @@ def _candidate(row: Row) -> Candidate:
         task_revision=int(row["task_revision"]),
         priority=int(row["priority"]),
         queued_at_ms=int(row["queued_at_ms"]),
+        attempt_id=row["attempt_id"],
+        attempt_status=row["attempt_status"],
     )
+
+
+def _task_spec(tx: Transaction, task_id: str, revision: int) -> TaskSpec:
+    return build_spec(get_revision(tx, task_id, revision).spec)
 
 
 def build_plan(
     tx: Transaction, run_id: str, attempt_id: str, project_id: str, task_id: str, revision: int
-) -> tuple[dict[str, Any], Any]:
+) -> tuple[dict[str, Any], TaskSpec]:
     """Materialise the pinned revision into a validated, deep-copied ExecutionSpec (memory only)."""
-    rev = get_revision(tx, task_id, revision)
-    task_spec = build_spec(rev.spec)
+    task_spec = _task_spec(tx, task_id, revision)
+    return plan_from_spec(task_spec, run_id, attempt_id, project_id, task_id, revision), task_spec
+
+
+def plan_from_spec(
+    task_spec: TaskSpec, run_id: str, attempt_id: str, project_id: str, task_id: str, revision: int
+) -> dict[str, Any]:
+    """Validated, deep-copied ExecutionSpec with the candidate's identity forced and re-checked."""
     raw: dict[str, Any] = {
         "runId": run_id,
         "attemptId": attempt_id,
@@ -124,7 +140,7 @@ def build_plan(
     identity = (spec["runId"], spec["attemptId"], spec["projectId"], spec["taskId"], spec["taskRevision"])
     if identity != (run_id, attempt_id, project_id, task_id, str(revision)):
         raise ValidationFailed("execution spec identity drifted", field="spec")
-    return spec, task_spec
+    return spec
 
 
 class RunDispatcher:
@@ -145,9 +161,23 @@ class RunDispatcher:
         self.budget = budget or DispatchBudget()
         self._since = incarnation_started_ms
         self._recovered: set[str] = set()
+        self._specs: OrderedDict[tuple[str, int], TaskSpec] = OrderedDict()
         # Only leases acquired before this incarnation need recovery; once a full walk finds none
         # left, later walks could only find the same ones again.
         self._recovery_done = False
+
+    def _cached_spec(self, task_id: str, revision: int) -> TaskSpec:
+        """Revisions are immutable, so their parsed specs are cached (bounded, least recently used)."""
+        key = (task_id, revision)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._db.transaction(partial(_task_spec, task_id=task_id, revision=revision), write=False)
+            if len(self._specs) >= SPEC_CACHE_SIZE:
+                self._specs.popitem(last=False)
+            self._specs[key] = spec
+        else:
+            self._specs.move_to_end(key)
+        return spec
 
     def token_for(self, attempt_id: str) -> Callable[[int], str]:
         return lambda generation: derive_lease_token(self._secret, attempt_id, generation)
@@ -329,17 +359,14 @@ class RunDispatcher:
     def _try_candidate(
         self, cand: Candidate, snapshot: list[WorkerSnapshot], counters: _Counters, claims: int
     ) -> tuple[DispatchResult | None, str]:
-        attempt_row = self._db.transaction(lambda tx: latest_attempt(tx, cand.run_id), write=False)
-        if attempt_row is None or attempt_row.status != "claimed":
+        if cand.attempt_id is None or cand.attempt_status != "claimed":
             return None, "claim_raced"
-        attempt_id = attempt_row.id
+        attempt_id = cand.attempt_id
         counters.plan_calls += 1
         try:
-            spec, task_spec = self._db.transaction(
-                lambda tx: build_plan(
-                    tx, cand.run_id, attempt_id, cand.project_id, cand.task_id, cand.task_revision
-                ),
-                write=False,
+            task_spec = self._cached_spec(cand.task_id, cand.task_revision)
+            spec = plan_from_spec(
+                task_spec, cand.run_id, attempt_id, cand.project_id, cand.task_id, cand.task_revision
             )
             placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
         except Ql3Error:

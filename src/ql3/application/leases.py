@@ -53,6 +53,22 @@ def _lease(row: Row) -> Lease:
     )
 
 
+def _adjust(tx: Transaction, worker_id: str, delta: int) -> None:
+    """The worker's active-lease counter moves in the same transaction as the lease itself."""
+    tx.run("worker_leases_adjust", {"worker_id": worker_id, "delta": delta})
+
+
+def _release(tx: Transaction, lease: Lease, reason: str, now: int) -> None:
+    if (
+        tx.run(
+            "lease_release",
+            {"attempt_id": lease.attempt_id, "expected_version": lease.version, "reason": reason, "now": now},
+        )
+        == 1
+    ):
+        _adjust(tx, lease.worker_id, -1)
+
+
 def lease_digest(token: str) -> str:
     return sha256_hex(token)
 
@@ -120,6 +136,7 @@ def claim(
         generation = 1
         params["lease_token_digest"] = lease_digest(token_for_generation(generation))
         tx.run("lease_insert", params)
+        _adjust(tx, worker_id, +1)
     else:
         if existing.status == "completed" or (existing.status == "leased" and existing.expires_at_ms > now):
             return ClaimResult(status="leased" if existing.status == "leased" else "not_eligible")
@@ -128,6 +145,7 @@ def claim(
         params["expected_version"] = existing.version
         if tx.run("lease_reacquire", params) != 1:
             return ClaimResult(status="leased")
+        _adjust(tx, worker_id, +1)
     write_run(
         tx,
         run,
@@ -413,9 +431,9 @@ def _finish(
         AttemptChange(attempt=attempt, new=new_attempt),
     )
     if lease is not None and lease.status == "leased":
-        tx.run(
-            "lease_complete", {"attempt_id": lease.attempt_id, "expected_version": lease.version, "now": now}
-        )
+        params = {"attempt_id": lease.attempt_id, "expected_version": lease.version, "now": now}
+        if tx.run("lease_complete", params) == 1:
+            _adjust(tx, lease.worker_id, -1)
     tx.notify("runs")  # a slot was freed: the dispatcher may place the next candidate
 
 
@@ -536,15 +554,7 @@ def mark_lost(
         AttemptChange(attempt=attempt, new=new_attempt),
     )
     if lease is not None and lease.status == "leased":
-        tx.run(
-            "lease_release",
-            {
-                "attempt_id": attempt_id,
-                "expected_version": lease.version,
-                "reason": "lease_expired",
-                "now": now,
-            },
-        )
+        _release(tx, lease, "lease_expired", now)
     _after_lost(tx, lost_run, new_attempt, now)
     return True
 
@@ -650,15 +660,7 @@ def expire_lease(tx: Transaction, attempt_id: str) -> str:
     if lease is None or lease.status != "leased" or lease.expires_at_ms > now:
         return "noop"
     if attempt.status == "claimed":
-        tx.run(
-            "lease_release",
-            {
-                "attempt_id": attempt_id,
-                "expected_version": lease.version,
-                "reason": "lease_expired",
-                "now": now,
-            },
-        )
+        _release(tx, lease, "lease_expired", now)
         if run.status == "dispatching":
             # An unstarted claim whose lease expired returns the run to the queue; the next claim gets a
             # new lease generation (and so a new offer id).
@@ -681,10 +683,7 @@ def expire_lease(tx: Transaction, attempt_id: str) -> str:
     if attempt.status in ("starting", "running"):
         mark_lost(tx, run.id, attempt_id, error_code="LEASE_EXPIRED")
         return "lost"
-    tx.run(
-        "lease_release",
-        {"attempt_id": attempt_id, "expected_version": lease.version, "reason": "lease_expired", "now": now},
-    )
+    _release(tx, lease, "lease_expired", now)
     return "released"
 
 

@@ -91,8 +91,6 @@ class PostgresDatabase:
                 with self.pool.connection() as conn:
                     tx = PostgresTransaction(conn, self._queries)
                     with conn.transaction():
-                        if not write:
-                            conn.execute("SET TRANSACTION READ ONLY")
                         result = fn(tx)
                         for channel in sorted(tx.channels):
                             conn.execute("SELECT pg_notify(%s, '')", (f"ql3_{channel}",))

@@ -23,26 +23,31 @@ UPDATE workers SET status = :status, version = version + 1, last_heartbeat_at_ms
 WHERE worker_id = :worker_id AND session_id = :session_id AND generation = :generation AND version = :expected_version
 
 -- name: worker_list
-SELECT w.*, (SELECT count(*) FROM run_leases l WHERE l.worker_id = w.worker_id AND l.status = 'leased') AS active_leases
-FROM workers w WHERE w.worker_id > :after ORDER BY w.worker_id LIMIT :limit
+SELECT w.* FROM workers w WHERE w.worker_id > :after ORDER BY w.worker_id LIMIT :limit
 
 -- name: worker_snapshot_page
-SELECT w.worker_id, w.session_id, w.generation, w.capabilities_json, w.max_concurrent_runs,
-  (SELECT count(*) FROM run_leases l WHERE l.worker_id = w.worker_id AND l.status = 'leased') AS active_leases
+SELECT w.worker_id, w.session_id, w.generation, w.capabilities_json, w.max_concurrent_runs, w.active_leases
 FROM workers w
 WHERE w.status = 'online' AND w.lease_expires_at_ms > :now AND w.worker_id > :after
 ORDER BY w.worker_id LIMIT :limit
 
 -- name: worker_active_leases
-SELECT count(*) AS n FROM run_leases WHERE worker_id = :worker_id AND status = 'leased'
+SELECT active_leases AS n FROM workers WHERE worker_id = :worker_id
+
+-- name: worker_leases_adjust
+UPDATE workers SET active_leases = active_leases + :delta WHERE worker_id = :worker_id
 
 -- name: candidate_first
-SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms
+SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms,
+  (SELECT a.id FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_id,
+  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status
 FROM runs r WHERE r.status = 'queued' AND r.cancel_requested_at_ms IS NULL
 ORDER BY r.priority DESC, r.queued_at_ms, r.id LIMIT :limit
 
 -- name: candidate_after
-SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms
+SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms,
+  (SELECT a.id FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_id,
+  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status
 FROM runs r WHERE r.status = 'queued' AND r.cancel_requested_at_ms IS NULL
   AND (r.priority < :c_priority OR (r.priority = :c_priority AND (r.queued_at_ms > :c_queued
        OR (r.queued_at_ms = :c_queued AND r.id > :c_id))))

@@ -8,6 +8,8 @@ CREATE TABLE workers (
   capabilities_json TEXT NOT NULL,
   capabilities_hash TEXT NOT NULL,
   max_concurrent_runs INTEGER NOT NULL CHECK (max_concurrent_runs BETWEEN 1 AND 1024),
+  -- leases in status 'leased' held by this worker, kept in the same transactions as the leases
+  active_leases INTEGER NOT NULL DEFAULT 0 CHECK (active_leases >= 0),
   session_lease_ms INTEGER NOT NULL,
   registered_at_ms INTEGER NOT NULL,
   last_heartbeat_at_ms INTEGER NOT NULL,
@@ -54,4 +56,6 @@ CREATE TABLE run_retry_policies (
 );
 CREATE INDEX run_retry_due ON run_retry_policies (next_retry_at_ms) WHERE next_retry_at_ms IS NOT NULL;
 
-CREATE INDEX runs_dispatch_candidates ON runs (status, priority DESC, queued_at_ms, id);
+-- Exactly the candidate filter and order, so a page is an index range read whatever the backlog.
+CREATE INDEX runs_dispatch_candidates ON runs (priority DESC, queued_at_ms, id)
+  WHERE status = 'queued' AND cancel_requested_at_ms IS NULL;

@@ -1,0 +1,308 @@
+"""ql3 benchmarks, run by hand (never from the test suite): ``.venv/bin/python bench/ql3_bench.py``.
+
+Measures, on this machine in one run (medians of --repeat repetitions where it says so):
+  1. dispatch throughput: offers/s from 10,000 queued runs to 16 workers (SQLite and PostgreSQL)
+  2. end to end: runs/s of a task whose command is ``true`` through a real ``ql3 serve``
+  3. idle latency from ``run start`` (HTTP request sent) to the command starting: p50 / p99
+  4. cost of one dispatch_once() with 1,000 and with 100,000 queued runs, and their ratio
+  5. peak RSS of an idle ``ql3 serve`` and of one holding 100,000 queued runs
+Every loop is bounded in count and time; all traffic stays on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from ql3.application import auth, runs, tasks, workers
+from ql3.application.dispatcher import DispatchBudget, RunDispatcher
+from ql3.domain.ids import new_id
+from ql3.domain.workers import parse_capabilities
+from ql3.storage.postgres.adapter import PostgresDatabase
+from ql3.storage.sqlite.adapter import SqliteDatabase
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASE_TIMEOUT_S = 300.0
+
+
+def _pg_admin() -> str:
+    return os.environ.get("QL3_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@contextlib.contextmanager
+def database(kind: str) -> Iterator[Any]:
+    if kind == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            db = SqliteDatabase(Path(tmp) / "bench.db")
+            db.migrate()
+            try:
+                yield db
+            finally:
+                db.close()
+        return
+    admin = _pg_admin()
+    name = f"ql3_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    info = psycopg.conninfo.conninfo_to_dict(admin)
+    info["dbname"] = name
+    db = PostgresDatabase(psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()}), max_size=4)
+    try:
+        db.migrate()
+        yield db
+    finally:
+        db.close()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+def seed(db: Any, queued: int, *, workers_n: int = 16, require: dict[str, str] | None = None) -> None:
+    token = db.transaction(auth.bootstrap_owner)
+    project = token.project
+    spec: dict[str, Any] = {"command": "true"}
+    if require:
+        spec["require"] = require
+    task = db.transaction(lambda tx: tasks.create_task(tx, project.id, "bench", spec)).task
+    for i in range(workers_n):
+        db.transaction(
+            lambda tx, i=i: workers.register(
+                tx,
+                worker_id=f"w{i:02d}",
+                session_id=new_id(),
+                capabilities=parse_capabilities({"executors": ["local_process"]}),
+                max_concurrent_runs=1024,
+                session_lease_ms=600_000,
+            )
+        )
+    batch = 2000
+    for start in range(0, queued, batch):
+        n = min(batch, queued - start)
+
+        def create(tx: Any, n: int = n) -> None:
+            for _ in range(n):
+                runs.create_run(tx, runs.CreateRun(project_id=project.id, task=task))
+
+        db.transaction(create)
+
+
+def bench_dispatch_throughput(kind: str, queued: int, claims: int) -> float:
+    with database(kind) as db:
+        seed(db, queued)
+        d = RunDispatcher(
+            db, lease_secret=b"b" * 32, budget=DispatchBudget(lease_ms=600_000), incarnation_started_ms=0
+        )
+        start = time.perf_counter()
+        done = 0
+        deadline = start + PHASE_TIMEOUT_S
+        while done < claims and time.perf_counter() < deadline:
+            if d.dispatch_once().offer is not None:
+                done += 1
+        return done / (time.perf_counter() - start)
+
+
+def bench_dispatch_cost(kind: str, queued: int, calls: int) -> float:
+    """Mean milliseconds of one dispatch_once() that claims one run from a backlog of ``queued``."""
+    with database(kind) as db:
+        seed(db, queued)
+        d = RunDispatcher(
+            db, lease_secret=b"b" * 32, budget=DispatchBudget(lease_ms=600_000), incarnation_started_ms=0
+        )
+        d.dispatch_once()  # warm caches and the recovery walk
+        start = time.perf_counter()
+        for _ in range(calls):
+            d.dispatch_once()
+        return (time.perf_counter() - start) / calls * 1000
+
+
+# -- a real ql3 serve ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Serve:
+    def __init__(self, home: Path, *extra: str) -> None:
+        self.home = home
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QL3_")}
+        env["QL3_HOME"] = str(home)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ql3.cli.main", "serve", "--listen", f"127.0.0.1:{port}", *extra],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.05)
+        token = json.loads((home / "credentials").read_text())["token"]
+        self.client = httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+
+    def rss_kb(self, field: str = "VmRSS") -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        return -1
+
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def bench_end_to_end(n: int, slots: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        serve = Serve(Path(tmp) / "home", "--slots", str(slots))
+        try:
+            serve.client.post("/api/v1/projects/default/tasks", json={"name": "t", "command": "true"})
+            start = time.perf_counter()
+            for _ in range(n):
+                serve.client.post("/api/v1/projects/default/tasks/t/runs", json={})
+            deadline = start + PHASE_TIMEOUT_S
+            db = SqliteDatabase(Path(tmp) / "home" / "ql3.db")
+            while time.perf_counter() < deadline:
+                done = db.raw("SELECT count(*) AS n FROM runs WHERE status IN ('succeeded', 'failed')")[0][
+                    "n"
+                ]
+                if done >= n:
+                    break
+                time.sleep(0.02)
+            elapsed = time.perf_counter() - start
+            db.close()
+            return n / elapsed
+        finally:
+            serve.stop()
+
+
+def bench_idle_latency(samples: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        serve = Serve(Path(tmp) / "home")
+        try:
+            marks = Path(tmp) / "marks"
+            marks.mkdir()
+            command = f'date +%s%N > {marks}/"$QL3_RUN_ID"'
+            serve.client.post("/api/v1/projects/default/tasks", json={"name": "lat", "command": command})
+            latencies: list[float] = []
+            for _ in range(samples):
+                time.sleep(0.2)  # idle between samples
+                sent = time.time_ns()
+                run_id = serve.client.post("/api/v1/projects/default/tasks/lat/runs", json={}).json()["id"]
+                path = marks / run_id
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and not (path.exists() and path.read_text().strip()):
+                    time.sleep(0.002)
+                latencies.append((int(path.read_text()) - sent) / 1e6)
+            latencies.sort()
+            return statistics.median(latencies), latencies[
+                min(len(latencies) - 1, int(len(latencies) * 0.99))
+            ]
+        finally:
+            serve.stop()
+
+
+def bench_rss(backlog: int) -> tuple[int, int, int]:
+    """(idle VmRSS kB, VmRSS kB after ``backlog`` queued unplaceable runs and 10 s of cycles, VmHWM kB)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        serve = Serve(home)
+        try:
+            time.sleep(3)
+            idle = serve.rss_kb()
+            db = SqliteDatabase(home / "ql3.db")
+            project = db.transaction(lambda tx: auth.resolve_project(tx, "default"))
+            task = db.transaction(
+                lambda tx: tasks.create_task(
+                    tx, project.id, "parked", {"command": "true", "require": {"never": "1"}}
+                )
+            ).task
+            for start in range(0, backlog, 5000):
+                n = min(5000, backlog - start)
+
+                def create(tx: Any, n: int = n) -> None:
+                    for _ in range(n):
+                        runs.create_run(tx, runs.CreateRun(project_id=project.id, task=task))
+
+                db.transaction(create)
+            db.close()
+            time.sleep(10)
+            return idle, serve.rss_kb(), serve.rss_kb("VmHWM")
+        finally:
+            serve.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--queued", type=int, default=10_000)
+    parser.add_argument("--e2e-runs", type=int, default=2000)
+    parser.add_argument("--latency-samples", type=int, default=50)
+    parser.add_argument("--backlog", type=int, default=100_000)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count()}
+    for kind in ("sqlite", "postgres"):
+        figures = [bench_dispatch_throughput(kind, args.queued, 2000) for _ in range(args.repeat)]
+        out[f"dispatch_offers_per_s_{kind}"] = round(statistics.median(figures), 1)
+        print(f"dispatch throughput {kind}: {out[f'dispatch_offers_per_s_{kind}']} offers/s", flush=True)
+    for kind in ("sqlite", "postgres"):
+        small = statistics.median(bench_dispatch_cost(kind, 1_000, 200) for _ in range(args.repeat))
+        large = bench_dispatch_cost(kind, args.backlog, 200)
+        out[f"dispatch_once_ms_1k_{kind}"] = round(small, 3)
+        out[f"dispatch_once_ms_{args.backlog // 1000}k_{kind}"] = round(large, 3)
+        out[f"dispatch_once_ratio_{kind}"] = round(large / small, 2)
+        print(
+            f"dispatch_once {kind}: 1k {small:.3f} ms, {args.backlog} {large:.3f} ms, ratio {large / small:.2f}"
+        )
+    e2e = [bench_end_to_end(args.e2e_runs, 8) for _ in range(args.repeat)]
+    out["end_to_end_runs_per_s"] = round(statistics.median(e2e), 1)
+    print(f"end to end (true, ql3 serve, 8 slots): {out['end_to_end_runs_per_s']} runs/s", flush=True)
+    p50, p99 = bench_idle_latency(args.latency_samples)
+    out["idle_start_latency_ms_p50"], out["idle_start_latency_ms_p99"] = round(p50, 2), round(p99, 2)
+    print(f"idle start latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms", flush=True)
+    idle, loaded, hwm = bench_rss(args.backlog)
+    out.update(
+        rss_idle_mb=round(idle / 1024, 1),
+        rss_backlog_mb=round(loaded / 1024, 1),
+        rss_hwm_mb=round(hwm / 1024, 1),
+    )
+    print(
+        f"RSS: idle {idle / 1024:.1f} MB, with {args.backlog} queued {loaded / 1024:.1f} MB (peak {hwm / 1024:.1f})"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
