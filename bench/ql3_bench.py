@@ -281,7 +281,8 @@ def main() -> int:
         out[f"dispatch_once_ms_{args.backlog // 1000}k_{kind}"] = round(large, 3)
         out[f"dispatch_once_ratio_{kind}"] = round(large / small, 2)
         print(
-            f"dispatch_once {kind}: 1k {small:.3f} ms, {args.backlog} {large:.3f} ms, ratio {large / small:.2f}"
+            f"dispatch_once {kind}: 1k {small:.3f} ms, {args.backlog} {large:.3f} ms,"
+            f" ratio {large / small:.2f}"
         )
     e2e = [bench_end_to_end(args.e2e_runs, 8) for _ in range(args.repeat)]
     out["end_to_end_runs_per_s"] = round(statistics.median(e2e), 1)
@@ -296,7 +297,8 @@ def main() -> int:
         rss_hwm_mb=round(hwm / 1024, 1),
     )
     print(
-        f"RSS: idle {idle / 1024:.1f} MB, with {args.backlog} queued {loaded / 1024:.1f} MB (peak {hwm / 1024:.1f})"
+        f"RSS: idle {idle / 1024:.1f} MB, with {args.backlog} queued {loaded / 1024:.1f} MB"
+        f" (peak {hwm / 1024:.1f})"
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from peer_common import (
@@ -151,6 +151,8 @@ class RssTracker:
 
 
 class Worker:
+    started: ClassVar[list[Worker]] = []  # every worker this run spawned, for the final clean-up
+
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.argv = argv
         self.env = env
@@ -175,6 +177,7 @@ class Worker:
             )
         finally:
             log.close()
+        Worker.started.append(self)
         self.rss = RssTracker(self.proc.pid)
 
     def check_alive(self) -> None:
@@ -515,14 +518,19 @@ async def throughput_rep(
     )
 
 
-async def one_job(session: Session, worker: Worker, record_file: Path, tag: int, deadline: float) -> Record:
+async def one_job(
+    session: Session, worker: Worker, record_file: Path, tag: int, deadline: float
+) -> tuple[Record, int, int]:
+    """Enqueue one job and wait for its record; returns (record, t before enqueue, t after)."""
     before = count_records(str(record_file))
+    t_enqueue = time.time_ns()
     await session.enqueue_one(tag)
+    t_returned = time.time_ns()
     await wait_for_records(worker, record_file, before + 1, min(deadline, time.monotonic() + 30), 0.002)
     rec = read_records(str(record_file))[before]
     if rec.tag != tag:
         raise RuntimeError(f"expected job {tag}, got {rec.tag}")
-    return rec
+    return rec, t_enqueue, t_returned
 
 
 async def latency_phase(name: str, settings: Settings, samples: int, timeout_s: float) -> LatencyResult:
@@ -539,16 +547,7 @@ async def latency_phase(name: str, settings: Settings, samples: int, timeout_s: 
                 await one_job(session, worker, record_file, -1 - w, deadline)
             for i in range(samples):
                 await asyncio.sleep(rng.uniform(0.05, 0.15))  # let the queue go idle again
-                before = count_records(str(record_file))
-                t_enqueue = time.time_ns()
-                await session.enqueue_one(i)
-                t_returned = time.time_ns()
-                await wait_for_records(
-                    worker, record_file, before + 1, min(deadline, time.monotonic() + 30), 0.002
-                )
-                rec = read_records(str(record_file))[before]
-                if rec.tag != i:
-                    raise RuntimeError(f"expected job {i}, got {rec.tag}")
+                rec, t_enqueue, t_returned = await one_job(session, worker, record_file, i, deadline)
                 lat_ms.append((rec.start_ns - t_enqueue) / 1e6)
                 call_ms.append((t_returned - t_enqueue) / 1e6)
                 worker.maybe_sample_rss()
@@ -708,6 +707,10 @@ def render_table(results: list[PeerResult], args: argparse.Namespace) -> str:
     )
     rows: list[tuple[str, ...]] = [header]
     for r in results:
+        if r.latency is not None:
+            lat_p50, lat_p99 = f"{r.latency.p50_ms:.2f}", f"{r.latency.p99_ms:.2f}"
+        else:
+            lat_p50 = lat_p99 = "-" if args.latency_samples == 0 else "FAILED"
         rows.append(
             (
                 r.name,
@@ -716,8 +719,8 @@ def render_table(results: list[PeerResult], args: argparse.Namespace) -> str:
                 ", ".join(f"{t.jobs_per_s:.1f}" for t in r.throughput) or "-",
                 _fmt(r.median_steady_jobs_per_s, ".1f"),
                 _fmt(r.median_startup_s, ".2f"),
-                _fmt(r.latency.p50_ms if r.latency else None, ".2f"),
-                _fmt(r.latency.p99_ms if r.latency else None, ".2f"),
+                lat_p50,
+                lat_p99,
                 _fmt(r.peak_rss_kib / 1024 if r.peak_rss_kib else None, ".1f"),
             )
         )
@@ -787,6 +790,8 @@ async def amain(args: argparse.Namespace) -> int:
     try:
         results = await run_all(settings, args)
     finally:
+        for worker in Worker.started:  # normally all stopped already; this only catches leftovers
+            worker.kill()
         if args.keep_workdir:
             log(f"worker logs and record files kept in {workdir}")
         else:

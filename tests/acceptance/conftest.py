@@ -130,3 +130,46 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
     finally:
         stop(server.process)
+
+
+# -- following runs and logs (test_cli_logs*, test_cli_wait*, test_cli_workers*) -------------------
+
+
+def spawn_cli(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A CLI process whose output the test reads while it runs; stop it with ``stop``."""
+    return subprocess.Popen(
+        [*CLI, *args],
+        env={**base_env(home), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def read_until(process: subprocess.Popen[bytes], text: str, timeout_s: float = CLI_TIMEOUT_S) -> str:
+    """Read the process's stdout until ``text`` has appeared; fail after ``timeout_s``."""
+    import select
+
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            pytest.fail(f"{text!r} did not appear on stdout; got {seen!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                pytest.fail(f"stdout closed before {text!r} appeared; got {seen!r}")
+            seen += chunk
+    return seen.decode(errors="replace")
+
+
+def gated_command(gate: Path, before: str = "one", after: str = "two") -> str:
+    """A shell command that prints ``before``, waits (at most 30 s) for ``gate`` to exist, then ``after``."""
+    return (
+        f"echo {before}; i=0; while [ ! -e '{gate}' ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+        f"echo {after}"
+    )

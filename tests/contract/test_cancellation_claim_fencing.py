@@ -106,7 +106,9 @@ def test_the_old_holder_is_fenced_after_a_takeover(harness: Harness) -> None:
     # Then it is refused and neither the dispatch nor the Run moved
     assert err.value.details["reason"] == "owner_mismatch"
     assert dispatch_row(harness.db, fence.run_id) == before
-    assert harness.db.raw("SELECT version FROM runs WHERE id = ?", (fence.run_id,))[0]["version"] == run_version
+    assert (
+        harness.db.raw("SELECT version FROM runs WHERE id = ?", (fence.run_id,))[0]["version"] == run_version
+    )
 
 
 def test_a_takeover_by_the_same_owner_bumps_the_version_that_fences_the_old_result(harness: Harness) -> None:

@@ -12,6 +12,7 @@ from ql3.domain.digests import sha256_hex
 from ql3.domain.model import Project
 from ql3.domain.offers import LeaseFence
 from tests.contract.execution_helpers import dispatcher, queued, register
+from tests.contract.helpers import seed_task, start_run
 
 LONG_MS = 600_000  # run leases and worker sessions outlive every clock jump in these tests
 
@@ -56,6 +57,21 @@ def running_runs(db: Any, n: int = 1, **spec: Any) -> tuple[Project, list[LeaseF
     return project, fences
 
 
+def running_in(db: Any, project: Project, n: int, *, first: int = 0, task: str = "job2") -> list[LeaseFence]:
+    """``n`` more running runs in ``project`` (the worker is already registered); handles from ``first``."""
+    created = seed_task(db, project, name=task)
+    for _ in range(n):
+        start_run(db, project, created)
+    d = dispatcher(db, lease_ms=LONG_MS)
+    fences: list[LeaseFence] = []
+    for i in range(n):
+        offer = d.dispatch_once().offer
+        assert offer is not None
+        start_fence(db, offer.fence, first + i)
+        fences.append(offer.fence)
+    return fences
+
+
 def request(db: Any, project: Project, run_id: str, reason: str = "user") -> str:
     result: str = db.transaction(
         lambda tx: cancellation.request_cancel(
@@ -69,7 +85,9 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def claim(db: Any, run_id: str, owner: str = "sup-a", token: str | None = None, lease_ms: int = 30_000) -> Any:
+def claim(
+    db: Any, run_id: str, owner: str = "sup-a", token: str | None = None, lease_ms: int = 30_000
+) -> Any:
     tok = token or new_token()
     return db.transaction(
         lambda tx: cancellation.claim(tx, run_id=run_id, owner=owner, token=tok, lease_ms=lease_ms)
@@ -126,6 +144,7 @@ class FakeSignal:
     """Records every call; answers per handle (default ``termination_requested``) or raises."""
 
     answers: dict[str, str] = field(default_factory=dict)
+    default: str = "termination_requested"
     raises: bool = False
     calls: list[tuple[str, int | None, int]] = field(default_factory=list)
     outcomes: list[FakeOutcome] = field(default_factory=list)
@@ -134,7 +153,7 @@ class FakeSignal:
         self.calls.append((handle, pid, grace_ms))
         if self.raises:
             raise OSError("controller exploded")
-        status = self.answers.get(handle, "termination_requested")
+        status = self.answers.get(handle, self.default)
         # Like the real controller: a signal is sent only after every identity proof matched.
         outcome = FakeOutcome(status=status, term_signal_sent=status == "termination_requested")
         self.outcomes.append(outcome)

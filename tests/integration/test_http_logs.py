@@ -199,9 +199,7 @@ def test_an_attempt_can_be_named_and_a_missing_one_is_not_found(
     assert missing.json()["error"]["code"] == "not_found"
 
 
-def test_a_viewer_can_read_logs(
-    logs_client: Any, make_token: Any, started_run: Any, logs_root: Path
-) -> None:
+def test_a_viewer_can_read_logs(logs_client: Any, make_token: Any, started_run: Any, logs_root: Path) -> None:
     run = started_run()
     write_log(logs_root, run, b"visible\n")
 
@@ -263,9 +261,7 @@ def test_a_symlinked_log_is_refused_without_following_it(
     assert "not a log" not in resp.text
 
 
-def test_without_a_logs_root_the_route_says_logs_unavailable(
-    client: Any, owner: Any, make_task: Any
-) -> None:
+def test_without_a_logs_root_the_route_says_logs_unavailable(client: Any, owner: Any, make_task: Any) -> None:
     make_task("job")
     run = client.post("/api/v1/projects/default/tasks/job/runs", json={}, headers=owner).json()
 

@@ -60,7 +60,13 @@ ExecutionStatus = Literal["pending", "leased", "executing", "retry_wait", "succe
 Outcome = Literal["succeeded", "failed", "indeterminate"]
 RecoveryMode = Literal["automatic", "manual_only"]
 Finding = Literal[
-    "verified_succeeded", "verified_failed", "still_running", "missing", "conflict", "unsupported", "unavailable"
+    "verified_succeeded",
+    "verified_failed",
+    "still_running",
+    "missing",
+    "conflict",
+    "unsupported",
+    "unavailable",
 ]
 ManualDecision = Literal["confirm_succeeded", "confirm_failed", "abandon_unknown"]
 
