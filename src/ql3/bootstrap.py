@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -48,8 +49,22 @@ def open_database(url: str) -> ManagedDatabase:
 
 PROFILES: dict[str, dict[str, float]] = {
     # backstop cadences in seconds: how long an idle loop sleeps when nothing wakes it
-    "edge": {"dispatch": 30.0, "expiry": 30.0, "maintain": 10.0, "cron": 60.0, "cron_page": 4},
-    "standalone": {"dispatch": 5.0, "expiry": 5.0, "maintain": 10.0, "cron": 30.0, "cron_page": 16},
+    "edge": {
+        "dispatch": 30.0,
+        "expiry": 30.0,
+        "maintain": 10.0,
+        "cron": 60.0,
+        "cron_page": 4,
+        "actions": 30.0,
+    },
+    "standalone": {
+        "dispatch": 5.0,
+        "expiry": 5.0,
+        "maintain": 10.0,
+        "cron": 30.0,
+        "cron_page": 16,
+        "actions": 5.0,
+    },
 }
 
 
@@ -108,11 +123,13 @@ def build_standalone_runtime(
     import socket
     import time
 
-    from ql3.application import leases, schedules
+    from ql3.application import approvals, leases, schedules
+    from ql3.application.approved_actions import ApprovedActionDispatcher, RecoveryResolver, RunCreateHandler
     from ql3.application.cron import CronScheduler
     from ql3.application.dispatcher import RunDispatcher
     from ql3.application.gateway import InProcessControlPlane
     from ql3.application.lifecycle import LifecycleRunner
+    from ql3.domain.errors import Conflict
     from ql3.worker.agent import WorkerAgent, WorkerConfig
 
     if profile not in PROFILES:
@@ -160,6 +177,25 @@ def build_standalone_runtime(
         delay = backstop_s if earliest is None else max(0.0, (earliest - clock()) / 1000)
         return db.wait_for("schedules", min(backstop_s, delay + 0.001))
 
+    owner = f"{wid}-control"[:128]
+    action_dispatcher = ApprovedActionDispatcher(db, [RunCreateHandler()], owner, fault=fault_point)
+    resolver = RecoveryResolver(db, [RunCreateHandler()], owner)
+
+    def actions_cycle() -> bool:
+        """Consume approved requests, run due approved actions, resolve crashed ones from evidence."""
+        consumed = 0
+        for approval_id in db.transaction(
+            lambda tx: approvals.unconsumed_approved(tx, limit=16), write=False
+        ):
+            with contextlib.suppress(Conflict):  # a concurrent consumer won; nothing to do
+                db.transaction(
+                    partial(approvals.consume, approval_id=approval_id, consumption_id=f"auto.{approval_id}")
+                )
+                consumed += 1
+        batch = action_dispatcher.dispatch_batch()
+        resolved = resolver.resolve_batch()
+        return consumed > 0 or len(batch.items) >= 16 or len(resolved.items) >= 16
+
     worker.on_settled = lambda attempt_id: notifier.notify("runs")
     loops = [
         LifecycleRunner(
@@ -182,6 +218,13 @@ def build_standalone_runtime(
             wake=lambda t: db.wait_for("retries", t),
             backstop_s=cadence["expiry"],
             interrupt=lambda: notifier.notify("retries"),
+        ),
+        LifecycleRunner(
+            "approved-actions",
+            actions_cycle,
+            wake=lambda t: db.wait_for("approved_actions", t),
+            backstop_s=cadence["actions"],
+            interrupt=lambda: notifier.notify("approved_actions"),
         ),
         LifecycleRunner(
             "cron",
