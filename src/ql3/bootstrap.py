@@ -123,13 +123,15 @@ def build_standalone_runtime(
     import socket
     import time
 
-    from ql3.application import approvals, leases, schedules
+    from ql3.application import approvals, cancellation, leases, schedules
     from ql3.application.approved_actions import ApprovedActionDispatcher, RecoveryResolver, RunCreateHandler
+    from ql3.application.cancellation import CancellationSupervisor
     from ql3.application.cron import CronScheduler
     from ql3.application.dispatcher import RunDispatcher
     from ql3.application.gateway import InProcessControlPlane
     from ql3.application.lifecycle import LifecycleRunner
     from ql3.domain.errors import Conflict
+    from ql3.execution.controller import ProcessController
     from ql3.worker.agent import WorkerAgent, WorkerConfig
 
     if profile not in PROFILES:
@@ -177,7 +179,7 @@ def build_standalone_runtime(
         delay = backstop_s if earliest is None else max(0.0, (earliest - clock()) / 1000)
         return db.wait_for("schedules", min(backstop_s, delay + 0.001))
 
-    owner = f"{wid}-control"[:128]
+    owner = f"{wid}-control"[:128]  # this process's identity as lease owner of control-plane work
     action_dispatcher = ApprovedActionDispatcher(db, [RunCreateHandler()], owner, fault=fault_point)
     resolver = RecoveryResolver(db, [RunCreateHandler()], owner)
 
@@ -195,6 +197,20 @@ def build_standalone_runtime(
         batch = action_dispatcher.dispatch_batch()
         resolved = resolver.resolve_batch()
         return consumed > 0 or len(batch.items) >= 16 or len(resolved.items) >= 16
+
+    supervisor = CancellationSupervisor(db, signal=ProcessController().stop, owner=owner)
+
+    def cancellation_cycle() -> bool:
+        timeouts = cancellation.timeout_cycle(db)
+        report = supervisor.run_cycle()
+        return timeouts.truncated or report.stop_reason == "page_limit"
+
+    def cancellation_wait(backstop_s: float) -> bool:
+        # Sleep until the next deadline, backoff or lease expiry (or a new intent), within the backstop.
+        row = db.transaction(lambda tx: tx.one("cancel_next_wake"), write=False) or {}
+        due = [int(v) for v in row.values() if v is not None]
+        delay = backstop_s if not due else max(0.0, (min(due) - clock()) / 1000)
+        return db.wait_for("cancellations", min(backstop_s, delay + 0.001))
 
     worker.on_settled = lambda attempt_id: notifier.notify("runs")
     loops = [
@@ -218,6 +234,13 @@ def build_standalone_runtime(
             wake=lambda t: db.wait_for("retries", t),
             backstop_s=cadence["expiry"],
             interrupt=lambda: notifier.notify("retries"),
+        ),
+        LifecycleRunner(
+            "cancellation",
+            cancellation_cycle,
+            wake=cancellation_wait,
+            backstop_s=cadence["expiry"],
+            interrupt=lambda: notifier.notify("cancellations"),
         ),
         LifecycleRunner(
             "approved-actions",

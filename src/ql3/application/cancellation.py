@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final, Literal, Protocol
@@ -475,7 +474,10 @@ class StopOutcomeLike(Protocol):
     def status(self) -> str: ...
 
 
-SignalFn = Callable[[str, int | None, int], StopOutcomeLike]
+class SignalFn(Protocol):
+    """``ProcessController.stop`` fits as-is: verify the handle (and pid), TERM -> grace -> KILL the group."""
+
+    def __call__(self, handle: str, pid: int | None, /, *, grace_ms: int) -> StopOutcomeLike: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -506,7 +508,7 @@ class CancellationSupervisor:
 
     Pages live Runs with a due cancel intent by ``(cancel_requested_at_ms, run_id)``; per Run it either
     ends a never-started Attempt, or claims the dispatch and - only when it won the claim - calls
-    ``signal(handle, pid, grace_ms)`` outside any transaction and records the fenced result.
+    ``signal(handle, pid, grace_ms=...)`` outside any transaction and records the fenced result.
     ``signal=None`` means no controller is available (``controller_missing``, retried with backoff).
     """
 
@@ -594,7 +596,7 @@ class CancellationSupervisor:
             controller_ran = True
             counts["signals"] += 1
             try:
-                outcome = self._signal(prepared.handle, prepared.pid, self._grace_ms)
+                outcome = self._signal(prepared.handle, prepared.pid, grace_ms=self._grace_ms)
                 result = rules.result_from_stop_status(getattr(outcome, "status", None))
             except Exception:  # any controller failure is a transient, retryable dispatch error
                 result = "dispatch_error"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ql3.application import leases, runs, workers
+from ql3.application import cancellation, leases, runs, workers
 from ql3.domain.offers import LeaseFence
 from ql3.domain.states import is_run_terminal
 from ql3.domain.workers import parse_capabilities
@@ -120,6 +120,9 @@ class InProcessControlPlane:
     def report_lost(self, fence: LeaseFence, *, error_code: str) -> bool:
         def fn(tx: Any) -> bool:
             leases.check_fence(tx, fence, ignore_version=True)
+            # A process stopped on a cancel intent (group KILLed, no receipt) ends cancelled / timed out.
+            if cancellation.finalize_stopped(tx, fence.run_id, actor_id=fence.worker_id) != "not_eligible":
+                return True
             return leases.mark_lost(
                 tx, fence.run_id, fence.attempt_id, error_code=error_code, actor_type="worker"
             )

@@ -99,3 +99,15 @@ SELECT * FROM cancellation_audit WHERE project_id = :project_id AND operation = 
 
 -- name: cancel_event_by_dedupe
 SELECT * FROM run_events WHERE run_id = :run_id AND dedupe_key = :dedupe_key
+
+-- name: cancel_next_wake
+SELECT
+  (SELECT min(a.deadline_at_ms) FROM run_attempts a JOIN runs r ON r.id = a.run_id
+   WHERE a.status IN ('starting', 'running') AND a.deadline_at_ms IS NOT NULL
+     AND r.cancel_requested_at_ms IS NULL) AS next_deadline_ms,
+  (SELECT min(d.next_attempt_at_ms) FROM cancellation_dispatches d JOIN runs r ON r.id = d.run_id
+   WHERE d.status IN ('pending', 'retry_wait')
+     AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')) AS next_dispatch_ms,
+  (SELECT min(d.lease_expires_at_ms) FROM cancellation_dispatches d JOIN runs r ON r.id = d.run_id
+   WHERE d.status = 'leased' AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out'))
+    AS next_lease_ms
