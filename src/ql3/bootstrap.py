@@ -180,7 +180,10 @@ def build_standalone_runtime(
         return db.wait_for("schedules", min(backstop_s, delay + 0.001))
 
     owner = f"{wid}-control"[:128]  # this process's identity as lease owner of control-plane work
-    action_dispatcher = ApprovedActionDispatcher(db, [RunCreateHandler()], owner, fault=fault_point)
+    action_lease_ms = int(os.environ.get("QL3_ACTION_LEASE_MS", "60000"))
+    action_dispatcher = ApprovedActionDispatcher(
+        db, [RunCreateHandler()], owner, lease_ms=action_lease_ms, fault=fault_point
+    )
     resolver = RecoveryResolver(db, [RunCreateHandler()], owner)
 
     def actions_cycle() -> bool:
@@ -198,7 +201,13 @@ def build_standalone_runtime(
         resolved = resolver.resolve_batch()
         return consumed > 0 or len(batch.items) >= 16 or len(resolved.items) >= 16
 
-    supervisor = CancellationSupervisor(db, signal=ProcessController().stop, owner=owner)
+    supervisor = CancellationSupervisor(
+        db,
+        signal=ProcessController().stop,
+        owner=owner,
+        lease_ms=int(os.environ.get("QL3_CANCEL_LEASE_MS", "30000")),
+        fault=fault_point,
+    )
 
     def cancellation_cycle() -> bool:
         timeouts = cancellation.timeout_cycle(db)
@@ -224,7 +233,8 @@ def build_standalone_runtime(
         LifecycleRunner(
             "worker-maintain",
             lambda: bool(worker.maintain()),
-            wake=lambda t: db.wait_for("maintain", t),
+            # Re-adopted processes (from a previous incarnation) are not our children: poll them.
+            wake=lambda t: db.wait_for("maintain", min(t, 0.5) if worker.has_adopted() else t),
             backstop_s=cadence["maintain"],
             interrupt=lambda: notifier.notify("maintain"),
         ),

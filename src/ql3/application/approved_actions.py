@@ -833,7 +833,8 @@ class ApprovedActionDispatcher:
     crosses the start barrier, executes and completes. It owns no timer; the lifecycle owner calls it.
 
     ``fault`` is a test hook called with ``"after_start_barrier"`` between the barrier commit and
-    ``execute``; an exception it raises propagates (a simulated crash)."""
+    execute, and with ``"after_execute"`` between execute and the completion write; an exception it
+    raises propagates (a simulated crash)."""
 
     def __init__(
         self,
@@ -934,6 +935,7 @@ class ApprovedActionDispatcher:
         except Exception:
             # It may have failed after its side effect: never retried, recorded as indeterminate.
             result = None
+        self._fault("after_execute")
         if result is not None:
             try:
                 validate_result(result.outcome, result.result_code, result.result_digest)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final, Literal, Protocol
@@ -524,6 +525,7 @@ class CancellationSupervisor:
         retry_base_ms: int = rules.DEFAULT_RETRY_BASE_MS,
         retry_max_ms: int = rules.DEFAULT_RETRY_MAX_MS,
         grace_ms: int = rules.DEFAULT_GRACE_MS,
+        fault: Callable[[str], None] | None = None,
     ) -> None:
         if isinstance(page, bool) or not 1 <= page <= rules.MAX_PAGE:
             raise ValidationFailed(f"page must be 1-{rules.MAX_PAGE}", field="page")
@@ -543,6 +545,8 @@ class CancellationSupervisor:
         self._retry_base_ms = retry_base_ms
         self._retry_max_ms = retry_max_ms
         self._grace_ms = grace_ms
+        # Crash-test hook: called with "after_cancel_claim" once a claim committed, before any signal.
+        self._fault = fault or (lambda _point: None)
 
     def run_cycle(self) -> CycleReport:
         counts: dict[str, int] = {"scanned": 0, "claimed": 0, "finalized": 0, "signals": 0, "fenced": 0}
@@ -587,6 +591,7 @@ class CancellationSupervisor:
             return prepared.kind
         counts["claimed"] += 1
         claimed = prepared.claim
+        self._fault("after_cancel_claim")
         controller_ran = False
         if self._signal is None:
             result = "controller_missing"

@@ -7,8 +7,8 @@ import json
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -118,6 +118,7 @@ class WorkerAgent:
         self._journal: WorkerJournal | None = None
         self._watcher = ExitWatcher(self._on_exit)
         self._intake: ThreadPoolExecutor | None = None
+        self._last_renewal_ms = 0
         self.session: SessionInfo | None = None
         self.on_settled: Callable[[str], None] = lambda attempt_id: None
 
@@ -181,6 +182,10 @@ class WorkerAgent:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+
+    def has_adopted(self) -> bool:
+        with self._lock:
+            return any(a.adopted for a in self._active.values())
 
     @property
     def active_count(self) -> int:
@@ -497,31 +502,37 @@ class WorkerAgent:
     # -- maintenance: renewals, heartbeats, adopted processes ------------------------------------
 
     def maintain(self) -> bool:
-        """One bounded pass: heartbeat, renew every active lease, settle adopted processes that exited."""
+        """One bounded pass: when due, heartbeat and renew every active lease; always settle
+        processes that exited (re-adopted ones are not our children, so they are polled here)."""
         session = self.session
         if session is None:
             return False
-        try:
-            self.session = replace(self._client.heartbeat(session), outcome=session.outcome)
-        except FenceConflict:
-            log.warning("session fenced", extra={"action": "worker.session_fenced"})
-            return False
+        now = self._clock()
+        renew_due = now - self._last_renewal_ms >= self.config.run_lease_ms // 3
+        if renew_due:
+            try:
+                self.session = replace(self._client.heartbeat(session), outcome=session.outcome)
+            except FenceConflict:
+                log.warning("session fenced", extra={"action": "worker.session_fenced"})
+                return False
+            self._last_renewal_ms = now
         with self._lock:
             active = list(self._active.items())[:MAX_SLOTS]
         for attempt_id, item in active:
-            try:
-                info = self._client.renew(item.fence, self.config.run_lease_ms)
-                with self._lock:
-                    if attempt_id in self._active:
-                        self._active[attempt_id].fence = replace(item.fence, lease_version=info.version)
-            except FenceConflict as exc:
-                if exc.details.get("reason") in ("not_leased",):
-                    self.settle(attempt_id)
+            if renew_due:
+                try:
+                    info = self._client.renew(item.fence, self.config.run_lease_ms)
+                    with self._lock:
+                        if attempt_id in self._active:
+                            self._active[attempt_id].fence = replace(item.fence, lease_version=info.version)
+                except FenceConflict as exc:
+                    if exc.details.get("reason") in ("not_leased",):
+                        self.settle(attempt_id)
+                        continue
+                    record = self.journal.find_by_attempt(attempt_id)
+                    if record is not None:
+                        self._lease_lost(record, item)
                     continue
-                record = self.journal.find_by_attempt(attempt_id)
-                if record is not None:
-                    self._lease_lost(record, item)
-                continue
             if item.adopted or item.exited:
                 self.settle(attempt_id)
         return False
