@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from .conftest import Server
@@ -28,16 +30,21 @@ def test_task_add_then_task_list_shows_it(shared_server: Server) -> None:
     }
 
 
-def test_run_start_then_run_show_reads_the_queued_run(shared_server: Server) -> None:
-    task = shared_server.cli_json("task", "add", "report", "--command", "true")
+def test_run_start_then_run_show_reads_the_run_back(shared_server: Server) -> None:
+    task = shared_server.cli_json("task", "add", "report", "--command", "exit 5")
 
     started = shared_server.cli_json("run", "start", "report")
-    shown = shared_server.cli_json("run", "show", started["id"])
+    deadline = time.monotonic() + 30
+    while True:
+        shown = shared_server.cli_json("run", "show", started["id"])
+        if shown["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
 
+    assert started["status"] == "queued" and started["exit_code"] is None
     assert shown["id"] == started["id"]
     assert (shown["task_id"], shown["task_revision"]) == (task["id"], 1)
-    assert shown["status"] == "queued"
-    assert shown["exit_code"] is None
+    assert (shown["status"], shown["exit_code"]) == ("failed", 5)
     assert isinstance(shown["created_at_ms"], int)
 
 
@@ -74,13 +81,22 @@ def test_run_start_with_an_idempotency_key_returns_the_same_run(shared_server: S
     assert len(shared_server.cli_json("run", "list", "--task", "once")["items"]) == 1
 
 
-def test_run_events_shows_created_and_queued(shared_server: Server) -> None:
+def test_run_events_show_the_whole_lifecycle(shared_server: Server) -> None:
     shared_server.cli_json("task", "add", "evented", "--command", "true")
-    run = shared_server.cli_json("run", "start", "evented")
+    run = shared_server.cli_json("run", "start", "evented", "--wait")
 
     events = shared_server.cli_json("run", "events", run["id"])
 
-    assert [e["type"] for e in events["items"]] == ["run.created", "run.queued"]
+    assert [e["type"] for e in events["items"]] == [
+        "run.created",
+        "run.queued",
+        "run.dispatching",
+        "attempt.starting",
+        "attempt.running",
+        "run.running",
+        "attempt.succeeded",
+        "run.succeeded",
+    ]
 
 
 def test_task_edit_publishes_a_new_revision(shared_server: Server) -> None:

@@ -1,3 +1,134 @@
+COLUMN approval_requests.id text null=NO default=None
+COLUMN approval_requests.project_id text null=NO default=None
+COLUMN approval_requests.version integer null=NO default=None
+COLUMN approval_requests.state text null=NO default=None
+COLUMN approval_requests.permission text null=NO default=None
+COLUMN approval_requests.action_type text null=NO default=None
+COLUMN approval_requests.action_ref text null=NO default=None
+COLUMN approval_requests.action_digest text null=NO default=None
+COLUMN approval_requests.action_plan_json text null=NO default=None
+COLUMN approval_requests.preview_digest text null=NO default=None
+COLUMN approval_requests.risk text null=NO default=None
+COLUMN approval_requests.requested_by text null=NO default=None
+COLUMN approval_requests.requested_at_ms bigint null=NO default=None
+COLUMN approval_requests.expires_at_ms bigint null=NO default=None
+COLUMN approval_requests.request_fence text null=NO default=None
+COLUMN approval_requests.request_digest text null=NO default=None
+COLUMN approval_requests.decision_id text null=YES default=None
+COLUMN approval_requests.decision text null=YES default=None
+COLUMN approval_requests.reason_code text null=YES default=None
+COLUMN approval_requests.decided_by text null=YES default=None
+COLUMN approval_requests.decided_at_ms bigint null=YES default=None
+COLUMN approval_requests.decision_fence text null=YES default=None
+COLUMN approval_requests.consumption_id text null=YES default=None
+COLUMN approval_requests.dispatch_id text null=YES default=None
+COLUMN approval_requests.consumed_by text null=YES default=None
+COLUMN approval_requests.consumed_at_ms bigint null=YES default=None
+COLUMN approval_requests.consumption_fence text null=YES default=None
+COLUMN approval_requests.updated_at_ms bigint null=NO default=None
+COLUMN approved_action_dispatches.id text null=NO default=None
+COLUMN approved_action_dispatches.approval_request_id text null=NO default=None
+COLUMN approved_action_dispatches.approval_request_version integer null=NO default=None
+COLUMN approved_action_dispatches.project_id text null=NO default=None
+COLUMN approved_action_dispatches.action_type text null=NO default=None
+COLUMN approved_action_dispatches.action_ref text null=NO default=None
+COLUMN approved_action_dispatches.action_digest text null=NO default=None
+COLUMN approved_action_dispatches.action_plan_json text null=NO default=None
+COLUMN approved_action_dispatches.requested_by text null=NO default=None
+COLUMN approved_action_dispatches.consumed_by text null=NO default=None
+COLUMN approved_action_dispatches.approved_by text null=NO default=None
+COLUMN approved_action_dispatches.approved_at_ms bigint null=NO default=None
+COLUMN approved_action_dispatches.expires_at_ms bigint null=NO default=None
+COLUMN approved_action_dispatches.approval_fence text null=NO default=None
+COLUMN approved_action_dispatches.dispatch_digest text null=NO default=None
+COLUMN approved_action_dispatches.created_at_ms bigint null=NO default=None
+COLUMN approved_action_executions.dispatch_id text null=NO default=None
+COLUMN approved_action_executions.dispatch_digest text null=NO default=None
+COLUMN approved_action_executions.project_id text null=NO default=None
+COLUMN approved_action_executions.status text null=NO default=None
+COLUMN approved_action_executions.version integer null=NO default=None
+COLUMN approved_action_executions.attempt_count integer null=NO default=None
+COLUMN approved_action_executions.max_attempts integer null=NO default=None
+COLUMN approved_action_executions.eligible_at_ms bigint null=YES default=None
+COLUMN approved_action_executions.next_attempt_at_ms bigint null=YES default=None
+COLUMN approved_action_executions.lease_owner text null=YES default=None
+COLUMN approved_action_executions.lease_token_digest text null=YES default=None
+COLUMN approved_action_executions.lease_expires_at_ms bigint null=YES default=None
+COLUMN approved_action_executions.started_at_ms bigint null=YES default=None
+COLUMN approved_action_executions.result_mutation_id text null=YES default=None
+COLUMN approved_action_executions.result_code text null=YES default=None
+COLUMN approved_action_executions.result_digest text null=YES default=None
+COLUMN approved_action_executions.completed_at_ms bigint null=YES default=None
+COLUMN approved_action_executions.created_at_ms bigint null=NO default=None
+COLUMN approved_action_executions.updated_at_ms bigint null=NO default=None
+COLUMN approved_action_executions.execution_digest text null=NO default=None
+COLUMN approved_action_recovery.dispatch_id text null=NO default=None
+COLUMN approved_action_recovery.project_id text null=NO default=None
+COLUMN approved_action_recovery.status text null=NO default=None
+COLUMN approved_action_recovery.version integer null=NO default=None
+COLUMN approved_action_recovery.execution_version integer null=NO default=None
+COLUMN approved_action_recovery.next_scan_at_ms bigint null=YES default=None
+COLUMN approved_action_recovery.resolver_owner text null=YES default=None
+COLUMN approved_action_recovery.resolver_token_digest text null=YES default=None
+COLUMN approved_action_recovery.resolver_lease_expires_at_ms bigint null=YES default=None
+COLUMN approved_action_recovery.last_finding text null=YES default=None
+COLUMN approved_action_recovery.scan_count integer null=NO default=None
+COLUMN approved_action_recovery.evidence_digest text null=YES default=None
+COLUMN approved_action_recovery.resolution_mutation_id text null=YES default=None
+COLUMN approved_action_recovery.armed_at_ms bigint null=NO default=None
+COLUMN approved_action_recovery.updated_at_ms bigint null=NO default=None
+COLUMN approved_action_resolutions.dispatch_id text null=NO default=None
+COLUMN approved_action_resolutions.project_id text null=NO default=None
+COLUMN approved_action_resolutions.mutation_id text null=NO default=None
+COLUMN approved_action_resolutions.expected_execution_version integer null=NO default=None
+COLUMN approved_action_resolutions.source text null=NO default=None
+COLUMN approved_action_resolutions.resolution text null=NO default=None
+COLUMN approved_action_resolutions.outcome text null=NO default=None
+COLUMN approved_action_resolutions.actor_type text null=NO default=None
+COLUMN approved_action_resolutions.actor_id text null=NO default=None
+COLUMN approved_action_resolutions.actor_role text null=YES default=None
+COLUMN approved_action_resolutions.reason_code text null=NO default=None
+COLUMN approved_action_resolutions.evidence_digest text null=YES default=None
+COLUMN approved_action_resolutions.created_at_ms bigint null=NO default=None
+COLUMN approved_run_action_receipts.dispatch_id text null=NO default=None
+COLUMN approved_run_action_receipts.schema_version integer null=NO default=None
+COLUMN approved_run_action_receipts.approval_request_id text null=NO default=None
+COLUMN approved_run_action_receipts.project_id text null=NO default=None
+COLUMN approved_run_action_receipts.action_type text null=NO default=None
+COLUMN approved_run_action_receipts.action_digest text null=NO default=None
+COLUMN approved_run_action_receipts.execution_attempt integer null=NO default=None
+COLUMN approved_run_action_receipts.execution_version integer null=NO default=None
+COLUMN approved_run_action_receipts.started_at_ms bigint null=NO default=None
+COLUMN approved_run_action_receipts.idempotency_key text null=NO default=None
+COLUMN approved_run_action_receipts.outcome text null=NO default=None
+COLUMN approved_run_action_receipts.result_code text null=NO default=None
+COLUMN approved_run_action_receipts.resource_type text null=NO default=None
+COLUMN approved_run_action_receipts.resource_id text null=NO default=None
+COLUMN approved_run_action_receipts.finished_at_ms bigint null=NO default=None
+COLUMN approved_run_action_receipts.created_at_ms bigint null=NO default=None
+COLUMN approved_run_action_receipts.evidence_digest text null=NO default=None
+COLUMN cancellation_audit.id text null=NO default=None
+COLUMN cancellation_audit.project_id text null=NO default=None
+COLUMN cancellation_audit.run_id text null=NO default=None
+COLUMN cancellation_audit.principal_id text null=NO default=None
+COLUMN cancellation_audit.operation text null=NO default=None
+COLUMN cancellation_audit.mutation_id text null=NO default=None
+COLUMN cancellation_audit.created_at_ms bigint null=NO default=None
+COLUMN cancellation_audit.payload_json text null=NO default=None
+COLUMN cancellation_dispatches.run_id text null=NO default=None
+COLUMN cancellation_dispatches.attempt_id text null=NO default=None
+COLUMN cancellation_dispatches.project_id text null=NO default=None
+COLUMN cancellation_dispatches.status text null=NO default=None
+COLUMN cancellation_dispatches.version integer null=NO default=None
+COLUMN cancellation_dispatches.dispatch_count integer null=NO default=None
+COLUMN cancellation_dispatches.next_attempt_at_ms bigint null=YES default=None
+COLUMN cancellation_dispatches.lease_owner text null=YES default=None
+COLUMN cancellation_dispatches.lease_token_digest text null=YES default=None
+COLUMN cancellation_dispatches.lease_expires_at_ms bigint null=YES default=None
+COLUMN cancellation_dispatches.last_result text null=YES default=None
+COLUMN cancellation_dispatches.last_dispatched_at_ms bigint null=YES default=None
+COLUMN cancellation_dispatches.created_at_ms bigint null=NO default=None
+COLUMN cancellation_dispatches.updated_at_ms bigint null=NO default=None
 COLUMN principals.id text null=NO default=None
 COLUMN principals.name text null=NO default=None
 COLUMN principals.kind text null=NO default=None
@@ -94,6 +225,14 @@ COLUMN task_revisions.revision integer null=NO default=None
 COLUMN task_revisions.spec_json text null=NO default=None
 COLUMN task_revisions.content_digest text null=NO default=None
 COLUMN task_revisions.created_at_ms bigint null=NO default=None
+COLUMN task_schedules.task_id text null=NO default=None
+COLUMN task_schedules.project_id text null=NO default=None
+COLUMN task_schedules.task_revision integer null=NO default=None
+COLUMN task_schedules.cron_expr text null=NO default=None
+COLUMN task_schedules.next_fire_at_ms bigint null=YES default=None
+COLUMN task_schedules.last_scheduled_at_ms bigint null=YES default=None
+COLUMN task_schedules.state_version integer null=NO default=None
+COLUMN task_schedules.updated_at_ms bigint null=NO default=None
 COLUMN tasks.id text null=NO default=None
 COLUMN tasks.project_id text null=NO default=None
 COLUMN tasks.name text null=NO default=None
@@ -110,11 +249,39 @@ COLUMN workers.version integer null=NO default=None
 COLUMN workers.capabilities_json text null=NO default=None
 COLUMN workers.capabilities_hash text null=NO default=None
 COLUMN workers.max_concurrent_runs integer null=NO default=None
+COLUMN workers.active_leases integer null=NO default=0
 COLUMN workers.session_lease_ms bigint null=NO default=None
 COLUMN workers.registered_at_ms bigint null=NO default=None
 COLUMN workers.last_heartbeat_at_ms bigint null=NO default=None
 COLUMN workers.lease_expires_at_ms bigint null=NO default=None
 COLUMN workers.updated_at_ms bigint null=NO default=None
+INDEX CREATE UNIQUE INDEX approval_requests_consumption_id_key ON public.approval_requests USING btree (consumption_id)
+INDEX CREATE UNIQUE INDEX approval_requests_dispatch_id_key ON public.approval_requests USING btree (dispatch_id)
+INDEX CREATE UNIQUE INDEX approval_requests_pkey ON public.approval_requests USING btree (id)
+INDEX CREATE INDEX approval_requests_project ON public.approval_requests USING btree (project_id, requested_at_ms, id)
+INDEX CREATE UNIQUE INDEX approval_requests_project_id_id_key ON public.approval_requests USING btree (project_id, id)
+INDEX CREATE INDEX approval_requests_project_state ON public.approval_requests USING btree (project_id, state, requested_at_ms, id)
+INDEX CREATE INDEX approval_requests_unconsumed ON public.approval_requests USING btree (decided_at_ms, id) WHERE (state = 'approved'::text)
+INDEX CREATE UNIQUE INDEX approved_action_dispatches_approval_request_id_key ON public.approved_action_dispatches USING btree (approval_request_id)
+INDEX CREATE UNIQUE INDEX approved_action_dispatches_pkey ON public.approved_action_dispatches USING btree (id)
+INDEX CREATE UNIQUE INDEX approved_action_dispatches_project_id_id_key ON public.approved_action_dispatches USING btree (project_id, id)
+INDEX CREATE INDEX approved_action_executions_due ON public.approved_action_executions USING btree (eligible_at_ms, dispatch_id) WHERE (eligible_at_ms IS NOT NULL)
+INDEX CREATE UNIQUE INDEX approved_action_executions_pkey ON public.approved_action_executions USING btree (dispatch_id)
+INDEX CREATE INDEX approved_action_executions_project ON public.approved_action_executions USING btree (project_id, created_at_ms, dispatch_id)
+INDEX CREATE UNIQUE INDEX approved_action_executions_project_id_dispatch_id_key ON public.approved_action_executions USING btree (project_id, dispatch_id)
+INDEX CREATE INDEX approved_action_recovery_due ON public.approved_action_recovery USING btree (next_scan_at_ms, dispatch_id) WHERE (status = 'armed'::text)
+INDEX CREATE UNIQUE INDEX approved_action_recovery_pkey ON public.approved_action_recovery USING btree (dispatch_id)
+INDEX CREATE UNIQUE INDEX approved_action_resolutions_mutation_id_key ON public.approved_action_resolutions USING btree (mutation_id)
+INDEX CREATE UNIQUE INDEX approved_action_resolutions_pkey ON public.approved_action_resolutions USING btree (dispatch_id)
+INDEX CREATE UNIQUE INDEX approved_run_action_receipts_pkey ON public.approved_run_action_receipts USING btree (dispatch_id)
+INDEX CREATE UNIQUE INDEX approved_run_action_receipts_resource_type_resource_id_key ON public.approved_run_action_receipts USING btree (resource_type, resource_id)
+INDEX CREATE UNIQUE INDEX cancellation_audit_pkey ON public.cancellation_audit USING btree (id)
+INDEX CREATE UNIQUE INDEX cancellation_audit_project_id_operation_mutation_id_key ON public.cancellation_audit USING btree (project_id, operation, mutation_id)
+INDEX CREATE INDEX cancellation_audit_run ON public.cancellation_audit USING btree (run_id, created_at_ms)
+INDEX CREATE INDEX cancellation_dispatches_blocked ON public.cancellation_dispatches USING btree (project_id, updated_at_ms, run_id) WHERE (status = 'blocked'::text)
+INDEX CREATE INDEX cancellation_dispatches_due ON public.cancellation_dispatches USING btree (status, next_attempt_at_ms, run_id)
+INDEX CREATE UNIQUE INDEX cancellation_dispatches_pkey ON public.cancellation_dispatches USING btree (run_id)
+INDEX CREATE INDEX cancellation_dispatches_project ON public.cancellation_dispatches USING btree (project_id, status)
 INDEX CREATE UNIQUE INDEX principals_pkey ON public.principals USING btree (id)
 INDEX CREATE UNIQUE INDEX principals_token_digest_key ON public.principals USING btree (token_digest)
 INDEX CREATE UNIQUE INDEX projects_name_key ON public.projects USING btree (name)
@@ -133,20 +300,154 @@ INDEX CREATE UNIQUE INDEX run_leases_pkey ON public.run_leases USING btree (atte
 INDEX CREATE INDEX run_leases_worker ON public.run_leases USING btree (worker_id, status)
 INDEX CREATE INDEX run_retry_due ON public.run_retry_policies USING btree (next_retry_at_ms) WHERE (next_retry_at_ms IS NOT NULL)
 INDEX CREATE UNIQUE INDEX run_retry_policies_pkey ON public.run_retry_policies USING btree (run_id)
-INDEX CREATE INDEX runs_dispatch_candidates ON public.runs USING btree (status, priority DESC, queued_at_ms, id)
+INDEX CREATE INDEX runs_dispatch_candidates ON public.runs USING btree (priority DESC, queued_at_ms, id) WHERE ((status = 'queued'::text) AND (cancel_requested_at_ms IS NULL))
 INDEX CREATE UNIQUE INDEX runs_idempotency ON public.runs USING btree (project_id, idempotency_key) WHERE (idempotency_key IS NOT NULL)
+INDEX CREATE INDEX runs_live_cancel_intent ON public.runs USING btree (cancel_requested_at_ms, id) WHERE ((cancel_requested_at_ms IS NOT NULL) AND (status = ANY (ARRAY['created'::text, 'queued'::text, 'dispatching'::text, 'running'::text, 'waiting_approval'::text, 'retry_wait'::text, 'lost'::text])))
 INDEX CREATE UNIQUE INDEX runs_pkey ON public.runs USING btree (id)
 INDEX CREATE INDEX runs_project_created ON public.runs USING btree (project_id, created_at_ms, id)
 INDEX CREATE UNIQUE INDEX runs_project_id_id_key ON public.runs USING btree (project_id, id)
 INDEX CREATE INDEX runs_status_cancel ON public.runs USING btree (status, cancel_requested_at_ms)
 INDEX CREATE INDEX runs_status_queued ON public.runs USING btree (status, queued_at_ms)
+INDEX CREATE INDEX runs_task_active ON public.runs USING btree (task_id, status)
 INDEX CREATE INDEX runs_task_created ON public.runs USING btree (task_id, created_at_ms)
 INDEX CREATE UNIQUE INDEX task_revisions_pkey ON public.task_revisions USING btree (task_id, revision)
+INDEX CREATE INDEX task_schedules_due ON public.task_schedules USING btree (next_fire_at_ms, task_id) WHERE (next_fire_at_ms IS NOT NULL)
+INDEX CREATE UNIQUE INDEX task_schedules_pkey ON public.task_schedules USING btree (task_id)
 INDEX CREATE UNIQUE INDEX tasks_live_name ON public.tasks USING btree (project_id, name) WHERE (deleted_at_ms IS NULL)
 INDEX CREATE UNIQUE INDEX tasks_pkey ON public.tasks USING btree (id)
 INDEX CREATE INDEX tasks_project ON public.tasks USING btree (project_id, created_at_ms, id)
 INDEX CREATE UNIQUE INDEX workers_pkey ON public.workers USING btree (worker_id)
 INDEX CREATE INDEX workers_status ON public.workers USING btree (status, worker_id)
+CONSTRAINT approval_requests.approval_requests_action_digest_check CHECK ((action_digest ~ '^[0-9a-f]{64}$'::text))
+CONSTRAINT approval_requests.approval_requests_action_plan_json_check CHECK (((length(action_plan_json) >= 2) AND (length(action_plan_json) <= 4096)))
+CONSTRAINT approval_requests.approval_requests_action_ref_check CHECK (((length(action_ref) >= 1) AND (length(action_ref) <= 255)))
+CONSTRAINT approval_requests.approval_requests_action_type_check CHECK ((action_type ~ '^[a-z][a-z0-9_.]{0,63}$'::text))
+CONSTRAINT approval_requests.approval_requests_check CHECK (((expires_at_ms > requested_at_ms) AND ((expires_at_ms - requested_at_ms) <= 86400000)))
+CONSTRAINT approval_requests.approval_requests_check1 CHECK ((((decision_id IS NULL) AND (decision IS NULL) AND (reason_code IS NULL) AND (decided_by IS NULL) AND (decided_at_ms IS NULL) AND (decision_fence IS NULL)) OR ((decision_id IS NOT NULL) AND (decision IS NOT NULL) AND (reason_code IS NOT NULL) AND (decided_by IS NOT NULL) AND (decided_at_ms IS NOT NULL) AND (decision_fence IS NOT NULL))))
+CONSTRAINT approval_requests.approval_requests_check2 CHECK ((((consumption_id IS NULL) AND (dispatch_id IS NULL) AND (consumed_by IS NULL) AND (consumed_at_ms IS NULL) AND (consumption_fence IS NULL)) OR ((consumption_id IS NOT NULL) AND (dispatch_id IS NOT NULL) AND (consumed_by IS NOT NULL) AND (consumed_at_ms IS NOT NULL) AND (consumption_fence IS NOT NULL))))
+CONSTRAINT approval_requests.approval_requests_check3 CHECK (((decided_at_ms IS NULL) OR ((decided_at_ms >= requested_at_ms) AND (decided_at_ms < expires_at_ms))))
+CONSTRAINT approval_requests.approval_requests_check4 CHECK (((decided_by IS NULL) OR (decided_by <> requested_by)))
+CONSTRAINT approval_requests.approval_requests_check5 CHECK (((consumed_at_ms IS NULL) OR ((decided_at_ms IS NOT NULL) AND (consumed_at_ms >= decided_at_ms) AND (consumed_at_ms < expires_at_ms))))
+CONSTRAINT approval_requests.approval_requests_check6 CHECK ((((state = 'pending'::text) AND (version = 1) AND (decision_id IS NULL) AND (consumption_id IS NULL)) OR ((state = 'approved'::text) AND (version = 2) AND (decision IS NOT NULL) AND (decision = 'approve'::text) AND (consumption_id IS NULL)) OR ((state = 'rejected'::text) AND (version = 2) AND (decision IS NOT NULL) AND (decision = 'reject'::text) AND (consumption_id IS NULL)) OR ((state = 'consumed'::text) AND (version = 3) AND (decision IS NOT NULL) AND (decision = 'approve'::text) AND (consumption_id IS NOT NULL))))
+CONSTRAINT approval_requests.approval_requests_consumed_by_check CHECK (((consumed_by IS NULL) OR (consumed_by = ANY (ARRAY['system'::text, 'worker'::text]))))
+CONSTRAINT approval_requests.approval_requests_consumption_id_check CHECK (((consumption_id IS NULL) OR ((length(consumption_id) >= 1) AND (length(consumption_id) <= 128))))
+CONSTRAINT approval_requests.approval_requests_consumption_id_key UNIQUE (consumption_id)
+CONSTRAINT approval_requests.approval_requests_decided_by_fkey FOREIGN KEY (decided_by) REFERENCES principals(id)
+CONSTRAINT approval_requests.approval_requests_decision_check CHECK (((decision IS NULL) OR (decision = ANY (ARRAY['approve'::text, 'reject'::text]))))
+CONSTRAINT approval_requests.approval_requests_decision_id_check CHECK (((decision_id IS NULL) OR ((length(decision_id) >= 1) AND (length(decision_id) <= 128))))
+CONSTRAINT approval_requests.approval_requests_dispatch_id_key UNIQUE (dispatch_id)
+CONSTRAINT approval_requests.approval_requests_id_check CHECK (((length(id) >= 1) AND (length(id) <= 128)))
+CONSTRAINT approval_requests.approval_requests_permission_check CHECK ((permission = 'run.create'::text))
+CONSTRAINT approval_requests.approval_requests_pkey PRIMARY KEY (id)
+CONSTRAINT approval_requests.approval_requests_preview_digest_check CHECK ((preview_digest ~ '^[0-9a-f]{64}$'::text))
+CONSTRAINT approval_requests.approval_requests_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT approval_requests.approval_requests_project_id_id_key UNIQUE (project_id, id)
+CONSTRAINT approval_requests.approval_requests_reason_code_check CHECK (((reason_code IS NULL) OR (reason_code ~ '^[a-z][a-z0-9_]{0,63}$'::text)))
+CONSTRAINT approval_requests.approval_requests_request_digest_check CHECK ((request_digest ~ '^[0-9a-f]{64}$'::text))
+CONSTRAINT approval_requests.approval_requests_requested_by_fkey FOREIGN KEY (requested_by) REFERENCES principals(id)
+CONSTRAINT approval_requests.approval_requests_risk_check CHECK ((risk = ANY (ARRAY['low'::text, 'medium'::text, 'high'::text, 'critical'::text])))
+CONSTRAINT approval_requests.approval_requests_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'rejected'::text, 'consumed'::text])))
+CONSTRAINT approval_requests.approval_requests_version_check CHECK (((version >= 1) AND (version <= 3)))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_action_digest_check CHECK ((action_digest ~ '^[0-9a-f]{64}$'::text))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_action_plan_json_check CHECK (((length(action_plan_json) >= 2) AND (length(action_plan_json) <= 4096)))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_action_ref_check CHECK (((length(action_ref) >= 1) AND (length(action_ref) <= 255)))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_action_type_check CHECK ((action_type ~ '^[a-z][a-z0-9_.]{0,63}$'::text))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_approval_request_id_key UNIQUE (approval_request_id)
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_approval_request_version_check CHECK ((approval_request_version = 3))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_check CHECK ((approved_by <> requested_by))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_check1 CHECK (((approved_at_ms <= created_at_ms) AND (created_at_ms < expires_at_ms)))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_consumed_by_check CHECK ((consumed_by = ANY (ARRAY['system'::text, 'worker'::text])))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_dispatch_digest_check CHECK ((dispatch_digest ~ '^[0-9a-f]{64}$'::text))
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_pkey PRIMARY KEY (id)
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_project_id_approval_request_id_fkey FOREIGN KEY (project_id, approval_request_id) REFERENCES approval_requests(project_id, id)
+CONSTRAINT approved_action_dispatches.approved_action_dispatches_project_id_id_key UNIQUE (project_id, id)
+CONSTRAINT approved_action_executions.approved_action_executions_attempt_count_check CHECK ((attempt_count >= 0))
+CONSTRAINT approved_action_executions.approved_action_executions_check CHECK (((attempt_count <= max_attempts) AND (version >= attempt_count) AND (updated_at_ms >= created_at_ms)))
+CONSTRAINT approved_action_executions.approved_action_executions_check1 CHECK (((lease_expires_at_ms IS NULL) OR ((lease_expires_at_ms > updated_at_ms) AND (lease_expires_at_ms <= (updated_at_ms + 600000)))))
+CONSTRAINT approved_action_executions.approved_action_executions_check2 CHECK (((started_at_ms IS NULL) OR (started_at_ms >= created_at_ms)))
+CONSTRAINT approved_action_executions.approved_action_executions_check3 CHECK ((((status = 'pending'::text) AND (version = 0) AND (attempt_count = 0) AND (eligible_at_ms IS NOT NULL) AND (eligible_at_ms >= created_at_ms) AND (next_attempt_at_ms IS NULL) AND (lease_owner IS NULL) AND (lease_token_digest IS NULL) AND (lease_expires_at_ms IS NULL) AND (started_at_ms IS NULL) AND (result_mutation_id IS NULL) AND (result_code IS NULL) AND (result_digest IS NULL) AND (completed_at_ms IS NULL)) OR ((status = 'leased'::text) AND (lease_owner IS NOT NULL) AND (lease_token_digest IS NOT NULL) AND (lease_expires_at_ms IS NOT NULL) AND (attempt_count >= 1) AND (eligible_at_ms IS NOT NULL) AND (eligible_at_ms = lease_expires_at_ms) AND (next_attempt_at_ms IS NULL) AND (started_at_ms IS NULL) AND (result_digest IS NULL) AND (completed_at_ms IS NULL)) OR ((status = 'executing'::text) AND (lease_owner IS NOT NULL) AND (lease_token_digest IS NOT NULL) AND (lease_expires_at_ms IS NOT NULL) AND (attempt_count >= 1) AND (eligible_at_ms IS NULL) AND (next_attempt_at_ms IS NULL) AND (started_at_ms IS NOT NULL) AND (started_at_ms < lease_expires_at_ms) AND (result_mutation_id IS NULL) AND (result_code IS NULL) AND (result_digest IS NULL) AND (completed_at_ms IS NULL)) OR ((status = 'retry_wait'::text) AND (lease_owner IS NULL) AND (lease_token_digest IS NULL) AND (lease_expires_at_ms IS NULL) AND (attempt_count >= 1) AND (attempt_count < max_attempts) AND (next_attempt_at_ms IS NOT NULL) AND (eligible_at_ms IS NOT NULL) AND (eligible_at_ms = next_attempt_at_ms) AND (result_code IS NOT NULL) AND (started_at_ms IS NULL) AND (result_digest IS NULL) AND (completed_at_ms IS NULL)) OR ((status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'blocked'::text])) AND (lease_owner IS NULL) AND (lease_token_digest IS NULL) AND (lease_expires_at_ms IS NULL) AND (eligible_at_ms IS NULL) AND (next_attempt_at_ms IS NULL) AND (result_code IS NOT NULL) AND (result_mutation_id IS NOT NULL) AND (completed_at_ms IS NOT NULL) AND (completed_at_ms = updated_at_ms))))
+CONSTRAINT approved_action_executions.approved_action_executions_check4 CHECK (((status <> 'succeeded'::text) OR ((started_at_ms IS NOT NULL) AND (result_digest IS NOT NULL))))
+CONSTRAINT approved_action_executions.approved_action_executions_check5 CHECK (((status <> 'failed'::text) OR ((started_at_ms IS NOT NULL) AND (result_digest IS NULL))))
+CONSTRAINT approved_action_executions.approved_action_executions_check6 CHECK (((status <> 'blocked'::text) OR (result_digest IS NULL)))
+CONSTRAINT approved_action_executions.approved_action_executions_dispatch_digest_check CHECK ((dispatch_digest ~ '^[0-9a-f]{64}$'::text))
+CONSTRAINT approved_action_executions.approved_action_executions_execution_digest_check CHECK ((execution_digest ~ '^[0-9a-f]{64}$'::text))
+CONSTRAINT approved_action_executions.approved_action_executions_lease_owner_check CHECK (((lease_owner IS NULL) OR ((length(lease_owner) >= 1) AND (length(lease_owner) <= 128))))
+CONSTRAINT approved_action_executions.approved_action_executions_lease_token_digest_check CHECK (((lease_token_digest IS NULL) OR (lease_token_digest ~ '^[0-9a-f]{64}$'::text)))
+CONSTRAINT approved_action_executions.approved_action_executions_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 16)))
+CONSTRAINT approved_action_executions.approved_action_executions_pkey PRIMARY KEY (dispatch_id)
+CONSTRAINT approved_action_executions.approved_action_executions_project_id_dispatch_id_fkey FOREIGN KEY (project_id, dispatch_id) REFERENCES approved_action_dispatches(project_id, id)
+CONSTRAINT approved_action_executions.approved_action_executions_project_id_dispatch_id_key UNIQUE (project_id, dispatch_id)
+CONSTRAINT approved_action_executions.approved_action_executions_result_code_check CHECK (((result_code IS NULL) OR (result_code ~ '^[a-z][a-z0-9_]{0,63}$'::text)))
+CONSTRAINT approved_action_executions.approved_action_executions_result_digest_check CHECK (((result_digest IS NULL) OR (result_digest ~ '^[0-9a-f]{64}$'::text)))
+CONSTRAINT approved_action_executions.approved_action_executions_result_mutation_id_check CHECK (((result_mutation_id IS NULL) OR ((length(result_mutation_id) >= 1) AND (length(result_mutation_id) <= 128))))
+CONSTRAINT approved_action_executions.approved_action_executions_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'leased'::text, 'executing'::text, 'retry_wait'::text, 'succeeded'::text, 'failed'::text, 'blocked'::text])))
+CONSTRAINT approved_action_executions.approved_action_executions_version_check CHECK ((version >= 0))
+CONSTRAINT approved_action_recovery.approved_action_recovery_check CHECK ((((resolver_owner IS NULL) AND (resolver_token_digest IS NULL) AND (resolver_lease_expires_at_ms IS NULL)) OR ((resolver_owner IS NOT NULL) AND (resolver_token_digest IS NOT NULL) AND (resolver_lease_expires_at_ms IS NOT NULL))))
+CONSTRAINT approved_action_recovery.approved_action_recovery_check1 CHECK ((((status = 'armed'::text) AND (next_scan_at_ms IS NOT NULL) AND (resolution_mutation_id IS NULL)) OR ((status = 'manual'::text) AND (next_scan_at_ms IS NULL) AND (resolver_owner IS NULL) AND (resolution_mutation_id IS NULL)) OR ((status = 'resolved'::text) AND (next_scan_at_ms IS NULL) AND (resolver_owner IS NULL) AND (resolution_mutation_id IS NOT NULL))))
+CONSTRAINT approved_action_recovery.approved_action_recovery_evidence_digest_check CHECK (((evidence_digest IS NULL) OR (evidence_digest ~ '^[0-9a-f]{64}$'::text)))
+CONSTRAINT approved_action_recovery.approved_action_recovery_execution_version_check CHECK ((execution_version >= 1))
+CONSTRAINT approved_action_recovery.approved_action_recovery_last_finding_check CHECK (((last_finding IS NULL) OR (last_finding = ANY (ARRAY['verified_succeeded'::text, 'verified_failed'::text, 'still_running'::text, 'missing'::text, 'conflict'::text, 'unsupported'::text, 'unavailable'::text, 'manual_only'::text, 'completed'::text]))))
+CONSTRAINT approved_action_recovery.approved_action_recovery_pkey PRIMARY KEY (dispatch_id)
+CONSTRAINT approved_action_recovery.approved_action_recovery_project_id_dispatch_id_fkey FOREIGN KEY (project_id, dispatch_id) REFERENCES approved_action_executions(project_id, dispatch_id)
+CONSTRAINT approved_action_recovery.approved_action_recovery_resolution_mutation_id_check CHECK (((resolution_mutation_id IS NULL) OR ((length(resolution_mutation_id) >= 1) AND (length(resolution_mutation_id) <= 128))))
+CONSTRAINT approved_action_recovery.approved_action_recovery_resolver_owner_check CHECK (((resolver_owner IS NULL) OR ((length(resolver_owner) >= 1) AND (length(resolver_owner) <= 128))))
+CONSTRAINT approved_action_recovery.approved_action_recovery_resolver_token_digest_check CHECK (((resolver_token_digest IS NULL) OR (resolver_token_digest ~ '^[0-9a-f]{64}$'::text)))
+CONSTRAINT approved_action_recovery.approved_action_recovery_scan_count_check CHECK ((scan_count >= 0))
+CONSTRAINT approved_action_recovery.approved_action_recovery_status_check CHECK ((status = ANY (ARRAY['armed'::text, 'manual'::text, 'resolved'::text])))
+CONSTRAINT approved_action_recovery.approved_action_recovery_version_check CHECK ((version >= 0))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_actor_id_check CHECK (((length(actor_id) >= 1) AND (length(actor_id) <= 128)))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_actor_role_check CHECK (((actor_role IS NULL) OR (actor_role = ANY (ARRAY['approver'::text, 'admin'::text]))))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_actor_type_check CHECK ((actor_type = ANY (ARRAY['system'::text, 'user'::text])))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_check CHECK ((((source = 'resolver'::text) AND (actor_type = 'system'::text) AND (actor_role IS NULL) AND (evidence_digest IS NOT NULL) AND (resolution = ANY (ARRAY['verified_succeeded'::text, 'verified_failed'::text]))) OR ((source = 'manual'::text) AND (actor_type = 'user'::text) AND (actor_role IS NOT NULL) AND (resolution = ANY (ARRAY['confirm_succeeded'::text, 'confirm_failed'::text, 'abandon_unknown'::text])))))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_check1 CHECK ((((resolution = ANY (ARRAY['verified_succeeded'::text, 'confirm_succeeded'::text])) AND (outcome = 'succeeded'::text)) OR ((resolution = ANY (ARRAY['verified_failed'::text, 'confirm_failed'::text])) AND (outcome = 'failed'::text)) OR ((resolution = 'abandon_unknown'::text) AND (outcome = 'blocked'::text))))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_evidence_digest_check CHECK (((evidence_digest IS NULL) OR (evidence_digest ~ '^[0-9a-f]{64}$'::text)))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_expected_execution_version_check CHECK ((expected_execution_version >= 1))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_mutation_id_check CHECK (((length(mutation_id) >= 1) AND (length(mutation_id) <= 128)))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_mutation_id_key UNIQUE (mutation_id)
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::text, 'failed'::text, 'blocked'::text])))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_pkey PRIMARY KEY (dispatch_id)
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_project_id_dispatch_id_fkey FOREIGN KEY (project_id, dispatch_id) REFERENCES approved_action_executions(project_id, dispatch_id)
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_reason_code_check CHECK ((reason_code ~ '^[a-z][a-z0-9_]{0,63}$'::text))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_resolution_check CHECK ((resolution = ANY (ARRAY['verified_succeeded'::text, 'verified_failed'::text, 'confirm_succeeded'::text, 'confirm_failed'::text, 'abandon_unknown'::text])))
+CONSTRAINT approved_action_resolutions.approved_action_resolutions_source_check CHECK ((source = ANY (ARRAY['resolver'::text, 'manual'::text])))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_action_digest_check CHECK ((action_digest ~ '^[0-9a-f]{64}$'::text))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_action_type_check CHECK ((action_type = 'run.create'::text))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_check CHECK ((idempotency_key = dispatch_id))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_check1 CHECK (((finished_at_ms >= started_at_ms) AND (created_at_ms = finished_at_ms)))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_evidence_digest_check CHECK ((evidence_digest ~ '^[0-9a-f]{64}$'::text))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_execution_attempt_check CHECK (((execution_attempt >= 1) AND (execution_attempt <= 16)))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_execution_version_check CHECK ((execution_version >= 1))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_outcome_check CHECK ((outcome = 'succeeded'::text))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_pkey PRIMARY KEY (dispatch_id)
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_project_id_approval_request_i_fkey FOREIGN KEY (project_id, approval_request_id) REFERENCES approval_requests(project_id, id)
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_project_id_dispatch_id_fkey FOREIGN KEY (project_id, dispatch_id) REFERENCES approved_action_dispatches(project_id, id)
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_project_id_resource_id_fkey FOREIGN KEY (project_id, resource_id) REFERENCES runs(project_id, id)
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_resource_type_check CHECK ((resource_type = 'run'::text))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_resource_type_resource_id_key UNIQUE (resource_type, resource_id)
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_result_code_check CHECK ((result_code = 'approved_run_created'::text))
+CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_schema_version_check CHECK ((schema_version = 1))
+CONSTRAINT cancellation_audit.cancellation_audit_operation_check CHECK ((operation = 'cancellation.rearm'::text))
+CONSTRAINT cancellation_audit.cancellation_audit_pkey PRIMARY KEY (id)
+CONSTRAINT cancellation_audit.cancellation_audit_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT cancellation_audit.cancellation_audit_project_id_operation_mutation_id_key UNIQUE (project_id, operation, mutation_id)
+CONSTRAINT cancellation_audit.cancellation_audit_project_id_run_id_fkey FOREIGN KEY (project_id, run_id) REFERENCES runs(project_id, id)
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES run_attempts(id)
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_check CHECK ((version >= dispatch_count))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_check1 CHECK ((((status = 'leased'::text) AND (lease_owner IS NOT NULL) AND (lease_token_digest IS NOT NULL) AND (lease_expires_at_ms IS NOT NULL)) OR ((status <> 'leased'::text) AND (lease_owner IS NULL) AND (lease_token_digest IS NULL) AND (lease_expires_at_ms IS NULL))))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_check2 CHECK ((((status = ANY (ARRAY['pending'::text, 'retry_wait'::text])) AND (next_attempt_at_ms IS NOT NULL)) OR ((status <> ALL (ARRAY['pending'::text, 'retry_wait'::text])) AND (next_attempt_at_ms IS NULL))))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_check3 CHECK ((((status = 'pending'::text) AND (version = 0) AND (dispatch_count = 0) AND (last_result IS NULL)) OR ((status <> 'pending'::text) AND (dispatch_count >= 1))))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_check4 CHECK (((status <> 'dispatched'::text) OR (last_result = ANY (ARRAY['termination_requested'::text, 'already_exited'::text]))))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_check5 CHECK (((status <> 'blocked'::text) OR (last_result = ANY (ARRAY['identity_mismatch'::text, 'pid_mismatch'::text, 'unsupported'::text, 'invalid'::text]))))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_check6 CHECK (((status <> 'retry_wait'::text) OR (last_result = ANY (ARRAY['controller_missing'::text, 'handle_missing'::text, 'dispatch_error'::text, 'identity_mismatch'::text, 'pid_mismatch'::text, 'unsupported'::text, 'invalid'::text]))))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_check7 CHECK (((status <> 'leased'::text) OR (last_result IS NULL) OR (last_result <> ALL (ARRAY['termination_requested'::text, 'already_exited'::text]))))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_dispatch_count_check CHECK ((dispatch_count >= 0))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_last_result_check CHECK (((last_result IS NULL) OR (last_result = ANY (ARRAY['controller_missing'::text, 'handle_missing'::text, 'dispatch_error'::text, 'identity_mismatch'::text, 'pid_mismatch'::text, 'unsupported'::text, 'invalid'::text, 'termination_requested'::text, 'already_exited'::text]))))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_lease_owner_check CHECK (((lease_owner IS NULL) OR ((length(lease_owner) >= 1) AND (length(lease_owner) <= 128))))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_lease_token_digest_check CHECK (((lease_token_digest IS NULL) OR (length(lease_token_digest) = 64)))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_pkey PRIMARY KEY (run_id)
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_project_id_run_id_fkey FOREIGN KEY (project_id, run_id) REFERENCES runs(project_id, id)
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'leased'::text, 'retry_wait'::text, 'dispatched'::text, 'blocked'::text])))
+CONSTRAINT cancellation_dispatches.cancellation_dispatches_version_check CHECK ((version >= 0))
 CONSTRAINT principals.principals_is_owner_check CHECK ((is_owner = ANY (ARRAY[0, 1])))
 CONSTRAINT principals.principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'service'::text, 'worker'::text])))
 CONSTRAINT principals.principals_pkey PRIMARY KEY (id)
@@ -198,13 +499,19 @@ CONSTRAINT runs.runs_version_check CHECK ((version >= 0))
 CONSTRAINT task_revisions.task_revisions_pkey PRIMARY KEY (task_id, revision)
 CONSTRAINT task_revisions.task_revisions_revision_check CHECK ((revision >= 1))
 CONSTRAINT task_revisions.task_revisions_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)
+CONSTRAINT task_schedules.task_schedules_pkey PRIMARY KEY (task_id)
+CONSTRAINT task_schedules.task_schedules_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT task_schedules.task_schedules_state_version_check CHECK ((state_version >= 0))
+CONSTRAINT task_schedules.task_schedules_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)
 CONSTRAINT tasks.tasks_enabled_check CHECK ((enabled = ANY (ARRAY[0, 1])))
 CONSTRAINT tasks.tasks_pkey PRIMARY KEY (id)
 CONSTRAINT tasks.tasks_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT tasks.tasks_revision_check CHECK ((revision >= 1))
+CONSTRAINT workers.workers_active_leases_check CHECK ((active_leases >= 0))
 CONSTRAINT workers.workers_generation_check CHECK ((generation >= 1))
 CONSTRAINT workers.workers_max_concurrent_runs_check CHECK (((max_concurrent_runs >= 1) AND (max_concurrent_runs <= 1024)))
 CONSTRAINT workers.workers_pkey PRIMARY KEY (worker_id)
 CONSTRAINT workers.workers_status_check CHECK ((status = ANY (ARRAY['online'::text, 'draining'::text, 'offline'::text])))
 CONSTRAINT workers.workers_version_check CHECK ((version >= 0))
+FUNCTION ql3_approvals_refuse_update
 FUNCTION ql3_now_ms
