@@ -332,6 +332,9 @@ class RunDispatcher:
                 cursor = cand
                 if snapshot is None:
                     snapshot = self._workers(counters)
+                    if snapshot and all(w.free_slots < 1 for w in snapshot):
+                        # Every eligible worker is full: no candidate can be placed this cycle.
+                        return self._result("no_capacity", counters)
                 if not snapshot:
                     return self._result("no_workers", counters)
                 result, outcome_for = self._try_candidate(cand, snapshot, counters, claims)
@@ -365,15 +368,18 @@ class RunDispatcher:
         counters.plan_calls += 1
         try:
             task_spec = self._cached_spec(cand.task_id, cand.task_revision)
-            spec = plan_from_spec(
-                task_spec, cand.run_id, attempt_id, cand.project_id, cand.task_id, cand.task_revision
-            )
             placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
         except Ql3Error:
             return None, "plans_unavailable"
         ranked = rank(placement, snapshot)
         if not ranked:
             return None, "no_match"
+        try:
+            spec = plan_from_spec(
+                task_spec, cand.run_id, attempt_id, cand.project_id, cand.task_id, cand.task_revision
+            )
+        except Ql3Error:
+            return None, "plans_unavailable"
         for worker, score in ranked:
             if counters.claim_calls >= self.budget.claims:
                 return None, "claim_budget_exhausted"

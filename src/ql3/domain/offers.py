@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -49,8 +50,11 @@ def derive_lease_token(secret: bytes, attempt_id: str, lease_generation: int) ->
     return mac.hexdigest()
 
 
+_IDENT_RE: Final = re.compile(r"[^\x00-\x1f]{1,255}")
+
+
 def _ident(value: object, what: str) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= 255 or any(ord(c) < 32 for c in value):
+    if not isinstance(value, str) or _IDENT_RE.fullmatch(value) is None:
         raise ValidationFailed(f"invalid {what}", field=what)
     return value
 
