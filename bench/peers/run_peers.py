@@ -443,6 +443,7 @@ class LatencyResult:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    enqueue_call_p50_ms: float
     peak_rss_kib: int
 
 
@@ -559,6 +560,7 @@ async def latency_phase(name: str, settings: Settings, samples: int, timeout_s: 
         p50_ms=percentile(lat_ms, 50),
         p99_ms=percentile(lat_ms, 99),
         max_ms=max(lat_ms),
+        enqueue_call_p50_ms=percentile(call_ms, 50),
         peak_rss_kib=worker.rss.peak_kib if worker.rss else 0,
     )
 
@@ -703,14 +705,16 @@ def render_table(results: list[PeerResult], args: argparse.Namespace) -> str:
         "startup s",
         "idle p50 ms",
         "idle p99 ms",
+        "enqueue call p50 ms",
         "peak RSS MiB",
     )
     rows: list[tuple[str, ...]] = [header]
     for r in results:
         if r.latency is not None:
             lat_p50, lat_p99 = f"{r.latency.p50_ms:.2f}", f"{r.latency.p99_ms:.2f}"
+            call_p50 = f"{r.latency.enqueue_call_p50_ms:.2f}"
         else:
-            lat_p50 = lat_p99 = "-" if args.latency_samples == 0 else "FAILED"
+            lat_p50 = lat_p99 = call_p50 = "-" if args.latency_samples == 0 else "FAILED"
         rows.append(
             (
                 r.name,
@@ -721,6 +725,7 @@ def render_table(results: list[PeerResult], args: argparse.Namespace) -> str:
                 _fmt(r.median_startup_s, ".2f"),
                 lat_p50,
                 lat_p99,
+                call_p50,
                 _fmt(r.peak_rss_kib / 1024 if r.peak_rss_kib else None, ".1f"),
             )
         )

@@ -27,7 +27,9 @@ def _db(home: Path) -> SqliteDatabase:
 def _attempt(home: Path, run_id: str) -> dict[str, Any]:
     db = _db(home)
     try:
-        row: dict[str, Any] = db.raw("SELECT * FROM run_attempts WHERE run_id = ? ORDER BY attempt DESC", (run_id,))[0]
+        row: dict[str, Any] = db.raw(
+            "SELECT * FROM run_attempts WHERE run_id = ? ORDER BY attempt DESC", (run_id,)
+        )[0]
         return row
     finally:
         db.close()

@@ -200,7 +200,7 @@ def test_recovery_runs_first_and_keeps_the_offer_id_across_a_restart(harness: Ha
 
 def test_recovery_stops_after_cancel_or_session_replacement(harness: Harness) -> None:
     register(harness.db)
-    project, _, (run, other) = queued(harness.db, n=2)
+    _project, _, (_run, _other) = queued(harness.db, n=2)
     d0 = dispatcher(harness.db, since=0)
     first = d0.dispatch_once().offer
     assert first is not None
@@ -250,7 +250,7 @@ def test_failed_cycle_results_never_carry_the_command(harness: Harness) -> None:
 
 def test_cancelled_runs_are_not_candidates(harness: Harness) -> None:
     register(harness.db)
-    project, _, (run,) = queued(harness.db)
+    _project, _, (run,) = queued(harness.db)
     harness.db.transaction(lambda tx: runs.transition(tx, run.id, 0, "cancelled", actor_type="user"))
 
     assert dispatcher(harness.db).dispatch_once().reason == "no_candidates"

@@ -46,7 +46,8 @@ def test_two_dispatchers_claim_every_attempt_exactly_once(harness: Harness) -> N
 
     # When two dispatchers on two real connections race over them
     threads = [
-        threading.Thread(target=drive, args=(db, sink)) for db, sink in zip([harness.db, other], offers)
+        threading.Thread(target=drive, args=(db, sink))
+        for db, sink in zip([harness.db, other], offers, strict=False)
     ]
     for t in threads:
         t.start()

@@ -132,7 +132,7 @@ def test_start_failure_is_atomic_and_completes_the_lease(harness: Harness) -> No
 
 
 def test_start_failure_after_a_timeout_intent_is_timed_out(harness: Harness) -> None:
-    project, fence = _claimed(harness)
+    _project, fence = _claimed(harness)
     harness.db.transaction(lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=None))
     harness.db.raw(
         "UPDATE runs SET cancel_requested_at_ms = 1, cancel_reason = 'timeout' WHERE id = ?", (fence.run_id,)
@@ -173,7 +173,7 @@ def test_completion_with_a_wrong_token_changes_nothing(harness: Harness) -> None
 
 
 def test_cancel_intent_before_completion_turns_success_into_cancelled(harness: Harness) -> None:
-    project, fence = _claimed(harness)
+    _project, fence = _claimed(harness)
     start(harness.db, _offer_of(fence))
     harness.db.raw(
         "UPDATE runs SET cancel_requested_at_ms = 1, cancel_reason = 'user' WHERE id = ?", (fence.run_id,)
@@ -250,7 +250,7 @@ def test_late_completion_after_expiry_is_ignored(harness: Harness) -> None:
 def test_the_active_lease_counter_always_equals_the_leased_rows(harness: Harness) -> None:
     # Given claims, a completion, a start failure and an expiry on one worker
     register(harness.db, slots=8)
-    project, _, _ = queued(harness.db, n=4)
+    _project, _, _ = queued(harness.db, n=4)
     d = dispatcher(harness.db)
     offers = [d.dispatch_once().offer for _ in range(4)]
     assert all(o is not None for o in offers)

@@ -39,7 +39,7 @@ def test_lost_with_attempts_left_waits_then_creates_attempt_two(harness: Harness
 
 
 def test_retry_is_dispatched_as_a_new_attempt(harness: Harness) -> None:
-    project, run = _lost_run(harness, max_attempts=2)
+    _project, run = _lost_run(harness, max_attempts=2)
     harness.advance_clock(60_000)
     harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id))
     register(harness.db, lease_ms=600_000)

@@ -162,7 +162,9 @@ def test_the_file_is_a_wal_database_and_only_the_launching_barrier_is_fsynced(
 
     # When an offer is accepted, acknowledged and then crosses the launching barrier
     record = journal.accept(_offer()).record
-    record = journal.advance(record.offer_id, expected_revision=record.revision, to_state="starting_acknowledged")
+    record = journal.advance(
+        record.offer_id, expected_revision=record.revision, to_state="starting_acknowledged"
+    )
     before_barrier = len(statements)
     journal.advance(
         record.offer_id,
