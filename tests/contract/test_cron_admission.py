@@ -147,3 +147,19 @@ def test_two_schedulers_racing_admit_each_occurrence_once(harness: Harness) -> N
 
     assert not errors
     assert count(harness.db, "runs") == 5
+
+
+def test_overlap_cancel_previous_stops_the_running_copy_and_starts_a_new_one(harness: Harness) -> None:
+    # Given a cron task whose previous run is still queued
+    project = seed_project(harness.db)
+    seed_task(harness.db, project, cron="* * * * *", overlap="cancel_previous")
+    harness.advance_clock(MINUTE + 1_000)
+    CronScheduler(harness.db).schedule_once()
+
+    # When the next occurrence is admitted
+    harness.advance_clock(MINUTE)
+    assert CronScheduler(harness.db).schedule_once().admitted == 1
+
+    # Then the previous copy was cancelled by policy and a new one is queued
+    rows = harness.db.raw("SELECT status, cancel_reason FROM runs ORDER BY created_at_ms, id")
+    assert [(r["status"], r["cancel_reason"]) for r in rows] == [("cancelled", "policy"), ("queued", None)]

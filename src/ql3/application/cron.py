@@ -7,6 +7,7 @@ from functools import partial
 from typing import Final
 
 from ql3.application import rows, tasks
+from ql3.application.cancellation import request_cancel
 from ql3.application.runs import CreateRun, create_run
 from ql3.application.schedules import cron_key
 from ql3.domain.errors import ValidationFailed
@@ -95,6 +96,10 @@ class CronScheduler:
     def _admit(self, tx: Transaction, task: Task, view: tasks.TaskView, fire_at: int) -> str:
         if view.spec.overlap == "skip" and tx.all("task_active_runs", {"task_id": task.id, "limit": 1}):
             return "skipped_overlap"
+        if view.spec.overlap == "cancel_previous":
+            # The previous copies get a durable stop intent (reason "policy") in this same transaction.
+            for row in tx.all("task_active_runs", {"task_id": task.id, "limit": MAX_ACTIVE_SCAN}):
+                request_cancel(tx, task.project_id, row["id"], reason="policy", actor_type="scheduler")
         create_run(
             tx,
             CreateRun(
