@@ -68,6 +68,9 @@ PROFILES: dict[str, dict[str, float]] = {
 }
 
 
+WAKE_CHANNELS = ("runs", "schedules", "cancellations", "approved_actions", "retries")
+
+
 def lease_secret(home: Path) -> bytes:
     """The control-plane secret that derives run lease tokens (so the database holds digests only)."""
     path = home / "lease.secret"
@@ -100,8 +103,13 @@ class StandaloneRuntime:
     dispatcher: Any
     worker: Any
     loops: list[Any]
+    db: Any = None
 
     def start(self) -> None:
+        listen = getattr(self.db, "start_listening", None)
+        if listen is not None:
+            # PostgreSQL: other replicas' commits wake our loops through LISTEN/NOTIFY.
+            listen(list(WAKE_CHANNELS))
         self.worker.start()
         for loop in self.loops:
             loop.start()
@@ -142,7 +150,11 @@ def build_standalone_runtime(
     wid = worker_id or f"embedded-{socket.gethostname()}"[:128]
     worker = WorkerAgent(
         InProcessControlPlane(db),
-        WorkerConfig(worker_id=wid, home=home / "worker", slots=slots or max(2, (os.cpu_count() or 2) * 2)),
+        WorkerConfig(
+            worker_id=wid,
+            home=home / "worker",
+            slots=slots if slots is not None else max(2, (os.cpu_count() or 2) * 2),
+        ),
         clock=clock,
         fault=fault_point,
     )
@@ -267,4 +279,4 @@ def build_standalone_runtime(
             interrupt=lambda: notifier.notify("schedules"),
         ),
     ]
-    return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops)
+    return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops, db=db)

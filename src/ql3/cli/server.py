@@ -26,6 +26,8 @@ from ql3.cli.config import (
 )
 from ql3.cli.db import database_flag
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+from ql3.domain.errors import ValidationFailed
+from ql3.domain.workers import validate_worker_id
 
 log = logging.getLogger("ql3.serve")
 DEFAULT_URL = client_url(*parse_listen(DEFAULT_LISTEN))
@@ -108,7 +110,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     prepared = prepare(database_url(args.database_url), client_url(host, port), update_url=True)
     try:
         runtime = build_standalone_runtime(
-            prepared.db, prepared.credentials.parent, profile=args.profile, slots=args.slots
+            prepared.db,
+            prepared.credentials.parent,
+            profile=args.profile,
+            slots=args.slots,
+            worker_id=args.worker_id,
         )
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(prepared.db, lifecycle=[runtime], logs_root=logs_root)
@@ -141,6 +147,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prepared.db.close()
 
 
+def _slots(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be an integer") from None
+    if not 1 <= value <= 1024:
+        raise argparse.ArgumentTypeError("must be 1-1024")
+    return value
+
+
+def _worker_id(text: str) -> str:
+    try:
+        return validate_worker_id(text)
+    except ValidationFailed:
+        raise argparse.ArgumentTypeError("letters, digits and . _ : - (at most 128)") from None
+
+
 def register(subparsers: Subparsers) -> None:
     init = add_command(
         subparsers,
@@ -162,10 +185,18 @@ def register(subparsers: Subparsers) -> None:
     serve.add_argument("--profile", choices=("edge", "standalone"), default="standalone")
     serve.add_argument(
         "--slots",
-        type=int,
+        type=_slots,
         metavar="N",
         default=None,
         help="concurrent runs of the embedded worker (1-1024; default 2 x CPU cores)",
+    )
+    serve.add_argument(
+        "--worker-id",
+        type=_worker_id,
+        metavar="ID",
+        default=None,
+        help="id of the embedded worker (default embedded-<hostname>); give each server sharing one"
+        " PostgreSQL database its own",
     )
     serve.add_argument(
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
