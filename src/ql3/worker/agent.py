@@ -228,6 +228,10 @@ class WorkerAgent:
             offer.spec.get("attemptId"),
         ) != (f.run_id, f.attempt_id):
             raise ValidationFailed("offer spec does not match its digest or identity", field="spec")
+        if self.journal.get(offer.offer_id) is None:
+            # Before the first journal write: the lease must be live under this exact authority
+            # (expired, replaced or fenced offers never reach the journal). Raises FenceConflict.
+            self._client.lease_status(f)
         accepted = self.journal.accept(
             JournalOffer(
                 offer_id=offer.offer_id,
@@ -513,7 +517,10 @@ class WorkerAgent:
             try:
                 self.session = replace(self._client.heartbeat(session), outcome=session.outcome)
             except FenceConflict:
+                # Replaced or offline: every lease we hold is gone. Stop what we run (same authority
+                # only), never re-register by ourselves, and never write `lost` for the old session.
                 log.warning("session fenced", extra={"action": "worker.session_fenced"})
+                self._fenced_stop_all()
                 return False
             self._last_renewal_ms = now
         with self._lock:
@@ -536,6 +543,15 @@ class WorkerAgent:
             if item.adopted or item.exited:
                 self.settle(attempt_id)
         return False
+
+    def _fenced_stop_all(self) -> None:
+        with self._lock:
+            active = list(self._active.items())[:MAX_SLOTS]
+        for attempt_id, item in active:
+            record = self.journal.find_by_attempt(attempt_id)
+            if record is not None:
+                self._lease_lost(record, item)
+        self.session = None  # no more intake or maintenance until an operator restarts the worker
 
     # -- restart ---------------------------------------------------------------------------------
 

@@ -1,0 +1,217 @@
+"""The worker agent over a real SQLite control plane and real processes: the crash barrier."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ql3.application import auth, leases, runs, tasks, workers
+from ql3.application.dispatcher import DispatchBudget, RunDispatcher
+from ql3.application.gateway import InProcessControlPlane
+from ql3.domain.errors import FenceConflict, ValidationFailed
+from ql3.domain.ids import new_id
+from ql3.domain.offers import Offer
+from ql3.domain.workers import parse_capabilities
+from ql3.storage.sqlite.adapter import SqliteDatabase
+from ql3.worker.agent import WorkerAgent, WorkerConfig
+from ql3.worker.journal import JournalConflict
+
+
+class Crash(Exception):
+    """Simulates the process dying at a fault point."""
+
+
+@dataclasses.dataclass
+class Env:
+    db: SqliteDatabase
+    home: Path
+    marker: Path
+    project: Any
+    task: Any
+
+    def agent(self, fault: str | None = None) -> WorkerAgent:
+        def hook(point: str) -> None:
+            if point == fault:
+                raise Crash(point)
+
+        return WorkerAgent(
+            InProcessControlPlane(self.db),
+            WorkerConfig(worker_id="w1", home=self.home / "worker", slots=4),
+            clock=lambda: time.time_ns() // 1_000_000,
+            fault=hook,
+        )
+
+    def queue_and_claim(self, agent: WorkerAgent) -> Offer:
+        self.db.transaction(
+            lambda tx: runs.create_run(tx, runs.CreateRun(project_id=self.project.id, task=self.task))
+        )
+        d = RunDispatcher(self.db, lease_secret=b"k" * 32, budget=DispatchBudget(), incarnation_started_ms=0)
+        offer = d.dispatch_once().offer
+        assert offer is not None
+        return offer
+
+    def starts(self) -> int:
+        return len(self.marker.read_text().splitlines()) if self.marker.exists() else 0
+
+    def run_status(self, run_id: str) -> str:
+        return str(self.db.transaction(lambda tx: runs.get_run(tx, self.project.id, run_id)).status)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    db = SqliteDatabase(tmp_path / "ql3.db")
+    db.migrate()
+    project = db.transaction(auth.bootstrap_owner).project
+    marker = tmp_path / "starts"
+    task = db.transaction(
+        lambda tx: tasks.create_task(tx, project.id, "t", {"command": f"echo x >> {marker}; sleep 0.3"})
+    ).task
+    yield Env(db=db, home=tmp_path, marker=marker, project=project, task=task)
+    db.close()
+
+
+def _wait(predicate: Any, timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def test_a_redelivered_offer_starts_the_command_once(env: Env) -> None:
+    agent = env.agent()
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+
+        first = agent.receive(offer)
+        again = agent.receive(offer)
+
+        assert first == "running_acknowledged" and again == "running_acknowledged"
+        _wait(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        assert env.starts() == 1
+    finally:
+        agent.stop()
+
+
+def test_the_same_offer_id_with_another_digest_is_refused_before_any_spawn(env: Env) -> None:
+    agent = env.agent(fault="after_accept")
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+        with pytest.raises(Crash):
+            agent.receive(offer)
+        tampered_spec = {**offer.spec, "command": {"kind": "shell", "command": "echo evil"}}
+        from ql3.domain.offers import spec_digest
+
+        tampered = dataclasses.replace(offer, spec=tampered_spec, spec_digest=spec_digest(tampered_spec))
+
+        with pytest.raises(JournalConflict):
+            agent.receive(tampered)
+        assert env.starts() == 0
+    finally:
+        agent.stop()
+
+
+def test_an_offer_for_a_replaced_session_never_reaches_the_journal(env: Env) -> None:
+    agent = env.agent()
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+        env.db.transaction(
+            lambda tx: workers.register(
+                tx,
+                worker_id="w1",
+                session_id=new_id(),
+                capabilities=parse_capabilities({"executors": ["local_process"]}),
+                max_concurrent_runs=4,
+                session_lease_ms=30_000,
+            )
+        )
+
+        with pytest.raises(FenceConflict):
+            agent.receive(offer)
+        assert agent.journal.get(offer.offer_id) is None and env.starts() == 0
+    finally:
+        agent.stop()
+
+
+def test_an_offer_whose_spec_does_not_match_its_digest_is_refused(env: Env) -> None:
+    agent = env.agent()
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+        forged = dataclasses.replace(offer, spec={**offer.spec, "environment": {"X": "1"}})
+
+        with pytest.raises(ValidationFailed):
+            agent.receive(forged)
+        assert agent.journal.get(offer.offer_id) is None
+    finally:
+        agent.stop()
+
+
+def test_a_crash_after_the_launching_barrier_is_never_spawned_again(env: Env) -> None:
+    # Given a worker that dies after committing `launching`, before the spawn
+    crashing = env.agent(fault="after_launching")
+    crashing.start()
+    offer = env.queue_and_claim(crashing)
+    with pytest.raises(Crash):
+        crashing.receive(offer)
+    crashing.stop()
+
+    # When a new incarnation starts and the dispatcher offers the lease again
+    restarted = env.agent()
+    restarted.start()
+    try:
+        record = restarted.journal.get(offer.offer_id)
+        assert record is not None and record.state == "recovery_required"
+        assert record.recovery_reason == "launch_outcome_unknown"
+        state = restarted.receive(offer)
+
+        # Then it is never spawned: the outcome is unknown, so a person or the lease expiry decides
+        assert state == "recovery_required" and env.starts() == 0
+    finally:
+        restarted.stop()
+
+
+def test_lease_loss_stops_only_our_process_and_the_old_worker_never_writes_lost(env: Env) -> None:
+    # Given a running command
+    slow = env.db.transaction(
+        lambda tx: tasks.edit_task(tx, env.project.id, "t", {"command": f"echo x >> {env.marker}; sleep 30"})
+    ).task
+    env.task = slow
+    agent = env.agent()
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+        assert agent.receive(offer) == "running_acknowledged"
+
+        # When another session replaces ours (our leases are fenced) and the worker renews
+        env.db.transaction(
+            lambda tx: workers.register(
+                tx,
+                worker_id="w1",
+                session_id=new_id(),
+                capabilities=parse_capabilities({"executors": ["local_process"]}),
+                max_concurrent_runs=4,
+                session_lease_ms=30_000,
+            )
+        )
+        agent._last_renewal_ms = 0
+        agent.maintain()
+
+        # Then our process was stopped, the journal says so, and the run was not marked lost by us
+        record = agent.journal.get(offer.offer_id)
+        assert record is not None and record.state == "recovery_required"
+        assert record.recovery_reason == "lease_lost_local_execution_stopped"
+        assert env.run_status(offer.fence.run_id) == "running"
+        lease = env.db.transaction(lambda tx: leases.get_lease(tx, offer.fence.attempt_id))
+        assert lease is not None and lease.status == "leased"
+    finally:
+        agent.stop()
