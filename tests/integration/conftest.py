@@ -164,3 +164,41 @@ def register_worker(db: SqliteDatabase) -> Callable[..., None]:
         )
 
     return register
+
+
+# -- the CLI in-process against the app (test_http_cancel*, test_http_approval*) --------------------
+
+
+@pytest.fixture
+def cli_main(
+    client: TestClient,
+    owner: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> Callable[..., tuple[int, str, str]]:
+    """Run ``ql3 ARGS`` in-process; its API client talks to ``client``'s app. Returns (exit, out, err).
+
+    ``headers`` replaces the owner's; every request path is appended to ``cli_main.requests``."""
+    from ql3.cli import main as cli
+    from ql3.cli.client import ApiClient
+
+    requests: list[str] = []
+
+    def run(*args: str, headers: dict[str, str] | None = None) -> tuple[int, str, str]:
+        def connect() -> ApiClient:
+            api = ApiClient.__new__(ApiClient)
+            api.base = "http://testserver"
+            api._http = type(client)(
+                client.app, base_url="http://testserver/api/v1", headers=headers or owner
+            )
+            api._http.event_hooks["request"].append(lambda r: requests.append(r.url.path))
+            return api
+
+        monkeypatch.setattr(ApiClient, "from_environment", classmethod(lambda cls: connect()))
+        capsys.readouterr()
+        code = cli.main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    run.requests = requests  # type: ignore[attr-defined]
+    return run

@@ -11,7 +11,13 @@ from ql3.cli.main import main
 
 @pytest.mark.parametrize(
     "args",
-    [["--slots", "0"], ["--slots", "1025"], ["--slots", "many"], ["--worker-id", "bad id"], ["--worker-id", "-x"]],
+    [
+        ["--slots", "0"],
+        ["--slots", "1025"],
+        ["--slots", "many"],
+        ["--worker-id", "bad id"],
+        ["--worker-id", "-x"],
+    ],
 )
 def test_bad_worker_settings_exit_64_and_create_nothing(
     args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -7,7 +7,7 @@ import sys
 from typing import Final
 
 import ql3
-from ql3.cli import db, projects, runs, server, tasks, tokens, workers
+from ql3.cli import actions, approvals, cancel, db, projects, runs, server, tasks, tokens, workers
 from ql3.cli.common import Handler, Parser
 from ql3.cli.errors import EXIT_ERROR, CliError
 from ql3.domain.errors import Ql3Error
@@ -29,6 +29,17 @@ exit codes:
   3    timed_out
   4    cancelled
   5    --timeout-wait elapsed before the run ended
+  run start of an approval-required task prints the approval id and exits 0, also with
+  --wait: its run exists only once another user has approved it (ql3 approval approve ID)
+  run cancel --wait:
+  0    the run ended cancelled or timed_out, or was already terminal
+  2    it ended otherwise (succeeded, failed, lost) before the stop took effect
+  5    --timeout-wait elapsed first
+  20   the cancellation is blocked (ql3 run inspect RUN, ql3 run rearm)
+  run status (the cancellation health card):
+  0    clear
+  10   converging: cancellations in flight
+  20   attention_required: a cancellation is blocked (ql3 run blocked, inspect, rearm)
 
 examples:
   ql3 serve                                     # first start creates the owner's credentials
@@ -36,6 +47,9 @@ examples:
   ql3 run start backup --idempotency-key nightly-1
   ql3 run start backup --follow                 # stream the log, exit with the outcome
   ql3 run logs RUN --follow
+  ql3 run cancel RUN --wait                     # stop the whole process group, wait for it
+  ql3 run status --json                         # exit 0 clear, 10 converging, 20 attention
+  ql3 approval approve ID --reason change_window
   ql3 run list --task backup --json
   ql3 worker list
   ql3 token create --role viewer --name dashboard
@@ -56,6 +70,9 @@ def build_parser() -> Parser:
     server.register(commands)
     tasks.register(commands)
     runs.register(commands)
+    cancel.register(commands)  # adds cancel, status, blocked, inspect, rearm to the run group
+    approvals.register(commands)
+    actions.register(commands)
     workers.register(commands)
     tokens.register(commands)
     projects.register(commands)

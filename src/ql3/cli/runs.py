@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from ql3.cli import output, watch
+from ql3.cli import approvals, output, watch
 from ql3.cli.client import ApiClient, seg
 from ql3.cli.common import Parser, Subparsers, add_command, positive_int, project_flag, wants_json
 from ql3.cli.errors import EXIT_OK, CliError, UsageError
@@ -58,6 +58,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         status, run = api.call(
             "POST", f"/projects/{seg(args.project)}/tasks/{seg(args.task)}/runs", json=body
         )
+        if status == 202:  # approval required: a request, no run yet (exit 0, also with --wait)
+            return approvals.print_requested(args, run)
         verb = "started" if status == 201 else "already exists"
         if not waiting:
             if wants_json(args):

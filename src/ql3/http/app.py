@@ -18,7 +18,7 @@ from ql3.http import errors
 from ql3.http.auth import DbDep
 from ql3.http.dto import Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll
-from ql3.http.routes import projects, runs, tasks, workers
+from ql3.http.routes import actions, approvals, cancellation, projects, runs, tasks, workers
 from ql3.ports.storage import Database, Transaction
 
 log = logging.getLogger("ql3.http")
@@ -98,7 +98,15 @@ def create_app(
             return JSONResponse(errors.error_body(exc.code, exc.message), status_code=503)
         return Status(status="ready")
 
-    for router in (projects.router, tasks.router, runs.router, workers.router):
+    for router in (
+        projects.router,
+        tasks.router,
+        runs.router,
+        workers.router,
+        cancellation.router,
+        approvals.router,
+        actions.router,
+    ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     app.include_router(console.router)
     return app

@@ -194,7 +194,9 @@ def cancellation_blocked(
     project: str,
     db: DbDep,
     principal: PrincipalDep,
-    cursor: Annotated[str | None, Query(max_length=512, description="nextCursor of the previous page")] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=512, description="nextCursor of the previous page")
+    ] = None,
 ) -> BlockedPage:
     """One fixed page of 16 blocked cancellations by ``(blockedAtMs, runId)`` as of the first page's
     snapshot; a malformed cursor is 422."""

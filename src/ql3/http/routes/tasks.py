@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
+from fastapi.responses import JSONResponse
 
 from ql3.application import auth, runs, tasks
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import RunCreate, RunOut, TaskCreate, TaskEdit, TaskOut, TaskPage, run_out, task_out
+from ql3.http.routes.approvals import ApprovalRequested, request_approval
 from ql3.ports.storage import Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}/tasks", tags=["tasks"])
@@ -94,7 +96,10 @@ def delete_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> 
     "/{task}/runs",
     response_model=RunOut,
     status_code=status.HTTP_201_CREATED,
-    responses={200: {"model": RunOut, "description": "an idempotent repeat: the existing run"}},
+    responses={
+        200: {"model": RunOut, "description": "an idempotent repeat: the existing run"},
+        202: {"model": ApprovalRequested, "description": "approval required: a request, no run"},
+    },
 )
 def start_run(
     project: str,
@@ -103,17 +108,24 @@ def start_run(
     principal: PrincipalDep,
     response: Response,
     body: RunCreate | None = None,
-) -> RunOut:
+) -> RunOut | JSONResponse:
     """Queue a run of the task's current revision: 201 for a new run, 200 when ``idempotency_key``
-    names a run this project already has for the same task."""
+    names a run this project already has for the same task. A task with ``approval: required`` gets
+    no run but an approval request (202 ``{"approval": ...}``); the run exists once it is approved."""
     request = body or RunCreate()
 
-    def unit(tx: Transaction) -> tuple[RunOut, bool]:
+    def unit(tx: Transaction) -> tuple[RunOut, bool] | ApprovalRequested:
         found = auth.authorize(tx, principal, project, "run.create")
+        found_task = tasks.find_task(tx, found.id, task)
+        key = runs.validate_idempotency_key(request.idempotency_key)
+        if tasks.view(tx, found_task).spec.approval == "required":
+            return request_approval(
+                tx, found, found_task, principal, priority=request.priority, idempotency_key=key
+            )
         cmd = runs.CreateRun(
             project_id=found.id,
-            task=tasks.find_task(tx, found.id, task),
-            idempotency_key=runs.validate_idempotency_key(request.idempotency_key),
+            task=found_task,
+            idempotency_key=key,
             priority=request.priority,
             actor_type="user",
             actor_id=principal.id,
@@ -121,6 +133,9 @@ def start_run(
         run, created = runs.create_run(tx, cmd)
         return run_out(run), created
 
-    out, created = db.transaction(unit)
+    result = db.transaction(unit)
+    if isinstance(result, ApprovalRequested):
+        return JSONResponse(result.model_dump(mode="json"), status_code=status.HTTP_202_ACCEPTED)
+    out, created = result
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return out

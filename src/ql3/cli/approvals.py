@@ -1,0 +1,155 @@
+"""``ql3 approval list | show | approve | reject``, and what ``run start`` prints for an
+approval-required task (no run exists until another user approves the request)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from typing import Any
+
+from ql3.cli import output
+from ql3.cli.client import ApiClient, seg
+from ql3.cli.common import Parser, Subparsers, add_command, positive_int, project_flag, wants_json
+from ql3.cli.errors import EXIT_OK, UsageError
+from ql3.domain.approvals import APPROVAL_STATES, CODE_RE
+
+
+def _when(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _base(args: argparse.Namespace) -> str:
+    return f"/projects/{seg(args.project)}/approvals"
+
+
+def _reason(value: str | None) -> str | None:
+    if value is not None and not CODE_RE.match(value):
+        raise UsageError("--reason must be a code: lowercase letters, digits and _ (at most 64)")
+    return value
+
+
+def _show(approval: dict[str, Any]) -> None:
+    output.fields(
+        [
+            ("id", approval["id"]),
+            ("state", approval["state"]),
+            ("effective_state", approval.get("effective_state")),
+            ("action", f"{approval.get('action_type')} {approval.get('action_ref')}"),
+            ("requested_by", approval.get("requested_by")),
+            ("requested", _when(approval.get("requested_at_ms"))),
+            ("expires", _when(approval.get("expires_at_ms"))),
+            ("decision", approval.get("decision")),
+            ("reason", approval.get("reason_code")),
+            ("decided_by", approval.get("decided_by")),
+            ("decided", _when(approval.get("decided_at_ms"))),
+            ("dispatch_id", approval.get("dispatch_id")),
+        ]
+    )
+
+
+def print_requested(args: argparse.Namespace, body: dict[str, Any]) -> int:
+    """``run start`` of an approval-required task: the answer is an approval request, not a run.
+
+    Exit 0, also with ``--wait``/``--follow``: there is no run to wait for until it is approved."""
+    approval = body["approval"]
+    if wants_json(args):
+        output.emit_json(body)
+    else:
+        output.line(f"approval {approval['id']} requested: the run is created once another user approves")
+        output.note(f"approve with: ql3 approval approve {approval['id']}")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    params = {"state": args.state, "cursor": args.cursor, "limit": args.limit}
+    with ApiClient.from_environment() as api:
+        _, page = api.call("GET", _base(args), params=params)
+    if wants_json(args):
+        output.emit_json(page)
+        return EXIT_OK
+    output.table(
+        ("ID", "STATE", "ACTION", "REQUESTED", "EXPIRES"),
+        [
+            (
+                a["id"],
+                a["effective_state"],
+                f"{a['action_type']} {a['action_ref']}",
+                _when(a["requested_at_ms"]),
+                _when(a["expires_at_ms"]),
+            )
+            for a in page["items"]
+        ],
+    )
+    if page.get("next_cursor"):
+        output.note(f"more: ql3 approval list --cursor {page['next_cursor']}")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, approval = api.call("GET", f"{_base(args)}/{seg(args.id)}")
+    if wants_json(args):
+        output.emit_json(approval)
+    else:
+        _show(approval)
+    return EXIT_OK
+
+
+def _decide(args: argparse.Namespace, verb: str) -> int:
+    body: dict[str, Any] = {}
+    reason = _reason(args.reason)
+    if reason is not None:
+        body["reason_code"] = reason
+    if args.decision_id is not None:
+        body["decision_id"] = args.decision_id
+    with ApiClient.from_environment() as api:
+        _, approval = api.call("POST", f"{_base(args)}/{seg(args.id)}/{verb}", json=body)
+    if wants_json(args):
+        output.emit_json(approval)
+    else:
+        output.line(f"approval {approval['id']} {approval['state']}")
+    return EXIT_OK
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    return _decide(args, "approve")
+
+
+def cmd_reject(args: argparse.Namespace) -> int:
+    return _decide(args, "reject")
+
+
+def register(subparsers: Subparsers) -> None:
+    group: Parser = subparsers.add_parser(
+        "approval",
+        help="decide approval requests",
+        description="Approval requests: a run of an approval-required task waits for another user's "
+        "decision (role approver or admin; never the requester).",
+    )
+    actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
+    proj = project_flag()
+
+    lst = add_command(actions, "list", cmd_list, "list approval requests, newest first (one page)", proj)
+    lst.add_argument("--state", choices=APPROVAL_STATES, default=None, help="only requests in this state")
+    lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
+    lst.add_argument("--limit", type=positive_int, default=50, metavar="N", help="page size, at most 100")
+
+    show = add_command(actions, "show", cmd_show, "show one approval request", proj)
+    show.add_argument("id", metavar="ID", help="approval id")
+
+    for name, handler, help_text, reason_required in (
+        ("approve", cmd_approve, "approve a request (the run is then created)", False),
+        ("reject", cmd_reject, "reject a request", True),
+    ):
+        cmd = add_command(actions, name, handler, help_text, proj)
+        cmd.add_argument("id", metavar="ID", help="approval id")
+        cmd.add_argument(
+            "--reason",
+            required=reason_required,
+            default=None,
+            metavar="CODE",
+            help="reason code, e.g. change_window" + ("" if reason_required else " (default: approved)"),
+        )
+        cmd.add_argument("--decision-id", default=None, metavar="ID", help="repeat one to replay a decision")
