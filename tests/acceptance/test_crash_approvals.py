@@ -48,7 +48,7 @@ def test_a_crash_after_execute_is_resolved_from_the_receipt_with_exactly_one_run
     home = tmp_path / "home"
     marker = tmp_path / "ran.txt"
     server = start_with_env(home, {**LEASE, "QL3_FAULT": "after_execute"})
-    _approved_action(server, marker)
+    approval_id, _ = _approved_action(server, marker)
     assert server.process.wait(timeout=30) == 137
 
     # When it restarts: the executing action's lease expires and it is recovery_required
@@ -60,6 +60,8 @@ def test_a_crash_after_execute_is_resolved_from_the_receipt_with_exactly_one_run
         assert action["effective_status"] == "succeeded"
         runs = _runs(restarted)
         assert len(runs) == 1 and runs[0]["trigger_type"] == "approved_action"
+        created = restarted.cli_json("run", "events", runs[0]["id"])["items"][0]
+        assert created["type"] == "run.created" and created["payload"]["approval_request_id"] == approval_id
         wait_for(lambda: _runs(restarted)[0]["status"] == "succeeded", 30)
         assert marker.read_text().splitlines() == ["ran"]
     finally:

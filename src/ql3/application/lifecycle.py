@@ -42,7 +42,7 @@ class LifecycleRunner:
         drain_timeout_s: float = 10.0,
         interrupt: Callable[[], None] | None = None,
     ) -> None:
-        if not 0.01 <= backstop_s <= 3600 or not 1 <= burst <= 10_000:
+        if not 0.01 <= backstop_s <= 3600 or not 1 <= burst <= 10_000 or not 0 < drain_timeout_s <= 600:
             raise ValidationFailed("invalid lifecycle cadence", loop=name)
         self.name = name
         self._cycle = cycle
@@ -57,25 +57,31 @@ class LifecycleRunner:
         self.cycles = 0
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("already started")
+        """Start the loop thread. Refused while a previous thread is alive: a cycle that outlived
+        ``stop()``'s bounded drain blocks a restart until it ends (it never reschedules itself)."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("the previous loop is still running")
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name=f"ql3-{self.name}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Ask the loop to stop and wait up to the drain timeout; True when it has ended."""
         self._stop.set()
         if self._interrupt is not None:
             self._interrupt()
         thread = self._thread
-        if thread is not None:
-            thread.join(self._drain_timeout_s)
-            if thread.is_alive():
-                log.warning(
-                    "loop did not drain in time",
-                    extra={"action": "lifecycle.drain_timeout", "loop": self.name},
-                )
+        if thread is None:
+            return True
+        thread.join(self._drain_timeout_s)
+        if thread.is_alive():
+            log.warning(
+                "loop did not drain in time",
+                extra={"action": "lifecycle.drain_timeout", "loop": self.name},
+            )
+            return False
         self._thread = None
+        return True
 
     def _run_cycle(self) -> bool:
         try:

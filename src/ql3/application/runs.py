@@ -314,6 +314,10 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
     payload = {"trigger_type": cmd.trigger_type, "task_revision": cmd.task.revision}
     if cmd.scheduled_for_ms is not None:
         payload["scheduled_for_ms"] = cmd.scheduled_for_ms
+    if cmd.trigger_type == "approved_action":
+        # The run's history names the approval and the dispatch that created it.
+        payload["approval_request_id"] = cmd.request_id
+        payload["dispatch_id"] = cmd.idempotency_key
     # created and queued are facts of this one transaction (event_sequence starts at 2, version at 0).
     append_events(
         tx,
