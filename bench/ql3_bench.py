@@ -6,6 +6,8 @@ Measures, on this machine in one run (medians of --repeat repetitions where it s
   3. idle latency from ``run start`` (HTTP request sent) to the command starting: p50 / p99
   4. cost of one dispatch_once() with 1,000 and with 100,000 queued runs, and their ratio
   5. peak RSS of an idle ``ql3 serve`` and of one holding 100,000 queued runs
+  6. cancel latency from request to process group gone (p50 / p99) on an idle server
+  7. write transactions and rows changed per cancellation on SQLite
 Every loop is bounded in count and time; all traffic stays on 127.0.0.1.
 """
 
@@ -258,6 +260,126 @@ def bench_rss(backlog: int) -> tuple[int, int, int]:
             serve.stop()
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                    return True
+    return False
+
+
+def bench_cancel_latency(samples: int) -> tuple[float, float]:
+    """Milliseconds from the cancel request being sent to the last process of the group being gone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        serve = Serve(home)
+        try:
+            serve.client.post("/api/v1/projects/default/tasks", json={"name": "s", "command": "sleep 60"})
+            db = SqliteDatabase(home / "ql3.db")
+            latencies: list[float] = []
+            for _ in range(samples):
+                run_id = serve.client.post("/api/v1/projects/default/tasks/s/runs", json={}).json()["id"]
+                deadline = time.monotonic() + 30
+                pid = None
+                while time.monotonic() < deadline and pid is None:
+                    row = db.raw(
+                        "SELECT pid FROM run_attempts WHERE run_id = ? AND status = 'running'", (run_id,)
+                    )
+                    pid = row[0]["pid"] if row else None
+                    time.sleep(0.01)
+                assert pid is not None
+                time.sleep(0.2)  # idle server
+                sent = time.perf_counter()
+                serve.client.post(f"/api/v1/projects/default/runs/{run_id}/cancel")
+                while time.perf_counter() - sent < 30 and _group_alive(pid):
+                    time.sleep(0.001)
+                latencies.append((time.perf_counter() - sent) * 1000)
+            db.close()
+            latencies.sort()
+            return statistics.median(latencies), latencies[
+                min(len(latencies) - 1, int(len(latencies) * 0.99))
+            ]
+        finally:
+            serve.stop()
+
+
+class _CountingSqlite(SqliteDatabase):
+    """Counts write transactions and changed rows (sqlite3 ``total_changes``) across all threads."""
+
+    writes = 0
+    rows = 0
+
+    def transaction(self, fn: Any, *, write: bool = True) -> Any:
+        conn = self._conn()
+        before = conn.total_changes
+        result = super().transaction(fn, write=write)
+        if write:
+            type(self).writes += 1
+        type(self).rows += conn.total_changes - before
+        return result
+
+
+def bench_cancel_writes(repeat: int) -> tuple[float, float]:
+    """(write transactions, rows changed) on SQLite from the cancel request to the run being cancelled."""
+    from ql3.application import cancellation
+    from ql3.bootstrap import build_standalone_runtime
+
+    figures: list[tuple[int, int]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        db = _CountingSqlite(home / "ql3.db")
+        db.migrate()
+        project = db.transaction(auth.bootstrap_owner).project
+        task = db.transaction(lambda tx: tasks.create_task(tx, project.id, "s", {"command": "sleep 60"})).task
+        runtime = build_standalone_runtime(db, home)
+        runtime.start()
+        try:
+            for _ in range(repeat):
+                run, _ = db.transaction(
+                    lambda tx: runs.create_run(tx, runs.CreateRun(project_id=project.id, task=task))
+                )
+                deadline = time.monotonic() + 30
+                while (
+                    time.monotonic() < deadline
+                    and db.transaction(
+                        lambda tx, r=run.id: runs.get_run(tx, project.id, r), write=False
+                    ).status
+                    != "running"
+                ):
+                    time.sleep(0.01)
+                time.sleep(0.3)
+                _CountingSqlite.writes = _CountingSqlite.rows = 0
+                db.transaction(
+                    lambda tx, r=run.id: cancellation.request_cancel(
+                        tx, project.id, r, reason="user", actor_type="user"
+                    )
+                )
+                while (
+                    time.monotonic() < deadline + 30
+                    and db.transaction(
+                        lambda tx, r=run.id: runs.get_run(tx, project.id, r), write=False
+                    ).status
+                    != "cancelled"
+                ):
+                    time.sleep(0.005)
+                time.sleep(0.2)  # let the dispatch result commit too
+                figures.append((_CountingSqlite.writes, _CountingSqlite.rows))
+        finally:
+            runtime.stop()
+            db.close()
+    return statistics.median(f[0] for f in figures), statistics.median(f[1] for f in figures)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -290,6 +412,12 @@ def main() -> int:
     p50, p99 = bench_idle_latency(args.latency_samples)
     out["idle_start_latency_ms_p50"], out["idle_start_latency_ms_p99"] = round(p50, 2), round(p99, 2)
     print(f"idle start latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms", flush=True)
+    c50, c99 = bench_cancel_latency(args.latency_samples // 2 or 1)
+    out["cancel_latency_ms_p50"], out["cancel_latency_ms_p99"] = round(c50, 2), round(c99, 2)
+    print(f"cancel latency (request to process group gone): p50 {c50:.2f} ms, p99 {c99:.2f} ms", flush=True)
+    writes, rows = bench_cancel_writes(args.repeat)
+    out["cancel_sqlite_write_transactions"], out["cancel_sqlite_rows_changed"] = writes, rows
+    print(f"per cancellation on SQLite: {writes} write transactions, {rows} rows changed", flush=True)
     idle, loaded, hwm = bench_rss(args.backlog)
     out.update(
         rss_idle_mb=round(idle / 1024, 1),
