@@ -135,7 +135,7 @@ def build_standalone_runtime(
     from ql3.application.approved_actions import ApprovedActionDispatcher, RecoveryResolver, RunCreateHandler
     from ql3.application.cancellation import CancellationSupervisor
     from ql3.application.cron import CronScheduler
-    from ql3.application.dispatcher import RunDispatcher
+    from ql3.application.dispatcher import DispatchBudget, RunDispatcher
     from ql3.application.gateway import InProcessControlPlane
     from ql3.application.lifecycle import LifecycleRunner
     from ql3.domain.errors import Conflict
@@ -146,7 +146,13 @@ def build_standalone_runtime(
         raise ConfigurationError("unknown profile")
     cadence = PROFILES[profile]
     clock = getattr(db, "clock", None) or (lambda: time.time_ns() // 1_000_000)
-    dispatcher = RunDispatcher(db, lease_secret=lease_secret(home), incarnation_started_ms=clock())
+    run_lease_ms = int(os.environ.get("QL3_RUN_LEASE_MS", "30000"))
+    dispatcher = RunDispatcher(
+        db,
+        lease_secret=lease_secret(home),
+        budget=DispatchBudget(lease_ms=run_lease_ms),
+        incarnation_started_ms=clock(),
+    )
     wid = worker_id or f"embedded-{socket.gethostname()}"[:128]
     worker = WorkerAgent(
         InProcessControlPlane(db),
@@ -154,6 +160,7 @@ def build_standalone_runtime(
             worker_id=wid,
             home=home / "worker",
             slots=slots if slots is not None else max(2, (os.cpu_count() or 2) * 2),
+            run_lease_ms=run_lease_ms,
         ),
         clock=clock,
         fault=fault_point,

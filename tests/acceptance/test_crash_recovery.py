@@ -101,7 +101,9 @@ def test_crash_between_claim_and_spawn_recovers_the_same_offer_and_spawns_once(t
     # Given a server that dies right after committing a claim, before the offer reaches the worker
     home = tmp_path / "home"
     marker = tmp_path / "starts.txt"
-    server = start_with_env(home, {"QL3_FAULT": "after_claim"})
+    # (a long run lease: on a loaded machine the restart must not race the lease's expiry)
+    lease = {"QL3_RUN_LEASE_MS": "300000"}
+    server = start_with_env(home, {**lease, "QL3_FAULT": "after_claim"})
     assert server.cli("task", "add", "once", "--command", f"echo x >> {marker}").returncode == 0
     # (the crash may even beat the HTTP response, so the run id is read from the database)
     server.cli("run", "start", "once")
@@ -112,7 +114,7 @@ def test_crash_between_claim_and_spawn_recovers_the_same_offer_and_spawns_once(t
     conn.close()
 
     # When it restarts without the fault
-    restarted = start_with_env(home, {})
+    restarted = start_with_env(home, lease)
     try:
         final = wait_for(lambda: (r := run_json(restarted, run_id))["status"] == "succeeded" and r)
 
