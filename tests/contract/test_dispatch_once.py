@@ -254,3 +254,34 @@ def test_cancelled_runs_are_not_candidates(harness: Harness) -> None:
     harness.db.transaction(lambda tx: runs.transition(tx, run.id, 0, "cancelled", actor_type="user"))
 
     assert dispatcher(harness.db).dispatch_once().reason == "no_candidates"
+
+
+def test_candidate_pages_follow_priority_then_queue_order_without_gaps(harness: Harness) -> None:
+    # Given runs of mixed priorities queued in order
+    project, task, _ = queued(harness.db, n=0)
+    expected: list[tuple[int, str]] = []
+    for priority in (0, 5, 5, 0, 9, 5, 0):
+        run, _ = harness.db.transaction(
+            lambda tx, p=priority: runs.create_run(
+                tx, runs.CreateRun(project_id=project.id, task=task, priority=p)
+            )
+        )
+        expected.append((-priority, run.id))
+        harness.advance_clock(1)
+    order = [
+        run_id for _, run_id in sorted(expected, key=lambda e: e[0])
+    ]  # stable: queue order within a priority
+
+    # When the candidate pages are read with a page size of 3
+    d = dispatcher(harness.db, candidate_page=3)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = harness.db.transaction(lambda tx, c=cursor: d._candidates(tx, c), write=False)
+        if not page:
+            break
+        seen.extend(c.run_id for c in page)
+        cursor = page[-1]
+
+    # Then every run appears once, highest priority first, oldest first within a priority
+    assert seen == order

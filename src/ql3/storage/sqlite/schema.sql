@@ -17,8 +17,7 @@ CREATE INDEX runs_dispatch_candidates ON runs (priority DESC, queued_at_ms, id) 
 CREATE UNIQUE INDEX runs_idempotency ON runs (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX runs_live_cancel_intent ON runs (cancel_requested_at_ms, id) WHERE cancel_requested_at_ms IS NOT NULL AND status IN ('created', 'queued', 'dispatching', 'running', 'waiting_approval', 'retry_wait', 'lost');
 CREATE INDEX runs_project_created ON runs (project_id, created_at_ms, id);
-CREATE INDEX runs_status_cancel ON runs (status, cancel_requested_at_ms);
-CREATE INDEX runs_status_queued ON runs (status, queued_at_ms);
+CREATE INDEX runs_status ON runs (status, created_at_ms);
 CREATE INDEX runs_task_active ON runs (task_id, status);
 CREATE INDEX runs_task_created ON runs (task_id, created_at_ms);
 CREATE INDEX task_schedules_due ON task_schedules (next_fire_at_ms, task_id) WHERE next_fire_at_ms IS NOT NULL;

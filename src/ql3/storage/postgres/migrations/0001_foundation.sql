@@ -75,8 +75,7 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_project_created ON runs (project_id, created_at_ms, id);
 CREATE INDEX runs_task_created ON runs (task_id, created_at_ms);
-CREATE INDEX runs_status_queued ON runs (status, queued_at_ms);
-CREATE INDEX runs_status_cancel ON runs (status, cancel_requested_at_ms);
+CREATE INDEX runs_status ON runs (status, created_at_ms);
 CREATE UNIQUE INDEX runs_idempotency ON runs (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
 CREATE TABLE run_attempts (
