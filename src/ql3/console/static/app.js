@@ -387,12 +387,12 @@
       cell(row, a.action_type === "run.create" ? taskName(a.action_ref) : a.action_type + " " + a.action_ref);
       cell(row, when(a.requested_at_ms), "time");
       cell(row, when(a.expires_at_ms), "time");
-      cell(row, a.decision ? a.decision + (a.reason_code ? " (" + a.reason_code + ")" : "") : "");
+      cell(row, a.decision ? a.reason_code : "", "mono");
       const actions = cell(row, "", "actions");
       if (a.effective_state === "pending") {
         const reason = document.createElement("input");
         reason.type = "text";
-        reason.size = 12;
+        reason.size = 11;
         reason.placeholder = "reason_code";
         reason.setAttribute("aria-label", "Reason code for rejecting " + a.id);
         actions.append(
@@ -489,8 +489,10 @@
   // Each part loads on its own, so a missing permission (say worker.read) hides only that part; a part
   // the user is working in (focus inside it) is not redrawn under their hands.
   async function refresh(quiet) {
+    $("content").hidden = !store.getItem(TOKEN_KEY);
     if (!store.getItem(TOKEN_KEY)) {
       say("Enter a bearer token (ql3 token create --role viewer) and press Connect.", false);
+      $("token").focus();
       return;
     }
     const errors = [];
@@ -537,6 +539,11 @@
   $("logout").addEventListener("click", () => {
     store.removeItem(TOKEN_KEY);
     stopFollowing();
+    currentRun = null;
+    $("detail").hidden = true;
+    $("blocked").hidden = true;
+    for (const id of ["tasks", "runs", "approvals", "workers"]) $(id).replaceChildren();
+    $("content").hidden = true;
     say("Token forgotten.", false);
   });
   $("detail-close").addEventListener("click", () => {

@@ -1,0 +1,136 @@
+"""The web console: served with a strict CSP, self-contained, and never renders API data as markup."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:  # the fixture imports it (and silences its deprecation notice)
+    from fastapi.testclient import TestClient
+
+STATIC = resources.files("ql3.console").joinpath("static")
+FILES = ("index.html", "app.js", "app.css")
+
+
+def source(name: str) -> str:
+    return STATIC.joinpath(name).read_text(encoding="utf-8")
+
+
+def csp_directives(header: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for part in header.split(";"):
+        name, _, value = part.strip().partition(" ")
+        if name:
+            found[name] = value
+    return found
+
+
+def test_index_is_html_under_a_strict_content_security_policy(client: TestClient) -> None:
+    resp = client.get("/")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/html")
+    policy = csp_directives(resp.headers["content-security-policy"])
+    assert policy["default-src"] == "'self'"
+    assert "unsafe-inline" not in resp.headers["content-security-policy"]
+    assert "unsafe-eval" not in resp.headers["content-security-policy"]
+    assert resp.headers["x-content-type-options"] == "nosniff"
+    assert '<script src="/console/app.js"></script>' in resp.text
+    assert 'href="/console/app.css"' in resp.text
+
+
+@pytest.mark.parametrize(
+    ("path", "media_type", "name"),
+    [("/console/app.js", "text/javascript", "app.js"), ("/console/app.css", "text/css", "app.css")],
+)
+def test_script_and_style_are_served(client: TestClient, path: str, media_type: str, name: str) -> None:
+    resp = client.get(path)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith(media_type)
+    assert "default-src 'self'" in resp.headers["content-security-policy"]
+    assert resp.text == source(name)
+
+
+def test_every_asset_the_page_references_is_served(client: TestClient) -> None:
+    refs = re.findall(r'(?:src|href)="([^"]+)"', source("index.html"))
+    assert refs, "the page references its script and style"
+    for ref in refs:
+        assert ref.startswith("/"), ref  # same origin only
+        assert client.get(ref).status_code == 200, ref
+
+
+def test_the_console_needs_no_token_but_the_api_does(client: TestClient) -> None:
+    assert client.get("/").status_code == 200
+    assert client.get("/api/v1/projects").status_code == 401
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_static_files_fetch_nothing_from_the_network(name: str) -> None:
+    text = source(name)
+    assert not re.search(r"https?://", text, re.IGNORECASE)
+    assert "//cdn" not in text and "@import" not in text
+
+
+def test_the_page_has_nothing_inline_the_policy_would_block() -> None:
+    html = source("index.html")
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), "inline script"
+    assert "<style" not in html
+    assert not re.search(r"\sstyle=", html), "inline style attribute"
+    assert not re.search(r"\son[a-z]+=", html, re.IGNORECASE), "inline event handler"
+
+
+def test_script_never_renders_text_as_markup() -> None:
+    js = source("app.js")
+    sinks = (
+        r"\.innerHTML\b",
+        r"\.outerHTML\b",
+        r"insertAdjacentHTML",
+        r"document\.write",
+        r"\beval\s*\(",
+        r"new\s+Function\b",
+        r"createContextualFragment",
+        r"DOMParser",
+    )
+    for sink in sinks:
+        assert not re.search(sink, js), sink
+    assert "textContent" in js
+
+
+def test_script_calls_only_the_api_of_its_own_origin() -> None:
+    js = source("app.js")
+    assert re.findall(r"fetch\(([^,]+),", js) == ['"/api/v1" + path']
+    assert '"Authorization": "Bearer "' in js
+    assert "sessionStorage" in js and "localStorage" not in js
+
+
+def test_every_element_the_script_looks_up_exists_in_the_page() -> None:
+    html_ids = set(re.findall(r'\bid="([^"]+)"', source("index.html")))
+    used = set(re.findall(r'\$\("([^"]+)"\)', source("app.js")))
+    assert used, "the script looks elements up by id"
+    assert used <= html_ids, sorted(used - html_ids)
+
+
+def test_the_api_routes_the_console_uses_exist(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    js = source("app.js")
+    used = {
+        "/api/v1/projects": '"/projects?limit=200"',
+        "/api/v1/projects/{project}/tasks": '"/tasks?limit=200"',
+        "/api/v1/projects/{project}/tasks/{task}/runs": '"/runs"',
+        "/api/v1/projects/{project}/runs": '"/runs" + query',
+        "/api/v1/projects/{project}/runs/{run_id}/logs": '"/logs?offset="',
+        "/api/v1/projects/{project}/runs/{run_id}/cancel": '"/cancel"',
+        "/api/v1/projects/{project}/runs/{run_id}/cancellation": '"/cancellation"',
+        "/api/v1/projects/{project}/approvals": '"/approvals?state=pending',
+        "/api/v1/projects/{project}/approvals/{approval_id}/approve": '"approve"',
+        "/api/v1/projects/{project}/approvals/{approval_id}/reject": '"reject"',
+        "/api/v1/projects/{project}/workers": '"/workers"',
+        "/api/v1/projects/{project}/cancellation/summary": '"/cancellation/summary"',
+        "/api/v1/projects/{project}/cancellation/blocked": '"/cancellation/blocked"',
+    }
+    for route, fragment in used.items():
+        assert route in paths, route
+        assert fragment in js, fragment
+    assert "/" not in paths and "/console/app.js" not in paths  # the console is not part of the API
