@@ -119,3 +119,14 @@ def test_delete_frees_the_name_and_keeps_runs(client: Any, owner: Any, make_task
     assert client.get(f"{TASKS}/job", headers=owner).status_code == 404
     assert client.post(TASKS, json={"name": "job", "command": "true"}, headers=owner).status_code == 201
     assert client.get(f"/api/v1/projects/default/runs/{run['id']}", headers=owner).status_code == 200
+
+
+def test_a_cron_task_shows_its_next_fire_time_and_misfire_policy(client: Any, owner: Any) -> None:
+    body = {"name": "hourly", "command": "true", "cron": "0 * * * *", "misfire": "fire_once"}
+
+    task = client.post(TASKS, json=body, headers=owner).json()
+    disabled = client.post(f"{TASKS}/hourly/disable", headers=owner).json()
+
+    assert task["misfire"] == "fire_once"
+    assert task["next_fire_at_ms"] is not None and task["next_fire_at_ms"] % 3_600_000 == 0
+    assert disabled["next_fire_at_ms"] is None  # a disabled task has no schedule

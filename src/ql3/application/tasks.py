@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ql3.application import rows
-from ql3.application.schedules import sync_schedule
+from ql3.application.schedules import next_fire_at, sync_schedule
 from ql3.domain.errors import Conflict, NameTaken, NotFound, ValidationFailed
 from ql3.domain.ids import is_id, new_id
 from ql3.domain.model import Task, TaskRevision
@@ -23,6 +23,7 @@ class TaskView:
     task: Task
     revision: TaskRevision
     spec: TaskSpec
+    next_fire_at_ms: int | None = None
 
 
 def find_task(tx: Transaction, project_id: str, ref: str) -> Task:
@@ -48,7 +49,9 @@ def get_revision(tx: Transaction, task_id: str, revision: int) -> TaskRevision:
 
 def view(tx: Transaction, task: Task) -> TaskView:
     rev = get_revision(tx, task.id, task.revision)
-    return TaskView(task=task, revision=rev, spec=build_spec(rev.spec))
+    return TaskView(
+        task=task, revision=rev, spec=build_spec(rev.spec), next_fire_at_ms=next_fire_at(tx, task.id)
+    )
 
 
 def _insert_revision(tx: Transaction, task_id: str, revision: int, spec: TaskSpec) -> None:

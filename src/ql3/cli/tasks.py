@@ -39,6 +39,8 @@ def _show(task: dict[str, Any], as_json: bool) -> None:
             ("enabled", task["enabled"]),
             ("cron", task.get("cron")),
             ("overlap", task.get("overlap")),
+            ("misfire", task.get("misfire")),
+            ("next_fire_at_ms", task.get("next_fire_at_ms")),
             ("approval", task.get("approval")),
             ("timeout_ms", task.get("timeout_ms")),
             ("max_attempts", task.get("max_attempts")),
@@ -74,6 +76,11 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
     )
     parser.add_argument("--overlap", choices=("allow", "skip", "cancel_previous"))
     parser.add_argument(
+        "--misfire",
+        choices=("skip", "fire_once"),
+        help="cron occurrences missed beyond the 5 min grace: skip them, or run the oldest once",
+    )
+    parser.add_argument(
         "--approval", choices=("required", "none"), help="require an approval before each run"
     )
     parser.add_argument("--max-attempts", type=positive_int, metavar="N")
@@ -102,7 +109,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         body["require"] = key_values(args.require, "--require")
     if args.prefer is not None:
         body["prefer"] = preferences(args.prefer)
-    for name in ("overlap", "approval", "max_attempts", "environment_policy"):
+    for name in ("overlap", "misfire", "approval", "max_attempts", "environment_policy"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     return body

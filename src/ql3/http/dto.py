@@ -40,6 +40,7 @@ class TaskSpecFields(Body):
     overlap: Literal["allow", "skip", "cancel_previous"] | None = None
     approval: Literal["none", "required"] | None = None
     max_attempts: int | None = None
+    misfire: Literal["skip", "fire_once"] | None = None
 
 
 class TaskCreate(TaskSpecFields):
@@ -103,6 +104,8 @@ class TaskOut(BaseModel):
     approval: str
     max_attempts: int
     executor: str
+    misfire: str
+    next_fire_at_ms: int | None
 
 
 class TaskPage(BaseModel):
@@ -232,6 +235,7 @@ def task_out(view: TaskView) -> TaskOut:
         content_digest=view.revision.content_digest,
         created_at_ms=task.created_at_ms,
         updated_at_ms=task.updated_at_ms,
+        next_fire_at_ms=view.next_fire_at_ms,
         **public_spec(view.spec),
     )
 
