@@ -82,7 +82,7 @@ def create_task(
     _insert_revision(tx, task_id, 1, spec)
     created = view(tx, find_task(tx, project_id, task_id))
     sync_schedule(tx, created)
-    return created
+    return replace(created, next_fire_at_ms=next_fire_at(tx, created.task.id))
 
 
 def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, Any]) -> TaskView:
@@ -100,7 +100,7 @@ def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, 
     _update(tx, current.task, replace(current.task, revision=new_revision))
     edited = view(tx, find_task(tx, project_id, current.task.id))
     sync_schedule(tx, edited)
-    return edited
+    return replace(edited, next_fire_at_ms=next_fire_at(tx, edited.task.id))
 
 
 def _update(tx: Transaction, current: Task, new: Task) -> None:
@@ -125,7 +125,7 @@ def set_enabled(tx: Transaction, project_id: str, ref: str, enabled: bool) -> Ta
         _update(tx, task, replace(task, enabled=enabled))
     changed = view(tx, find_task(tx, project_id, task.id))
     sync_schedule(tx, changed)
-    return changed
+    return replace(changed, next_fire_at_ms=next_fire_at(tx, changed.task.id))
 
 
 def delete_task(tx: Transaction, project_id: str, ref: str) -> Task:
