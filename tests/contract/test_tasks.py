@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ql3.application import tasks
-from ql3.domain.errors import NameTaken, NotFound, ValidationFailed
+from ql3.domain.errors import NameTaken, NotFound, TaskDisabled, ValidationFailed
 from tests.conftest import Harness
 from tests.contract.helpers import count, seed_project, seed_task, start_run
 
@@ -74,3 +74,13 @@ def test_task_of_another_project_is_not_found(harness: Harness) -> None:
 
     with pytest.raises(NotFound):
         harness.db.transaction(lambda tx: tasks.find_task(tx, b.id, task.id))
+
+
+def test_a_disabled_task_cannot_be_started_by_hand(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    seed_task(harness.db, project)
+    disabled = harness.db.transaction(lambda tx: tasks.set_enabled(tx, project.id, "job", False)).task
+
+    with pytest.raises(TaskDisabled):
+        start_run(harness.db, project, disabled)
+    assert count(harness.db, "runs") == 0

@@ -14,6 +14,7 @@ from ql3.domain.errors import (
     InvalidRunTransition,
     NotFound,
     RunVersionConflict,
+    TaskDisabled,
     ValidationFailed,
 )
 from ql3.domain.ids import new_id
@@ -264,6 +265,16 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
     """
     if not -(2**31) <= cmd.priority < 2**31:
         raise ValidationFailed("priority out of range", field="priority")
+    if cmd.trigger_type == "manual" and not cmd.task.enabled:
+        # A replay of an earlier request still answers with its run; a new run is refused.
+        earlier = None
+        if cmd.idempotency_key is not None:
+            earlier = tx.one(
+                "run_by_idempotency", {"project_id": cmd.project_id, "idempotency_key": cmd.idempotency_key}
+            )
+        if earlier is None or earlier["task_id"] != cmd.task.id:
+            raise TaskDisabled()
+        return rows.run(earlier), False
     now = tx.now_ms()
     run_id = new_id()
     inserted = tx.run(

@@ -90,6 +90,12 @@ class NameTaken(Conflict):
     code = "name_taken"
 
 
+class TaskDisabled(Conflict):
+    """The task is disabled; enable it before starting a run."""
+
+    code = "task_disabled"
+
+
 class IdempotencyConflict(Conflict):
     """The idempotency key was already used for a different request."""
 
