@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -241,49 +242,35 @@ def build_standalone_runtime(
         return db.wait_for("cancellations", min(backstop_s, delay + 0.001))
 
     worker.on_settled = lambda attempt_id: notifier.notify("runs")
+
+    def loop(
+        name: str,
+        cycle: Callable[[], bool],
+        channel: str,
+        backstop_s: float,
+        wait: Callable[[float], bool] | None = None,
+    ) -> LifecycleRunner:
+        """A loop woken by commits on ``channel`` (or its own ``wait``), with a slow backstop."""
+        return LifecycleRunner(
+            name,
+            cycle,
+            wake=wait or (lambda t: db.wait_for(channel, t)),
+            backstop_s=backstop_s,
+            interrupt=lambda: notifier.notify(channel),
+        )
+
+    def maintain_wait(backstop_s: float) -> bool:
+        # Re-adopted processes (from a previous incarnation) are not our children: poll them.
+        return db.wait_for("maintain", min(backstop_s, 0.5) if worker.has_adopted() else backstop_s)
+
     loops = [
-        LifecycleRunner(
-            "dispatcher",
-            dispatch_cycle,
-            wake=lambda t: db.wait_for("runs", t),
-            backstop_s=cadence["dispatch"],
-            interrupt=lambda: notifier.notify("runs"),
+        loop("dispatcher", dispatch_cycle, "runs", cadence["dispatch"]),
+        loop(
+            "worker-maintain", lambda: bool(worker.maintain()), "maintain", cadence["maintain"], maintain_wait
         ),
-        LifecycleRunner(
-            "worker-maintain",
-            lambda: bool(worker.maintain()),
-            # Re-adopted processes (from a previous incarnation) are not our children: poll them.
-            wake=lambda t: db.wait_for("maintain", min(t, 0.5) if worker.has_adopted() else t),
-            backstop_s=cadence["maintain"],
-            interrupt=lambda: notifier.notify("maintain"),
-        ),
-        LifecycleRunner(
-            "lease-expiry",
-            expiry_cycle,
-            wake=lambda t: db.wait_for("retries", t),
-            backstop_s=cadence["expiry"],
-            interrupt=lambda: notifier.notify("retries"),
-        ),
-        LifecycleRunner(
-            "cancellation",
-            cancellation_cycle,
-            wake=cancellation_wait,
-            backstop_s=cadence["expiry"],
-            interrupt=lambda: notifier.notify("cancellations"),
-        ),
-        LifecycleRunner(
-            "approved-actions",
-            actions_cycle,
-            wake=lambda t: db.wait_for("approved_actions", t),
-            backstop_s=cadence["actions"],
-            interrupt=lambda: notifier.notify("approved_actions"),
-        ),
-        LifecycleRunner(
-            "cron",
-            cron_cycle,
-            wake=cron_wait,
-            backstop_s=cadence["cron"],
-            interrupt=lambda: notifier.notify("schedules"),
-        ),
+        loop("lease-expiry", expiry_cycle, "retries", cadence["expiry"]),
+        loop("cancellation", cancellation_cycle, "cancellations", cadence["expiry"], cancellation_wait),
+        loop("approved-actions", actions_cycle, "approved_actions", cadence["actions"]),
+        loop("cron", cron_cycle, "schedules", cadence["cron"], cron_wait),
     ]
     return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops, db=db)
