@@ -215,3 +215,33 @@ def test_lease_loss_stops_only_our_process_and_the_old_worker_never_writes_lost(
         assert lease is not None and lease.status == "leased"
     finally:
         agent.stop()
+
+
+def test_settled_journal_rows_are_pruned_after_the_retention_age(env: Env) -> None:
+    # Given a run that completed and was acknowledged in the journal
+    offset = [0]
+    agent = WorkerAgent(
+        InProcessControlPlane(env.db),
+        WorkerConfig(worker_id="w1", home=env.home / "worker", slots=4, journal_retention_ms=60_000),
+        clock=lambda: time.time_ns() // 1_000_000 + offset[0],
+    )
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+        agent.receive(offer)
+        _wait(
+            lambda: (
+                (r := agent.journal.get(offer.offer_id)) is not None and r.state == "completion_acknowledged"
+            )
+        )
+
+        # When the retention age has passed and the worker does its periodic maintenance
+        offset[0] = 120_000
+        agent._last_renewal_ms = 0
+        agent.maintain()
+
+        # Then the settled row is gone, and the run's history in the control plane is untouched
+        assert agent.journal.get(offer.offer_id) is None
+        assert env.run_status(offer.fence.run_id) == "succeeded"
+    finally:
+        agent.stop()

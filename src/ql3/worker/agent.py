@@ -50,6 +50,7 @@ class WorkerConfig:
     log_cap_bytes: int = 16 * 1024 * 1024
     journal_capacity: int = 64
     intake_threads: int = 2
+    journal_retention_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
         validate_worker_id(self.worker_id)
@@ -57,6 +58,8 @@ class WorkerConfig:
             raise ValidationFailed("slots must be 1-1024", field="slots")
         if not 1 <= self.journal_capacity <= 1024 or self.journal_capacity < self.slots:
             raise ValidationFailed("journal capacity must cover the slots and be at most 1024")
+        if not 60_000 <= self.journal_retention_ms <= 30 * 24 * 3_600_000:
+            raise ValidationFailed("journal retention must be 1 min - 30 days", field="journal_retention_ms")
         if not 1 <= self.intake_threads <= 16:
             raise ValidationFailed("intake_threads must be 1-16", field="intake_threads")
         if not 5_000 <= self.run_lease_ms <= 600_000 or not 5_000 <= self.session_lease_ms <= 600_000:
@@ -523,6 +526,9 @@ class WorkerAgent:
                 self._fenced_stop_all()
                 return False
             self._last_renewal_ms = now
+            # Settled journal rows (receipts already deleted at acknowledgement) are pruned in
+            # bounded batches, so the journal does not grow with the number of runs.
+            self.journal.retention(older_than_ms=self.config.journal_retention_ms, limit=64)
         with self._lock:
             active = list(self._active.items())[:MAX_SLOTS]
         for attempt_id, item in active:
