@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 import ql3
 from ql3.console import routes as console
 from ql3.domain.errors import Ql3Error
-from ql3.http import errors
+from ql3.http import errors, metrics
 from ql3.http.auth import DbDep
 from ql3.http.dto import Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll
@@ -79,6 +79,9 @@ def create_app(
     # Starlette wraps later additions around earlier ones: CatchAll is outermost.
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(CatchAll)
+
+    loops = [loop for component in components for loop in getattr(component, "loops", [])]
+    metrics.install(app, db, loops)
 
     @app.get("/healthz", response_model=Status, tags=["health"])
     def healthz() -> Status:
