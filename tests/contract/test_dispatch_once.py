@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from ql3.application import leases, runs, tasks
+from ql3.application import cancellation, leases, runs, tasks, workers
+from ql3.application import dispatcher as dispatcher_module
 from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, _Counters
 from ql3.domain.errors import ValidationFailed
 from tests.conftest import Harness
@@ -285,3 +286,86 @@ def test_candidate_pages_follow_priority_then_queue_order_without_gaps(harness: 
 
     # Then every run appears once, highest priority first, oldest first within a priority
     assert seen == order
+
+
+def test_a_stalled_worker_cursor_fails_the_cycle_closed(harness: Harness) -> None:
+    for i in range(3):
+        register(harness.db, f"w{i}")
+    queued(harness.db, require={"gpu": "yes"})
+    d = dispatcher(harness.db, worker_page=1, worker_pages=3)
+    real = workers.snapshot_page
+
+    def stalled(tx: object, *, after: str, limit: int) -> list[object]:
+        return real(tx, after="", limit=limit)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(workers, "snapshot_page", stalled)
+        with pytest.raises(DispatchCycleError):
+            d.dispatch_once()
+    assert count(harness.db, "run_leases") == 0
+
+
+def test_an_ownership_race_drops_the_candidate_without_reassigning_it(harness: Harness) -> None:
+    # Given a candidate page read before another dispatcher claimed that run
+    register(harness.db, "a")
+    register(harness.db, "b")
+    queued(harness.db)
+    late = dispatcher(harness.db)
+    stale = harness.db.transaction(lambda tx: late._candidates(tx, None), write=False)
+    first = dispatcher(harness.db).dispatch_once().offer
+    assert first is not None
+    late._candidates = lambda tx, cursor: list(stale) if cursor is None else []  # type: ignore[method-assign]
+
+    # When the late dispatcher tries to claim it
+    result = late.dispatch_once()
+
+    # Then it drops the candidate: no second lease, no other worker
+    assert result.offer is None and result.reason == "claim_raced" and result.claim_calls == 1
+    leases_rows = harness.db.raw("SELECT worker_id, lease_generation FROM run_leases")
+    assert [(r["worker_id"], r["lease_generation"]) for r in leases_rows] == [(first.fence.worker_id, 1)]
+
+
+def test_a_spec_whose_identity_drifts_is_refused_before_any_claim(harness: Harness) -> None:
+    register(harness.db)
+    queued(harness.db)
+    d = dispatcher(harness.db)
+    real = dispatcher_module.normalize_spec
+
+    def drifting(raw: dict[str, object]) -> dict[str, object]:
+        spec = real(raw)  # type: ignore[arg-type]
+        return {**spec, "runId": "01a00000-0000-7000-8000-00000000dead"}
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dispatcher_module, "normalize_spec", drifting)
+        result = d.dispatch_once()
+
+    assert result.reason == "plans_unavailable" and result.offer is None and result.claim_calls == 0
+    assert count(harness.db, "run_leases") == 0
+
+
+def test_recovery_stops_once_the_run_is_cancelled(harness: Harness) -> None:
+    register(harness.db)
+    project, _, (run,) = queued(harness.db)
+    assert dispatcher(harness.db).dispatch_once().offer is not None
+    harness.db.transaction(
+        lambda tx: cancellation.request_cancel(tx, project.id, run.id, reason="user", actor_type="user")
+    )
+
+    result = dispatcher(harness.db, since=harness.now_ms()).dispatch_once()
+
+    assert result.reason != "recovered" and result.offer is None
+
+
+def test_a_repeated_recovery_row_fails_the_cycle_closed(harness: Harness) -> None:
+    register(harness.db)
+    queued(harness.db, n=2)
+    d0 = dispatcher(harness.db)
+    assert d0.dispatch_once().offer is not None
+    assert d0.dispatch_once().offer is not None
+    d = dispatcher(harness.db, since=harness.now_ms(), recovery_page=1, recovery_pages=2)
+    real = d._recovery_page
+    d._recovery_page = lambda tx, cursor: real(tx, None)  # type: ignore[method-assign]
+    d._recovery_offer = lambda tx, attempt_id: None  # type: ignore[method-assign]
+
+    with pytest.raises(DispatchCycleError):
+        d.dispatch_once()
