@@ -185,7 +185,12 @@ def register(subparsers: Subparsers) -> None:
         cmd_serve,
         "run the standalone server (first start: migrate, create the owner, write credentials)",
     )
-    serve.add_argument("--profile", choices=("edge", "standalone"), default="standalone")
+    serve.add_argument(
+        "--profile",
+        choices=("edge", "standalone"),
+        default="standalone",
+        help="standalone (default), or edge: slower idle backstops and smaller pages for small boxes",
+    )
     serve.add_argument(
         "--slots",
         type=_slots,
