@@ -148,13 +148,14 @@ def build_standalone_runtime(
     cadence = PROFILES[profile]
     clock = getattr(db, "clock", None) or (lambda: time.time_ns() // 1_000_000)
     run_lease_ms = int(os.environ.get("QL3_RUN_LEASE_MS", "30000"))
+    wid = worker_id or f"embedded-{socket.gethostname()}"[:128]
     dispatcher = RunDispatcher(
         db,
         lease_secret=lease_secret(home),
         budget=DispatchBudget(lease_ms=run_lease_ms),
         incarnation_started_ms=clock(),
+        local_worker_id=wid,
     )
-    wid = worker_id or f"embedded-{socket.gethostname()}"[:128]
     worker = WorkerAgent(
         InProcessControlPlane(db),
         WorkerConfig(
@@ -227,6 +228,7 @@ def build_standalone_runtime(
         owner=owner,
         lease_ms=int(os.environ.get("QL3_CANCEL_LEASE_MS", "30000")),
         fault=fault_point,
+        local_worker_id=wid,
     )
 
     def cancellation_cycle() -> bool:

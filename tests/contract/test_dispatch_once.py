@@ -9,7 +9,7 @@ import pytest
 
 from ql3.application import cancellation, leases, runs, tasks, workers
 from ql3.application import dispatcher as dispatcher_module
-from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, _Counters
+from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher, _Counters
 from ql3.domain.errors import ValidationFailed
 from tests.conftest import Harness
 from tests.contract.execution_helpers import dispatcher, queued, register, run_of
@@ -369,3 +369,25 @@ def test_a_repeated_recovery_row_fails_the_cycle_closed(harness: Harness) -> Non
 
     with pytest.raises(DispatchCycleError):
         d.dispatch_once()
+
+
+def test_a_dispatcher_bound_to_its_local_worker_places_and_recovers_only_for_it(harness: Harness) -> None:
+    # Given two workers, and a server whose embedded worker is "b"
+    register(harness.db, "a", slots=8)
+    register(harness.db, "b", slots=1)
+    queued(harness.db, n=2)
+    local = RunDispatcher(
+        harness.db,
+        lease_secret=b"s" * 32,
+        budget=DispatchBudget(),
+        incarnation_started_ms=0,
+        local_worker_id="b",
+    )
+
+    # When it dispatches twice
+    first = local.dispatch_once()
+    second = local.dispatch_once()
+
+    # Then its one slot is used on "b" and the other run waits, although "a" has room
+    assert first.offer is not None and first.offer.fence.worker_id == "b"
+    assert second.offer is None and second.reason == "no_capacity"

@@ -526,6 +526,7 @@ class CancellationSupervisor:
         retry_max_ms: int = rules.DEFAULT_RETRY_MAX_MS,
         grace_ms: int = rules.DEFAULT_GRACE_MS,
         fault: Callable[[str], None] | None = None,
+        local_worker_id: str | None = None,
     ) -> None:
         if isinstance(page, bool) or not 1 <= page <= rules.MAX_PAGE:
             raise ValidationFailed(f"page must be 1-{rules.MAX_PAGE}", field="page")
@@ -547,6 +548,8 @@ class CancellationSupervisor:
         self._grace_ms = grace_ms
         # Crash-test hook: called with "after_cancel_claim" once a claim committed, before any signal.
         self._fault = fault or (lambda _point: None)
+        # Signal only processes of this host's worker (None: any attempt, e.g. a single server).
+        self._local_worker_id = local_worker_id
 
     def run_cycle(self) -> CycleReport:
         counts: dict[str, int] = {"scanned": 0, "claimed": 0, "finalized": 0, "signals": 0, "fenced": 0}
@@ -641,6 +644,9 @@ class CancellationSupervisor:
         if active[0].status == "claimed":
             outcome = finalize_unstarted(tx, run_id)
             return _Prepared(kind="finalized" if outcome in ("cancelled", "timed_out") else outcome)
+        if self._local_worker_id is not None and active[0].worker_id != self._local_worker_id:
+            # Another server's worker runs it: only that server can prove the process's identity.
+            return _Prepared(kind="other_worker")
         claimed = claim(
             tx,
             run_id=run_id,

@@ -153,7 +153,10 @@ class RunDispatcher:
         lease_secret: bytes,
         budget: DispatchBudget | None = None,
         incarnation_started_ms: int,
+        local_worker_id: str | None = None,
     ) -> None:
+        """``local_worker_id``: the dispatcher of ``ql3 serve`` hands offers to its own embedded
+        worker, so with several servers on one database it places and recovers for that worker only."""
         if len(lease_secret) < 32:
             raise ValidationFailed("lease secret must be at least 32 bytes")
         self._db = db
@@ -161,6 +164,7 @@ class RunDispatcher:
         self.budget = budget or DispatchBudget()
         self._since = incarnation_started_ms
         self._recovered: set[str] = set()
+        self._local_worker_id = local_worker_id
         self._specs: OrderedDict[tuple[str, int], TaskSpec] = OrderedDict()
         # Only leases acquired before this incarnation need recovery; once a full walk finds none
         # left, later walks could only find the same ones again.
@@ -222,6 +226,8 @@ class RunDispatcher:
         lease = leases.get_lease(tx, attempt_id)
         now = tx.now_ms()
         if lease is None or lease.status != "leased" or lease.expires_at_ms <= now:
+            return None
+        if self._local_worker_id is not None and lease.worker_id != self._local_worker_id:
             return None
         row = tx.one("run_get", {"id": lease.run_id})
         if row is None:
@@ -286,6 +292,13 @@ class RunDispatcher:
         return [_candidate(r) for r in tx.all("candidate_after", params)]
 
     def _workers(self, counters: _Counters) -> list[WorkerSnapshot]:
+        if self._local_worker_id is not None:
+            counters.worker_calls += 1
+            return list(
+                self._db.transaction(
+                    partial(workers.snapshot_one, worker_id=self._local_worker_id), write=False
+                )
+            )
         out: list[WorkerSnapshot] = []
         after = ""
         for _ in range(self.budget.worker_pages):

@@ -186,18 +186,25 @@ def snapshot_page(tx: Transaction, *, after: str, limit: int) -> list[WorkerSnap
     """Eligible workers (online, live session lease), keyset by worker id."""
     if not 1 <= limit <= MAX_WORKER_PAGE:
         raise ValidationFailed("worker page out of range")
-    out: list[WorkerSnapshot] = []
-    for row in tx.all("worker_snapshot_page", {"now": tx.now_ms(), "after": after, "limit": limit}):
-        out.append(
-            WorkerSnapshot(
-                worker_id=row["worker_id"],
-                session_id=row["session_id"],
-                generation=int(row["generation"]),
-                capabilities=parse_capabilities(json.loads(row["capabilities_json"])),
-                free_slots=max(0, int(row["max_concurrent_runs"]) - int(row["active_leases"])),
-            )
-        )
-    return out
+    rows = tx.all("worker_snapshot_page", {"now": tx.now_ms(), "after": after, "limit": limit})
+    return [_snapshot(row) for row in rows]
+
+
+def _snapshot(row: Row) -> WorkerSnapshot:
+    return WorkerSnapshot(
+        worker_id=row["worker_id"],
+        session_id=row["session_id"],
+        generation=int(row["generation"]),
+        capabilities=parse_capabilities(json.loads(row["capabilities_json"])),
+        free_slots=max(0, int(row["max_concurrent_runs"]) - int(row["active_leases"])),
+    )
+
+
+def snapshot_one(tx: Transaction, *, worker_id: str) -> list[WorkerSnapshot]:
+    """The one named worker if it is eligible (online, live session lease), else nothing."""
+    return [
+        _snapshot(row) for row in tx.all("worker_snapshot_one", {"now": tx.now_ms(), "worker_id": worker_id})
+    ]
 
 
 def list_workers(tx: Transaction, *, after: str = "", limit: int = MAX_WORKER_PAGE) -> list[dict[str, Any]]:

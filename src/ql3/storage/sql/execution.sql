@@ -31,6 +31,11 @@ FROM workers w
 WHERE w.status = 'online' AND w.lease_expires_at_ms > :now AND w.worker_id > :after
 ORDER BY w.worker_id LIMIT :limit
 
+-- name: worker_snapshot_one
+SELECT w.worker_id, w.session_id, w.generation, w.capabilities_json, w.max_concurrent_runs, w.active_leases
+FROM workers w
+WHERE w.worker_id = :worker_id AND w.status = 'online' AND w.lease_expires_at_ms > :now
+
 -- name: worker_active_leases
 SELECT active_leases AS n FROM workers WHERE worker_id = :worker_id
 

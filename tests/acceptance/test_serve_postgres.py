@@ -1,0 +1,113 @@
+"""``ql3 serve`` on PostgreSQL with real processes, and two servers sharing one database: every run
+executes exactly once, on one of them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import psycopg
+import pytest
+
+from tests.acceptance.conftest import CLI, START_TIMEOUT_S, Server, base_env, free_port, stop
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    admin = os.environ.get("QL3_TEST_PG_DSN")
+    if not admin:
+        if os.environ.get("CI") == "true":
+            pytest.fail("QL3_TEST_PG_DSN is not set but CI=true")
+        pytest.skip("PostgreSQL not configured (QL3_TEST_PG_DSN)")
+    name = f"ql3_serve_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    info = psycopg.conninfo.conninfo_to_dict(admin)
+    user = info.get("user") or "postgres"
+    host = info.get("host") or "127.0.0.1"
+    port = info.get("port") or "5432"
+    url = f"postgresql://{quote(str(user))}@{quote(str(host), safe='')}:{port}/{name}"
+    try:
+        yield url
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+def start(home: Path, pg_url: str, *extra: str) -> Server:
+    port = free_port()
+    log_path = home.parent / f"serve-{home.name}-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [*CLI, "serve", "--listen", f"127.0.0.1:{port}", "--database-url", pg_url, *extra],
+            env=base_env(home),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return Server(home=home, url=url, process=process, log_path=log_path)
+        time.sleep(0.05)
+    stop(process)
+    pytest.fail("ql3 serve did not start:\n" + log_path.read_text(errors="replace"))
+
+
+def test_serve_on_postgresql_runs_a_task_end_to_end(tmp_path: Path, pg_url: str) -> None:
+    server = start(tmp_path / "home", pg_url)
+    try:
+        assert server.cli("task", "add", "pg", "--command", "echo from-postgres; exit 6").returncode == 0
+
+        done = server.cli("run", "start", "pg", "--follow")
+
+        assert done.returncode == 2 and "from-postgres" in done.stdout
+        runs = server.cli_json("run", "list")["items"]
+        assert (runs[0]["status"], runs[0]["exit_code"]) == ("failed", 6)
+    finally:
+        stop(server.process)
+
+
+def test_two_servers_sharing_one_database_run_each_run_exactly_once(tmp_path: Path, pg_url: str) -> None:
+    # Given two servers, each with its own embedded worker, on one PostgreSQL database
+    marker = tmp_path / "starts"
+    first = start(tmp_path / "a", pg_url, "--worker-id", "alpha", "--slots", "4")
+    second = start(tmp_path / "b", pg_url, "--worker-id", "beta", "--slots", "4")
+    try:
+        token = first.credentials()["token"]
+        env = {"QL3_URL": first.url, "QL3_TOKEN": token}
+        assert (
+            first.cli(
+                "task", "add", "shared", "--command", f'echo "$QL3_RUN_ID" >> {marker}', env=env
+            ).returncode
+            == 0
+        )
+
+        # When 40 runs are started through the first server
+        run_ids = {first.cli_json("run", "start", "shared", env=env)["id"] for _ in range(40)}
+
+        # Then each run succeeds exactly once, and both workers took part
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            items = first.cli_json("run", "list", "--limit", "100", env=env)["items"]
+            if sum(r["status"] == "succeeded" for r in items) == 40:
+                break
+            time.sleep(0.2)
+        started = marker.read_text().split()
+        assert sorted(started) == sorted(run_ids)
+        workers = {w["id"]: w for w in first.cli_json("worker", "list", env=env)["items"]}
+        assert set(workers) == {"alpha", "beta"}
+    finally:
+        stop(second.process)
+        stop(first.process)
