@@ -4,7 +4,6 @@ executes exactly once, on one of them."""
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import time
 import uuid
@@ -17,16 +16,15 @@ import psycopg
 import pytest
 
 from tests.acceptance.conftest import CLI, START_TIMEOUT_S, Server, base_env, free_port, stop
+from tests.conftest import _pg_admin_dsn
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    admin = os.environ.get("QL3_TEST_PG_DSN")
-    if not admin:
-        if os.environ.get("CI") == "true":
-            pytest.fail("QL3_TEST_PG_DSN is not set but CI=true")
+    admin = _pg_admin_dsn()  # skips on a laptop without PostgreSQL; fails under CI=true
+    if admin is None:
         pytest.skip("PostgreSQL not configured (QL3_TEST_PG_DSN)")
     name = f"ql3_serve_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin, autocommit=True) as conn:
