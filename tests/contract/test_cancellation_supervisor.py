@@ -14,6 +14,7 @@ from ql3.domain.ids import new_id
 from tests.conftest import Harness
 from tests.contract.helpers import count
 from tests.contract.test_cancellation_support import (
+    PID_BASE,
     FakeSignal,
     claim,
     claimed_runs,
@@ -41,7 +42,7 @@ def test_only_a_run_with_an_intent_is_signalled_once_and_recorded_dispatched(har
     report = _supervisor(harness.db, signal).run_cycle()
 
     # Then exactly that run's verified handle was signalled, and the result is durable
-    assert signal.calls == [(handle_of(0), 4000, 5_000)]
+    assert signal.calls == [(handle_of(0), PID_BASE, 5_000)]
     assert report.stop_reason == "complete" and report.claimed == 1 and report.signals == 1
     assert report.results == {"termination_requested": 1}
     assert dispatch_row(harness.db, target.run_id)["status"] == "dispatched"
@@ -90,7 +91,7 @@ def test_a_missing_handle_is_retried_with_backoff_until_the_handle_exists(harnes
         lambda tx: leases.ack_running(
             tx,
             fence,
-            pid=4000,
+            pid=PID_BASE,
             handle=handle_of(0),
             log_artifact_id="log",
             callback_sequence=1,
@@ -102,7 +103,7 @@ def test_a_missing_handle_is_retried_with_backoff_until_the_handle_exists(harnes
     # Then once due, the now-running process is signalled by its verified handle
     harness.advance_clock(10_000)
     _supervisor(harness.db, signal).run_cycle()
-    assert signal.calls == [(handle_of(0), 4000, 5_000)]
+    assert signal.calls == [(handle_of(0), PID_BASE, 5_000)]
     row = dispatch_row(harness.db, fence.run_id)
     assert (row["status"], row["dispatch_count"]) == ("dispatched", 2)
 
@@ -278,7 +279,12 @@ def test_events_and_reports_hold_no_handle_pid_or_secret(harness: Harness) -> No
     # Then nothing secret or identifying reached the event log or the report
     dump = json.dumps(harness.db.raw("SELECT * FROM run_events"))
     assert len(tokens) == 3
-    for secret in [*tokens, *[handle_of(i) for i in range(3)], "ql3lp1", "4000", "4001", "4002"]:
+    for secret in [
+        *tokens,
+        *[handle_of(i) for i in range(3)],
+        "ql3lp1",
+        *[str(PID_BASE + i) for i in range(3)],
+    ]:
         assert secret not in dump and secret not in repr(report)
     assert all(d is None for d in digests)
     for fence in fences:

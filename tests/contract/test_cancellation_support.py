@@ -17,6 +17,10 @@ from tests.contract.helpers import seed_task, start_run
 LONG_MS = 600_000  # run leases and worker sessions outlive every clock jump in these tests
 
 
+# Pids distinctive enough that a scan for them cannot match a timestamp or an id by accident.
+PID_BASE = 3_141_592
+
+
 def handle_of(i: int) -> str:
     return f"ql3lp1.handle-{i}"
 
@@ -40,7 +44,7 @@ def start_fence(db: Any, fence: LeaseFence, i: int = 0, *, deadline_at_ms: int |
         lambda tx: leases.ack_running(
             tx,
             fence,
-            pid=4000 + i,
+            pid=PID_BASE + i,
             handle=handle_of(i),
             log_artifact_id=f"log-{i}",
             callback_sequence=1,
@@ -50,7 +54,7 @@ def start_fence(db: Any, fence: LeaseFence, i: int = 0, *, deadline_at_ms: int |
 
 
 def running_runs(db: Any, n: int = 1, **spec: Any) -> tuple[Project, list[LeaseFence]]:
-    """``n`` running runs; run ``i`` has pid ``4000 + i`` and handle ``handle_of(i)``."""
+    """``n`` running runs; run ``i`` has pid ``PID_BASE + i`` and handle ``handle_of(i)``."""
     project, fences = claimed_runs(db, n, **spec)
     for i, fence in enumerate(fences):
         start_fence(db, fence, i)
