@@ -52,3 +52,23 @@ def walk(journal: WorkerJournal, offer_id: str, *states: str) -> JournalRecord:
             offer_id, expected_revision=record.revision, to_state=state, **STEP_FIELDS.get(state, {})
         )
     return record
+
+
+# The shortest way to reach each state from a fresh `accepted` record.
+PATH_TO: dict[str, tuple[str, ...]] = {
+    "accepted": (),
+    "starting_acknowledged": ("starting_acknowledged",),
+    "launching": ("starting_acknowledged", "launching"),
+    "started": ("starting_acknowledged", "launching", "started"),
+    "running_acknowledged": ("starting_acknowledged", "launching", "started", "running_acknowledged"),
+    "completion_acknowledged": (
+        "starting_acknowledged",
+        "launching",
+        "started",
+        "running_acknowledged",
+        "completion_acknowledged",
+    ),
+    "start_failed": ("start_failed",),
+    "start_failure_acknowledged": ("start_failed", "start_failure_acknowledged"),
+    "recovery_required": ("starting_acknowledged", "launching", "recovery_required"),
+}

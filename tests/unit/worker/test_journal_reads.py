@@ -15,28 +15,11 @@ from ql3.worker.journal import (
 )
 from tests.unit.worker.journal_support import (
     LEASE_TOKEN,
+    PATH_TO,
     Clock,
     make_offer,
     walk,
 )
-
-PATH_TO: dict[str, tuple[str, ...]] = {
-    "accepted": (),
-    "starting_acknowledged": ("starting_acknowledged",),
-    "launching": ("starting_acknowledged", "launching"),
-    "started": ("starting_acknowledged", "launching", "started"),
-    "running_acknowledged": ("starting_acknowledged", "launching", "started", "running_acknowledged"),
-    "completion_acknowledged": (
-        "starting_acknowledged",
-        "launching",
-        "started",
-        "running_acknowledged",
-        "completion_acknowledged",
-    ),
-    "start_failed": ("start_failed",),
-    "start_failure_acknowledged": ("start_failed", "start_failure_acknowledged"),
-    "recovery_required": ("starting_acknowledged", "launching", "recovery_required"),
-}
 
 
 @pytest.fixture

@@ -18,27 +18,18 @@ from ql3.worker.journal import (
     WorkerJournal,
 )
 from tests.unit.worker.journal_support import (
+    PATH_TO as BASE_PATH_TO,
+)
+from tests.unit.worker.journal_support import (
     SPEC_DIGEST,
     Clock,
     make_offer,
     walk,
 )
 
-PATH_TO: dict[str, tuple[str, ...]] = {
-    "accepted": (),
-    "starting_acknowledged": ("starting_acknowledged",),
-    "launching": ("starting_acknowledged", "launching"),
-    "started": ("starting_acknowledged", "launching", "started"),
-    "running_acknowledged": ("starting_acknowledged", "launching", "started", "running_acknowledged"),
-    "completion_acknowledged": (
-        "starting_acknowledged",
-        "launching",
-        "started",
-        "running_acknowledged",
-        "completion_acknowledged",
-    ),
-    "start_failed": ("start_failed",),
-    "start_failure_acknowledged": ("start_failed", "start_failure_acknowledged"),
+# Recovery here starts from a spawned process.
+PATH_TO = {
+    **BASE_PATH_TO,
     "recovery_required": ("starting_acknowledged", "launching", "started", "recovery_required"),
 }
 SRC = Path(ql3.__file__).resolve().parents[1]

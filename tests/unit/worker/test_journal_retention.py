@@ -10,28 +10,12 @@ import pytest
 
 from ql3.worker.journal import JournalRecord, WorkerJournal
 from tests.unit.worker.journal_support import (
+    PATH_TO,
     Clock,
     make_offer,
     walk,
 )
 
-PATH_TO: dict[str, tuple[str, ...]] = {
-    "accepted": (),
-    "starting_acknowledged": ("starting_acknowledged",),
-    "launching": ("starting_acknowledged", "launching"),
-    "started": ("starting_acknowledged", "launching", "started"),
-    "running_acknowledged": ("starting_acknowledged", "launching", "started", "running_acknowledged"),
-    "completion_acknowledged": (
-        "starting_acknowledged",
-        "launching",
-        "started",
-        "running_acknowledged",
-        "completion_acknowledged",
-    ),
-    "start_failed": ("start_failed",),
-    "start_failure_acknowledged": ("start_failed", "start_failure_acknowledged"),
-    "recovery_required": ("starting_acknowledged", "launching", "recovery_required"),
-}
 HOUR_MS = 3_600_000
 
 
