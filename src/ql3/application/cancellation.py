@@ -18,7 +18,6 @@ from typing import Any, Final, Literal, Protocol
 
 from ql3.application import leases, rows
 from ql3.application.runs import (
-    AttemptChange,
     EventSpec,
     latest_attempt,
     lock_attempt,
@@ -89,61 +88,25 @@ def _end_run(
     actor_id: str | None,
     bump_sequence: bool,
 ) -> str:
-    """Move a Run with an intent (and its live Attempt) to cancelled / timed_out; completes a live lease."""
+    """Move a Run with an intent (and its live Attempt) to cancelled / timed_out through the one
+    ending path (``leases.end_attempt``), which completes a live lease and frees its worker slot."""
     outcome, code = _outcome_for(run)
-    now = tx.now_ms()
-    events: list[EventSpec] = []
-    change: AttemptChange | None = None
-    if attempt is not None and attempt.status in ATTEMPT_ACTIVE:
-        # claimed -> timed_out is not an Attempt transition: an unstarted attempt is only ever cancelled.
-        attempt_outcome = outcome if attempt.status != "claimed" else "cancelled"
-        change = AttemptChange(
-            attempt=attempt,
-            new=replace(
-                attempt,
-                status=attempt_outcome,
-                finished_at_ms=now,
-                error_code=code,
-                callback_sequence=attempt.callback_sequence + (1 if bump_sequence else 0),
-            ),
-        )
-        events.append(
-            EventSpec(
-                type=f"attempt.{attempt_outcome}",
-                actor_type=actor_type,
-                actor_id=actor_id,
-                attempt_id=attempt.id,
-                payload={"attempt": attempt.attempt, "error_code": code},
-            )
-        )
+    # claimed -> timed_out is not an Attempt transition: an unstarted attempt is only ever cancelled.
+    attempt_outcome = outcome if attempt is None or attempt.status != "claimed" else "cancelled"
     run_outcome = outcome
     if run.status == "lost" and outcome == "timed_out":
         run_outcome, code = "cancelled", "EXECUTION_CANCELLED"  # lost -> timed_out is not a transition
-    events.append(
-        EventSpec(
-            type=f"run.{run_outcome}",
-            actor_type=actor_type,
-            actor_id=actor_id,
-            attempt_id=attempt.id if attempt is not None else None,
-            payload={"from": run.status, "to": run_outcome},
-            dedupe_key=f"run-transition:{run.version}:{run_outcome}",
-        )
-    )
-    write_run(
+    leases.end_attempt(
         tx,
         run,
-        replace(run, status=run_outcome, finished_at_ms=now, error_code=code),
-        events,
-        change,
+        attempt,
+        run_status=run_outcome,
+        attempt_status=attempt_outcome,
+        error_code=code,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        bump_sequence=bump_sequence,
     )
-    if attempt is not None:
-        lease = leases.get_lease(tx, attempt.id, lock=True)
-        if lease is not None and lease.status == "leased":
-            tx.run(
-                "lease_complete",
-                {"attempt_id": lease.attempt_id, "expected_version": lease.version, "now": now},
-            )
-    tx.notify("runs")
     return run_outcome
 
 

@@ -12,7 +12,7 @@ from ql3.domain.errors import Conflict, FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run
 from ql3.domain.offers import LeaseFence
-from ql3.domain.states import ATTEMPT_TERMINAL, is_run_terminal
+from ql3.domain.states import ATTEMPT_ACTIVE, ATTEMPT_TERMINAL, is_run_terminal
 from ql3.ports.storage import Row, Transaction
 
 MIN_LEASE_MS: Final = 5_000
@@ -365,14 +365,13 @@ def ack_start_failure(tx: Transaction, fence: LeaseFence, *, error_code: str) ->
     if attempt.status not in ("starting", "claimed"):
         raise Conflict("start failure requires starting", status=attempt.status)
     outcome, code = _cancel_outcome(run, "failed", "EXECUTOR_START_FAILED" if error_code else None)
-    _finish(
+    end_attempt(
         tx,
         run,
         attempt,
-        lease,
-        outcome=outcome,
+        run_status=outcome,
         error_code=code or error_code,
-        exit_code=None,
+        actor_type="worker",
         actor_id=fence.worker_id,
         now=now,
         bump_sequence=True,
@@ -380,61 +379,102 @@ def ack_start_failure(tx: Transaction, fence: LeaseFence, *, error_code: str) ->
     return outcome
 
 
-def _finish(
+LeaseEnd = Literal["complete", "release"]
+
+
+def end_attempt(
     tx: Transaction,
     run: Run,
-    attempt: Attempt,
-    lease: Lease | None,
+    attempt: Attempt | None,
     *,
-    outcome: str,
+    run_status: str,
+    attempt_status: str | None = None,
     error_code: str | None,
-    exit_code: int | None,
+    exit_code: int | None = None,
+    actor_type: str,
     actor_id: str | None,
-    now: int,
     bump_sequence: bool,
-    actor_type: str = "worker",
-) -> None:
-    new_attempt = replace(
-        attempt,
-        status=outcome,
-        finished_at_ms=now,
-        exit_code=exit_code,
-        error_code=error_code,
-        callback_sequence=attempt.callback_sequence + (1 if bump_sequence else 0),
-    )
-    payload: dict[str, Any] = {"attempt": attempt.attempt}
-    if exit_code is not None:
-        payload["exit_code"] = exit_code
-    if error_code is not None:
-        payload["error_code"] = error_code
-    write_run(
-        tx,
-        run,
-        replace(run, status=outcome, finished_at_ms=now, exit_code=exit_code, error_code=error_code),
-        [
+    lease_end: LeaseEnd = "complete",
+    release_reason: str = "lease_expired",
+    now: int | None = None,
+) -> Run:
+    """The one path that ends an attempt: Attempt and Run transitions with their events, the
+    attempt's live lease completed (or released) and the worker's slot freed, all in one transaction.
+
+    Every ending goes through here - completion, start failure, cancellation before and after start,
+    timeout, lost, lease expiry - so the worker's ``active_leases`` counter can never drift from the
+    number of its ``leased`` leases (docs/dispatch.md). ``attempt_status`` defaults to ``run_status``;
+    an attempt that is no longer active is left as it is. A non-terminal ``run_status`` (``lost``)
+    keeps the Run's ``finished_at_ms``.
+    """
+    now = tx.now_ms() if now is None else now
+    events: list[EventSpec] = []
+    change: AttemptChange | None = None
+    if attempt is not None and attempt.status in ATTEMPT_ACTIVE:
+        a_status = attempt_status or run_status
+        change = AttemptChange(
+            attempt=attempt,
+            new=replace(
+                attempt,
+                status=a_status,
+                finished_at_ms=now,
+                exit_code=exit_code,
+                error_code=error_code,
+                callback_sequence=attempt.callback_sequence + (1 if bump_sequence else 0),
+            ),
+        )
+        payload: dict[str, Any] = {"attempt": attempt.attempt}
+        if exit_code is not None:
+            payload["exit_code"] = exit_code
+        if error_code is not None:
+            payload["error_code"] = error_code
+        events.append(
             EventSpec(
-                type=f"attempt.{outcome}",
+                type=f"attempt.{a_status}",
                 actor_type=actor_type,
                 actor_id=actor_id,
                 attempt_id=attempt.id,
                 payload=payload,
-            ),
-            EventSpec(
-                type=f"run.{outcome}",
-                actor_type=actor_type,
-                actor_id=actor_id,
-                attempt_id=attempt.id,
-                payload={"from": run.status, "to": outcome},
-                dedupe_key=f"run-transition:{run.version}:{outcome}",
-            ),
-        ],
-        AttemptChange(attempt=attempt, new=new_attempt),
+            )
+        )
+    events.append(
+        EventSpec(
+            type=f"run.{run_status}",
+            actor_type=actor_type,
+            actor_id=actor_id,
+            attempt_id=attempt.id if attempt is not None else None,
+            payload={"from": run.status, "to": run_status},
+            dedupe_key=f"run-transition:{run.version}:{run_status}",
+        )
     )
-    if lease is not None and lease.status == "leased":
-        params = {"attempt_id": lease.attempt_id, "expected_version": lease.version, "now": now}
-        if tx.run("lease_complete", params) == 1:
-            _adjust(tx, lease.worker_id, -1)
+    finished = now if is_run_terminal(run_status) else run.finished_at_ms
+    written = write_run(
+        tx,
+        run,
+        replace(run, status=run_status, finished_at_ms=finished, exit_code=exit_code, error_code=error_code),
+        events,
+        change,
+    )
+    if attempt is not None:
+        _end_lease(tx, attempt.id, now, lease_end, release_reason)
     tx.notify("runs")  # a slot was freed: the dispatcher may place the next candidate
+    return written
+
+
+def _end_lease(tx: Transaction, attempt_id: str, now: int, how: LeaseEnd, reason: str) -> None:
+    """Complete (or release) the attempt's lease if it is still live, and free its worker slot.
+
+    The counter moves only when the lease row itself changed (CAS on its version), so a replay or a
+    lease already ended by another path never frees a slot twice.
+    """
+    lease = get_lease(tx, attempt_id, lock=True)
+    if lease is None or lease.status != "leased":
+        return
+    params: dict[str, Any] = {"attempt_id": attempt_id, "expected_version": lease.version, "now": now}
+    if how == "release":
+        params["reason"] = reason
+    if tx.run("lease_complete" if how == "complete" else "lease_release", params) == 1:
+        _adjust(tx, lease.worker_id, -1)
 
 
 CompletionResult = Literal["applied", "already_terminal"]
@@ -482,18 +522,18 @@ def complete(
         return "already_terminal", attempt.status
     if callback_sequence != attempt.callback_sequence:
         raise FenceConflict(reason="callback_sequence_mismatch")
-    lease, now = check_fence(tx, fence, ignore_version=True)
+    _, now = check_fence(tx, fence, ignore_version=True)
     outcome, code = _cancel_outcome(
         run, "succeeded" if exit_code == 0 else "failed", None if exit_code == 0 else "EXIT_NONZERO"
     )
-    _finish(
+    end_attempt(
         tx,
         run,
         attempt,
-        lease,
-        outcome=outcome,
+        run_status=outcome,
         error_code=code,
         exit_code=exit_code,
+        actor_type="worker",
         actor_id=fence.worker_id,
         now=now,
         bump_sequence=True,
@@ -514,48 +554,36 @@ def mark_lost(
     ):
         return False
     now = tx.now_ms()
-    lease = get_lease(tx, attempt_id, lock=True)
     outcome, code = _cancel_outcome(run, "lost", error_code)
     if outcome != "lost":
-        _finish(
+        end_attempt(
             tx,
             run,
             attempt,
-            lease,
-            outcome=outcome,
+            run_status=outcome,
             error_code=code,
-            exit_code=None,
+            actor_type=actor_type,
             actor_id=None,
             now=now,
             bump_sequence=False,
-            actor_type=actor_type,
         )
         return True
-    new_attempt = replace(attempt, status="lost", finished_at_ms=now, error_code=error_code)
-    lost_run = write_run(
+    # lost is not terminal for the Run: lost retry decides what follows. The lease is released (not
+    # completed) with the reason the server saw.
+    lost_run = end_attempt(
         tx,
         run,
-        replace(run, status="lost", error_code=error_code),
-        [
-            EventSpec(
-                type="attempt.lost",
-                actor_type=actor_type,
-                attempt_id=attempt.id,
-                payload={"attempt": attempt.attempt, "error_code": error_code},
-            ),
-            EventSpec(
-                type="run.lost",
-                actor_type=actor_type,
-                attempt_id=attempt.id,
-                payload={"from": run.status, "to": "lost"},
-                dedupe_key=f"run-transition:{run.version}:lost",
-            ),
-        ],
-        AttemptChange(attempt=attempt, new=new_attempt),
+        attempt,
+        run_status="lost",
+        error_code=error_code,
+        actor_type=actor_type,
+        actor_id=None,
+        now=now,
+        bump_sequence=False,
+        lease_end="release",
+        release_reason="lease_expired",
     )
-    if lease is not None and lease.status == "leased":
-        _release(tx, lease, "lease_expired", now)
-    _after_lost(tx, lost_run, new_attempt, now)
+    _after_lost(tx, lost_run, attempt, now)
     return True
 
 
