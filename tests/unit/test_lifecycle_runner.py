@@ -121,3 +121,27 @@ def test_a_cycle_that_outlives_the_drain_blocks_a_restart_until_it_ends() -> Non
 def test_invalid_cadences_are_refused_at_construction(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValidationFailed):
         LifecycleRunner("t", lambda: False, wake=lambda t: False, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_cycle_without_progress_waits_even_after_a_burst_of_productive_ones() -> None:
+    # Given a loop whose cycles report progress twice, then none (a scan that reached its end)
+    answers = [True, True, False]
+    log: list[str] = []
+    runner: LifecycleRunner
+
+    def cycle() -> bool:
+        log.append("cycle")
+        return answers.pop(0) if answers else False
+
+    def wake(timeout_s: float) -> bool:
+        log.append("wait")
+        runner._stop.set()  # one wait is all this test needs to see
+        return False
+
+    runner = LifecycleRunner("t", cycle, wake=wake, backstop_s=60)
+    runner.start()
+    _until(lambda: "wait" in log)
+    assert runner.stop()
+
+    # Then the loop waits right after the unproductive cycle instead of starting another one
+    assert log == ["cycle", "cycle", "cycle", "wait"]

@@ -41,7 +41,7 @@ RequestOutcome = Literal["requested", "already_requested", "already_terminal"]
 ClaimStatus = Literal[
     "claimed", "not_eligible", "not_due", "leased", "dispatched", "blocked", "binding_conflict"
 ]
-StopReason = Literal["complete", "page_limit", "unsafe_attempt_overflow", "cursor_stalled"]
+StopReason = Literal["complete", "page_limit", "unsafe_attempt_overflow", "cursor_stalled", "oversized_page"]
 
 
 def _dispatch(row: Row) -> CancellationDispatch:
@@ -513,20 +513,30 @@ class CancellationSupervisor:
         self._fault = fault or (lambda _point: None)
         # Signal only processes of this host's worker (None: any attempt, e.g. a single server).
         self._local_worker_id = local_worker_id
+        # Fair paging: a cycle stopped by ``page_limit`` leaves its cursor here and the next cycle
+        # continues past it, so intents this supervisor skips (another server's worker, backoff) can
+        # never hide its own behind them. A cycle that reaches the end wraps to the first page.
+        self._cursor: tuple[int, str] | None = None
 
     def run_cycle(self) -> CycleReport:
         counts: dict[str, int] = {"scanned": 0, "claimed": 0, "finalized": 0, "signals": 0, "fenced": 0}
         results: dict[str, int] = {}
         skipped: dict[str, int] = {}
-        cursor: tuple[int, str] | None = None
+        cursor: tuple[int, str] | None = self._cursor
         pages = 0
 
         def report(reason: StopReason) -> CycleReport:
+            # Only a page_limit cycle resumes where it stopped; the end of the intents or a cycle that
+            # failed closed starts the next one from the first page.
+            self._cursor = cursor if reason == "page_limit" else None
             return CycleReport(stop_reason=reason, pages=pages, results=results, skipped=skipped, **counts)
 
         for _ in range(self._pages):
             found = self._db.transaction(partial(_intent_page, cursor=cursor, limit=self._page), write=False)
             pages += 1
+            if len(found) > self._page:
+                # More rows than asked for: the source is broken, so nothing on it is trusted.
+                return report("oversized_page")
             keys: list[tuple[int, str]] = []
             for row in found:
                 if row["cancel_requested_at_ms"] is None or not row["run_id"]:

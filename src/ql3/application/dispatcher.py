@@ -67,6 +67,10 @@ class DispatchResult:
 
     reason: str
     offer: Offer | None = None
+    # ``truncated``: a budget stopped the scan before the end of the queue; the next cycle continues
+    # from the scan cursor, so the caller runs it now. A cycle that reached the end of the queue
+    # without an offer made no progress and is never truncated: the loop then waits for a wake or its
+    # idle cadence instead of spinning (docs/dispatch.md).
     truncated: bool = False
     worker_calls: int = 0
     plan_calls: int = 0
@@ -169,6 +173,10 @@ class RunDispatcher:
         # Only leases acquired before this incarnation need recovery; once a full walk finds none
         # left, later walks could only find the same ones again.
         self._recovery_done = False
+        # Fair scanning: where the next cycle resumes after one that a budget stopped without an
+        # offer, so what an earlier cycle could not place never hides the runs behind it. Reset to the
+        # head of the queue after an offer (priority order) and once a scan reaches the end (wrap).
+        self._scan_cursor: Candidate | None = None
 
     def _cached_spec(self, task_id: str, revision: int) -> TaskSpec:
         """Revisions are immutable, so their parsed specs are cached (bounded, least recently used)."""
@@ -324,17 +332,14 @@ class RunDispatcher:
             recovered = self._recover(counters)
             if recovered is not None:
                 return recovered
-        cursor: Candidate | None = None
+        cursor: Candidate | None = self._scan_cursor
         seen: set[str] = set()
         snapshot: list[WorkerSnapshot] | None = None
         outcome = "no_candidates"
-        claims = 0
         for page_no in range(self.budget.candidate_pages):
             page = self._db.transaction(partial(self._candidates, cursor=cursor), write=False)
             if len(page) > self.budget.candidate_page:
                 raise DispatchCycleError("oversized candidate page")
-            if not page:
-                break
             for cand in page:
                 key = (-cand.priority, cand.queued_at_ms, cand.run_id)
                 if cand.run_id in seen or (
@@ -342,25 +347,32 @@ class RunDispatcher:
                 ):
                     raise DispatchCycleError("candidate cursor stalled or repeated")
                 seen.add(cand.run_id)
-                cursor = cand
                 if snapshot is None:
                     snapshot = self._workers(counters)
                     if snapshot and all(w.free_slots < 1 for w in snapshot):
-                        # Every eligible worker is full: no candidate can be placed this cycle.
+                        # Every eligible worker is full: no candidate can be placed this cycle. The
+                        # scan cursor stays where it was; a freed slot wakes the loop.
                         return self._result("no_capacity", counters)
                 if not snapshot:
                     return self._result("no_workers", counters)
-                result, outcome_for = self._try_candidate(cand, snapshot, counters, claims)
-                claims = counters.claim_calls
+                cursor = cand
+                result, outcome_for = self._try_candidate(cand, snapshot, counters)
                 if result is not None:
+                    self._scan_cursor = None
                     return result
                 outcome = outcome_for
-                if claims >= self.budget.claims:
+                if counters.claim_calls >= self.budget.claims:
+                    self._scan_cursor = cursor
                     return self._result("claim_budget_exhausted", counters, truncated=True)
             if len(page) < self.budget.candidate_page:
                 break
             if page_no == self.budget.candidate_pages - 1:
+                self._scan_cursor = cursor
                 return self._result("scan_budget_exhausted", counters, truncated=True)
+        # The end of the queue: every lap starts at the head (an offer resets the cursor), so the
+        # whole queue was examined since the last offer and nothing could be placed. Wrap to the head
+        # and report no progress: the loop waits for a wake (a new run, a freed slot) or its cadence.
+        self._scan_cursor = None
         return self._result(outcome, counters)
 
     def _result(self, reason: str, counters: _Counters, *, truncated: bool = False) -> DispatchResult:
@@ -373,7 +385,7 @@ class RunDispatcher:
         )
 
     def _try_candidate(
-        self, cand: Candidate, snapshot: list[WorkerSnapshot], counters: _Counters, claims: int
+        self, cand: Candidate, snapshot: list[WorkerSnapshot], counters: _Counters
     ) -> tuple[DispatchResult | None, str]:
         if cand.attempt_id is None or cand.attempt_status != "claimed":
             return None, "claim_raced"

@@ -99,12 +99,16 @@ class LifecycleRunner:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            did_work = False
+            more = False
             for _ in range(self._burst):
-                if self._stop.is_set() or not self._run_cycle():
+                if self._stop.is_set():
                     break
-                did_work = True
+                more = self._run_cycle()
+                if not more:
+                    break
             if self._stop.is_set():
                 break
-            if not did_work:
+            if not more:
+                # The last cycle made no progress: wait, even after a burst of productive ones (a
+                # scan that ends unproductive must not start over at once, or it spins).
                 self._wake(self._backstop_s)

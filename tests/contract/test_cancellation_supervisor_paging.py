@@ -1,0 +1,79 @@
+"""Cancellation supervisor paging: another server's intents never hide this server's own, a lap that
+reaches the end reports ``complete`` (the loop then waits), and an oversized page fails closed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ql3.application import cancellation
+from tests.conftest import Harness
+from tests.contract.execution_helpers import dispatcher, register
+from tests.contract.helpers import count, seed_task, start_run
+from tests.contract.test_cancellation_support import (
+    LONG_MS,
+    FakeSignal,
+    request,
+    running_runs,
+    start_fence,
+)
+
+
+def _supervisor(db: Any, signal: Any, **budget: Any) -> cancellation.CancellationSupervisor:
+    return cancellation.CancellationSupervisor(db, signal=signal, owner="sup-me", **budget)
+
+
+def test_foreign_intents_ahead_never_starve_this_servers_own(harness: Harness) -> None:
+    # Given four running runs of another server's worker (w1) and one of ours ("me"), all with
+    # intents, the foreign ones first
+    project, foreign = running_runs(harness.db, 4)
+    register(harness.db, "me", slots=100, lease_ms=LONG_MS)
+    task = seed_task(harness.db, project, name="mine")
+    start_run(harness.db, project, task)
+    offer = dispatcher(harness.db, lease_ms=LONG_MS).dispatch_once().offer
+    assert offer is not None and offer.fence.worker_id == "me"
+    start_fence(harness.db, offer.fence, 9)
+    for fence in foreign:
+        request(harness.db, project, fence.run_id)
+        harness.advance_clock(1)
+    request(harness.db, project, offer.fence.run_id)
+    signal = FakeSignal()
+    sup = _supervisor(harness.db, signal, page=2, pages=2, local_worker_id="me")
+
+    # When the supervisor runs one cycle after another while they stop at page_limit
+    first = sup.run_cycle()
+    second = sup.run_cycle()
+
+    # Then the second continues past the foreign intents, reaches ours and signals it
+    assert (first.stop_reason, first.skipped, first.signals) == ("page_limit", {"other_worker": 4}, 0)
+    assert (second.stop_reason, second.scanned, second.signals) == ("complete", 1, 1)
+    assert [c[0] for c in signal.calls] == ["ql3lp1.handle-9"]
+    # And the next lap starts at the first page again (the foreign ones are still there)
+    third = sup.run_cycle()
+    assert (third.stop_reason, third.skipped) == ("page_limit", {"other_worker": 4})
+
+
+def test_an_oversized_intent_page_fails_the_cycle_closed(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given three runs with intents and a source that answers more rows than asked for
+    project, fences = running_runs(harness.db, 3)
+    for fence in fences:
+        request(harness.db, project, fence.run_id)
+        harness.advance_clock(1)
+    real = cancellation._intent_page
+
+    def oversized(tx: Any, *, cursor: Any, limit: int) -> list[Any]:
+        return real(tx, cursor=cursor, limit=limit + 1)
+
+    monkeypatch.setattr(cancellation, "_intent_page", oversized)
+    signal = FakeSignal()
+
+    # When a cycle runs with pages of two
+    report = _supervisor(harness.db, signal, page=2).run_cycle()
+
+    # Then nothing on that page is trusted: no claim, no signal, nothing written
+    assert report.stop_reason == "oversized_page"
+    assert (report.scanned, report.claimed, signal.calls) == (0, 0, [])
+    assert count(harness.db, "cancellation_dispatches") == 0
