@@ -177,6 +177,7 @@ class RunDispatcher:
         # offer, so what an earlier cycle could not place never hides the runs behind it. Reset to the
         # head of the queue after an offer (priority order) and once a scan reaches the end (wrap).
         self._scan_cursor: Candidate | None = None
+        self._recovery_cursor: tuple[int, str] | None = None
 
     def _cached_spec(self, task_id: str, revision: int) -> TaskSpec:
         """Revisions are immutable, so their parsed specs are cached (bounded, least recently used)."""
@@ -197,7 +198,14 @@ class RunDispatcher:
     # -- recovery --------------------------------------------------------------------------------
 
     def _recover(self, counters: _Counters) -> DispatchResult | None:
-        cursor: tuple[int, str] | None = None
+        """Offer the leases of an earlier incarnation again, before any new claim.
+
+        Fails closed with an explicit reason (``truncated``: the next cycle continues after the row)
+        when a recovery plan cannot be rebuilt (``recovery_plans_unavailable``) or the page budget runs
+        out before the end (``recovery_budget_exhausted``); new claims start only once a walk reached
+        the end. The cursor survives the cycle, so each cycle makes progress through the walk.
+        """
+        cursor = self._recovery_cursor
         seen: set[str] = set()
         for _ in range(self.budget.recovery_pages):
             page = self._db.transaction(partial(self._recovery_page, cursor=cursor), write=False)
@@ -209,9 +217,13 @@ class RunDispatcher:
                     raise DispatchCycleError("recovery cursor stalled or repeated")
                 seen.add(row["attempt_id"])
                 cursor = key
+                self._recovery_cursor = cursor
                 offer = self._db.transaction(
                     partial(self._recovery_offer, attempt_id=row["attempt_id"]), write=False
                 )
+                if isinstance(offer, str):
+                    counters.plan_calls += 1
+                    return self._result(offer, counters, truncated=True)
                 if offer is not None and offer.offer_id not in self._recovered:
                     if len(self._recovered) >= MAX_RECOVERED_MEMORY:
                         self._recovered.clear()
@@ -220,8 +232,9 @@ class RunDispatcher:
                     return DispatchResult(reason="recovered", offer=offer, plan_calls=counters.plan_calls)
             if len(page) < self.budget.recovery_page:
                 self._recovery_done = True
+                self._recovery_cursor = None
                 return None
-        return None
+        return self._result("recovery_budget_exhausted", counters, truncated=True)
 
     def _recovery_page(self, tx: Transaction, cursor: tuple[int, str] | None) -> list[Row]:
         params: dict[str, Any] = {"since": self._since, "limit": self.budget.recovery_page}
@@ -230,7 +243,9 @@ class RunDispatcher:
         params["c_expires"], params["c_attempt"] = cursor
         return tx.all("lease_recovery_after", params)
 
-    def _recovery_offer(self, tx: Transaction, attempt_id: str) -> Offer | None:
+    def _recovery_offer(self, tx: Transaction, attempt_id: str) -> Offer | str | None:
+        """The recovery offer; None when the lease no longer needs one (ended, expired, fenced,
+        cancelled, another server's worker); a fail-closed reason when its plan cannot be rebuilt."""
         lease = leases.get_lease(tx, attempt_id)
         now = tx.now_ms()
         if lease is None or lease.status != "leased" or lease.expires_at_ms <= now:
@@ -239,7 +254,7 @@ class RunDispatcher:
             return None
         row = tx.one("run_get", {"id": lease.run_id})
         if row is None:
-            return None
+            return "recovery_plans_unavailable"
         run = rows.run(row)
         attempt = latest_attempt(tx, run.id)
         if run.status != "dispatching" or run.cancel_requested_at_ms is not None:
@@ -258,7 +273,8 @@ class RunDispatcher:
         try:
             spec, _ = build_plan(tx, run.id, attempt_id, run.project_id, run.task_id, run.task_revision)
         except Ql3Error:
-            return None
+            # The pinned revision is missing or no longer builds the same identity: never guess.
+            return "recovery_plans_unavailable"
         return self._offer(lease, spec, "lease_recovery", None)
 
     def _offer(self, lease: leases.Lease, spec: dict[str, Any], kind: Any, score: int | None) -> Offer:

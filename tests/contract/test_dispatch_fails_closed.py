@@ -1,0 +1,127 @@
+"""The dispatcher fails closed: oversized worker and recovery pages, recovery plans that cannot be
+rebuilt and recovery pages that run out all stop the cycle with a reason, before any new claim."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ql3.application import dispatcher as dispatcher_module
+from ql3.application import workers
+from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher
+from ql3.domain.errors import NotFound
+from tests.conftest import Harness
+from tests.contract.execution_helpers import SECRET, dispatcher, queued, register
+from tests.contract.helpers import count
+
+
+def _leased(harness: Harness) -> int:
+    return int(harness.db.raw("SELECT count(*) AS n FROM run_leases WHERE status = 'leased'")[0]["n"])
+
+
+def _two_claims_then_restart(harness: Harness, **budget: Any) -> RunDispatcher:
+    """Two claims of an earlier incarnation, one run still queued, then a new incarnation."""
+    register(harness.db)
+    queued(harness.db, n=3)
+    d0 = dispatcher(harness.db)
+    assert d0.dispatch_once().offer is not None
+    assert d0.dispatch_once().offer is not None
+    return dispatcher(harness.db, since=harness.now_ms(), **budget)
+
+
+def test_a_missing_recovery_plan_fails_closed_before_any_new_claim(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = _two_claims_then_restart(harness)
+
+    def missing(*_args: Any, **_kw: Any) -> Any:
+        raise NotFound("task revision not found")
+
+    monkeypatch.setattr(dispatcher_module, "get_revision", missing)
+
+    result = d.dispatch_once()
+
+    assert (result.reason, result.truncated, result.offer) == ("recovery_plans_unavailable", True, None)
+    assert _leased(harness) == 2  # the queued run was not claimed behind the failed recovery
+
+
+def test_a_drifted_recovery_plan_fails_closed_and_the_next_cycle_moves_on(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = _two_claims_then_restart(harness)
+    real = dispatcher_module.normalize_spec
+
+    def drifted(raw: dict[str, Any]) -> dict[str, Any]:
+        return real(raw) | {"runId": "0" * 36}  # the rebuilt plan names another run
+
+    monkeypatch.setattr(dispatcher_module, "normalize_spec", drifted)
+
+    first = d.dispatch_once()
+    monkeypatch.undo()
+    second = d.dispatch_once()
+    third = d.dispatch_once()
+
+    assert (first.reason, first.truncated, first.offer) == ("recovery_plans_unavailable", True, None)
+    # the cursor moved past the failed row: the other lease is recovered, then new claims resume
+    assert second.reason == "recovered"
+    assert third.reason == "claimed" and _leased(harness) == 3
+
+
+def test_recovery_pages_that_run_out_are_truncated_and_claim_nothing_new(harness: Harness) -> None:
+    # Given two leases of worker "a" from an earlier incarnation, and a server whose worker is "b"
+    register(harness.db, "a", slots=8)
+    queued(harness.db, n=2)
+    d0 = dispatcher(harness.db)
+    assert d0.dispatch_once().offer is not None and d0.dispatch_once().offer is not None
+    register(harness.db, "b", slots=8)
+    queued(harness.db, n=1, name="later")
+    d = RunDispatcher(
+        harness.db,
+        lease_secret=SECRET,
+        budget=DispatchBudget(recovery_page=1, recovery_pages=1),
+        incarnation_started_ms=harness.now_ms(),
+        local_worker_id="b",
+    )
+
+    # When it dispatches with a recovery budget of one row per cycle
+    results = [d.dispatch_once() for _ in range(3)]
+
+    # Then each cycle that used its whole budget says so and claims nothing; the walk advances and,
+    # once it reached the end, the queued run is placed on "b"
+    assert [(r.reason, r.truncated) for r in results[:2]] == [("recovery_budget_exhausted", True)] * 2
+    assert results[2].reason == "claimed" and results[2].offer is not None
+    assert results[2].offer.fence.worker_id == "b"
+
+
+def test_an_oversized_recovery_page_fails_the_cycle_closed(harness: Harness) -> None:
+    d = _two_claims_then_restart(harness, recovery_page=1)
+    since = harness.now_ms()
+
+    def oversized(tx: Any, cursor: Any) -> list[Any]:
+        rows: list[Any] = tx.all("lease_recovery_first", {"since": since, "limit": 2})
+        return rows
+
+    d._recovery_page = oversized  # type: ignore[method-assign]
+
+    with pytest.raises(DispatchCycleError):
+        d.dispatch_once()
+    assert _leased(harness) == 2
+
+
+def test_an_oversized_worker_page_fails_the_cycle_closed(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "b", "c"):
+        register(harness.db, name)
+    queued(harness.db)
+    real = workers.snapshot_page
+
+    def oversized(tx: Any, *, after: str, limit: int) -> list[Any]:
+        return real(tx, after=after, limit=limit + 1)
+
+    monkeypatch.setattr(workers, "snapshot_page", oversized)
+
+    with pytest.raises(DispatchCycleError):
+        dispatcher(harness.db, worker_page=2).dispatch_once()
+    assert count(harness.db, "run_leases") == 0
