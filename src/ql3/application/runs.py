@@ -368,6 +368,14 @@ def _insert_retry_policy(tx: Transaction, task: Task, run_id: str) -> None:
     )
 
 
+def attempt_deadline_ms(tx: Transaction, run: Run) -> int | None:
+    """The absolute deadline of an attempt starting now: the pinned revision's timeout (a duration)
+    from the transaction's clock, the one time authority (``ql3_now_ms()`` on PostgreSQL, the injected
+    clock on SQLite). No worker or host clock takes part, so skew between them cannot move a timeout."""
+    timeout_ms = build_spec(_revision_spec(tx, run.task_id, run.task_revision)).timeout_ms
+    return None if timeout_ms is None else tx.now_ms() + timeout_ms
+
+
 def _revision_spec(tx: Transaction, task_id: str, revision: int) -> dict[str, Any]:
     row = tx.one("task_revision_get", {"task_id": task_id, "revision": revision})
     if row is None:
