@@ -153,7 +153,9 @@ def build_standalone_runtime(
         db,
         lease_secret=lease_secret(home),
         budget=DispatchBudget(lease_ms=run_lease_ms),
-        incarnation_started_ms=clock(),
+        # The restart boundary is compared with lease acquisition times, so it is read from the
+        # same clock that wrote them (the database's), never from this host's.
+        incarnation_started_ms=db.transaction(lambda tx: tx.now_ms(), write=False),
         local_worker_id=wid,
     )
     worker = WorkerAgent(
@@ -196,8 +198,8 @@ def build_standalone_runtime(
 
     def cron_wait(backstop_s: float) -> bool:
         # Sleep until the earliest occurrence (or a task change), never longer than the backstop.
-        earliest = db.transaction(schedules.earliest_fire_at, write=False)
-        delay = backstop_s if earliest is None else max(0.0, (earliest - clock()) / 1000)
+        earliest, now = db.transaction(lambda tx: (schedules.earliest_fire_at(tx), tx.now_ms()), write=False)
+        delay = backstop_s if earliest is None else max(0.0, (earliest - now) / 1000)
         return db.wait_for("schedules", min(backstop_s, delay + 0.001))
 
     owner = f"{wid}-control"[:128]  # this process's identity as lease owner of control-plane work
@@ -238,9 +240,9 @@ def build_standalone_runtime(
 
     def cancellation_wait(backstop_s: float) -> bool:
         # Sleep until the next deadline, backoff or lease expiry (or a new intent), within the backstop.
-        row = db.transaction(lambda tx: tx.one("cancel_next_wake"), write=False) or {}
-        due = [int(v) for v in row.values() if v is not None]
-        delay = backstop_s if not due else max(0.0, (min(due) - clock()) / 1000)
+        found, now = db.transaction(lambda tx: (tx.one("cancel_next_wake"), tx.now_ms()), write=False)
+        due = [int(v) for v in (found or {}).values() if v is not None]
+        delay = backstop_s if not due else max(0.0, (min(due) - now) / 1000)
         return db.wait_for("cancellations", min(backstop_s, delay + 0.001))
 
     worker.on_settled = lambda attempt_id: notifier.notify("runs")

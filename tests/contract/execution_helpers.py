@@ -57,7 +57,7 @@ def queued(db: Any, n: int = 1, **spec: Any) -> tuple[Project, Task, list[Run]]:
 
 def start(db: Any, offer: Offer, *, seq: int = 1, token: str = "cb-token") -> LeaseFence:
     f = offer.fence
-    db.transaction(lambda tx: leases.ack_starting(tx, f, deadline_at_ms=None))
+    db.transaction(lambda tx: leases.ack_starting(tx, f))
     db.transaction(
         lambda tx: leases.ack_running(
             tx,

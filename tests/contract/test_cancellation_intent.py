@@ -207,9 +207,9 @@ def test_finalize_stopped_refuses_a_dispatch_that_was_not_dispatched(harness: Ha
 
 
 def test_the_timeout_scan_commits_a_timeout_intent_before_any_signal(harness: Harness) -> None:
-    # Given a started attempt whose persisted deadline is one minute away
-    _, (fence,) = claimed_runs(harness.db)
-    start_fence(harness.db, fence, deadline_at_ms=harness.now_ms() + 60_000)
+    # Given a started attempt of a task with a one-minute timeout: its deadline is one minute away
+    _, (fence,) = claimed_runs(harness.db, timeout_ms=60_000)
+    start_fence(harness.db, fence)
 
     # When the scan runs before the deadline, nothing happens
     early = cancellation.timeout_cycle(harness.db)
@@ -234,10 +234,9 @@ def test_the_timeout_scan_commits_a_timeout_intent_before_any_signal(harness: Ha
 
 
 def test_the_timeout_scan_is_bounded_per_cycle(harness: Harness) -> None:
-    _, fences = claimed_runs(harness.db, 3)
-    deadline = harness.now_ms() + 1_000
+    _, fences = claimed_runs(harness.db, 3, timeout_ms=1_000)
     for i, fence in enumerate(fences):
-        start_fence(harness.db, fence, i, deadline_at_ms=deadline)
+        start_fence(harness.db, fence, i)
     harness.advance_clock(1_000)
 
     first = cancellation.timeout_cycle(harness.db, page=2)

@@ -38,8 +38,8 @@ def claimed_runs(db: Any, n: int = 1, **spec: Any) -> tuple[Project, list[LeaseF
     return project, fences
 
 
-def start_fence(db: Any, fence: LeaseFence, i: int = 0, *, deadline_at_ms: int | None = None) -> None:
-    db.transaction(lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=deadline_at_ms))
+def start_fence(db: Any, fence: LeaseFence, i: int = 0) -> None:
+    db.transaction(lambda tx: leases.ack_starting(tx, fence))
     db.transaction(
         lambda tx: leases.ack_running(
             tx,

@@ -88,8 +88,8 @@ def test_starting_and_running_replays_are_idempotent_and_a_different_handle_is_r
     harness: Harness,
 ) -> None:
     project, fence = _claimed(harness)
-    first = harness.db.transaction(lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=None))[0]
-    again = harness.db.transaction(lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=None))[0]
+    first = harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))[0]
+    again = harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))[0]
 
     def running(handle: str) -> Any:
         return harness.db.transaction(
@@ -115,7 +115,7 @@ def test_starting_and_running_replays_are_idempotent_and_a_different_handle_is_r
 
 def test_start_failure_is_atomic_and_completes_the_lease(harness: Harness) -> None:
     project, fence = _claimed(harness)
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=None))
+    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
 
     outcome = harness.db.transaction(
         lambda tx: leases.ack_start_failure(tx, fence, error_code="EXECUTOR_START_FAILED")
@@ -133,7 +133,7 @@ def test_start_failure_is_atomic_and_completes_the_lease(harness: Harness) -> No
 
 def test_start_failure_after_a_timeout_intent_is_timed_out(harness: Harness) -> None:
     _project, fence = _claimed(harness)
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=None))
+    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
     harness.db.raw(
         "UPDATE runs SET cancel_requested_at_ms = 1, cancel_reason = 'timeout' WHERE id = ?", (fence.run_id,)
     )
@@ -259,7 +259,7 @@ def test_the_active_lease_counter_always_equals_the_leased_rows(harness: Harness
     harness.db.transaction(
         lambda tx: leases.complete(tx, done, callback_sequence=1, callback_token="cb-token", exit_code=0)
     )
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, failed, deadline_at_ms=None))
+    harness.db.transaction(lambda tx: leases.ack_starting(tx, failed))
     harness.db.transaction(lambda tx: leases.ack_start_failure(tx, failed, error_code="X"))
 
     def counter() -> tuple[int, int]:

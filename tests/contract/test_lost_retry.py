@@ -12,7 +12,7 @@ from tests.contract.helpers import count
 
 def _lost_run(harness: Harness, max_attempts: int) -> tuple[Any, Any]:
     register(harness.db, lease_ms=600_000)
-    project, _, (run,) = queued(harness.db, max_attempts=max_attempts)
+    project, _, (run,) = queued(harness.db, max_attempts=max_attempts, retry_safe=max_attempts > 1)
     offer = dispatcher(harness.db).dispatch_once().offer
     assert offer is not None
     start(harness.db, offer)

@@ -133,7 +133,9 @@ def test_a_run_pins_the_revision_current_when_it_started(client: Any, owner: Any
     # Given a run at revision 1 and an edit that publishes revision 2
     make_task("job")
     first = client.post(START, json={}, headers=owner).json()
-    client.patch("/api/v1/projects/default/tasks/job", json={"max_attempts": 2}, headers=owner)
+    client.patch(
+        "/api/v1/projects/default/tasks/job", json={"max_attempts": 2, "retry_safe": True}, headers=owner
+    )
 
     # When another run starts
     second = client.post(START, json={}, headers=owner).json()

@@ -18,6 +18,7 @@ def test_create_returns_the_public_task(client: Any, owner: Any) -> None:
         "prefer": [{"labels": {"disk": "ssd"}, "weight": 3}],
         "overlap": "skip",
         "max_attempts": 2,
+        "retry_safe": True,
     }
 
     resp = client.post(TASKS, json=body, headers=owner)
@@ -29,6 +30,7 @@ def test_create_returns_the_public_task(client: Any, owner: Any) -> None:
     assert task["env_keys"] == ["A", "B"]
     assert task["prefer"] == [{"labels": {"disk": "ssd"}, "weight": 3}]
     assert (task["overlap"], task["max_attempts"], task["timeout_ms"]) == ("skip", 2, 60000)
+    assert task["retry_safe"] is True
     assert len(task["content_digest"]) == 64
     assert not {"command", "env", "cwd"} & set(task)
 

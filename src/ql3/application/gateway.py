@@ -65,10 +65,8 @@ class InProcessControlPlane:
             )
         return _info(s, status)
 
-    def ack_starting(self, fence: LeaseFence, *, deadline_at_ms: int | None) -> tuple[str, LeaseInfo]:
-        result, lease = self._db.transaction(
-            lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=deadline_at_ms)
-        )
+    def ack_starting(self, fence: LeaseFence) -> tuple[str, LeaseInfo]:
+        result, lease = self._db.transaction(lambda tx: leases.ack_starting(tx, fence))
         return result, LeaseInfo(version=lease.version, expires_at_ms=lease.expires_at_ms)
 
     def ack_running(

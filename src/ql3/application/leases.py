@@ -6,7 +6,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from ql3.application import rows
-from ql3.application.runs import AttemptChange, EventSpec, latest_attempt, lock_attempt, lock_run, write_run
+from ql3.application.runs import (
+    AttemptChange,
+    EventSpec,
+    attempt_deadline_ms,
+    latest_attempt,
+    lock_attempt,
+    lock_run,
+    write_run,
+)
 from ql3.domain.digests import digest_equals, sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
@@ -249,10 +257,9 @@ def _run_and_attempt(tx: Transaction, fence: LeaseFence) -> tuple[Run, Attempt]:
     return run, attempt
 
 
-def ack_starting(
-    tx: Transaction, fence: LeaseFence, *, deadline_at_ms: int | None
-) -> tuple[AckResult, Lease]:
-    """Attempt ``claimed -> starting`` (the Run stays dispatching); the deadline is persisted before spawn."""
+def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
+    """Attempt ``claimed -> starting`` (the Run stays dispatching); the deadline is persisted before spawn.
+    It is computed here (``runs.attempt_deadline_ms``), never taken from the worker's clock."""
     run, attempt = _run_and_attempt(tx, fence)
     lease, _ = check_fence(tx, fence)
     if attempt.status == "starting":
@@ -275,7 +282,8 @@ def ack_starting(
             )
         ],
         AttemptChange(
-            attempt=attempt, new=replace(attempt, status="starting", deadline_at_ms=deadline_at_ms)
+            attempt=attempt,
+            new=replace(attempt, status="starting", deadline_at_ms=attempt_deadline_ms(tx, run)),
         ),
     )
     tx.notify("attempts")

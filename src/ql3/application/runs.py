@@ -20,6 +20,7 @@ from ql3.domain.errors import (
 from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run, RunEvent, Task
 from ql3.domain.states import attempt_transition_allowed, is_run_terminal, run_transition_allowed
+from ql3.domain.tasks import build_spec
 from ql3.ports.storage import Transaction
 
 MAX_EVENT_PAYLOAD_BYTES: Final = 2048
@@ -348,25 +349,39 @@ RETRY_BACKOFF_MAX_MS: Final = 60_000
 
 
 def _insert_retry_policy(tx: Transaction, task: Task, run_id: str) -> None:
-    """Written only in the run-create transaction, from the pinned revision. ``--max-attempts`` above 1
-    is the task owner's declaration that the command is safe to run again (safety ``idempotent``)."""
-    row = tx.one("task_revision_get", {"task_id": task.id, "revision": task.revision})
-    if row is None:
-        raise NotFound("task revision not found")
-    max_attempts = int(json.loads(row["spec_json"]).get("max_attempts", 1))
-    if max_attempts <= 1:
+    """Written only in the run-create transaction, from the pinned revision. A run is retried only
+    when its revision allows more than one attempt *and* its owner declared the command safe to run
+    again (``retry_safe``, safety ``idempotent``); a revision whose safety is unknown is never retried."""
+    spec = build_spec(_revision_spec(tx, task.id, task.revision))
+    if spec.max_attempts <= 1 or not spec.retry_safe:
         return
     tx.run(
         "retry_policy_insert",
         {
             "run_id": run_id,
-            "max_attempts": max_attempts,
+            "max_attempts": spec.max_attempts,
             "retry_on_lost": 1,
             "safety": "idempotent",
             "backoff_min_ms": RETRY_BACKOFF_MIN_MS,
             "backoff_max_ms": RETRY_BACKOFF_MAX_MS,
         },
     )
+
+
+def attempt_deadline_ms(tx: Transaction, run: Run) -> int | None:
+    """The absolute deadline of an attempt starting now: the pinned revision's timeout (a duration)
+    from the transaction's clock, the one time authority (``ql3_now_ms()`` on PostgreSQL, the injected
+    clock on SQLite). No worker or host clock takes part, so skew between them cannot move a timeout."""
+    timeout_ms = build_spec(_revision_spec(tx, run.task_id, run.task_revision)).timeout_ms
+    return None if timeout_ms is None else tx.now_ms() + timeout_ms
+
+
+def _revision_spec(tx: Transaction, task_id: str, revision: int) -> dict[str, Any]:
+    row = tx.one("task_revision_get", {"task_id": task_id, "revision": revision})
+    if row is None:
+        raise NotFound("task revision not found")
+    spec: dict[str, Any] = json.loads(row["spec_json"])
+    return spec
 
 
 def get_run(tx: Transaction, project_id: str, run_id: str) -> Run:

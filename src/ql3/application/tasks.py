@@ -12,7 +12,7 @@ from ql3.application.schedules import next_fire_at, sync_schedule
 from ql3.domain.errors import Conflict, NameTaken, NotFound, ValidationFailed
 from ql3.domain.ids import is_id, new_id
 from ql3.domain.model import Task, TaskRevision
-from ql3.domain.tasks import TaskSpec, build_spec, validate_name
+from ql3.domain.tasks import TaskSpec, build_new_spec, build_spec, validate_name
 from ql3.ports.storage import Transaction
 
 MAX_TASK_PAGE: Final = 200
@@ -71,7 +71,7 @@ def create_task(
     tx: Transaction, project_id: str, name: str, raw_spec: Mapping[str, Any], enabled: bool = True
 ) -> TaskView:
     validate_name(name)
-    spec = build_spec(raw_spec)
+    spec = build_new_spec(raw_spec)
     task_id = new_id()
     inserted = tx.run(
         "task_insert",
@@ -92,7 +92,7 @@ def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, 
     current = view(tx, find_task(tx, project_id, ref))
     merged = current.spec.to_dict()
     merged.update(changes)
-    spec = build_spec(merged)
+    spec = build_new_spec(merged)
     if spec.digest() == current.revision.content_digest:
         return current
     new_revision = current.task.revision + 1

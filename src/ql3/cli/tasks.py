@@ -83,7 +83,18 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
     parser.add_argument(
         "--approval", choices=("required", "none"), help="require an approval before each run"
     )
-    parser.add_argument("--max-attempts", type=positive_int, metavar="N")
+    parser.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        metavar="N",
+        help="attempts per run when the worker is lost (above 1 needs --retry-safe)",
+    )
+    parser.add_argument(
+        "--retry-safe",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="declare that the command is safe to run again after a lost attempt (needed for retries)",
+    )
     parser.add_argument(
         "--environment-policy",
         choices=("inherit", "isolated"),
@@ -109,7 +120,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         body["require"] = key_values(args.require, "--require")
     if args.prefer is not None:
         body["prefer"] = preferences(args.prefer)
-    for name in ("overlap", "misfire", "approval", "max_attempts", "environment_policy"):
+    for name in ("overlap", "misfire", "approval", "max_attempts", "retry_safe", "environment_policy"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     return body
@@ -117,6 +128,11 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_add(args: argparse.Namespace) -> int:
     body = {"name": args.name, "command": args.command, **_spec(args)}
+    if body.get("max_attempts", 1) > 1 and not body.get("retry_safe"):
+        raise UsageError(
+            "--max-attempts above 1 needs --retry-safe: declare that the command is safe to run again",
+            code="retry_safety_required",
+        )
     if args.disabled:
         body["enabled"] = False
     with ApiClient.from_environment() as api:

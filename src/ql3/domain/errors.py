@@ -37,6 +37,12 @@ class ValidationFailed(Ql3Error):
     http_status = 422
 
 
+class RetrySafetyRequired(ValidationFailed):
+    """max_attempts above 1 needs retry_safe: declare that the command is safe to run again."""
+
+    code = "retry_safety_required"
+
+
 class PayloadTooLarge(Ql3Error):
     """The request body is too large."""
 

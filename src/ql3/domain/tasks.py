@@ -11,7 +11,7 @@ from typing import Any, Final, Literal
 from cronsim import CronSim, CronSimError
 
 from ql3.domain.digests import canonical_json, domain_digest
-from ql3.domain.errors import ValidationFailed
+from ql3.domain.errors import RetrySafetyRequired, ValidationFailed
 
 NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -52,6 +52,7 @@ class TaskSpec:
     overlap: Overlap = "allow"
     approval: Literal["none", "required"] = "none"
     max_attempts: int = 1
+    retry_safe: bool = False
     executor: str = "local_process"
     misfire: Literal["skip", "fire_once"] = "skip"
 
@@ -121,6 +122,22 @@ def _int(value: object, what: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ValidationFailed(f"{what} must be an integer in [{lo}, {hi}]", field=what)
     return value
+
+
+def _bool(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValidationFailed(f"{what} must be true or false", field=what)
+    return value
+
+
+def build_new_spec(raw: Mapping[str, Any]) -> TaskSpec:
+    """``build_spec`` plus the rules a new revision must meet: retries (``max_attempts`` above 1)
+    need the owner's explicit ``retry_safe`` declaration. Stored revisions are read with
+    ``build_spec``, so a revision written before the rule still loads (and is never retried)."""
+    spec = build_spec(raw)
+    if spec.max_attempts > 1 and not spec.retry_safe:
+        raise RetrySafetyRequired(field="retry_safe")
+    return spec
 
 
 def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
@@ -194,6 +211,7 @@ def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
         overlap=overlap,
         approval=approval,
         max_attempts=_int(raw.get("max_attempts", 1), "max_attempts", 1, MAX_ATTEMPTS),
+        retry_safe=_bool(raw.get("retry_safe", False), "retry_safe"),
         executor=executor,
         misfire=misfire,
     )
@@ -217,6 +235,7 @@ def public_spec(spec: TaskSpec) -> dict[str, Any]:
         "overlap": spec.overlap,
         "approval": spec.approval,
         "max_attempts": spec.max_attempts,
+        "retry_safe": spec.retry_safe,
         "executor": spec.executor,
         "misfire": spec.misfire,
     }

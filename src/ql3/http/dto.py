@@ -40,6 +40,7 @@ class TaskSpecFields(Body):
     overlap: Literal["allow", "skip", "cancel_previous"] | None = None
     approval: Literal["none", "required"] | None = None
     max_attempts: int | None = None
+    retry_safe: bool | None = None
     misfire: Literal["skip", "fire_once"] | None = None
 
 
@@ -103,6 +104,7 @@ class TaskOut(BaseModel):
     overlap: str
     approval: str
     max_attempts: int
+    retry_safe: bool
     executor: str
     misfire: str
     next_fire_at_ms: int | None

@@ -46,8 +46,9 @@ class ControlPlane(Protocol):
         """``draining`` (capacity to zero first) or ``offline``."""
         ...
 
-    def ack_starting(self, fence: LeaseFence, *, deadline_at_ms: int | None) -> tuple[str, LeaseInfo]:
-        """Attempt claimed -> starting under the full fence; idempotent replays answer already_*."""
+    def ack_starting(self, fence: LeaseFence) -> tuple[str, LeaseInfo]:
+        """Attempt claimed -> starting under the full fence; idempotent replays answer already_*.
+        The control plane persists the run deadline from the pinned task's timeout and its own clock."""
         ...
 
     def ack_running(

@@ -264,10 +264,9 @@ class WorkerAgent:
         return record.state
 
     def _ack_starting(self, record: JournalRecord, offer: Offer) -> JournalRecord:
-        timeout = offer.spec.get("timeoutMs")
-        now = self._clock()
         try:
-            self._client.ack_starting(offer.fence, deadline_at_ms=now + int(timeout) if timeout else None)
+            # The deadline is the control plane's: pinned timeout plus its clock, never ours.
+            self._client.ack_starting(offer.fence)
         except (FenceConflict, Conflict):
             self._forget(record.attempt_id)
             raise

@@ -1,0 +1,102 @@
+"""One time authority: deadlines and the restart boundary come from the database clock, so shifting it
+against this host's clock by minutes changes neither timeouts nor recovery.
+
+On PostgreSQL ``advance_clock`` moves ``ql3_now_ms()`` away from the host clock; on SQLite the injected
+clock already runs far from it (and is the one clock the server uses there).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ql3.application import cancellation
+from ql3.application.gateway import InProcessControlPlane
+from ql3.bootstrap import build_standalone_runtime
+from ql3.domain.digests import sha256_hex
+from tests.conftest import Harness
+from tests.contract.execution_helpers import SECRET, dispatcher, queued, register
+
+MINUTES = 60_000
+SHIFTS = pytest.mark.parametrize("shift_ms", [-10 * MINUTES, 10 * MINUTES], ids=["behind", "ahead"])
+
+
+@SHIFTS
+def test_a_deadline_is_the_pinned_timeout_from_the_database_clock(harness: Harness, shift_ms: int) -> None:
+    # Given a database clock minutes away from this host's, and a started run of a 60 s task
+    harness.advance_clock(shift_ms)
+    register(harness.db, lease_ms=600_000)
+    queued(harness.db, timeout_ms=60_000)
+    offer = dispatcher(harness.db, lease_ms=600_000).dispatch_once().offer
+    assert offer is not None
+    plane = InProcessControlPlane(harness.db)
+    before = harness.now_ms()
+    assert plane.ack_starting(offer.fence)[0] == "starting"
+    after = harness.now_ms()
+    plane.ack_running(
+        offer.fence,
+        pid=3_141_592,
+        handle="ql3lp1.time",
+        log_artifact_id="log",
+        callback_sequence=1,
+        callback_token_digest=sha256_hex("cb"),
+    )
+
+    # Then the persisted deadline is 60 s of database time after the start
+    (row,) = harness.db.raw("SELECT deadline_at_ms FROM run_attempts WHERE id = ?", (offer.fence.attempt_id,))
+    assert before + 60_000 <= int(row["deadline_at_ms"]) <= after + 60_000
+
+    # And the timeout fires after 60 s of database time, not before
+    assert cancellation.timeout_cycle(harness.db).scanned == 0
+    harness.advance_clock(59_000)
+    assert cancellation.timeout_cycle(harness.db).scanned == 0
+    harness.advance_clock(1_000 + (after - before))
+    assert cancellation.timeout_cycle(harness.db).requested == 1
+    (run,) = harness.db.raw("SELECT cancel_reason FROM runs WHERE id = ?", (offer.fence.run_id,))
+    assert run["cancel_reason"] == "timeout"
+
+
+def test_a_task_without_a_timeout_has_no_deadline(harness: Harness) -> None:
+    register(harness.db, lease_ms=600_000)
+    queued(harness.db)
+    offer = dispatcher(harness.db, lease_ms=600_000).dispatch_once().offer
+    assert offer is not None
+
+    InProcessControlPlane(harness.db).ack_starting(offer.fence)
+
+    (row,) = harness.db.raw("SELECT deadline_at_ms FROM run_attempts WHERE id = ?", (offer.fence.attempt_id,))
+    assert row["deadline_at_ms"] is None
+
+
+def _runtime(harness: Harness, home: Path) -> object:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "lease.secret").write_bytes(SECRET)  # the same secret as the test dispatchers
+    return build_standalone_runtime(harness.db, home, worker_id="w1", slots=4)
+
+
+@SHIFTS
+def test_a_restarted_server_recovers_exactly_the_leases_claimed_before_it_started(
+    harness: Harness, shift_ms: int, tmp_path: Path
+) -> None:
+    # Given a database clock minutes away from this host's and a worker with a claimed, unstarted run
+    harness.advance_clock(shift_ms)
+    register(harness.db, "w1", lease_ms=600_000)
+    queued(harness.db, 2)
+    earlier = dispatcher(harness.db, lease_ms=600_000).dispatch_once().offer
+    assert earlier is not None
+    harness.advance_clock(1)
+
+    # When the server restarts, and another incarnation claims the second run after that
+    runtime = _runtime(harness, tmp_path / "home")
+    harness.advance_clock(1)
+    later = dispatcher(harness.db, lease_ms=600_000).dispatch_once().offer
+    assert later is not None
+
+    # Then the restarted dispatcher re-delivers the lease claimed before it started, with the same
+    # offer id, and only that one: the later lease is not "recovered" by an incarnation that never had it
+    first = runtime.dispatcher.dispatch_once()  # type: ignore[attr-defined]
+    assert first.reason == "recovered"
+    assert first.offer is not None and first.offer.offer_id == earlier.offer_id
+    second = runtime.dispatcher.dispatch_once()  # type: ignore[attr-defined]
+    assert second.offer is None or second.offer.fence.attempt_id != later.fence.attempt_id
