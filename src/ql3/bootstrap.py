@@ -69,7 +69,7 @@ PROFILES: dict[str, dict[str, float]] = {
 }
 
 
-WAKE_CHANNELS = ("runs", "schedules", "cancellations", "approved_actions", "retries")
+WAKE_CHANNELS = ("runs", "schedules", "cancellations", "attempts", "approved_actions", "retries")
 
 
 def lease_secret(home: Path) -> bytes:
@@ -197,7 +197,8 @@ def build_standalone_runtime(
         return len(scheduler.schedule_once().decisions) >= int(cadence["cron_page"])
 
     def cron_wait(backstop_s: float) -> bool:
-        # Sleep until the earliest occurrence (or a task change), never longer than the backstop.
+        # Sleep until the earliest occurrence (or a task change), never longer than the backstop. The
+        # delay is measured on the database's clock, the one the scheduler decides due-ness with.
         earliest, now = db.transaction(lambda tx: (schedules.earliest_fire_at(tx), tx.now_ms()), write=False)
         delay = backstop_s if earliest is None else max(0.0, (earliest - now) / 1000)
         return db.wait_for("schedules", min(backstop_s, delay + 0.001))
@@ -239,11 +240,13 @@ def build_standalone_runtime(
         return timeouts.truncated or report.stop_reason == "page_limit"
 
     def cancellation_wait(backstop_s: float) -> bool:
-        # Sleep until the next deadline, backoff or lease expiry (or a new intent), within the backstop.
-        found, now = db.transaction(lambda tx: (tx.one("cancel_next_wake"), tx.now_ms()), write=False)
-        due = [int(v) for v in (found or {}).values() if v is not None]
+        # Sleep until the next deadline, backoff or lease expiry, within the backstop, measured on the
+        # database's clock (the timeout scan compares deadlines with it). A new intent wakes us on
+        # "cancellations"; a new deadline (the starting ACK) on "attempts", so we re-plan at once.
+        row, now = db.transaction(lambda tx: (tx.one("cancel_next_wake") or {}, tx.now_ms()), write=False)
+        due = [int(v) for v in row.values() if v is not None]
         delay = backstop_s if not due else max(0.0, (min(due) - now) / 1000)
-        return db.wait_for("cancellations", min(backstop_s, delay + 0.001))
+        return notifier.wait_any(("cancellations", "attempts"), min(backstop_s, delay + 0.001))
 
     worker.on_settled = lambda attempt_id: notifier.notify("runs")
 

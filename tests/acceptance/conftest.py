@@ -173,3 +173,39 @@ def gated_command(gate: Path, before: str = "one", after: str = "two") -> str:
         f"echo {before}; i=0; while [ ! -e '{gate}' ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
         f"echo {after}"
     )
+
+
+# -- a throwaway PostgreSQL database for one `ql3 serve --database-url` ----------------------------
+
+
+@dataclass(frozen=True)
+class PgDatabase:
+    admin_dsn: str
+    name: str
+    url: str
+
+
+@pytest.fixture
+def pg_database() -> Iterator[PgDatabase]:
+    """A fresh, empty PostgreSQL database, dropped afterwards (skipped without QL3_TEST_PG_DSN)."""
+    import uuid
+    from urllib.parse import quote
+
+    import psycopg
+
+    from tests.conftest import _pg_admin_dsn
+
+    admin = _pg_admin_dsn()  # skips on a laptop without PostgreSQL; fails under CI=true
+    if admin is None:
+        pytest.skip("PostgreSQL not configured (QL3_TEST_PG_DSN)")
+    name = f"ql3_serve_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    info = psycopg.conninfo.conninfo_to_dict(admin)
+    user, host = info.get("user") or "postgres", info.get("host") or "127.0.0.1"
+    url = f"postgresql://{quote(str(user))}@{quote(str(host), safe='')}:{info.get('port') or '5432'}/{name}"
+    try:
+        yield PgDatabase(admin_dsn=admin, name=name, url=url)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())

@@ -25,8 +25,19 @@ def test_first_start_writes_owner_credentials_with_mode_0600(serve: Server) -> N
     assert resp.status_code == 200
 
 
-def test_readyz_reports_ready(serve: Server) -> None:
-    assert httpx.get(f"{serve.url}/readyz").json() == {"status": "ready"}
+def test_readyz_reports_ready_with_each_loop_s_age(serve: Server) -> None:
+    body = httpx.get(f"{serve.url}/readyz").json()
+
+    assert body["status"] == "ready"
+    assert set(body["loops"]) == {
+        "dispatcher",
+        "worker-maintain",
+        "lease-expiry",
+        "cancellation",
+        "approved-actions",
+        "cron",
+    }
+    assert all(not loop["stuck"] and loop["age_s"] is not None for loop in body["loops"].values())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

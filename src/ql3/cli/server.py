@@ -12,7 +12,7 @@ from types import FrameType
 
 from ql3.application import auth
 from ql3.bootstrap import ManagedDatabase, build_standalone_runtime, open_database
-from ql3.cli import output
+from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command, wants_json
 from ql3.cli.config import (
     DEFAULT_LISTEN,
@@ -104,9 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from ql3.http.app import create_app
 
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logformat.configure(sys.stderr)
     # The server's threads mostly wait on I/O (spawn, fsync, SQLite); a short GIL switch interval lets
     # a thread whose I/O finished run again promptly instead of after CPython's default 5 ms.
     sys.setswitchinterval(0.0005)

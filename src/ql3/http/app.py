@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 import ql3
 from ql3.console import routes as console
@@ -41,6 +43,44 @@ def _stop_all(started: list[Lifecycle]) -> None:
                 "lifecycle stop failed",
                 extra={"action": "lifecycle.stop_failed", "error_type": type(exc).__name__},
             )
+
+
+class LoopReadiness(BaseModel):
+    age_s: float | None
+    consecutive_failures: int
+    stuck: bool
+
+
+class Readiness(BaseModel):
+    status: str
+    loops: dict[str, LoopReadiness] = {}
+
+
+def _readiness(db: Database, loops: Sequence[Any]) -> Readiness | JSONResponse:
+    def probe(tx: Transaction) -> int:
+        return tx.now_ms()
+
+    try:
+        db.transaction(probe, write=False)
+    except Ql3Error as exc:
+        return JSONResponse(errors.error_body(exc.code, exc.message), status_code=503)
+    report: dict[str, LoopReadiness] = {}
+    for health in (loop.health() for loop in loops):
+        age = round(health.age_s, 3) if math.isfinite(health.age_s) else None
+        report[health.name] = LoopReadiness(
+            age_s=age, consecutive_failures=health.consecutive_failures, stuck=health.stuck
+        )
+    stuck = sorted(name for name, loop in report.items() if loop.stuck)
+    if stuck:
+        return JSONResponse(
+            errors.error_body(
+                "loops_stuck",
+                f"control loops without a successful cycle for too long: {', '.join(stuck)}",
+                {"loops": stuck},
+            ),
+            status_code=503,
+        )
+    return Readiness(status="ready", loops=report)
 
 
 def create_app(
@@ -88,18 +128,11 @@ def create_app(
         """The process is up (no authentication, no database)."""
         return Status(status="ok")
 
-    @app.get("/readyz", response_model=Status, tags=["health"], responses={503: {}})
-    def readyz(db: DbDep) -> Status | JSONResponse:
-        """The database answers a read transaction."""
-
-        def probe(tx: Transaction) -> int:
-            return tx.now_ms()
-
-        try:
-            db.transaction(probe, write=False)
-        except Ql3Error as exc:
-            return JSONResponse(errors.error_body(exc.code, exc.message), status_code=503)
-        return Status(status="ready")
+    @app.get("/readyz", response_model=Readiness, tags=["health"], responses={503: {}})
+    def readyz(db: DbDep) -> Readiness | JSONResponse:
+        """The database answers a read transaction and no control loop is stuck: each loop's age is
+        the time since its last successful cycle (``null`` when its thread has ended)."""
+        return _readiness(db, loops)
 
     for router in (
         projects.router,

@@ -40,10 +40,35 @@ def _registry(db: Database, loops: Sequence[Any]) -> Any:
                 failures.add_metric([loop.name], len(loop.diagnostics))
             yield cycles
             yield failures
+            yield from _loop_health(loops)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Ql3Collector())
     return registry
+
+
+def _loop_health(loops: Sequence[Any]) -> Iterator[Any]:
+    """Each loop's age since its last successful cycle, and whether that age is past its bound."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    age = GaugeMetricFamily(
+        "ql3_loop_last_success_age_seconds",
+        "seconds since the loop's last successful cycle (+Inf when its thread has ended)",
+        labels=["loop"],
+    )
+    stuck = GaugeMetricFamily(
+        "ql3_loop_stuck", "1 when the loop has had no successful cycle for too long", labels=["loop"]
+    )
+    failing = GaugeMetricFamily(
+        "ql3_loop_consecutive_failures", "failures since the loop's last successful cycle", labels=["loop"]
+    )
+    for health in (loop.health() for loop in loops):
+        age.add_metric([health.name], health.age_s)
+        stuck.add_metric([health.name], 1.0 if health.stuck else 0.0)
+        failing.add_metric([health.name], health.consecutive_failures)
+    yield age
+    yield stuck
+    yield failing
 
 
 def install(app: FastAPI, db: Database, loops: Sequence[Any]) -> None:

@@ -18,9 +18,15 @@ class LocalNotifier:
     def wait(self, channel: str, timeout_s: float) -> bool:
         """Wait for a notification on ``channel`` that arrives after this call started... or one
         that arrived since the previous wait on it, so a wake-up between two waits is never lost."""
-        key = f"__seen__{channel}"
+        return self.wait_any((channel,), timeout_s)
+
+    def wait_any(self, channels: tuple[str, ...], timeout_s: float) -> bool:
+        """``wait`` over several channels: True as soon as any of them was notified."""
         with self._cond:
-            seen = self._counters.get(key, 0)
-            ok = self._cond.wait_for(lambda: self._counters.get(channel, 0) > seen, timeout_s)
-            self._counters[key] = self._counters.get(channel, 0)
+            seen = {c: self._counters.get(f"__seen__{c}", 0) for c in channels}
+            ok = self._cond.wait_for(
+                lambda: any(self._counters.get(c, 0) > seen[c] for c in channels), timeout_s
+            )
+            for c in channels:
+                self._counters[f"__seen__{c}"] = self._counters.get(c, 0)
             return ok

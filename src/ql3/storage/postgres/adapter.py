@@ -81,6 +81,9 @@ class PostgresDatabase:
                 kwargs={"row_factory": dict_row, "autocommit": True, "options": _OPTIONS},
                 open=True,
                 timeout=10.0,
+                # A pooled connection whose backend was terminated is replaced on checkout, instead
+                # of failing the next unit of work that happens to draw it.
+                check=ConnectionPool.check_connection,
             )
         except psycopg.Error as exc:
             raise StorageUnavailable() from exc
