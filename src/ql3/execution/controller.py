@@ -23,7 +23,7 @@ from ql3.execution.identity import (
 # linux/pidfd.h (6.9+): signal the process group whose id is the pidfd's own pid.
 PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
 DEFAULT_GRACE_MS = 5_000
-MAX_GRACE_MS = 60_000
+MAX_GRACE_MS = 300_000  # the longest grace a task may declare (``--grace``, domain/tasks.py)
 DEFAULT_POLL_MS = 50
 MAX_POLL_MS = 1_000
 

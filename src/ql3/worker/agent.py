@@ -18,7 +18,7 @@ from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFaile
 from ql3.domain.ids import new_id
 from ql3.domain.offers import LeaseFence, Offer, spec_digest
 from ql3.domain.workers import validate_worker_id
-from ql3.execution.controller import ProcessController
+from ql3.execution.controller import DEFAULT_GRACE_MS, MAX_GRACE_MS, ProcessController
 from ql3.execution.identity import InvalidHandle, ProcessHandle, probe
 from ql3.execution.launcher import (
     ExitWatcher,
@@ -93,6 +93,17 @@ class _Active:
     stop_requested: bool = False
     acked: bool = False  # running ACK committed: completion may be submitted
     exited: bool = False  # the process exited; completion pending or to be retried
+
+
+def _termination_grace_ms(record: JournalRecord) -> int:
+    """The task's TERM -> KILL grace, as the offer carried it (``terminationGraceMs``)."""
+    try:
+        grace = json.loads(record.offer_json).get("spec", {}).get("terminationGraceMs")
+    except (ValueError, AttributeError):
+        grace = None
+    if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= MAX_GRACE_MS:
+        return DEFAULT_GRACE_MS
+    return grace
 
 
 class WorkerAgent:
@@ -489,7 +500,9 @@ class WorkerAgent:
         reason: RecoveryReason = "lease_lost_local_execution_unverified"
         if record.executor_handle is not None:
             try:
-                outcome = self._controller.stop(record.executor_handle, None, grace_ms=5000)
+                outcome = self._controller.stop(
+                    record.executor_handle, None, grace_ms=_termination_grace_ms(record)
+                )
                 if outcome.status in ("termination_requested", "already_exited"):
                     reason = "lease_lost_local_execution_stopped"
             except Exception:
