@@ -24,6 +24,7 @@ from ql3.application.runs import (
     lock_run,
     write_run,
 )
+from ql3.application.tasks import get_revision
 from ql3.domain import cancellation as rules
 from ql3.domain.cancellation import BlockedCursor, CancellationDispatch
 from ql3.domain.digests import canonical_json, digest_equals
@@ -31,6 +32,7 @@ from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFaile
 from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run
 from ql3.domain.states import ATTEMPT_ACTIVE, is_run_terminal
+from ql3.domain.tasks import build_spec
 from ql3.ports.storage import Database, Row, Transaction
 
 CANCELLATIONS_CHANNEL: Final = "cancellations"
@@ -465,6 +467,7 @@ class _Prepared:
     claim: ClaimOutcome | None = None
     handle: str | None = field(default=None, repr=False)
     pid: int | None = field(default=None, repr=False)
+    grace_ms: int = rules.DEFAULT_GRACE_MS
 
 
 class CancellationSupervisor:
@@ -577,7 +580,7 @@ class CancellationSupervisor:
             controller_ran = True
             counts["signals"] += 1
             try:
-                outcome = self._signal(prepared.handle, prepared.pid, grace_ms=self._grace_ms)
+                outcome = self._signal(prepared.handle, prepared.pid, grace_ms=prepared.grace_ms)
                 result = rules.result_from_stop_status(getattr(outcome, "status", None))
             except Exception:  # any controller failure is a transient, retryable dispatch error
                 result = "dispatch_error"
@@ -620,19 +623,30 @@ class CancellationSupervisor:
         if self._local_worker_id is not None and active[0].worker_id != self._local_worker_id:
             # Another server's worker runs it: only that server can prove the process's identity.
             return _Prepared(kind="other_worker")
+        # The task's own grace governs TERM -> KILL; the claim lease is stretched to outlast it.
+        grace_ms = self._task_grace_ms(tx, run)
         claimed = claim(
             tx,
             run_id=run_id,
             owner=self._owner,
             token=token,
-            lease_ms=self._lease_ms,
+            lease_ms=min(rules.MAX_LEASE_MS, max(self._lease_ms, 2 * grace_ms + 1_000)),
             requested_at_ms=requested_at,
         )
         if claimed.status != "claimed":
             return _Prepared(kind=claimed.status)
         assert claimed.attempt_id is not None
         attempt = lock_attempt(tx, claimed.attempt_id)
-        return _Prepared(kind="claimed", claim=claimed, handle=attempt.executor_handle, pid=attempt.pid)
+        return _Prepared(
+            kind="claimed", claim=claimed, handle=attempt.executor_handle, pid=attempt.pid, grace_ms=grace_ms
+        )
+
+    def _task_grace_ms(self, tx: Transaction, run: Run) -> int:
+        """The pinned revision's ``grace_ms`` (the offer's ``terminationGraceMs``); the default otherwise."""
+        try:
+            return build_spec(get_revision(tx, run.task_id, run.task_revision).spec).grace_ms
+        except (NotFound, ValidationFailed):
+            return self._grace_ms
 
 
 def _intent_page(tx: Transaction, *, cursor: tuple[int, str] | None, limit: int) -> list[Row]:

@@ -23,7 +23,7 @@ from ql3.execution.identity import (
 # linux/pidfd.h (6.9+): signal the process group whose id is the pidfd's own pid.
 PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
 DEFAULT_GRACE_MS = 5_000
-MAX_GRACE_MS = 60_000
+MAX_GRACE_MS = 300_000  # the longest grace a task may declare (``--grace``, domain/tasks.py)
 DEFAULT_POLL_MS = 50
 MAX_POLL_MS = 1_000
 
@@ -195,3 +195,69 @@ def _live_member(pid: int, pgid: int) -> bool:
     except (ProcStatUnreadable, OSError, ValueError):
         return False
     return stat is not None and stat.pgrp == pgid and stat.state not in EXITED_STATES
+
+
+MAX_ORPHAN_PASSES = 4
+
+
+def kill_orphans(handle: ProcessHandle) -> int:
+    """SIGKILL what is left of a group whose leader (the shim) is proven gone; returns how many got it.
+
+    For a re-adopted attempt the shim is not our child, so nothing pins its group id once it is reaped.
+    A survivor is signalled only on proof that it descends from this attempt: same boot, group *and*
+    session id as the shim's pid, started no earlier than the shim, and an initial environment that
+    carries this attempt's id. Each one is pinned by a pidfd and re-checked before its KILL, so a pid
+    reused meanwhile is never hit. Call it only once ``verify_identity(handle)`` said ``exited``.
+    """
+    if not pidfds_supported() or read_boot_id() != handle.boot_id:
+        return 0
+    marker = f"QL3_ATTEMPT_ID={handle.attempt_id}".encode()
+    killed = 0
+    for _ in range(MAX_ORPHAN_PASSES):
+        found = 0
+        with os.scandir("/proc") as entries:
+            pids = [int(e.name) for e in entries if e.name.isdigit()]
+        for pid in pids:
+            if not _descends_from(pid, handle, marker):
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                # The pidfd now pins the pid: the same checks again prove it is still that process.
+                if _descends_from(pid, handle, marker):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    found += 1
+            except ProcessLookupError:
+                pass
+            finally:
+                os.close(pidfd)
+        killed += found
+        if found == 0:
+            break
+    return killed
+
+
+def _descends_from(pid: int, handle: ProcessHandle, marker: bytes) -> bool:
+    try:
+        stat = read_stat(pid)
+        if (
+            stat is None
+            or stat.pgrp != handle.pgid
+            or stat.state in EXITED_STATES
+            or int(stat.start_ticks) < int(handle.start_ticks)
+            or _session_id(pid) != handle.pgid
+        ):
+            return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read(256 * 1024)
+    except (ProcStatUnreadable, OSError, ValueError):
+        return False
+    return marker in environ.split(b"\0")
+
+
+def _session_id(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        raw = f.read()
+    return int(raw[raw.rindex(b")") + 2 :].split()[3])

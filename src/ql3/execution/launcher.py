@@ -9,6 +9,7 @@ dies the command keeps running, its log keeps growing and its receipt is still p
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -31,6 +32,7 @@ from ql3.execution.receipts import (
     MAX_RECEIPT_BYTES,
     InvalidAttemptId,
     check_file_id,
+    launch_identity_path,
     receipt_path,
     receipt_prefix,
     receipt_temp_path,
@@ -50,6 +52,7 @@ _RECEIPT_TAIL_BYTES = 48
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _TOOL_DIRS = ("/usr/bin", "/bin")
+_PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2  # linux/pidfd.h (6.9+)
 _log = logging.getLogger(__name__)
 
 
@@ -119,6 +122,7 @@ class Launched:
     log_path: Path
     log_cap_bytes: int
     receipt_temp_path: Path
+    receipt_path: Path
 
 
 class LocalLauncher:
@@ -137,6 +141,8 @@ class LocalLauncher:
         self._home = _home_directory()
         self._sigdef = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
         self._known_dirs: set[Path] = set()
+        # The command inherits our umask; the shim tightens it only for its own files and restores it.
+        self._umask = f"{_current_umask():04o}"
 
     def start(self, request: LaunchRequest) -> Launched:
         """Spawn the shim; raises ``LaunchRejected`` (bad input) or ``LaunchFailed`` (nothing runs)."""
@@ -201,6 +207,7 @@ class LocalLauncher:
             log_path=log_path,
             log_cap_bytes=request.log_cap_bytes,
             receipt_temp_path=receipt_temp_path(receipt_dir, request.attempt_id),
+            receipt_path=receipt_path(receipt_dir, request.attempt_id),
         )
 
     def _child_environment(self, request: LaunchRequest) -> dict[str, str]:
@@ -229,6 +236,9 @@ class LocalLauncher:
             "QL3_SHIM_DIR": str(receipt_dir),
             "QL3_SHIM_LN": self._ln,
             "QL3_SHIM_SYNC": self._sync,
+            "QL3_SHIM_BOOT": self._boot_id,
+            "QL3_SHIM_UMASK": self._umask,
+            "QL3_SHIM_IDENTITY": str(launch_identity_path(receipt_dir, request.attempt_id)),
         }
 
     def _ensure_dir(self, path: Path) -> None:
@@ -343,9 +353,40 @@ def _close_inheritable_fds() -> list[tuple[int, int]]:
     return actions
 
 
+def _current_umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def _boot_time_ms() -> int:
     # The clock behind /proc/uptime, which the shim reads for finishedAtMs.
     return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1_000_000
+
+
+def _has_exited(pidfd: int) -> bool:
+    """True once our child behind ``pidfd`` has exited; never reaps it (``WNOWAIT``)."""
+    try:
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True  # reaped elsewhere (e.g. SIGCHLD ignored); the pidfd already said it exited
+    return info is not None and info.si_pid != 0
+
+
+def _kill_pinned_group(pidfd: int, pid: int) -> None:
+    """SIGKILL the group led by our unreaped child ``pid``: while it is a zombie, neither its pid nor its
+    group id can be reused, so the group reached is the child's own."""
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL, None, _PIDFD_SIGNAL_PROCESS_GROUP)
+    except ProcessLookupError:
+        return
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        try:
+            os.killpg(pid, signal.SIGKILL)  # kernels before 6.9: the zombie still pins the group id
+        except ProcessLookupError:
+            return
 
 
 def _abandon(pid: int, pidfd: int | None) -> None:
@@ -487,12 +528,17 @@ class ExitWatcher:
     def _collect(
         self, selector: selectors.BaseSelector, watched: dict[int, Launched], item: Launched
     ) -> None:
-        try:
-            pid, _status = os.waitpid(item.pid, os.WNOHANG)
-        except ChildProcessError:
-            pid = item.pid  # reaped elsewhere (e.g. SIGCHLD ignored); the pidfd already said it exited
-        if pid == 0:
+        # Has it exited? Ask without reaping (WNOWAIT): the zombie keeps the group's identity pinned.
+        if not _has_exited(item.pidfd):
             return
+        # Still unreaped, the shim pins its pid and group id. A shim that exited without publishing its
+        # receipt was killed (or could not write): the rest of its group must not outlive it.
+        if not item.receipt_path.exists():
+            try:
+                _kill_pinned_group(item.pidfd, item.pid)
+            except OSError as exc:
+                self._report(exc)
+        self._reap(item)
         selector.unregister(item.pidfd)
         del watched[item.pidfd]
         os.close(item.pidfd)
@@ -507,6 +553,13 @@ class ExitWatcher:
             self._on_exit(item.handle.attempt_id)
         except Exception as exc:
             self._report(exc)
+
+    @staticmethod
+    def _reap(item: Launched) -> None:
+        try:
+            os.waitpid(item.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
     def _enforce_caps(self, items: Iterable[Launched]) -> None:
         for item in items:

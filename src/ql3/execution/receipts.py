@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ql3.domain.errors import Ql3Error
+from ql3.execution.identity import InvalidHandle, ProcessHandle
 
 SCHEMA_VERSION = 1
 MAX_RECEIPT_BYTES = 4096
@@ -43,6 +44,8 @@ _KEY_SET = frozenset(_KEYS)
 # Attempt ids name files here and in the log root: no separators, no leading dot, bounded length.
 _FILE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+_IDENTITY_RE = re.compile(rb"([A-Za-z0-9-]{1,64}) ([1-9][0-9]{0,9}) ([0-9]{1,32})\n")
+_MAX_IDENTITY_BYTES = 128
 
 
 class InvalidAttemptId(Ql3Error, ValueError):
@@ -106,6 +109,45 @@ def receipt_path(receipt_dir: Path, attempt_id: str) -> Path:
 
 def receipt_temp_path(receipt_dir: Path, attempt_id: str) -> Path:
     return receipt_dir / f".{check_file_id(attempt_id)}.tmp"
+
+
+def launch_identity_path(receipt_dir: Path, attempt_id: str) -> Path:
+    """Where the shim records its own identity before it starts the command (see ``read_launch_identity``)."""
+    return receipt_dir / f"{check_file_id(attempt_id)}.launch"
+
+
+def read_launch_identity(receipt_dir: Path, attempt_id: str) -> ProcessHandle | None:
+    """The shim's self-recorded handle (``<boot id> <pid> <start ticks>``), or ``None``.
+
+    The shim is a session leader, so its group id is its pid. The file lives in the private receipts
+    directory, like the receipt itself; anything that does not parse exactly is no evidence (``None``).
+    The handle still has to be proven against /proc before it is trusted with a signal.
+    """
+    path = launch_identity_path(receipt_dir, attempt_id)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = _read_at_most(fd, _MAX_IDENTITY_BYTES + 1)
+    finally:
+        os.close(fd)
+    match = _IDENTITY_RE.fullmatch(raw)
+    if match is None:
+        return None
+    boot, pid, ticks = (part.decode("ascii") for part in match.groups())
+    try:
+        return ProcessHandle(
+            attempt_id=attempt_id, boot_id=boot, pid=int(pid), pgid=int(pid), start_ticks=ticks
+        )
+    except InvalidHandle:
+        return None
+
+
+def delete_launch_identity(receipt_dir: Path, attempt_id: str) -> None:
+    _unlink_quietly(launch_identity_path(receipt_dir, attempt_id))
 
 
 def token_digest(token: str) -> str:
@@ -253,8 +295,9 @@ def parse_receipt(raw: bytes) -> Receipt:
 
 
 def delete_receipt(receipt_dir: Path, attempt_id: str) -> bool:
-    """Remove a consumed receipt (and any leftover temp); True when a receipt was there."""
+    """Remove a consumed receipt (and any leftover temp and launch identity); True if one was there."""
     _unlink_quietly(receipt_temp_path(receipt_dir, attempt_id))
+    _unlink_quietly(launch_identity_path(receipt_dir, attempt_id))
     try:
         os.unlink(receipt_path(receipt_dir, attempt_id))
     except FileNotFoundError:

@@ -12,9 +12,21 @@ trap _ql3_on_signal TERM INT HUP
 _ql3_mode=$QL3_SHIM_MODE _ql3_cmd=$QL3_SHIM_COMMAND _ql3_cwd=$QL3_SHIM_CWD _ql3_sh=$QL3_SHIM_SH
 _ql3_head=$QL3_SHIM_HEAD _ql3_start=$QL3_SHIM_STARTED _ql3_base=$QL3_SHIM_CLOCK_BASE
 _ql3_tmp=$QL3_SHIM_TMP _ql3_dst=$QL3_SHIM_DST _ql3_dir=$QL3_SHIM_DIR
-_ql3_ln=$QL3_SHIM_LN _ql3_sync=$QL3_SHIM_SYNC
+_ql3_ln=$QL3_SHIM_LN _ql3_sync=$QL3_SHIM_SYNC _ql3_boot=$QL3_SHIM_BOOT _ql3_idf=$QL3_SHIM_IDENTITY
+_ql3_umask=$QL3_SHIM_UMASK
 unset QL3_SHIM_MODE QL3_SHIM_COMMAND QL3_SHIM_CWD QL3_SHIM_SH QL3_SHIM_HEAD QL3_SHIM_STARTED \
-  QL3_SHIM_CLOCK_BASE QL3_SHIM_TMP QL3_SHIM_DST QL3_SHIM_DIR QL3_SHIM_LN QL3_SHIM_SYNC
+  QL3_SHIM_CLOCK_BASE QL3_SHIM_TMP QL3_SHIM_DST QL3_SHIM_DIR QL3_SHIM_LN QL3_SHIM_SYNC \
+  QL3_SHIM_BOOT QL3_SHIM_IDENTITY QL3_SHIM_UMASK
+
+# Launch identity (boot id, pid, start ticks), written before the command starts: the caller may die
+# between the spawn and journaling the handle, and a restarted caller finds the process from this.
+_ql3_ticks() { shift 19 && _ql3_st=$1; }
+if [ -n "$_ql3_idf" ] && { read -r _ql3_st </proc/$$/stat; } 2>/dev/null; then
+  if _ql3_ticks ${_ql3_st##*) } && umask 077; then
+    { set -C; printf '%s %s %s\n' "$_ql3_boot" "$$" "$_ql3_st" >"$_ql3_idf"; set +C; } 2>/dev/null
+  fi
+  umask "$_ql3_umask" 2>/dev/null
+fi
 
 # Failures before the command runs stay out of the log: it must never show the cwd or the command.
 if [ "$_ql3_mode" = argv ]; then

@@ -18,7 +18,7 @@ from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFaile
 from ql3.domain.ids import new_id
 from ql3.domain.offers import LeaseFence, Offer, spec_digest
 from ql3.domain.workers import validate_worker_id
-from ql3.execution.controller import ProcessController
+from ql3.execution.controller import DEFAULT_GRACE_MS, MAX_GRACE_MS, ProcessController, kill_orphans
 from ql3.execution.identity import InvalidHandle, ProcessHandle, probe
 from ql3.execution.launcher import (
     ExitWatcher,
@@ -29,7 +29,13 @@ from ql3.execution.launcher import (
     ShellCommand,
 )
 from ql3.execution.logs import log_path_for
-from ql3.execution.receipts import ReceiptInvalid, delete_receipt, quarantine_receipt, read_receipt
+from ql3.execution.receipts import (
+    ReceiptInvalid,
+    delete_receipt,
+    quarantine_receipt,
+    read_launch_identity,
+    read_receipt,
+)
 from ql3.ports.control_plane import ControlPlane, SessionInfo
 from ql3.worker.journal import JournalConflict, JournalOffer, JournalRecord, RecoveryReason, WorkerJournal
 
@@ -37,6 +43,9 @@ log = logging.getLogger("ql3.worker")
 CALLBACK_SEQUENCE: Final = 1
 RECEIPT_GRACE_MS: Final = 100
 MAX_SLOTS: Final = 1024
+# Why the worker reports an attempt lost (the run's error_code): what it knows, not a lease expiry.
+LOST_LAUNCH_OUTCOME_UNKNOWN: Final = "RECOVERY_LAUNCH_OUTCOME_UNKNOWN"
+LOST_EXITED_WITHOUT_RECEIPT: Final = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +102,17 @@ class _Active:
     stop_requested: bool = False
     acked: bool = False  # running ACK committed: completion may be submitted
     exited: bool = False  # the process exited; completion pending or to be retried
+
+
+def _termination_grace_ms(record: JournalRecord) -> int:
+    """The task's TERM -> KILL grace, as the offer carried it (``terminationGraceMs``)."""
+    try:
+        grace = json.loads(record.offer_json).get("spec", {}).get("terminationGraceMs")
+    except (ValueError, AttributeError):
+        grace = None
+    if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= MAX_GRACE_MS:
+        return DEFAULT_GRACE_MS
+    return grace
 
 
 class WorkerAgent:
@@ -323,6 +343,7 @@ class WorkerAgent:
             return self.journal.advance(
                 record.offer_id, expected_revision=record.revision, to_state="start_failure_acknowledged"
             )
+        self._fault("spawned_before_started")
         handle = launched.handle.encode()
         with self._lock:
             active = self._active.get(record.attempt_id)
@@ -465,9 +486,18 @@ class WorkerAgent:
             alive = False
         if alive:
             return "running"
+        # Our own shims take their group along when they die (exit watcher); a re-adopted one is not
+        # our child, so whatever survived it is found and stopped here, before the run is reported.
+        try:
+            kill_orphans(ProcessHandle.decode(record.executor_handle))
+        except (InvalidHandle, OSError) as exc:
+            log.warning(
+                "orphan sweep failed",
+                extra={"action": "worker.orphan_sweep_failed", "error": type(exc).__name__},
+            )
         active = self._active_for(record)
         try:
-            self._client.report_lost(active.fence, error_code="RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT")
+            self._client.report_lost(active.fence, error_code=LOST_EXITED_WITHOUT_RECEIPT)
         except FenceConflict:
             pass
         current = self.journal.get(record.offer_id)
@@ -488,7 +518,9 @@ class WorkerAgent:
         reason: RecoveryReason = "lease_lost_local_execution_unverified"
         if record.executor_handle is not None:
             try:
-                outcome = self._controller.stop(record.executor_handle, None, grace_ms=5000)
+                outcome = self._controller.stop(
+                    record.executor_handle, None, grace_ms=_termination_grace_ms(record)
+                )
                 if outcome.status in ("termination_requested", "already_exited"):
                     reason = "lease_lost_local_execution_stopped"
             except Exception:
@@ -574,7 +606,11 @@ class WorkerAgent:
         if fence.session_id != (self.session.session_id if self.session else None):
             return "session_fenced"
         if record.state == "recovery_required" and record.executor_handle is None:
-            return record.recovery_reason or "recovery_required"  # never re-spawned
+            if record.recovery_reason != "launch_outcome_unknown":
+                return record.recovery_reason or "recovery_required"  # never re-spawned
+            # Killed between the spawn and `started`: the shim may have left its identity. With it the
+            # record resumes as `started` (receipt first, else re-adoption); it is never spawned again.
+            record = self._resolve_launch(record)
         try:
             info = self._client.renew(fence, self.config.run_lease_ms)
             fence = replace(fence, lease_version=info.version)
@@ -582,26 +618,59 @@ class WorkerAgent:
             if exc.details.get("reason") != "version_mismatch":
                 return self._settle_stale(record, fence)
             fence = self._resume_version(fence)
+        if record.executor_handle is None:
+            return self._launch_unknown(record, fence)
         with self._lock:
             self._active[record.attempt_id] = _Active(
                 offer_id=record.offer_id, fence=fence, handle=record.executor_handle, adopted=True, acked=True
             )
-        state = self.settle(record.attempt_id)
-        if state == "running" and record.state == "started":
-            self._ack_running(record)
-        return state
+        if record.state == "started":
+            # The running ACK may never have been committed: the control plane needs the handle (to
+            # stop it) and the token digest (to accept its receipt) before anything else.
+            record = self._ack_running(record)
+            if record.state not in ("started", "running_acknowledged"):
+                self._forget(record.attempt_id)
+                return record.recovery_reason or record.state
+        return self.settle(record.attempt_id)
+
+    def _resolve_launch(self, record: JournalRecord) -> JournalRecord:
+        handle = read_launch_identity(self.config.receipts_dir, record.attempt_id)
+        if handle is None:
+            return record
+        return self.journal.advance(
+            record.offer_id,
+            expected_revision=record.revision,
+            to_state="started",
+            executor_handle=handle.encode(),
+            executor_started_at_ms=self._clock(),
+        )
+
+    def _launch_unknown(self, record: JournalRecord, fence: LeaseFence) -> str:
+        """No receipt and no trace of the shim: nothing can be proven to run, so the attempt is lost."""
+        try:
+            self._client.report_lost(fence, error_code=LOST_LAUNCH_OUTCOME_UNKNOWN)
+        except FenceConflict:
+            pass
+        self._forget(record.attempt_id)
+        return "lost"
 
     def _resume_version(self, fence: LeaseFence) -> LeaseFence:
         info = self._client.lease_status(fence)
         return replace(fence, lease_version=info.version)
 
     def _settle_stale(self, record: JournalRecord, fence: LeaseFence) -> str:
+        active = _Active(
+            offer_id=record.offer_id, fence=fence, handle=record.executor_handle, adopted=True, acked=True
+        )
         with self._lock:
-            self._active[record.attempt_id] = _Active(
-                offer_id=record.offer_id, fence=fence, handle=record.executor_handle, adopted=True, acked=True
-            )
+            self._active[record.attempt_id] = active
         try:
-            return self.settle(record.attempt_id)
+            state = self.settle(record.attempt_id)
         except FenceConflict:
+            state = "stale"
+        if record.executor_handle is not None and state in ("running", "stale"):
+            # The lease is gone, so the run is no longer ours: what still runs of it must stop.
+            self._lease_lost(record, active)
+        else:
             self._forget(record.attempt_id)
-            return "stale"
+        return state

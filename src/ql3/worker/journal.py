@@ -86,8 +86,9 @@ _TRANSITIONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
         "started": frozenset({"running_acknowledged", "completion_acknowledged", "recovery_required"}),
         "running_acknowledged": frozenset({"completion_acknowledged", "recovery_required"}),
         "start_failed": frozenset({"start_failure_acknowledged"}),
-        # Completion beats every recovery reason, the lease-lost ones included.
-        "recovery_required": frozenset({"completion_acknowledged"}),
+        # Completion beats every recovery reason, the lease-lost ones included. ``started`` only
+        # resolves an unknown launch outcome with the handle found afterwards (see ``advance``).
+        "recovery_required": frozenset({"completion_acknowledged", "started"}),
         "completion_acknowledged": frozenset(),
         "start_failure_acknowledged": frozenset(),
     }
@@ -489,7 +490,7 @@ class WorkerJournal:
             current = _record(row)
             if current.revision != expected_revision:
                 raise JournalConflict(reason="stale_revision")
-            if to_state not in _TRANSITIONS[current.state]:
+            if to_state not in _TRANSITIONS[current.state] or not _resumable(current, to_state):
                 raise JournalConflict(reason="invalid_transition")
             now = self._now(floor=current.updated_at_ms)
             updated = replace(
@@ -721,6 +722,13 @@ class WorkerJournal:
             self._compromised = True
             raise JournalCompromised()
         return self._conn
+
+
+def _resumable(current: JournalRecord, to_state: str) -> bool:
+    """``recovery_required -> started`` only resolves an unknown launch outcome that has no handle yet."""
+    if current.state != "recovery_required" or to_state != "started":
+        return True
+    return current.recovery_reason == "launch_outcome_unknown" and current.executor_handle is None
 
 
 def _validate_offer(offer: JournalOffer) -> None:

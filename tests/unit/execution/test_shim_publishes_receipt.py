@@ -39,8 +39,9 @@ def test_the_receipt_has_the_exact_shape_and_the_temp_file_is_gone(ex: ExecHarne
     # When it has finished
     ex.wait_exit("att-shape")
 
-    # Then exactly one receipt file exists, with the keys in order and sane times
-    assert sorted(os.listdir(ex.receipts)) == ["att-shape.json"]
+    # Then exactly one receipt file exists (beside the shim's launch identity), with the keys in order
+    # and sane times
+    assert sorted(os.listdir(ex.receipts)) == ["att-shape.json", "att-shape.launch"]
     path = receipt_path(ex.receipts, "att-shape")
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     body = json.loads(path.read_text())
@@ -70,7 +71,7 @@ def test_a_published_receipt_is_never_overwritten(ex: ExecHarness) -> None:
 
     # Then the first receipt stands and no temp file is left behind
     assert receipt_path(ex.receipts, "att-once").read_text() == "first\n"
-    assert sorted(os.listdir(ex.receipts)) == ["att-once.json"]
+    assert sorted(os.listdir(ex.receipts)) == ["att-once.json", "att-once.launch"]
 
 
 def test_a_killed_shim_leaves_no_receipt(ex: ExecHarness) -> None:
@@ -82,9 +83,9 @@ def test_a_killed_shim_leaves_no_receipt(ex: ExecHarness) -> None:
     os.kill(launched.pid, signal.SIGKILL)
     ex.wait_exit("att-killed")
 
-    # Then there is simply no receipt
+    # Then there is simply no receipt (only the identity the shim wrote before the command)
     assert ex.receipt("att-killed") is None
-    assert os.listdir(ex.receipts) == []
+    assert os.listdir(ex.receipts) == ["att-killed.launch"]
 
 
 def test_a_failed_publication_leaves_no_receipt_and_keeps_the_exit_code(ex: ExecHarness) -> None:

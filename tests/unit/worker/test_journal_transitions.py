@@ -433,3 +433,61 @@ def test_a_clock_stepping_backwards_never_moves_updated_at_back(journal: WorkerJ
 
     # Then the record does not look older than it is (retention reads this time)
     assert after.updated_at_ms == before.updated_at_ms
+
+
+def _launch_outcome_unknown(journal: WorkerJournal) -> Any:
+    current = walk(journal, "offer-1", *PATH_TO["launching"])
+    return journal.advance(
+        "offer-1",
+        expected_revision=current.revision,
+        to_state="recovery_required",
+        recovery_reason="launch_outcome_unknown",
+    )
+
+
+def test_an_unknown_launch_outcome_resumes_as_started_once_its_handle_is_found(
+    journal: WorkerJournal,
+) -> None:
+    # Given a launch whose outcome is unknown (the worker died between the spawn and `started`)
+    unknown = _launch_outcome_unknown(journal)
+
+    # When the shim's own record of its identity is found
+    started = journal.advance(
+        "offer-1", expected_revision=unknown.revision, to_state="started", **STEP_FIELDS["started"]
+    )
+
+    # Then the record resumes as started, with the handle, never spawned again
+    assert (started.state, started.executor_handle) == ("started", STEP_FIELDS["started"]["executor_handle"])
+
+
+@pytest.mark.parametrize("reason", [*LEASE_LOST, "control_plane_terminal", "process_exited_without_receipt"])
+def test_no_other_recovery_reason_goes_back_to_started(journal: WorkerJournal, reason: str) -> None:
+    current = walk(journal, "offer-1", *PATH_TO["launching"])
+    lost = journal.advance(
+        "offer-1", expected_revision=current.revision, to_state="recovery_required", recovery_reason=reason
+    )
+
+    with pytest.raises(JournalConflict) as caught:
+        journal.advance(
+            "offer-1", expected_revision=lost.revision, to_state="started", **STEP_FIELDS["started"]
+        )
+
+    assert caught.value.details["reason"] == "invalid_transition"
+    assert journal.get("offer-1") == lost
+
+
+def test_an_unknown_outcome_that_already_has_a_handle_does_not_go_back_to_started(
+    journal: WorkerJournal,
+) -> None:
+    current = walk(journal, "offer-1", *PATH_TO["started"])
+    lost = journal.advance(
+        "offer-1",
+        expected_revision=current.revision,
+        to_state="recovery_required",
+        recovery_reason="launch_outcome_unknown",
+    )
+
+    with pytest.raises(JournalConflict):
+        journal.advance(
+            "offer-1", expected_revision=lost.revision, to_state="started", **STEP_FIELDS["started"]
+        )
