@@ -26,6 +26,7 @@ from ql3.cli.config import (
 )
 from ql3.cli.db import database_flag
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+from ql3.cli.private import private_umask, require_private_home, tighten_sqlite_files
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.workers import validate_worker_id
 
@@ -46,7 +47,13 @@ def prepare(db_url: str, api_url: str, *, update_url: bool) -> Prepared:
 
     The owner's token exists only in the transaction that creates it, so it is written to the
     credentials file right then; later starts can only update the file's ``url``.
+
+    The state is private first: umask 077, a refused group- or world-accessible ``QL3_HOME``, and
+    0600 on SQLite files left by an older ql3 (docs/security.md).
     """
+    private_umask()
+    require_private_home(credentials_path().parent)
+    tighten_sqlite_files(db_url)
     db = open_database(db_url)
     try:
         db.migrate()
