@@ -110,6 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ql3.http.app import create_app
+    from ql3.http.limits import read_deadline_protocol
 
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -136,6 +137,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_level="info",
             server_header=False,
             proxy_headers=False,
+            # slow clients: headers within 10 s, the body within 30 s more, idle keep-alive 5 s
+            http=read_deadline_protocol(),
+            timeout_keep_alive=5,
             timeout_graceful_shutdown=10,
             # edge boxes get a smaller connection budget; behaviour is the same
             limit_concurrency=64 if args.profile == "edge" else None,
