@@ -299,6 +299,14 @@ def rotate_token(
     return RotatedToken(record=_record(again), token=token)
 
 
+def task_digest_key(tx: Transaction) -> bytes:
+    """The database's key of task content digests (created by migration 0006, never shown)."""
+    row = tx.one("server_key_get", {"name": "task_digest"})
+    if row is None:
+        raise Conflict("the task digest key is missing; run ql3 db migrate", code_hint="schema_outdated")
+    return bytes.fromhex(str(row["key_hex"]))
+
+
 def roles_of(tx: Transaction, principal: Principal) -> dict[str, str]:
     """Project name -> role for ``whoami``; the owner is admin in every project."""
     if principal.is_owner:
