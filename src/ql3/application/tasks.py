@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ql3.application import rows
+from ql3.application import auth, rows
 from ql3.application.schedules import next_fire_at, sync_schedule
+from ql3.domain.digests import TASK_CONTENT_DOMAIN, canonical_json, keyed_digest
 from ql3.domain.errors import Conflict, NameTaken, NotFound, ValidationFailed
 from ql3.domain.ids import is_id, new_id
 from ql3.domain.model import Task, TaskRevision
@@ -54,6 +55,12 @@ def view(tx: Transaction, task: Task) -> TaskView:
     )
 
 
+def content_digest(tx: Transaction, spec: TaskSpec) -> str:
+    """The revision's content digest, keyed with the database's secret so that a viewer, who sees the
+    digest, cannot confirm a guessed command or env value offline (docs/security.md)."""
+    return keyed_digest(auth.task_digest_key(tx), TASK_CONTENT_DOMAIN, canonical_json(spec.to_dict()))
+
+
 def _insert_revision(tx: Transaction, task_id: str, revision: int, spec: TaskSpec) -> None:
     tx.run(
         "task_revision_insert",
@@ -61,7 +68,7 @@ def _insert_revision(tx: Transaction, task_id: str, revision: int, spec: TaskSpe
             "task_id": task_id,
             "revision": revision,
             "spec_json": json.dumps(spec.to_dict(), separators=(",", ":")),
-            "content_digest": spec.digest(),
+            "content_digest": content_digest(tx, spec),
             "now": tx.now_ms(),
         },
     )
@@ -93,7 +100,7 @@ def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, 
     merged = current.spec.to_dict()
     merged.update(changes)
     spec = build_new_spec(merged)
-    if spec.digest() == current.revision.content_digest:
+    if spec == current.spec:  # by value: a revision made before keyed digests compares the same way
         return current
     new_revision = current.task.revision + 1
     _insert_revision(tx, current.task.id, new_revision, spec)

@@ -7,7 +7,7 @@ import sys
 from typing import Final
 
 import ql3
-from ql3.cli import actions, approvals, cancel, db, projects, runs, server, tasks, tokens, workers
+from ql3.cli import actions, approvals, cancel, db, projects, runs, server, tasks, tokens, whoami, workers
 from ql3.cli.common import Handler, Parser
 from ql3.cli.errors import EXIT_ERROR, CliError
 from ql3.domain.errors import Ql3Error
@@ -53,6 +53,7 @@ examples:
   ql3 run list --task backup --json
   ql3 worker list
   ql3 token create --role viewer --name dashboard
+  ql3 token list; ql3 token revoke ID; ql3 whoami
   ql3 db status
 """
 
@@ -75,6 +76,7 @@ def build_parser() -> Parser:
     actions.register(commands)
     workers.register(commands)
     tokens.register(commands)
+    whoami.register(commands)
     projects.register(commands)
     db.register(commands)
     return parser

@@ -26,6 +26,7 @@ from ql3.cli.config import (
 )
 from ql3.cli.db import database_flag
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+from ql3.cli.private import private_umask, require_private_home, tighten_sqlite_files
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.workers import validate_worker_id
 
@@ -46,7 +47,13 @@ def prepare(db_url: str, api_url: str, *, update_url: bool) -> Prepared:
 
     The owner's token exists only in the transaction that creates it, so it is written to the
     credentials file right then; later starts can only update the file's ``url``.
+
+    The state is private first: umask 077, a refused group- or world-accessible ``QL3_HOME``, and
+    0600 on SQLite files left by an older ql3 (docs/security.md).
     """
+    private_umask()
+    require_private_home(credentials_path().parent)
+    tighten_sqlite_files(db_url)
     db = open_database(db_url)
     try:
         db.migrate()
@@ -103,6 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ql3.http.app import create_app
+    from ql3.http.limits import read_deadline_protocol
 
     logformat.configure(sys.stderr)
     # The server's threads mostly wait on I/O (spawn, fsync, SQLite); a short GIL switch interval lets
@@ -127,6 +135,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_level="info",
             server_header=False,
             proxy_headers=False,
+            # slow clients: headers within 10 s, the body within 30 s more, idle keep-alive 5 s
+            http=read_deadline_protocol(),
+            timeout_keep_alive=5,
             timeout_graceful_shutdown=10,
             # edge boxes get a smaller connection budget; behaviour is the same
             limit_concurrency=64 if args.profile == "edge" else None,

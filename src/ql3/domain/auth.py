@@ -22,6 +22,7 @@ PERMISSIONS: Final[dict[str, frozenset[str]]] = {
             "approval.decide",
             "approval.recover",
             "token.create",
+            "token.manage",
             "worker.manage",
             "project.admin",
         }

@@ -12,6 +12,8 @@ API_TOKEN_DOMAIN = "ql3.api-token.v1"
 RUN_LEASE_DOMAIN = "ql3.run-lease.v1"
 CANCEL_LEASE_DOMAIN = "qinglong.cancellation-dispatch-lease.v1"
 CALLBACK_DOMAIN = "ql3.callback-token.v1"
+# The keyed content digest of a task revision (docs/security.md "Content digests").
+TASK_CONTENT_DOMAIN = "ql3.task-revision.v2"
 
 
 def canonical_json(value: Any) -> str:
@@ -27,6 +29,14 @@ def sha256_hex(data: str | bytes) -> str:
 def domain_digest(domain: str, payload: str) -> str:
     """``sha256(domain || 0x00 || payload)`` as lowercase hex."""
     return hashlib.sha256(domain.encode() + b"\x00" + payload.encode()).hexdigest()
+
+
+def keyed_digest(key: bytes, domain: str, payload: str) -> str:
+    """``HMAC-SHA256(key, domain || 0x00 || payload)`` as lowercase hex: without the key, nobody can
+    recompute it from a guessed payload."""
+    if len(key) < 32:
+        raise ValueError("a digest key has at least 256 bits")
+    return hmac.new(key, domain.encode() + b"\x00" + payload.encode(), hashlib.sha256).hexdigest()
 
 
 def token_digest(domain: str, token: str) -> str:

@@ -19,8 +19,8 @@ from ql3.domain.errors import Ql3Error
 from ql3.http import errors, metrics
 from ql3.http.auth import DbDep
 from ql3.http.dto import Status
-from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll
-from ql3.http.routes import actions, approvals, cancellation, projects, runs, tasks, workers
+from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders
+from ql3.http.routes import actions, approvals, cancellation, projects, runs, tasks, tokens, workers
 from ql3.ports.storage import Database, Transaction
 
 log = logging.getLogger("ql3.http")
@@ -116,9 +116,10 @@ def create_app(
     app.state.db = db
     app.state.logs_root = logs_root
     errors.install(app)
-    # Starlette wraps later additions around earlier ones: CatchAll is outermost.
+    # Starlette wraps later additions around earlier ones.
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(CatchAll)
+    app.add_middleware(SecurityHeaders)  # outermost: also on the 413s and 500s above
 
     loops = [loop for component in components for loop in getattr(component, "loops", [])]
     metrics.install(app, db, loops)
@@ -142,6 +143,7 @@ def create_app(
         cancellation.router,
         approvals.router,
         actions.router,
+        tokens.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     app.include_router(console.router)

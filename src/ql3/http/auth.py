@@ -31,7 +31,11 @@ def current_principal(
 ) -> Principal:
     """The authenticated caller; a missing, malformed or unknown token is ``unauthenticated``."""
     token = credentials.credentials if credentials else None
-    return db.transaction(lambda tx: auth.authenticate(tx, token), write=False)
+    found = db.transaction(lambda tx: auth.authenticate_use(tx, token), write=False)
+    if found.needs_touch:
+        # last_used_at_ms, at most once a minute per principal (so reads stay reads otherwise)
+        db.transaction(lambda tx: auth.touch(tx, found.principal.id))
+    return found.principal
 
 
 PrincipalDep = Annotated[Principal, Depends(current_principal)]

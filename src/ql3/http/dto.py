@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ql3.application.auth import IssuedToken
 from ql3.application.tasks import TaskView
@@ -19,8 +19,38 @@ from ql3.domain.tasks import public_spec
 # -- requests -------------------------------------------------------------------------------------
 
 
+def _has_lone_surrogate(data: Any) -> bool:
+    """Whether any string in a decoded JSON value (keys included) cannot be encoded as UTF-8.
+
+    JSON's ``\\ud800`` escapes decode to lone UTF-16 surrogates, which no database or file takes.
+    Iterative, so a deeply nested body cannot exhaust the stack.
+    """
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        # Every client string must be valid Unicode text: refused with 422 before anything is written.
+        if _has_lone_surrogate(data):
+            raise ValueError("text must be valid UTF-8")
+        return data
 
 
 class PreferenceIn(Body):
@@ -74,6 +104,11 @@ class ProjectCreate(Body):
 class TokenCreate(Body):
     role: Literal["viewer", "operator", "approver", "admin"]
     name: str = "token"
+    expires_in_s: int | None = None  # 60 s to 10 years; without it the token never expires
+
+
+class TokenRotate(Body):
+    expires_in_s: int | None = None  # without it a token with a lifetime gets the same one again
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -205,6 +240,7 @@ class TokenOut(BaseModel):
     role: str
     project_id: str
     project: str
+    expires_at_ms: int | None = None
 
 
 class Status(BaseModel):
@@ -297,4 +333,5 @@ def token_out(issued: IssuedToken) -> TokenOut:
         role=issued.role,
         project_id=issued.project.id,
         project=issued.project.name,
+        expires_at_ms=issued.expires_at_ms,
     )

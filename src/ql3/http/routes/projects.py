@@ -77,6 +77,9 @@ def create_token(project: str, body: TokenCreate, db: DbDep, principal: Principa
 
     def unit(tx: Transaction) -> TokenOut:
         found = auth.authorize(tx, principal, project, "token.create")
-        return token_out(auth.issue_token(tx, name=body.name, role=body.role, project=found))
+        issued = auth.issue_token(
+            tx, name=body.name, role=body.role, project=found, expires_in_s=body.expires_in_s
+        )
+        return token_out(issued)
 
     return db.transaction(unit)

@@ -136,6 +136,9 @@ COLUMN principals.is_owner integer null=NO default=0
 COLUMN principals.token_digest text null=NO default=None
 COLUMN principals.created_at_ms bigint null=NO default=None
 COLUMN principals.disabled_at_ms bigint null=YES default=None
+COLUMN principals.expires_at_ms bigint null=YES default=None
+COLUMN principals.token_issued_at_ms bigint null=YES default=None
+COLUMN principals.last_used_at_ms bigint null=YES default=None
 COLUMN projects.id text null=NO default=None
 COLUMN projects.name text null=NO default=None
 COLUMN projects.version bigint null=NO default=None
@@ -220,6 +223,9 @@ COLUMN runs.cancel_reason text null=YES default=None
 COLUMN runs.error_code text null=YES default=None
 COLUMN runs.exit_code integer null=YES default=None
 COLUMN runs.updated_at_ms bigint null=NO default=None
+COLUMN server_keys.name text null=NO default=None
+COLUMN server_keys.key_hex text null=NO default=None
+COLUMN server_keys.created_at_ms bigint null=NO default=None
 COLUMN task_revisions.task_id text null=NO default=None
 COLUMN task_revisions.revision integer null=NO default=None
 COLUMN task_revisions.spec_json text null=NO default=None
@@ -309,6 +315,7 @@ INDEX CREATE UNIQUE INDEX runs_project_id_id_key ON public.runs USING btree (pro
 INDEX CREATE INDEX runs_status ON public.runs USING btree (status, created_at_ms)
 INDEX CREATE INDEX runs_task_active ON public.runs USING btree (task_id, status)
 INDEX CREATE INDEX runs_task_created ON public.runs USING btree (task_id, created_at_ms)
+INDEX CREATE UNIQUE INDEX server_keys_pkey ON public.server_keys USING btree (name)
 INDEX CREATE UNIQUE INDEX task_revisions_pkey ON public.task_revisions USING btree (task_id, revision)
 INDEX CREATE INDEX task_schedules_due ON public.task_schedules USING btree (next_fire_at_ms, task_id) WHERE (next_fire_at_ms IS NOT NULL)
 INDEX CREATE UNIQUE INDEX task_schedules_pkey ON public.task_schedules USING btree (task_id)
@@ -495,6 +502,8 @@ CONSTRAINT runs.runs_project_id_id_key UNIQUE (project_id, id)
 CONSTRAINT runs.runs_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)
 CONSTRAINT runs.runs_task_id_task_revision_fkey FOREIGN KEY (task_id, task_revision) REFERENCES task_revisions(task_id, revision)
 CONSTRAINT runs.runs_version_check CHECK ((version >= 0))
+CONSTRAINT server_keys.server_keys_key_hex_check CHECK ((length(key_hex) >= 64))
+CONSTRAINT server_keys.server_keys_pkey PRIMARY KEY (name)
 CONSTRAINT task_revisions.task_revisions_pkey PRIMARY KEY (task_id, revision)
 CONSTRAINT task_revisions.task_revisions_revision_check CHECK ((revision >= 1))
 CONSTRAINT task_revisions.task_revisions_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)

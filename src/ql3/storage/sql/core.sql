@@ -14,11 +14,11 @@ SELECT id, name, version, created_at_ms FROM projects WHERE name > :after ORDER 
 UPDATE projects SET version = version + 1 WHERE id = :id
 
 -- name: principal_insert
-INSERT INTO principals (id, name, kind, is_owner, token_digest, created_at_ms)
-VALUES (:id, :name, :kind, :is_owner, :token_digest, :now)
+INSERT INTO principals (id, name, kind, is_owner, token_digest, created_at_ms, token_issued_at_ms, expires_at_ms)
+VALUES (:id, :name, :kind, :is_owner, :token_digest, :now, :now, :expires_at_ms)
 
 -- name: principal_by_digest
-SELECT id, name, kind, is_owner, token_digest, created_at_ms FROM principals
+SELECT id, name, kind, is_owner, token_digest, created_at_ms, expires_at_ms, last_used_at_ms FROM principals
 WHERE token_digest = :token_digest AND disabled_at_ms IS NULL
 
 -- name: principal_count_owners

@@ -1,0 +1,140 @@
+"""Slow clients are disconnected: headers and body each have a read deadline that trickling bytes does
+not extend; a request read in full is never cut, however long its handler takes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from ql3.http.app import create_app
+from ql3.http.limits import read_deadline_protocol
+
+HEADER_S = 1.0
+BODY_S = 1.5
+GIVE_UP_S = 20.0  # generous: the machine is shared
+
+
+async def _slow_app(scope: Any, receive: Any, send: Any) -> None:
+    """A handler slower than both deadlines, after the request has been read."""
+    if scope["type"] != "http":
+        return
+    await asyncio.sleep(HEADER_S + BODY_S + 0.5)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def _serve(app: Any) -> Iterator[int]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    config = uvicorn.Config(
+        app,
+        http=read_deadline_protocol(HEADER_S, BODY_S),
+        lifespan="off",
+        log_level="warning",
+        timeout_keep_alive=5,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + GIVE_UP_S
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=GIVE_UP_S)
+        sock.close()
+
+
+@pytest.fixture
+def api_port(db: Any, owner_token: str) -> Iterator[int]:
+    yield from _serve(create_app(db))
+
+
+@pytest.fixture
+def slow_port() -> Iterator[int]:
+    yield from _serve(_slow_app)
+
+
+def _closed_by_server(conn: socket.socket, trickle: bytes | None, every_s: float = 0.2) -> float:
+    """Trickle ``trickle`` (or nothing) until the server closes; return how long that took."""
+    conn.settimeout(every_s)
+    started = time.monotonic()
+    while time.monotonic() - started < GIVE_UP_S:
+        try:
+            if conn.recv(4096) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            return time.monotonic() - started
+        if trickle:
+            try:
+                conn.sendall(trickle)
+            except (BrokenPipeError, ConnectionResetError):
+                return time.monotonic() - started
+    pytest.fail("the server kept a slow connection open")
+
+
+def test_trickled_headers_are_cut_off(api_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", api_port)) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+
+        took = _closed_by_server(conn, b"X-Slow: 1\r\n")
+
+    assert took >= HEADER_S * 0.5
+
+
+def test_a_silent_connection_is_cut_off(api_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", api_port)) as conn:
+        _closed_by_server(conn, None)
+
+
+def test_a_trickled_body_is_cut_off(api_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", api_port)) as conn:
+        conn.sendall(
+            b"POST /api/v1/projects HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n{"
+        )
+
+        _closed_by_server(conn, b" ")
+
+
+def test_an_endless_chunk_is_cut_off(api_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", api_port)) as conn:
+        conn.sendall(
+            b"POST /api/v1/projects HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"ffffffffffffffffffff\r\n"
+        )
+
+        _closed_by_server(conn, b"a")
+
+
+def test_a_prompt_client_is_served_and_can_reuse_its_connection(api_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", api_port)) as conn:
+        conn.settimeout(GIVE_UP_S)
+        for _ in range(2):
+            time.sleep(HEADER_S * 0.6)  # each request starts a fresh header deadline
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = conn.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 200"), reply
+
+
+def test_a_slow_handler_is_not_a_slow_client(slow_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", slow_port)) as conn:
+        conn.settimeout(GIVE_UP_S)
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+
+        reply = conn.recv(4096)
+
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"ok")
