@@ -19,10 +19,16 @@ def test_help_documents_exit_codes_env_vars_and_examples(tmp_path: Path) -> None
         assert text in done.stdout
 
 
+def test_no_arguments_print_the_help_and_exit_0(tmp_path: Path) -> None:
+    done = run_cli(home=tmp_path)
+
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: ql3") and "examples:" in done.stdout
+
+
 @pytest.mark.parametrize(
     "args",
     [
-        [],
         ["frobnicate"],
         ["task"],
         ["task", "add", "x"],
@@ -32,7 +38,6 @@ def test_help_documents_exit_codes_env_vars_and_examples(tmp_path: Path) -> None
         ["token", "create", "--role", "root"],
     ],
     ids=[
-        "nothing",
         "unknown-command",
         "no-action",
         "missing-command",
@@ -72,7 +77,9 @@ def test_input_the_api_rejects_as_invalid_exits_64(shared_server: Server) -> Non
     done = shared_server.cli("task", "add", "badcron", "--command", "true", "--cron", "every day")
 
     assert done.returncode == 64
-    assert done.stderr.startswith("error: validation_failed: invalid cron expression")
+    assert done.stderr.startswith(
+        "error: validation_failed: --cron 'every day': a cron expression has 5 fields"
+    )
 
 
 def test_a_bad_env_flag_writes_nothing(shared_server: Server) -> None:
@@ -87,7 +94,9 @@ def test_an_api_refusal_exits_1_with_its_code(shared_server: Server) -> None:
     done = shared_server.cli("run", "show", "01a22d6c-0942-71ad-b0a5-4738104dd590")
 
     assert done.returncode == 1
-    assert done.stderr == "error: not_found: run not found\n"
+    assert done.stderr == (
+        "error: not_found: run '01a22d6c-0942-71ad-b0a5-4738104dd590' not found (see: ql3 run list)\n"
+    )
 
 
 def test_without_credentials_the_cli_exits_1(tmp_path: Path) -> None:

@@ -69,16 +69,29 @@ def test_starting_a_run_of_an_unknown_task_writes_nothing(
     assert counts() == before
 
 
-@pytest.mark.parametrize("cron", ["not a cron", "* * * *", "61 * * * *", "@daily", "* * * * * *", ""])
-def test_invalid_cron_is_refused(client: Any, owner: Any, before: Any, counts: Any, cron: str) -> None:
+@pytest.mark.parametrize(
+    ("cron", "why"),
+    [
+        ("not a cron", "has 5 fields"),
+        ("* * * *", "this one has 4"),
+        ("61 * * * *", "field 1 (minute) is wrong: Bad minute"),
+        ("* 24 * * *", "field 2 (hour) is wrong"),
+        ("* * * 13 *", "within 1-12"),
+        ("* * 31 2 *", "never match a date"),
+        ("@daily", "e.g. '0 0 * * *' for @daily"),
+        ("* * * * * *", "seconds and years are not supported"),
+        ("", "is empty"),
+    ],
+)
+def test_invalid_cron_is_refused_saying_which_field_and_why(
+    client: Any, owner: Any, before: Any, counts: Any, cron: str, why: str
+) -> None:
     resp = client.post(TASKS, json={"name": "cronjob", "command": "true", "cron": cron}, headers=owner)
 
     assert resp.status_code == 422
-    assert resp.json()["error"] == {
-        "code": "validation_failed",
-        "message": "invalid cron expression",
-        "details": {"field": "cron"},
-    }
+    error = resp.json()["error"]
+    assert (error["code"], error["details"]) == ("validation_failed", {"field": "cron"})
+    assert error["message"].startswith("invalid cron expression: ") and why in error["message"]
     assert counts() == before
 
 

@@ -4,22 +4,26 @@ outcome could not be proven (``recovery_required``)."""
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
 from typing import Any
 
-from ql3.cli import output
+from ql3.cli import human, output, refs
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, positive_int, project_flag, wants_json
+from ql3.cli.common import (
+    Parser,
+    Subparsers,
+    add_command,
+    next_page_hint,
+    positive_int,
+    project_flag,
+    quiet_flag,
+    wants_json,
+    wants_quiet,
+    wants_utc,
+)
 from ql3.cli.errors import EXIT_OK, UsageError
 from ql3.domain.approvals import CLIENT_ID_RE, CODE_RE
 
 OUTCOMES = ("succeeded", "failed", "abandoned")
-
-
-def _when(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _base(args: argparse.Namespace) -> str:
@@ -32,27 +36,51 @@ def cmd_list(args: argparse.Namespace) -> int:
     if wants_json(args):
         output.emit_json(page)
         return EXIT_OK
-    output.table(
-        ("ID", "STATUS", "VERSION", "ACTION", "APPROVAL", "CREATED"),
-        [
+    items: list[dict[str, Any]] = page["items"]
+    if wants_quiet(args):
+        output.ids_only(str(a["dispatch_id"]) for a in items)
+        if page.get("next_cursor"):
+            output.note(next_page_hint("action list", args.parser, args, cursor=str(page["next_cursor"])))
+        return EXIT_OK
+    utc = wants_utc(args)
+    short = human.short_ids(
+        [str(a["dispatch_id"]) for a in items] + [str(a["approval_request_id"]) for a in items]
+    )
+    with ApiClient.from_environment() as api:
+        names = refs.TaskNames(api, args.project)
+        rows = [
             (
-                a["dispatch_id"],
+                short[str(a["dispatch_id"])],
                 a["effective_status"],
                 a["version"],
-                f"{a['action_type']} {a['action_ref']}",
-                a["approval_request_id"],
-                _when(a["created_at_ms"]),
+                refs.action_label(a["action_type"], a["action_ref"], names),
+                short[str(a["approval_request_id"])],
+                human.when(a["created_at_ms"], utc, label=False),
             )
-            for a in page["items"]
-        ],
+            for a in items
+        ]
+    output.table(
+        ("ID", "STATUS", "VERSION", "ACTION", "APPROVAL", f"CREATED ({human.zone_label(utc)})"),
+        rows,
+        status_column=1,
+        elastic=(3,),
     )
     if page.get("next_cursor"):
-        output.note(f"more: ql3 action list --cursor {page['next_cursor']}")
+        output.note(next_page_hint("action list", args.parser, args, cursor=str(page["next_cursor"])))
     return EXIT_OK
 
 
-def _show(action: dict[str, Any]) -> None:
-    output.fields([(k, v) for k, v in action.items()])
+def _show(action: dict[str, Any], utc: bool) -> None:
+    """Every field; instants as labelled times and durations in words instead of ``*_ms``."""
+    pairs: list[tuple[str, Any]] = []
+    for key, value in action.items():
+        if key.endswith("_at_ms") and (value is None or isinstance(value, int)):
+            pairs.append((key[: -len("_at_ms")], human.when(value, utc)))
+        elif key.endswith("_ms") and (value is None or isinstance(value, int)):
+            pairs.append((key[: -len("_ms")], human.duration(value)))
+        else:
+            pairs.append((key, value))
+    output.fields(pairs, status_key="effective_status")
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -61,7 +89,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if wants_json(args):
         output.emit_json(action)
     else:
-        _show(action)
+        _show(action, wants_utc(args))
     return EXIT_OK
 
 
@@ -95,11 +123,13 @@ def register(subparsers: Subparsers) -> None:
     proj = project_flag()
 
     lst = add_command(actions, "list", cmd_list, "list approved actions, newest first (one page)", proj)
+    quiet_flag(lst)
     lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
     lst.add_argument("--limit", type=positive_int, default=50, metavar="N", help="page size, at most 100")
 
     show = add_command(actions, "show", cmd_show, "show one approved action", proj)
-    show.add_argument("id", metavar="ID", help="action (dispatch) id")
+    show.add_argument("id", metavar="ID", help="action (dispatch) id or a unique prefix of one")
+    show.set_defaults(refs={"id": "action"})
 
     resolve = add_command(
         actions,
@@ -108,7 +138,8 @@ def register(subparsers: Subparsers) -> None:
         "close a recovery_required action (role approver or admin)",
         proj,
     )
-    resolve.add_argument("id", metavar="ID", help="action (dispatch) id")
+    resolve.add_argument("id", metavar="ID", help="action (dispatch) id or a unique prefix of one")
+    resolve.set_defaults(refs={"id": "action"})
     resolve.add_argument(
         "--outcome",
         required=True,

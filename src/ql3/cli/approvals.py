@@ -4,20 +4,24 @@ approval-required task (no run exists until another user approves the request)."
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
 from typing import Any
 
-from ql3.cli import output
+from ql3.cli import human, output, refs
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, positive_int, project_flag, wants_json
+from ql3.cli.common import (
+    Parser,
+    Subparsers,
+    add_command,
+    next_page_hint,
+    positive_int,
+    project_flag,
+    quiet_flag,
+    wants_json,
+    wants_quiet,
+    wants_utc,
+)
 from ql3.cli.errors import EXIT_OK, UsageError
 from ql3.domain.approvals import APPROVAL_STATES, CODE_RE
-
-
-def _when(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _base(args: argparse.Namespace) -> str:
@@ -30,22 +34,25 @@ def _reason(value: str | None) -> str | None:
     return value
 
 
-def _show(approval: dict[str, Any]) -> None:
+def _show(api: ApiClient, args: argparse.Namespace, approval: dict[str, Any]) -> None:
+    utc = wants_utc(args)
+    names = refs.TaskNames(api, args.project)
     output.fields(
         [
             ("id", approval["id"]),
             ("state", approval["state"]),
             ("effective_state", approval.get("effective_state")),
-            ("action", f"{approval.get('action_type')} {approval.get('action_ref')}"),
-            ("requested_by", approval.get("requested_by")),
-            ("requested", _when(approval.get("requested_at_ms"))),
-            ("expires", _when(approval.get("expires_at_ms"))),
+            ("action", refs.action_label(approval.get("action_type"), approval.get("action_ref"), names)),
+            ("requested_by", refs.principal_name(api, args.project, approval.get("requested_by"))),
+            ("requested", human.when(approval.get("requested_at_ms"), utc)),
+            ("expires", human.when(approval.get("expires_at_ms"), utc)),
             ("decision", approval.get("decision")),
             ("reason", approval.get("reason_code")),
-            ("decided_by", approval.get("decided_by")),
-            ("decided", _when(approval.get("decided_at_ms"))),
+            ("decided_by", refs.principal_name(api, args.project, approval.get("decided_by"))),
+            ("decided", human.when(approval.get("decided_at_ms"), utc)),
             ("dispatch_id", approval.get("dispatch_id")),
-        ]
+        ],
+        status_key="effective_state",
     )
 
 
@@ -58,7 +65,7 @@ def print_requested(args: argparse.Namespace, body: dict[str, Any]) -> int:
         output.emit_json(body)
     else:
         output.line(f"approval {approval['id']} requested: the run is created once another user approves")
-        output.note(f"approve with: ql3 approval approve {approval['id']}")
+        output.note(f"approve with: ql3 approval approve {str(approval['id'])[: human.SHORT_ID]}")
     return EXIT_OK
 
 
@@ -69,31 +76,45 @@ def cmd_list(args: argparse.Namespace) -> int:
     if wants_json(args):
         output.emit_json(page)
         return EXIT_OK
-    output.table(
-        ("ID", "STATE", "ACTION", "REQUESTED", "EXPIRES"),
-        [
+    items: list[dict[str, Any]] = page["items"]
+    if wants_quiet(args):
+        output.ids_only(str(a["id"]) for a in items)
+        if page.get("next_cursor"):
+            output.note(next_page_hint("approval list", args.parser, args, cursor=str(page["next_cursor"])))
+        return EXIT_OK
+    utc = wants_utc(args)
+    short = human.short_ids(str(a["id"]) for a in items)
+    with ApiClient.from_environment() as api:
+        names = refs.TaskNames(api, args.project)
+        rows = [
             (
-                a["id"],
+                short[str(a["id"])],
                 a["effective_state"],
-                f"{a['action_type']} {a['action_ref']}",
-                _when(a["requested_at_ms"]),
-                _when(a["expires_at_ms"]),
+                refs.action_label(a["action_type"], a["action_ref"], names),
+                human.when(a["requested_at_ms"], utc, label=False),
+                human.when(a["expires_at_ms"], utc, label=False),
             )
-            for a in page["items"]
-        ],
+            for a in items
+        ]
+    zone = human.zone_label(utc)
+    output.table(
+        ("ID", "STATE", "ACTION", f"REQUESTED ({zone})", f"EXPIRES ({zone})"),
+        rows,
+        status_column=1,
+        elastic=(2,),
     )
     if page.get("next_cursor"):
-        output.note(f"more: ql3 approval list --cursor {page['next_cursor']}")
+        output.note(next_page_hint("approval list", args.parser, args, cursor=str(page["next_cursor"])))
     return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     with ApiClient.from_environment() as api:
         _, approval = api.call("GET", f"{_base(args)}/{seg(args.id)}")
-    if wants_json(args):
-        output.emit_json(approval)
-    else:
-        _show(approval)
+        if wants_json(args):
+            output.emit_json(approval)
+        else:
+            _show(api, args, approval)
     return EXIT_OK
 
 
@@ -132,19 +153,22 @@ def register(subparsers: Subparsers) -> None:
     proj = project_flag()
 
     lst = add_command(actions, "list", cmd_list, "list approval requests, newest first (one page)", proj)
+    quiet_flag(lst)
     lst.add_argument("--state", choices=APPROVAL_STATES, default=None, help="only requests in this state")
     lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
     lst.add_argument("--limit", type=positive_int, default=50, metavar="N", help="page size, at most 100")
 
     show = add_command(actions, "show", cmd_show, "show one approval request", proj)
-    show.add_argument("id", metavar="ID", help="approval id")
+    show.add_argument("id", metavar="ID", help="approval id or a unique prefix of one")
+    show.set_defaults(refs={"id": "approval"})
 
     for name, handler, help_text, reason_required in (
         ("approve", cmd_approve, "approve a request (the run is then created)", False),
         ("reject", cmd_reject, "reject a request", True),
     ):
         cmd = add_command(actions, name, handler, help_text, proj)
-        cmd.add_argument("id", metavar="ID", help="approval id")
+        cmd.add_argument("id", metavar="ID", help="approval id or a unique prefix of one")
+        cmd.set_defaults(refs={"id": "approval"})
         cmd.add_argument(
             "--reason",
             required=reason_required,

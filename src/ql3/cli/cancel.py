@@ -241,7 +241,8 @@ def register(subparsers: Subparsers) -> None:
     cancel: Parser = add_command(
         actions, "cancel", cmd_cancel, "cancel a run", proj, epilog=CANCEL_HELP, formatter_class=raw
     )
-    cancel.add_argument("run", metavar="RUN", help="run id")
+    cancel.add_argument("run", metavar="RUN", help="run id or a unique prefix of one")
+    cancel.set_defaults(refs={"run": "run"})
     cancel.add_argument(
         "--wait", action="store_true", help="wait until the run has stopped (see the exit status below)"
     )
@@ -265,12 +266,14 @@ def register(subparsers: Subparsers) -> None:
     blocked.add_argument("--cursor", metavar="C", help="the next cursor printed by the previous page")
 
     inspect = add_command(actions, "inspect", cmd_inspect, "a run's cancellation state", proj)
-    inspect.add_argument("run", metavar="RUN", help="run id")
+    inspect.add_argument("run", metavar="RUN", help="run id or a unique prefix of one")
+    inspect.set_defaults(refs={"run": "run"})
 
     rearm = add_command(
         actions, "rearm", cmd_rearm, "retry a blocked cancellation after a delay (exact version)", proj
     )
-    rearm.add_argument("run", metavar="RUN", help="run id")
+    rearm.add_argument("run", metavar="RUN", help="run id or a unique prefix of one")
+    rearm.set_defaults(refs={"run": "run"})
     rearm.add_argument(
         "--version", type=int, required=True, metavar="V", help="dispatch.version from inspect"
     )

@@ -63,10 +63,12 @@ class ApiClient:
             error = body.get("error") if isinstance(body, dict) else None
             code = str(error.get("code")) if isinstance(error, dict) else f"http_{resp.status_code}"
             message = str(error.get("message")) if isinstance(error, dict) else resp.reason_phrase
+            details: dict[str, Any] = {}
             if isinstance(error, dict) and isinstance(error.get("details"), dict):
-                message = f"{message} {_details(error['details'])}"
+                details = error["details"]
+                message = f"{message} {_details(details)}"
             exit_code = EXIT_USAGE if resp.status_code in USAGE_STATUSES else EXIT_ERROR
-            raise CliError(code, message, exit_code)
+            raise CliError(code, message, exit_code, details=details)
         return resp.status_code, body
 
 

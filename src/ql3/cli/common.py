@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -27,7 +28,14 @@ def json_flag() -> Parser:
     parent.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )
+    parent.add_argument(
+        "--utc", action="store_true", default=argparse.SUPPRESS, help="show times in UTC, not local"
+    )
     return parent
+
+
+def quiet_flag(parser: Parser) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the full ids, one a line")
 
 
 def project_flag() -> Parser:
@@ -44,12 +52,20 @@ def add_command(
     parser: Parser = subparsers.add_parser(
         name, help=help_text, description=help_text, parents=[json_flag(), *parents], **kwargs
     )
-    parser.set_defaults(handler=handler)
+    parser.set_defaults(handler=handler, parser=parser)
     return parser
 
 
 def wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False))
+
+
+def wants_utc(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "utc", False))
+
+
+def wants_quiet(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "quiet", False)) and not wants_json(args)
 
 
 def key_values(values: list[str] | None, what: str) -> dict[str, str]:
@@ -96,3 +112,32 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+_NOT_REPEATED = frozenset({"cursor", "json", "utc", "quiet", "help", "after"})
+
+
+def next_page_hint(
+    command: str, parser: argparse.ArgumentParser, args: argparse.Namespace, **page: str
+) -> str:
+    """``more: ql3 run list --task hello --limit 2 --cursor C``: every option the user gave is kept,
+    so following the hint continues the same listing (names as typed, not resolved ids)."""
+    given: dict[str, str] = getattr(args, "given", None) or {}
+    words = ["ql3", *command.split()]
+    for action in parser._actions:
+        if not action.option_strings or action.dest in _NOT_REPEATED:
+            continue
+        value = given.get(action.dest, getattr(args, action.dest, None))
+        if value is None or value == action.default or value is False:
+            continue
+        flag = max(action.option_strings, key=len)
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            for item in value:
+                words += [flag, str(item)]
+        else:
+            words += [flag, str(value)]
+    for flag, value in page.items():
+        words += [f"--{flag}", value]
+    return "more: " + " ".join(shlex.quote(w) for w in words)

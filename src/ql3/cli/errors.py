@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
@@ -14,11 +14,14 @@ USAGE_STATUSES: Final = frozenset({413, 422})
 class CliError(Exception):
     """A failure reported as ``error: <code>: <message>`` on stderr with ``exit_code``."""
 
-    def __init__(self, code: str, message: str, exit_code: int = EXIT_ERROR) -> None:
+    def __init__(
+        self, code: str, message: str, exit_code: int = EXIT_ERROR, *, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.exit_code = exit_code
+        self.details: dict[str, Any] = details or {}
 
 
 class UsageError(CliError):

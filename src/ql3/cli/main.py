@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
-from typing import Final
+from typing import Any, Final
 
 import ql3
-from ql3.cli import actions, approvals, cancel, db, projects, runs, server, tasks, tokens, whoami, workers
-from ql3.cli.common import Handler, Parser
-from ql3.cli.errors import EXIT_ERROR, CliError
+from ql3.cli import (
+    actions,
+    approvals,
+    cancel,
+    completion,
+    db,
+    output,
+    projects,
+    refs,
+    runs,
+    server,
+    tasks,
+    tokens,
+    whoami,
+    workers,
+)
+from ql3.cli.common import Handler, Parser, wants_json
+from ql3.cli.errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError
 from ql3.domain.errors import Ql3Error
 
 EPILOG: Final = """\
@@ -18,6 +35,13 @@ environment:
   QL3_URL            API URL; wins over $QL3_HOME/credentials
   QL3_TOKEN          bearer token; wins over $QL3_HOME/credentials
   QL3_DATABASE_URL   database of init, serve and db (default sqlite:///$QL3_HOME/ql3.db)
+  NO_COLOR           set to anything: no status colours (they are shown only on a terminal)
+
+output:
+  times are local and labelled with the zone (--utc for UTC); ids in tables are short: any unique
+  prefix of an id is accepted wherever an id is (ql3 run show 01a230ad-0ea7); -q on list commands
+  prints only full ids; --json prints the API's fields, and errors as {"error": {code, message}}
+  on stderr
 
 exit codes:
   0    success
@@ -55,6 +79,7 @@ examples:
   ql3 token create --role viewer --name dashboard
   ql3 token list; ql3 token revoke ID; ql3 whoami
   ql3 db status
+  ql3 completion bash > ~/.local/share/bash-completion/completions/ql3
 """
 
 
@@ -67,6 +92,7 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"ql3 {ql3.__version__}")
     parser.add_argument("--json", action="store_true", default=False, help="machine-readable output")
+    parser.add_argument("--utc", action="store_true", default=False, help="show times in UTC, not local")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     server.register(commands)
     tasks.register(commands)
@@ -79,31 +105,85 @@ def build_parser() -> Parser:
     whoami.register(commands)
     projects.register(commands)
     db.register(commands)
+    completion.register(commands)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def _parse(parser: Parser, argv: list[str], as_json: bool) -> argparse.Namespace | int:
+    """Parse ``argv``; ``--help``, ``--version`` and usage errors (64) end here with their exit code.
+
+    Under ``--json`` a usage error is reported as a JSON error on stderr like every other error."""
+    captured = io.StringIO()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version and usage errors (64) leave through argparse
-        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+        with contextlib.redirect_stderr(captured) if as_json else contextlib.nullcontext():
+            return parser.parse_args(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
+        text = captured.getvalue()
+        if code == EXIT_USAGE and as_json:
+            message = text.strip().splitlines()[-1] if text.strip() else "bad arguments"
+            output.emit_json_error("usage", message.partition("error: ")[2] or message)
+        elif text:
+            sys.stderr.write(text)
+        return code
+
+
+def _report(args: argparse.Namespace | None, code: str, message: str, details: Any = None) -> None:
+    if args is not None and wants_json(args):
+        output.emit_json_error(code, message, details)
+    else:
+        sys.stderr.write(f"error: {code}: {message}\n")
+
+
+def _not_found(args: argparse.Namespace, exc: CliError) -> CliError:
+    """Echo what was not found, with the closest task name or the command that lists what exists."""
+    given: dict[str, str] = getattr(args, "given", None) or {}
+    declared: dict[str, str] = getattr(args, "refs", None) or {}
+    for attr, kind in declared.items():
+        value = given.get(attr, getattr(args, attr, None))
+        if not value or kind not in exc.message:
+            continue
+        hint = refs.suggest_task(str(args.project), str(value)) if kind == "task" else ""
+        word = refs.KIND_WORDS[kind]
+        return CliError(
+            exc.code,
+            f"{word} {value!r} not found{hint} (see: {refs.LIST_HINT[kind]})",
+            exc.exit_code,
+            details=exc.details,
+        )
+    return exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    completion.autocomplete(build_parser)  # only acts when the shell asks for completions
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
+        return EXIT_OK
+    parsed = _parse(parser, argv, "--json" in argv)
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
     handler: Handler = args.handler
     try:
+        refs.resolve_args(args)
         return handler(args)
     except CliError as exc:
-        sys.stderr.write(f"error: {exc.code}: {exc.message}\n")
+        if exc.code == "not_found":
+            exc = _not_found(args, exc)
+        _report(args, exc.code, exc.message, exc.details)
         return exc.exit_code
     except Ql3Error as exc:
-        sys.stderr.write(f"error: {exc.code}: {exc.message}\n")
+        _report(args, exc.code, exc.message)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     except OSError as exc:
-        sys.stderr.write(f"error: os_error: {exc.strerror or type(exc).__name__}\n")
+        _report(args, "os_error", exc.strerror or type(exc).__name__)
         return EXIT_ERROR
     except Exception as exc:  # the message may carry data; show only the type
-        sys.stderr.write(f"error: internal_error: {type(exc).__name__}\n")
+        _report(args, "internal_error", type(exc).__name__)
         return EXIT_ERROR
 
 

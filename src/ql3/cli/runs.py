@@ -5,37 +5,47 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
-from ql3.cli import approvals, output, watch
+from ql3.cli import approvals, human, output, refs, watch
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, positive_int, project_flag, wants_json
+from ql3.cli.common import (
+    Parser,
+    Subparsers,
+    add_command,
+    next_page_hint,
+    positive_int,
+    project_flag,
+    quiet_flag,
+    wants_json,
+    wants_quiet,
+    wants_utc,
+)
 from ql3.cli.errors import EXIT_OK, CliError, UsageError
 
-
-def _when(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+INTERRUPTED = 130
 
 
 def _base(args: argparse.Namespace) -> str:
     return f"/projects/{seg(args.project)}/runs"
 
 
-def _show(run: dict[str, Any]) -> None:
+def _show(run: dict[str, Any], task_name: str, utc: bool) -> None:
     output.fields(
         [
             ("id", run["id"]),
             ("status", run["status"]),
+            *([("waiting", watch.waiting_text(run))] if watch.waiting_text(run) else []),
+            ("task", task_name),
             ("task_id", run["task_id"]),
             ("task_revision", run["task_revision"]),
-            ("trigger_type", run.get("trigger_type")),
+            ("trigger", run.get("trigger") or run.get("trigger_type")),
+            *([("attempt", run["attempt"])] if run.get("attempt") is not None else []),
             ("priority", run.get("priority")),
-            ("created", _when(run.get("created_at_ms"))),
-            ("started", _when(run.get("started_at_ms"))),
-            ("finished", _when(run.get("finished_at_ms"))),
+            ("created", human.when(run.get("created_at_ms"), utc)),
+            ("started", human.when(run.get("started_at_ms"), utc)),
+            ("finished", human.when(run.get("finished_at_ms"), utc)),
+            ("duration", human.run_duration(run)),
         ]
         # The outcome of the run's last attempt, when it has one.
         + [
@@ -71,9 +81,15 @@ def cmd_start(args: argparse.Namespace) -> int:
         if not wants_json(args):
             output.note(f"run {run['id']} {verb}: {run['status']}")
         poller = watch.Poller(timeout_s=timeout_s)
-        if args.follow:
-            _follow(api, args, str(run["id"]), poller)
-        run = watch.wait_for_run(api, args.project, run, poller)
+        try:
+            run = watch.wait_while_queued(
+                api, args.project, run, poller, None if wants_json(args) else output.note
+            )
+            if args.follow:
+                _follow(api, args, str(run["id"]), poller)
+            run = watch.wait_for_run(api, args.project, run, poller)
+        except KeyboardInterrupt:
+            return detached(str(run["id"]), args.project)
     if wants_json(args):
         output.emit_json(run)
     else:
@@ -100,6 +116,18 @@ def _follow(api: ApiClient, args: argparse.Namespace, run_id: str, poller: watch
         output.note("the log is not available from this server; waiting for the outcome")
 
 
+def detached(run_id: str, project: str) -> int:
+    """Ctrl-C while waiting or following: only the CLI stops; say so, and how to stop the run too."""
+    where = "" if project == "default" else f" --project {project}"
+    short = run_id[: human.SHORT_ID]
+    output.note(
+        f"\ninterrupted: run {short} goes on on the server."
+        f"\n  follow it again:  ql3 run logs {short} --follow{where}"
+        f"\n  cancel it:        ql3 run cancel {short}{where}"
+    )
+    return INTERRUPTED
+
+
 def _outcome(run: dict[str, Any]) -> None:
     detail = [f"{k} {run[k]}" for k in ("exit_code", "error_code") if run.get(k) is not None]
     output.note(f"run {run['id']} {run['status']}" + (f" ({', '.join(detail)})" if detail else ""))
@@ -112,32 +140,53 @@ def cmd_list(args: argparse.Namespace) -> int:
     if wants_json(args):
         output.emit_json(page)
         return EXIT_OK
-    output.table(
-        ("ID", "TASK", "REV", "STATUS", "CREATED", "EXIT"),
-        [
+    print_runs(args, page)
+    return EXIT_OK
+
+
+def print_runs(args: argparse.Namespace, page: dict[str, Any]) -> None:
+    """A page of runs as a table of short ids and task names, or only ids with ``-q``."""
+    items: list[dict[str, Any]] = page["items"]
+    if wants_quiet(args):
+        output.ids_only(str(r["id"]) for r in items)
+        if page.get("next_cursor"):
+            output.note(next_page_hint("run list", args.parser, args, cursor=str(page["next_cursor"])))
+        return
+    utc = wants_utc(args)
+    short = human.short_ids(str(r["id"]) for r in items)
+    with ApiClient.from_environment() as api:
+        names = refs.TaskNames(api, args.project)
+        rows = [
             (
-                r["id"],
-                r["task_id"],
+                short[str(r["id"])],
+                names.name(str(r["task_id"]), r.get("task_name")),
                 r["task_revision"],
                 r["status"],
-                _when(r["created_at_ms"]),
+                r.get("trigger") or r.get("trigger_type"),
+                human.when(r["created_at_ms"], utc, label=False),
+                human.run_duration(r),
                 r.get("exit_code"),
             )
-            for r in page["items"]
-        ],
+            for r in items
+        ]
+    output.table(
+        ("ID", "TASK", "REV", "STATUS", "TRIGGER", f"CREATED ({human.zone_label(utc)})", "DURATION", "EXIT"),
+        rows,
+        status_column=3,
+        elastic=(1,),
     )
     if page.get("next_cursor"):
-        output.note(f"more: ql3 run list --cursor {page['next_cursor']}")
-    return EXIT_OK
+        output.note(next_page_hint("run list", args.parser, args, cursor=str(page["next_cursor"])))
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     with ApiClient.from_environment() as api:
         _, run = api.call("GET", f"{_base(args)}/{seg(args.run)}")
-    if wants_json(args):
-        output.emit_json(run)
-    else:
-        _show(run)
+        if wants_json(args):
+            output.emit_json(run)
+        else:
+            name = refs.TaskNames(api, args.project).name(str(run["task_id"]), run.get("task_name"))
+            _show(run, name, wants_utc(args))
     return EXIT_OK
 
 
@@ -150,17 +199,18 @@ def cmd_events(args: argparse.Namespace) -> int:
         output.emit_json(page)
         return EXIT_OK
     output.table(
-        ("SEQ", "TIME", "TYPE", "ACTOR", "PAYLOAD"),
+        ("SEQ", f"TIME ({human.zone_label(wants_utc(args))})", "TYPE", "ACTOR", "PAYLOAD"),
         [
             (
                 e["sequence"],
-                _when(e["created_at_ms"]),
+                human.when(e["created_at_ms"], wants_utc(args), label=False),
                 e["type"],
                 e["actor_type"],
                 " ".join(f"{k}={v}" for k, v in sorted(e.get("payload", {}).items())),
             )
             for e in page["items"]
         ],
+        elastic=(4,),
     )
     if page.get("next_after") is not None:
         output.note(f"more: ql3 run events {args.run} --after {page['next_after']}")
@@ -170,9 +220,14 @@ def cmd_events(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     text = io.StringIO() if wants_json(args) else None
     with ApiClient.from_environment() as api:
-        last = watch.print_log(
-            api, args.project, args.run, attempt=args.attempt, follow=args.follow, out=text
-        )
+        try:
+            last = watch.print_log(
+                api, args.project, args.run, attempt=args.attempt, follow=args.follow, out=text
+            )
+        except KeyboardInterrupt:
+            if not args.follow:
+                raise
+            return detached(args.run, args.project)
     if text is not None:
         output.emit_json({"run_id": args.run, **last, "data": text.getvalue()})
     return EXIT_OK
@@ -193,6 +248,7 @@ def register(subparsers: Subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     start.add_argument("task", metavar="TASK", help="task name or id")
+    start.set_defaults(refs={"task": "task"})
     start.add_argument("--idempotency-key", metavar="K", help="repeating a key returns the same run")
     start.add_argument("--priority", type=int, default=0, metavar="P", help="higher runs first (default 0)")
     start.add_argument(
@@ -214,21 +270,26 @@ def register(subparsers: Subparsers) -> None:
     )
 
     lst = add_command(actions, "list", cmd_list, "list runs, newest first (one page)", proj)
+    lst.set_defaults(refs={"task": "task"})
+    quiet_flag(lst)
     lst.add_argument("--task", metavar="T", help="only runs of this task (name or id)")
     lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
     lst.add_argument("--limit", type=positive_int, default=50, metavar="N", help="page size, at most 100")
 
     show = add_command(actions, "show", cmd_show, "show one run", proj)
-    show.add_argument("run", metavar="RUN", help="run id")
+    show.add_argument("run", metavar="RUN", help="run id or a unique prefix of one")
+    show.set_defaults(refs={"run": "run"})
 
     logs = add_command(actions, "logs", cmd_logs, "print the output of the run's latest attempt", proj)
-    logs.add_argument("run", metavar="RUN", help="run id")
+    logs.add_argument("run", metavar="RUN", help="run id or a unique prefix of one")
+    logs.set_defaults(refs={"run": "run"})
     logs.add_argument(
         "--follow", "-f", action="store_true", help="keep printing new output until the run has ended"
     )
     logs.add_argument("--attempt", type=positive_int, default=None, metavar="N", help="attempt N instead")
 
     events = add_command(actions, "events", cmd_events, "the run's event log", proj)
-    events.add_argument("run", metavar="RUN", help="run id")
+    events.add_argument("run", metavar="RUN", help="run id or a unique prefix of one")
+    events.set_defaults(refs={"run": "run"})
     events.add_argument("--after", type=int, default=0, metavar="N", help="events after this sequence")
     events.add_argument("--limit", type=positive_int, default=100, metavar="N", help="page size, at most 500")

@@ -5,20 +5,25 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ql3.cli import output
+from ql3.cli import human, output
 from ql3.cli.client import ApiClient, seg
 from ql3.cli.common import (
     Parser,
     Subparsers,
     add_command,
     key_values,
+    next_page_hint,
     positive_int,
     preferences,
     project_flag,
+    quiet_flag,
     seconds_to_ms,
     wants_json,
+    wants_quiet,
+    wants_utc,
 )
 from ql3.cli.errors import EXIT_OK, UsageError
+from ql3.domain import cronexplain
 
 TASK_COLUMNS = ("NAME", "ID", "REV", "ENABLED", "CRON", "OVERLAP")
 
@@ -27,33 +32,44 @@ def _base(args: argparse.Namespace) -> str:
     return f"/projects/{seg(args.project)}/tasks"
 
 
-def _show(task: dict[str, Any], as_json: bool) -> None:
+DEFAULT_CWD_TEXT = "the server's scripts directory (default $QL3_HOME/scripts)"
+
+
+def _show(task: dict[str, Any], as_json: bool, utc: bool = False) -> None:
     if as_json:
         output.emit_json(task)
         return
+    digest = task.get("content_digest")
     output.fields(
         [
             ("name", task["name"]),
             ("id", task["id"]),
             ("revision", task["revision"]),
             ("enabled", task["enabled"]),
-            ("cron", task.get("cron")),
+            ("cron", f"{task['cron']} (UTC)" if task.get("cron") else None),
+            ("next_fire", human.when(task.get("next_fire_at_ms"), utc)),
             ("overlap", task.get("overlap")),
             ("misfire", task.get("misfire")),
-            ("next_fire_at_ms", task.get("next_fire_at_ms")),
             ("approval", task.get("approval")),
-            ("timeout_ms", task.get("timeout_ms")),
+            ("timeout", human.duration(task.get("timeout_ms"))),
+            ("grace", human.duration(task.get("grace_ms"))),
             ("max_attempts", task.get("max_attempts")),
+            ("working_dir", "its own (not shown)" if task.get("has_cwd") else DEFAULT_CWD_TEXT),
             ("env_keys", ",".join(task.get("env_keys", [])) or None),
             ("require", ",".join(f"{k}={v}" for k, v in task.get("require", {}).items()) or None),
-            ("content_digest", task.get("content_digest")),
-        ]
+            ("content_digest", f"{digest[:12]}…" if isinstance(digest, str) else None),
+        ],
+        status_key=None,
     )
 
 
 def _spec_options(parser: Parser, *, editing: bool) -> None:
-    parser.add_argument("--cron", metavar="EXPR", help="five-field cron expression, UTC")
-    parser.add_argument("--cwd", metavar="DIR", help="absolute working directory")
+    parser.add_argument(
+        "--cron", metavar="EXPR", help="five-field cron expression in UTC: minute hour day month weekday"
+    )
+    parser.add_argument(
+        "--cwd", metavar="DIR", help=f"absolute working directory (default: {DEFAULT_CWD_TEXT})"
+    )
     parser.add_argument(
         "--env",
         action="append",
@@ -74,7 +90,13 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
         metavar="k=v[:weight]",
         help="worker label preferred for placement (repeatable)" + ("; replaces all" if editing else ""),
     )
-    parser.add_argument("--overlap", choices=("allow", "skip", "cancel_previous"))
+    parser.add_argument(
+        "--overlap",
+        choices=("allow", "skip", "cancel_previous"),
+        help="when a cron occurrence is due while an earlier run of the task is still active: start "
+        "another (allow, the default), skip this occurrence, or cancel the earlier run first; it "
+        "applies to cron admissions only, a manual run start always starts",
+    )
     parser.add_argument(
         "--misfire",
         choices=("skip", "fire_once"),
@@ -105,6 +127,9 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
 def _spec(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if args.cron is not None:
+        reason = cronexplain.explain(args.cron)
+        if reason is not None:  # the server says the same; checked here to name the option
+            raise UsageError(f"--cron {args.cron!r}: {reason}", code="validation_failed")
         body["cron"] = args.cron
     if args.cwd is not None:
         body["cwd"] = args.cwd
@@ -150,22 +175,29 @@ def cmd_list(args: argparse.Namespace) -> int:
     if wants_json(args):
         output.emit_json(page)
         return EXIT_OK
+    if wants_quiet(args):
+        output.ids_only(str(t["id"]) for t in page["items"])
+        if page.get("next_cursor"):
+            output.note(next_page_hint("task list", args.parser, args, cursor=str(page["next_cursor"])))
+        return EXIT_OK
+    short = human.short_ids(str(t["id"]) for t in page["items"])
     output.table(
         TASK_COLUMNS,
         [
-            (t["name"], t["id"], t["revision"], t["enabled"], t.get("cron"), t.get("overlap"))
+            (t["name"], short[str(t["id"])], t["revision"], t["enabled"], t.get("cron"), t.get("overlap"))
             for t in page["items"]
         ],
+        elastic=(0, 4),
     )
     if page.get("next_cursor"):
-        output.note(f"more: ql3 task list --cursor {page['next_cursor']}")
+        output.note(next_page_hint("task list", args.parser, args, cursor=str(page["next_cursor"])))
     return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     with ApiClient.from_environment() as api:
         _, task = api.call("GET", f"{_base(args)}/{seg(args.task)}")
-    _show(task, wants_json(args))
+    _show(task, wants_json(args), wants_utc(args))
     return EXIT_OK
 
 
@@ -236,14 +268,17 @@ def register(subparsers: Subparsers) -> None:
     add.add_argument("--disabled", action="store_true", help="create the task disabled")
 
     lst = add_command(actions, "list", cmd_list, "list tasks by name", proj)
+    quiet_flag(lst)
     lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
     lst.add_argument("--limit", type=positive_int, default=200, metavar="N", help="page size, at most 200")
 
     show = add_command(actions, "show", cmd_show, "show one task (never its command or env values)", proj)
     show.add_argument("task", metavar="TASK", help="name or id")
+    show.set_defaults(refs={"task": "task"})
 
     edit = add_command(actions, "edit", cmd_edit, "publish a new revision of a task", proj)
     edit.add_argument("task", metavar="TASK", help="name or id")
+    edit.set_defaults(refs={"task": "task"})
     edit.add_argument("--command", metavar="CMD")
     _spec_options(edit, editing=True)
     edit.add_argument("--no-cron", action="store_true", help="remove the schedule")
@@ -260,3 +295,4 @@ def register(subparsers: Subparsers) -> None:
     ):
         cmd = add_command(actions, name, handler, text, proj)
         cmd.add_argument("task", metavar="TASK", help="name or id")
+        cmd.set_defaults(refs={"task": "task"})

@@ -120,6 +120,50 @@ def wait_for_run(api: ApiClient, project: str, run: dict[str, Any], poller: Poll
     return run
 
 
+# Why a queued run has not started (the run's ``waiting_reason``), in words.
+WAITING_REASONS: Final[dict[str, str]] = {
+    "no_matching_worker": "no worker has the labels the task requires",
+    "no_free_slot": "every slot of the matching workers is busy",
+    "worker_draining": "the matching workers are draining",
+    "no_worker": "no worker is online",
+}
+QUIET_QUEUED_S: Final = 3.0  # a server that gives no reason: say "still queued" after this long
+
+
+def waiting_text(run: dict[str, Any]) -> str | None:
+    """``no free slot: every slot ... is busy`` for a queued run whose server says why, else None."""
+    reason = run.get("waiting_reason")
+    if run.get("status") != "queued" or not isinstance(reason, str) or reason not in WAITING_REASONS:
+        return None
+    return f"{reason.replace('_', ' ')}: {WAITING_REASONS[reason]}"
+
+
+def wait_while_queued(
+    api: ApiClient,
+    project: str,
+    run: dict[str, Any],
+    poller: Poller,
+    report: Callable[[str], None] | None,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """Poll a queued run until it leaves the queue, telling ``report`` why it waits whenever the
+    reason changes (and once, after a few seconds, when the server gives none)."""
+    path = run_path(project, str(run["id"]))
+    since = clock()
+    said: str | None = None
+    while run.get("status") == "queued":
+        text = waiting_text(run)
+        if text is None and said is None and clock() - since >= QUIET_QUEUED_S:
+            text = "waiting for a worker to take it"
+        if text is not None and text != said:
+            said = text
+            if report is not None:
+                report(f"still queued: {text}")
+        poller.wait()
+        run = poller.call(api, "GET", path)
+    return run
+
+
 def _write(out: TextIO, text: str) -> None:
     if not text:
         return
