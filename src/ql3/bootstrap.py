@@ -313,5 +313,5 @@ def _outcome_loops(
     edge = profile == "edge"
     return [
         loop("notifications", notify_cycle, notifications.CHANNEL, 60.0 if edge else 30.0, notify_wait),
-        loop("retention", lambda: pruner.prune_once().more, "retention", 1800.0 if edge else 600.0),
+        loop("retention", lambda: pruner.prune_once().more, retention.CHANNEL, 1800.0 if edge else 600.0),
     ]

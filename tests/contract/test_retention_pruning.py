@@ -25,7 +25,8 @@ def seed_history(
         at = start_ms + i * step_ms
         db.raw(
             "INSERT INTO runs (id, project_id, task_id, task_revision, trigger_type, status, version,"
-            " event_sequence, created_at_ms, queued_at_ms, started_at_ms, finished_at_ms, exit_code, updated_at_ms)"
+            " event_sequence, created_at_ms, queued_at_ms, started_at_ms, finished_at_ms, exit_code,"
+            " updated_at_ms)"
             " VALUES (?, ?, ?, 1, 'cron', ?, 4, 2, ?, ?, ?, ?, 0, ?)",
             (run_id, project.id, task.id, status, at, at, at + 10, at + 20, at + 20),
         )
@@ -83,9 +84,10 @@ def test_runs_older_than_the_policy_go_with_all_their_rows_in_bounded_pages(harn
     kept = {r["id"] for r in harness.db.raw("SELECT id FROM runs")}
     assert kept == {run_id for run_id, _ in recent}
     for table in ROW_TABLES:
-        assert count(harness.db, table) == {"runs": 5, "run_attempts": 5, "run_events": 10, "run_leases": 5}[
-            table
-        ]
+        assert (
+            count(harness.db, table)
+            == {"runs": 5, "run_attempts": 5, "run_events": 10, "run_leases": 5}[table]
+        )
     assert not kept & {run_id for run_id, _ in old}
 
 

@@ -19,6 +19,7 @@ from ql3.http.auth import DbDep
 from ql3.http.dto import Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll
 from ql3.http.routes import actions, approvals, cancellation, projects, runs, tasks, workers
+from ql3.http.routes import notifications as notification_routes
 from ql3.ports.storage import Database, Transaction
 
 log = logging.getLogger("ql3.http")
@@ -109,6 +110,7 @@ def create_app(
         cancellation.router,
         approvals.router,
         actions.router,
+        notification_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     app.include_router(console.router)
