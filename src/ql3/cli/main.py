@@ -7,7 +7,7 @@ import sys
 from typing import Final
 
 import ql3
-from ql3.cli import actions, approvals, cancel, db, projects, runs, server, tasks, tokens, workers
+from ql3.cli import actions, approvals, cancel, db, notify, projects, runs, server, tasks, tokens, workers
 from ql3.cli.common import Handler, Parser
 from ql3.cli.errors import EXIT_ERROR, CliError
 from ql3.domain.errors import Ql3Error
@@ -77,6 +77,7 @@ def build_parser() -> Parser:
     tokens.register(commands)
     projects.register(commands)
     db.register(commands)
+    notify.register(commands)
     return parser
 
 
