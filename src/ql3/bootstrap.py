@@ -280,4 +280,43 @@ def build_standalone_runtime(
         loop("approved-actions", actions_cycle, "approved_actions", cadence["actions"]),
         loop("cron", cron_cycle, "schedules", cadence["cron"], cron_wait),
     ]
+    loops.extend(_outcome_loops(db, home, owner, clock, loop, profile))
     return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops, db=db)
+
+
+# -- notifications and retention (docs/notifications.md, docs/retention.md) ---------------------------
+
+
+def _outcome_loops(
+    db: ManagedDatabase,
+    home: Path,
+    owner: str,
+    clock: Callable[[], int],
+    loop: Callable[..., Any],
+    profile: str,
+) -> list[Any]:
+    """The notification delivery loop and the retention loop, built with the runtime's loop helper."""
+    from ql3.application import notifications, retention
+    from ql3.execution.log_retention import LogDirectory
+    from ql3.notify.senders import ChannelSender
+
+    budget = notifications.DeliveryBudget(lease_ms=int(os.environ.get("QL3_NOTIFY_LEASE_MS", "60000")))
+    deliverer = notifications.NotificationDeliverer(
+        db, ChannelSender(), owner, budget=budget, fault=fault_point
+    )
+
+    def notify_cycle() -> bool:
+        return deliverer.deliver_batch().claimed >= budget.page
+
+    def notify_wait(backstop_s: float) -> bool:
+        # Sleep until the next retry or lease expiry (or a new outcome), within the backstop.
+        due = deliverer.next_due_ms()
+        delay = backstop_s if due is None else max(0.0, (due - clock()) / 1000)
+        return db.wait_for(notifications.CHANNEL, min(backstop_s, delay + 0.001))
+
+    pruner = retention.RetentionPruner(db, LogDirectory(home / "worker" / "logs"))
+    edge = profile == "edge"
+    return [
+        loop("notifications", notify_cycle, notifications.CHANNEL, 60.0 if edge else 30.0, notify_wait),
+        loop("retention", lambda: pruner.prune_once().more, retention.CHANNEL, 1800.0 if edge else 600.0),
+    ]

@@ -84,8 +84,9 @@ def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
     return process.wait(timeout=STOP_TIMEOUT_S)
 
 
-def start_server(home: Path, *extra: str, attempts: int = 3) -> Server:
-    """Start ``ql3 serve`` and wait for /healthz; retry on another port if the one picked was taken."""
+def start_server(home: Path, *extra: str, attempts: int = 3, env: dict[str, str] | None = None) -> Server:
+    """Start ``ql3 serve`` and wait for /healthz; retry on another port if the one picked was taken.
+    ``env`` adds variables (``QL3_FAULT``...) to the server's environment."""
     last_log = ""
     for attempt in range(attempts):
         port = free_port()
@@ -93,7 +94,7 @@ def start_server(home: Path, *extra: str, attempts: int = 3) -> Server:
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [*CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra],
-                env=base_env(home),
+                env={**base_env(home), **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -16,6 +16,7 @@ ALLOWED = {
     "worker": {"domain", "ports", "application", "worker", "execution"},
     "http": {"domain", "ports", "application", "http", "console"},
     "console": {"domain", "console"},
+    "notify": {"domain", "ports", "notify"},
     "cli": {"domain", "ports", "application", "cli", "http", "bootstrap", "worker", "console"},
 }
 

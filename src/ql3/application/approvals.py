@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ql3.application import auth, runs, tasks
+from ql3.application import auth, notifications, runs, tasks
 from ql3.domain.approvals import (
     APPROVAL_STATES,
     CONSUMERS,
@@ -247,6 +247,7 @@ def request_run_approval(
         }
         if tx.run("approval_insert", params) == 1:
             tx.notify(APPROVED_ACTIONS_CHANNEL)
+            notifications.on_approval_requested(tx, project.id, view.task.id, approval_id)
             return approval_from_row(tx.one("approval_get", {"id": approval_id}) or {})
         existing = tx.one("approval_get", {"id": approval_id})
         if existing is None:

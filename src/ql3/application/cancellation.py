@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final, Literal, Protocol
 
-from ql3.application import leases, rows
+from ql3.application import leases, notifications, rows
 from ql3.application.runs import (
     EventSpec,
     latest_attempt,
@@ -372,6 +372,8 @@ def record_result(
             )
         ],
     )
+    if status == "blocked":
+        notifications.on_cancellation_blocked(tx, run, dispatch.version + 1)
     if status == "retry_wait":
         tx.notify(CANCELLATIONS_CHANNEL)
     return outcome

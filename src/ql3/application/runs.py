@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ql3.application import rows
+from ql3.application import notifications, rows
 from ql3.domain.errors import (
     Conflict,
     IdempotencyConflict,
@@ -169,6 +169,8 @@ def write_run(
     if attempt_change is not None:
         write_attempt(tx, attempt_change.attempt, attempt_change.new)
     append_events(tx, current.id, current.event_sequence + 1, events)
+    if written.status != current.status:
+        notifications.on_run_status(tx, written)  # the outbox row commits with the outcome
     return written
 
 

@@ -15,6 +15,7 @@ from ql3.cli import (
     cancel,
     completion,
     db,
+    notify,
     output,
     projects,
     refs,
@@ -106,6 +107,7 @@ def build_parser() -> Parser:
     projects.register(commands)
     db.register(commands)
     completion.register(commands)
+    notify.register(commands)
     return parser
 
 

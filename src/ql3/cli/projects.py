@@ -1,12 +1,12 @@
-"""``ql3 project``: list, create."""
+"""``ql3 project``: list, create, retention show|set."""
 
 from __future__ import annotations
 
 import argparse
 
 from ql3.cli import output
-from ql3.cli.client import ApiClient
-from ql3.cli.common import Parser, Subparsers, add_command, wants_json
+from ql3.cli.client import ApiClient, seg
+from ql3.cli.common import Parser, Subparsers, add_command, positive_int, project_flag, wants_json
 from ql3.cli.errors import EXIT_OK
 
 
@@ -30,9 +30,60 @@ def cmd_create(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _show_policy(args: argparse.Namespace, policy: dict[str, object]) -> None:
+    if wants_json(args):
+        output.emit_json(policy)
+        return
+    output.fields(
+        [
+            ("keep days", policy["keep_days"] or "forever"),
+            ("runs per task", policy["runs_per_task"] or "all"),
+            ("log bytes per run", policy["log_bytes_per_run"] or "no cap"),
+        ]
+    )
+
+
+def cmd_retention_show(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, policy = api.call("GET", f"/projects/{seg(args.project)}/retention")
+    _show_policy(args, policy)
+    return EXIT_OK
+
+
+def cmd_retention_set(args: argparse.Namespace) -> int:
+    body = {"keep_days": args.days, "runs_per_task": args.runs_per_task, "log_bytes_per_run": args.log_bytes}
+    with ApiClient.from_environment() as api:
+        _, policy = api.call("PUT", f"/projects/{seg(args.project)}/retention", json=body)
+    _show_policy(args, policy)
+    return EXIT_OK
+
+
 def register(subparsers: Subparsers) -> None:
     group: Parser = subparsers.add_parser("project", help="projects", description="Projects.")
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     add_command(actions, "list", cmd_list, "projects you hold a role in")
     create = add_command(actions, "create", cmd_create, "create a project (owner only)")
     create.add_argument("name", metavar="NAME")
+    retention: Parser = actions.add_parser(
+        "retention",
+        help="how long runs and logs are kept",
+        description="Retention: terminal runs older than --days, or beyond the newest --runs-per-task of"
+        " each task, are pruned with their events, attempts and log files; kept logs are cut to --log-bytes.",
+    )
+    policy = retention.add_subparsers(dest="retention_action", metavar="ACTION", required=True)
+    add_command(policy, "show", cmd_retention_show, "show the project's retention policy", project_flag())
+    setter = add_command(
+        policy,
+        "set",
+        cmd_retention_set,
+        "replace the policy (a limit not given is switched off)",
+        project_flag(),
+        epilog="example: ql3 project retention set --days 30 --runs-per-task 1000 --log-bytes 1048576",
+    )
+    setter.add_argument("--days", type=positive_int, metavar="N", help="keep runs for N days")
+    setter.add_argument(
+        "--runs-per-task", type=positive_int, metavar="N", help="keep the newest N runs of each task"
+    )
+    setter.add_argument(
+        "--log-bytes", type=positive_int, metavar="B", help="cut each kept log to B bytes (>= 1024)"
+    )

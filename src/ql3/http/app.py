@@ -21,6 +21,7 @@ from ql3.http.auth import DbDep
 from ql3.http.dto import Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
+from ql3.http.routes import notifications as notification_routes
 from ql3.ports.storage import Database, Transaction
 
 log = logging.getLogger("ql3.http")
@@ -145,6 +146,7 @@ def create_app(
         actions.router,
         tokens.router,
         lookup.router,
+        notification_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     app.include_router(console.router)

@@ -10,8 +10,9 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 
-from ql3.application import metrics
-from ql3.ports.storage import Database
+from ql3.application import metrics, outcome_metrics
+from ql3.application.outcome_metrics import DurationHistogram
+from ql3.ports.storage import Database, Transaction
 
 
 def _registry(db: Database, loops: Sequence[Any]) -> Any:
@@ -44,6 +45,7 @@ def _registry(db: Database, loops: Sequence[Any]) -> Any:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Ql3Collector())
+    registry.register(_alerting_collector(db))
     return registry
 
 
@@ -69,6 +71,48 @@ def _loop_health(loops: Sequence[Any]) -> Iterator[Any]:
     yield age
     yield stuck
     yield failing
+
+
+def _alerting_collector(db: Database, histogram: DurationHistogram | None = None) -> Any:
+    """Per-task last success / last failure, queue depth and the run-duration histogram."""
+    from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+    from prometheus_client.registry import Collector
+
+    durations = histogram or DurationHistogram()
+
+    class AlertingCollector(Collector):
+        def collect(self) -> Iterator[Any]:
+            def read(tx: Transaction) -> tuple[list[outcome_metrics.TaskOutcome], int]:
+                durations.refresh(tx)
+                return outcome_metrics.task_outcomes(tx), outcome_metrics.queue_depth(tx)
+
+            outcomes, depth = db.transaction(read, write=False)
+            success = GaugeMetricFamily(
+                "ql3_task_last_success_timestamp_seconds",
+                "when each task last finished successfully",
+                labels=["task"],
+            )
+            failure = GaugeMetricFamily(
+                "ql3_task_last_failure_timestamp_seconds",
+                "when each task last failed or timed out",
+                labels=["task"],
+            )
+            for item in outcomes:
+                if item.last_success_ms is not None:
+                    success.add_metric([item.task], item.last_success_ms / 1000)
+                if item.last_failure_ms is not None:
+                    failure.add_metric([item.task], item.last_failure_ms / 1000)
+            yield success
+            yield failure
+            yield GaugeMetricFamily("ql3_queue_depth", "runs queued and not yet placed", value=depth)
+            yield HistogramMetricFamily(
+                "ql3_run_duration_seconds",
+                "durations of runs finished since this process's first scrape",
+                buckets=durations.cumulative(),
+                sum_value=durations.sum_s,
+            )
+
+    return AlertingCollector()
 
 
 def install(app: FastAPI, db: Database, loops: Sequence[Any]) -> None:

@@ -129,6 +129,33 @@ COLUMN cancellation_dispatches.last_result text null=YES default=None
 COLUMN cancellation_dispatches.last_dispatched_at_ms bigint null=YES default=None
 COLUMN cancellation_dispatches.created_at_ms bigint null=NO default=None
 COLUMN cancellation_dispatches.updated_at_ms bigint null=NO default=None
+COLUMN notification_channels.id text null=NO default=None
+COLUMN notification_channels.project_id text null=NO default=None
+COLUMN notification_channels.name text null=NO default=None
+COLUMN notification_channels.kind text null=NO default=None
+COLUMN notification_channels.target text null=NO default=None
+COLUMN notification_channels.secret text null=YES default=None
+COLUMN notification_channels.scheme text null=NO default=None
+COLUMN notification_channels.created_at_ms bigint null=NO default=None
+COLUMN notification_outbox.id text null=NO default=None
+COLUMN notification_outbox.project_id text null=NO default=None
+COLUMN notification_outbox.channel_id text null=NO default=None
+COLUMN notification_outbox.outcome_key text null=NO default=None
+COLUMN notification_outbox.event text null=NO default=None
+COLUMN notification_outbox.payload_json text null=NO default=None
+COLUMN notification_outbox.status text null=NO default=None
+COLUMN notification_outbox.attempts integer null=NO default=None
+COLUMN notification_outbox.due_at_ms bigint null=YES default=None
+COLUMN notification_outbox.lease_owner text null=YES default=None
+COLUMN notification_outbox.last_error text null=YES default=None
+COLUMN notification_outbox.created_at_ms bigint null=NO default=None
+COLUMN notification_outbox.updated_at_ms bigint null=NO default=None
+COLUMN notification_rules.id text null=NO default=None
+COLUMN notification_rules.project_id text null=NO default=None
+COLUMN notification_rules.channel_id text null=NO default=None
+COLUMN notification_rules.task_id text null=NO default=None
+COLUMN notification_rules.events text null=NO default=None
+COLUMN notification_rules.created_at_ms bigint null=NO default=None
 COLUMN principals.id text null=NO default=None
 COLUMN principals.name text null=NO default=None
 COLUMN principals.kind text null=NO default=None
@@ -145,6 +172,14 @@ COLUMN projects.version bigint null=NO default=None
 COLUMN projects.created_at_ms bigint null=NO default=None
 COLUMN ql3_clock.singleton boolean null=NO default=true
 COLUMN ql3_clock.offset_ms bigint null=NO default=0
+COLUMN retention_policies.project_id text null=NO default=None
+COLUMN retention_policies.keep_days integer null=YES default=None
+COLUMN retention_policies.runs_per_task integer null=YES default=None
+COLUMN retention_policies.log_bytes_per_run bigint null=YES default=None
+COLUMN retention_policies.log_cursor_ms bigint null=NO default=0
+COLUMN retention_policies.log_cursor_id text null=NO default=''::text
+COLUMN retention_policies.version integer null=NO default=None
+COLUMN retention_policies.updated_at_ms bigint null=NO default=None
 COLUMN role_bindings.principal_id text null=NO default=None
 COLUMN role_bindings.project_id text null=NO default=None
 COLUMN role_bindings.role text null=NO default=None
@@ -288,13 +323,23 @@ INDEX CREATE INDEX cancellation_dispatches_blocked ON public.cancellation_dispat
 INDEX CREATE INDEX cancellation_dispatches_due ON public.cancellation_dispatches USING btree (status, next_attempt_at_ms, run_id)
 INDEX CREATE UNIQUE INDEX cancellation_dispatches_pkey ON public.cancellation_dispatches USING btree (run_id)
 INDEX CREATE INDEX cancellation_dispatches_project ON public.cancellation_dispatches USING btree (project_id, status)
+INDEX CREATE UNIQUE INDEX notification_channels_pkey ON public.notification_channels USING btree (id)
+INDEX CREATE UNIQUE INDEX notification_channels_project_id_name_key ON public.notification_channels USING btree (project_id, name)
+INDEX CREATE UNIQUE INDEX notification_outbox_channel_id_outcome_key_key ON public.notification_outbox USING btree (channel_id, outcome_key)
+INDEX CREATE INDEX notification_outbox_due ON public.notification_outbox USING btree (due_at_ms, id) WHERE (due_at_ms IS NOT NULL)
+INDEX CREATE UNIQUE INDEX notification_outbox_pkey ON public.notification_outbox USING btree (id)
+INDEX CREATE INDEX notification_outbox_settled ON public.notification_outbox USING btree (project_id, updated_at_ms, id) WHERE (due_at_ms IS NULL)
+INDEX CREATE UNIQUE INDEX notification_rules_pkey ON public.notification_rules USING btree (id)
+INDEX CREATE INDEX notification_rules_project ON public.notification_rules USING btree (project_id, channel_id)
 INDEX CREATE UNIQUE INDEX principals_pkey ON public.principals USING btree (id)
 INDEX CREATE UNIQUE INDEX principals_token_digest_key ON public.principals USING btree (token_digest)
 INDEX CREATE UNIQUE INDEX projects_name_key ON public.projects USING btree (name)
 INDEX CREATE UNIQUE INDEX projects_pkey ON public.projects USING btree (id)
 INDEX CREATE UNIQUE INDEX ql3_clock_pkey ON public.ql3_clock USING btree (singleton)
+INDEX CREATE UNIQUE INDEX retention_policies_pkey ON public.retention_policies USING btree (project_id)
 INDEX CREATE UNIQUE INDEX role_bindings_pkey ON public.role_bindings USING btree (principal_id, project_id)
 INDEX CREATE INDEX run_attempts_deadline ON public.run_attempts USING btree (status, deadline_at_ms, id)
+INDEX CREATE INDEX run_attempts_finished ON public.run_attempts USING btree (finished_at_ms, id) WHERE (finished_at_ms IS NOT NULL)
 INDEX CREATE UNIQUE INDEX run_attempts_pkey ON public.run_attempts USING btree (id)
 INDEX CREATE UNIQUE INDEX run_attempts_run_id_attempt_key ON public.run_attempts USING btree (run_id, attempt)
 INDEX CREATE INDEX run_attempts_status ON public.run_attempts USING btree (status, created_at_ms)
@@ -307,6 +352,7 @@ INDEX CREATE INDEX run_leases_worker ON public.run_leases USING btree (worker_id
 INDEX CREATE INDEX run_retry_due ON public.run_retry_policies USING btree (next_retry_at_ms) WHERE (next_retry_at_ms IS NOT NULL)
 INDEX CREATE UNIQUE INDEX run_retry_policies_pkey ON public.run_retry_policies USING btree (run_id)
 INDEX CREATE INDEX runs_dispatch_candidates ON public.runs USING btree (priority DESC, queued_at_ms, id) WHERE ((status = 'queued'::text) AND (cancel_requested_at_ms IS NULL))
+INDEX CREATE INDEX runs_finished ON public.runs USING btree (finished_at_ms, id) WHERE (finished_at_ms IS NOT NULL)
 INDEX CREATE UNIQUE INDEX runs_idempotency ON public.runs USING btree (project_id, idempotency_key) WHERE (idempotency_key IS NOT NULL)
 INDEX CREATE INDEX runs_live_cancel_intent ON public.runs USING btree (cancel_requested_at_ms, id) WHERE ((cancel_requested_at_ms IS NOT NULL) AND (status = ANY (ARRAY['created'::text, 'queued'::text, 'dispatching'::text, 'running'::text, 'waiting_approval'::text, 'retry_wait'::text, 'lost'::text])))
 INDEX CREATE UNIQUE INDEX runs_pkey ON public.runs USING btree (id)
@@ -315,6 +361,7 @@ INDEX CREATE UNIQUE INDEX runs_project_id_id_key ON public.runs USING btree (pro
 INDEX CREATE INDEX runs_status ON public.runs USING btree (status, created_at_ms)
 INDEX CREATE INDEX runs_task_active ON public.runs USING btree (task_id, status)
 INDEX CREATE INDEX runs_task_created ON public.runs USING btree (task_id, created_at_ms)
+INDEX CREATE INDEX runs_task_outcome ON public.runs USING btree (task_id, status, finished_at_ms)
 INDEX CREATE UNIQUE INDEX server_keys_pkey ON public.server_keys USING btree (name)
 INDEX CREATE UNIQUE INDEX task_revisions_pkey ON public.task_revisions USING btree (task_id, revision)
 INDEX CREATE INDEX task_schedules_due ON public.task_schedules USING btree (next_fire_at_ms, task_id) WHERE (next_fire_at_ms IS NOT NULL)
@@ -454,6 +501,30 @@ CONSTRAINT cancellation_dispatches.cancellation_dispatches_pkey PRIMARY KEY (run
 CONSTRAINT cancellation_dispatches.cancellation_dispatches_project_id_run_id_fkey FOREIGN KEY (project_id, run_id) REFERENCES runs(project_id, id)
 CONSTRAINT cancellation_dispatches.cancellation_dispatches_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'leased'::text, 'retry_wait'::text, 'dispatched'::text, 'blocked'::text])))
 CONSTRAINT cancellation_dispatches.cancellation_dispatches_version_check CHECK ((version >= 0))
+CONSTRAINT notification_channels.notification_channels_check CHECK ((((kind = 'webhook'::text) AND (secret IS NOT NULL)) OR ((kind = 'apprise'::text) AND (secret IS NULL))))
+CONSTRAINT notification_channels.notification_channels_kind_check CHECK ((kind = ANY (ARRAY['webhook'::text, 'apprise'::text])))
+CONSTRAINT notification_channels.notification_channels_name_check CHECK (((length(name) >= 1) AND (length(name) <= 64)))
+CONSTRAINT notification_channels.notification_channels_pkey PRIMARY KEY (id)
+CONSTRAINT notification_channels.notification_channels_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT notification_channels.notification_channels_project_id_name_key UNIQUE (project_id, name)
+CONSTRAINT notification_channels.notification_channels_scheme_check CHECK (((length(scheme) >= 1) AND (length(scheme) <= 32)))
+CONSTRAINT notification_channels.notification_channels_secret_check CHECK (((secret IS NULL) OR ((length(secret) >= 16) AND (length(secret) <= 256))))
+CONSTRAINT notification_channels.notification_channels_target_check CHECK (((length(target) >= 1) AND (length(target) <= 2048)))
+CONSTRAINT notification_outbox.notification_outbox_attempts_check CHECK ((attempts >= 0))
+CONSTRAINT notification_outbox.notification_outbox_channel_id_outcome_key_key UNIQUE (channel_id, outcome_key)
+CONSTRAINT notification_outbox.notification_outbox_check CHECK (((status = ANY (ARRAY['pending'::text, 'leased'::text])) = (due_at_ms IS NOT NULL)))
+CONSTRAINT notification_outbox.notification_outbox_check1 CHECK (((status = 'leased'::text) = (lease_owner IS NOT NULL)))
+CONSTRAINT notification_outbox.notification_outbox_last_error_check CHECK (((last_error IS NULL) OR (length(last_error) <= 64)))
+CONSTRAINT notification_outbox.notification_outbox_lease_owner_check CHECK (((lease_owner IS NULL) OR ((length(lease_owner) >= 1) AND (length(lease_owner) <= 128))))
+CONSTRAINT notification_outbox.notification_outbox_outcome_key_check CHECK (((length(outcome_key) >= 1) AND (length(outcome_key) <= 256)))
+CONSTRAINT notification_outbox.notification_outbox_payload_json_check CHECK ((length(payload_json) <= 4096))
+CONSTRAINT notification_outbox.notification_outbox_pkey PRIMARY KEY (id)
+CONSTRAINT notification_outbox.notification_outbox_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT notification_outbox.notification_outbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'leased'::text, 'delivered'::text, 'dead'::text])))
+CONSTRAINT notification_rules.notification_rules_channel_id_fkey FOREIGN KEY (channel_id) REFERENCES notification_channels(id)
+CONSTRAINT notification_rules.notification_rules_events_check CHECK (((length(events) >= 1) AND (length(events) <= 256)))
+CONSTRAINT notification_rules.notification_rules_pkey PRIMARY KEY (id)
+CONSTRAINT notification_rules.notification_rules_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT principals.principals_is_owner_check CHECK ((is_owner = ANY (ARRAY[0, 1])))
 CONSTRAINT principals.principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'service'::text, 'worker'::text])))
 CONSTRAINT principals.principals_pkey PRIMARY KEY (id)
@@ -463,6 +534,12 @@ CONSTRAINT projects.projects_pkey PRIMARY KEY (id)
 CONSTRAINT projects.projects_version_check CHECK ((version >= 1))
 CONSTRAINT ql3_clock.ql3_clock_pkey PRIMARY KEY (singleton)
 CONSTRAINT ql3_clock.ql3_clock_singleton_check CHECK (singleton)
+CONSTRAINT retention_policies.retention_policies_keep_days_check CHECK (((keep_days IS NULL) OR ((keep_days >= 1) AND (keep_days <= 36500))))
+CONSTRAINT retention_policies.retention_policies_log_bytes_per_run_check CHECK (((log_bytes_per_run IS NULL) OR ((log_bytes_per_run >= 1024) AND (log_bytes_per_run <= '1099511627776'::bigint))))
+CONSTRAINT retention_policies.retention_policies_pkey PRIMARY KEY (project_id)
+CONSTRAINT retention_policies.retention_policies_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT retention_policies.retention_policies_runs_per_task_check CHECK (((runs_per_task IS NULL) OR ((runs_per_task >= 1) AND (runs_per_task <= 100000000))))
+CONSTRAINT retention_policies.retention_policies_version_check CHECK ((version >= 1))
 CONSTRAINT role_bindings.role_bindings_pkey PRIMARY KEY (principal_id, project_id)
 CONSTRAINT role_bindings.role_bindings_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES principals(id)
 CONSTRAINT role_bindings.role_bindings_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)

@@ -1,0 +1,482 @@
+"""Notifications: channels and rules, the transactional outbox, and the bounded delivery loop.
+
+An outcome (a run failing, a cancellation blocking, an approval being requested...) enqueues one outbox
+row per matching channel in the transaction that commits the outcome, keyed by a unique outcome key, so
+a crash can neither lose it nor enqueue it twice. The delivery loop claims due rows under a lease,
+sends outside any transaction, and settles with a fence on (owner, attempt count). See
+docs/notifications.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Final
+
+from ql3.application import auth
+from ql3.domain import notifications as rules
+from ql3.domain.errors import Conflict, NotFound, ValidationFailed
+from ql3.domain.ids import new_id
+from ql3.domain.model import Project, Run, Task
+from ql3.domain.notifications import ChannelTarget, DeliveryFailed, Message
+from ql3.domain.tasks import validate_name
+from ql3.ports.notifications import NotificationSender
+from ql3.ports.storage import Database, Row, Transaction
+
+log = logging.getLogger("ql3.notifications")
+CHANNEL: Final = "notifications"
+PAGE: Final = 8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelView:
+    """A channel as management surfaces show it: never its URL or secret."""
+
+    id: str
+    name: str
+    kind: str
+    scheme: str
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuleView:
+    id: str
+    channel: str
+    task: str | None
+    events: list[str]
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    id: str
+    channel_id: str
+    event: str
+    status: str
+    attempts: int
+    last_error: str | None
+    created_at_ms: int
+    updated_at_ms: int
+
+
+def _channel_view(row: Row) -> ChannelView:
+    return ChannelView(
+        id=row["id"],
+        name=row["name"],
+        kind=row["kind"],
+        scheme=row["scheme"],
+        created_at_ms=int(row["created_at_ms"]),
+    )
+
+
+def _delivery(row: Row) -> Delivery:
+    return Delivery(
+        id=row["id"],
+        channel_id=row["channel_id"],
+        event=row["event"],
+        status=row["status"],
+        attempts=int(row["attempts"]),
+        last_error=row["last_error"],
+        created_at_ms=int(row["created_at_ms"]),
+        updated_at_ms=int(row["updated_at_ms"]),
+    )
+
+
+# -- channels and rules (admin) --------------------------------------------------------------------
+
+
+def create_channel(
+    tx: Transaction, project: Project, *, name: str, kind: str, url: str, secret: str | None
+) -> ChannelView:
+    """Store a channel; its URL and secret are write-only from here on."""
+    validate_name(name, "channel name")
+    checked_kind, scheme = rules.validate_channel(kind, url, secret)
+    count = int((tx.one("notify_channel_count", {"project_id": project.id}) or {"n": 0})["n"])
+    if count >= rules.MAX_CHANNELS_PER_PROJECT:
+        raise ValidationFailed("too many channels in this project", limit=rules.MAX_CHANNELS_PER_PROJECT)
+    params = {
+        "id": new_id(),
+        "project_id": project.id,
+        "name": name,
+        "kind": checked_kind,
+        "target": url,
+        "secret": secret,
+        "scheme": scheme,
+        "now": tx.now_ms(),
+    }
+    if tx.run("notify_channel_insert", params) != 1:
+        raise Conflict("a channel with that name exists", code_hint="name_taken")
+    return get_channel(tx, project, name)
+
+
+def get_channel(tx: Transaction, project: Project, name: str) -> ChannelView:
+    row = tx.one("notify_channel_by_name", {"project_id": project.id, "name": name})
+    if row is None:
+        raise NotFound("channel not found")
+    return _channel_view(row)
+
+
+def list_channels(tx: Transaction, project: Project) -> list[ChannelView]:
+    return [_channel_view(r) for r in tx.all("notify_channel_list", {"project_id": project.id})]
+
+
+def delete_channel(tx: Transaction, project: Project, name: str) -> None:
+    """Remove a channel, its rules and its undelivered messages (delivered ones stay as history)."""
+    channel = get_channel(tx, project, name)
+    tx.run("notify_rules_delete_for_channel", {"channel_id": channel.id})
+    tx.run("notify_outbox_drop_unsent", {"channel_id": channel.id})
+    tx.run("notify_channel_delete", {"id": channel.id, "project_id": project.id})
+
+
+def _task_name(tx: Transaction, task_id: str) -> str | None:
+    row = tx.one("task_get_any", {"id": task_id})
+    return str(row["name"]) if row else None
+
+
+def create_rule(
+    tx: Transaction, project: Project, *, channel: str, task: Task | None, events: list[str] | None
+) -> RuleView:
+    """Route ``events`` of one task (or of every task when ``task`` is None) to ``channel``."""
+    found = get_channel(tx, project, channel)
+    events_csv = rules.validate_events(events)
+    count = int((tx.one("notify_rule_count", {"project_id": project.id}) or {"n": 0})["n"])
+    if count >= rules.MAX_RULES_PER_PROJECT:
+        raise ValidationFailed("too many rules in this project", limit=rules.MAX_RULES_PER_PROJECT)
+    rule_id = new_id()
+    now = tx.now_ms()
+    tx.run(
+        "notify_rule_insert",
+        {
+            "id": rule_id,
+            "project_id": project.id,
+            "channel_id": found.id,
+            "task_id": task.id if task else "",
+            "events": events_csv,
+            "now": now,
+        },
+    )
+    return RuleView(
+        id=rule_id,
+        channel=found.name,
+        task=task.name if task else None,
+        events=events_csv.split(","),
+        created_at_ms=now,
+    )
+
+
+def list_rules(tx: Transaction, project: Project) -> list[RuleView]:
+    names = {c.id: c.name for c in list_channels(tx, project)}
+    out: list[RuleView] = []
+    for row in tx.all("notify_rules_for_project", {"project_id": project.id}):
+        out.append(
+            RuleView(
+                id=row["id"],
+                channel=names.get(row["channel_id"], ""),
+                task=_task_name(tx, row["task_id"]) if row["task_id"] else None,
+                events=str(row["events"]).split(","),
+                created_at_ms=int(row["created_at_ms"]),
+            )
+        )
+    return out
+
+
+def delete_rule(tx: Transaction, project: Project, rule_id: str) -> None:
+    if (
+        not isinstance(rule_id, str)
+        or len(rule_id) > 64
+        or tx.run("notify_rule_delete", {"id": rule_id, "project_id": project.id}) != 1
+    ):
+        raise NotFound("rule not found")
+
+
+# -- the outbox: enqueued in the outcome's own transaction -------------------------------------------
+
+
+def _enqueue(
+    tx: Transaction,
+    *,
+    project_id: str,
+    task_id: str | None,
+    event: str,
+    outcome_key: str,
+    facts: dict[str, Any],
+    only_channel: str | None = None,
+) -> list[str]:
+    """Insert one pending row per matching channel; returns the ids of rows inserted now."""
+    if only_channel is not None:
+        channels = [only_channel]
+    else:
+        matched = [
+            r["channel_id"]
+            for r in tx.all("notify_rules_for_project", {"project_id": project_id})
+            if rules.rule_matches(str(r["events"]), str(r["task_id"]), event, task_id)
+        ]
+        channels = sorted(set(matched))
+    if not channels:
+        return []
+    project = auth.resolve_project(tx, project_id).name
+    task = _task_name(tx, task_id) if task_id else None
+    body = {"event": event, "project": project, "task": task, **facts}
+    inserted: list[str] = []
+    now = tx.now_ms()
+    for channel_id in channels:
+        row_id = new_id()
+        payload = {**body, "delivery_id": row_id, "at_ms": now}
+        params = {
+            "id": row_id,
+            "project_id": project_id,
+            "channel_id": channel_id,
+            "outcome_key": outcome_key,
+            "event": event,
+            "payload_json": json.dumps(payload, separators=(",", ":"), sort_keys=True),
+            "now": now,
+        }
+        if tx.run("notify_outbox_insert", params) == 1:
+            inserted.append(row_id)
+    if inserted:
+        tx.notify(CHANNEL)
+    return inserted
+
+
+def on_run_status(tx: Transaction, run: Run) -> None:
+    """Called by the one Run write path whenever a Run's status changes (``written`` is the new row)."""
+    if run.status not in rules.RUN_STATUS_EVENTS:
+        return
+    _enqueue(
+        tx,
+        project_id=run.project_id,
+        task_id=run.task_id,
+        event=run.status,
+        # The version makes each loss of a run its own outcome; a terminal status happens once anyway.
+        outcome_key=f"run:{run.id}:{run.status}:{run.version}",
+        facts={
+            "run_id": run.id,
+            "status": run.status,
+            "exit_code": run.exit_code,
+            "error_code": run.error_code,
+            "trigger": run.trigger_type,
+        },
+    )
+
+
+def on_cancellation_blocked(tx: Transaction, run: Run, dispatch_version: int) -> None:
+    """A cancellation could not prove the process's identity: someone has to look."""
+    _enqueue(
+        tx,
+        project_id=run.project_id,
+        task_id=run.task_id,
+        event="cancellation_blocked",
+        outcome_key=f"cancel:{run.id}:{dispatch_version}",
+        facts={"run_id": run.id, "status": run.status},
+    )
+
+
+def on_approval_requested(tx: Transaction, project_id: str, task_id: str, approval_id: str) -> None:
+    _enqueue(
+        tx,
+        project_id=project_id,
+        task_id=task_id,
+        event="approval_requested",
+        outcome_key=f"approval:{approval_id}",
+        facts={"approval_id": approval_id},
+    )
+
+
+def enqueue_test(tx: Transaction, project: Project, channel: str) -> Delivery:
+    """A test message to one channel, through the same outbox and loop as real outcomes."""
+    found = get_channel(tx, project, channel)
+    ids = _enqueue(
+        tx,
+        project_id=project.id,
+        task_id=None,
+        event="test",
+        outcome_key=f"test:{new_id()}",
+        facts={},
+        only_channel=found.id,
+    )
+    return get_delivery(tx, project, ids[0])
+
+
+def get_delivery(tx: Transaction, project: Project, delivery_id: str) -> Delivery:
+    row = (
+        tx.one("notify_outbox_get_in_project", {"id": delivery_id, "project_id": project.id})
+        if isinstance(delivery_id, str) and len(delivery_id) <= 64
+        else None
+    )
+    if row is None:
+        raise NotFound("delivery not found")
+    return _delivery(row)
+
+
+# -- delivery -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliveryBudget:
+    lease_ms: int = 60_000
+    max_attempts: int = 8
+    backoff_base_ms: int = 5_000
+    backoff_max_ms: int = 3_600_000
+    page: int = PAGE
+
+    def __post_init__(self) -> None:
+        if not (
+            1_000 <= self.lease_ms <= 600_000
+            and 1 <= self.max_attempts <= 64
+            and 1 <= self.backoff_base_ms <= self.backoff_max_ms <= 86_400_000
+            and 1 <= self.page <= 64
+        ):
+            raise ValidationFailed("invalid notification delivery budget")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Claimed:
+    id: str
+    attempts: int
+    target: ChannelTarget | None
+    message: Message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchReport:
+    claimed: int
+    delivered: int
+    retried: int
+    dead: int
+
+
+def _message(row: Row) -> Message:
+    body: dict[str, Any] = json.loads(row["payload_json"])
+    return Message(
+        delivery_id=row["id"],
+        event=row["event"],
+        title=rules.title_for(row["event"], str(body.get("project")), body.get("task")),
+        body=body,
+    )
+
+
+class NotificationDeliverer:
+    """Claims due outbox rows under a lease, sends each outside any transaction, settles with a fence.
+
+    A row whose lease expired (its deliverer crashed) is due again; the attempt count is the fence, so a
+    late settle of an old claim changes nothing. Rows that fail ``max_attempts`` times become ``dead``.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        sender: NotificationSender,
+        owner: str,
+        *,
+        budget: DeliveryBudget | None = None,
+        fault: Callable[[str], None] = lambda point: None,
+    ) -> None:
+        if not owner or len(owner) > 128:
+            raise ValidationFailed("invalid lease owner")
+        self._db = db
+        self._sender = sender
+        self._owner = owner
+        self._budget = budget or DeliveryBudget()
+        self._fault = fault
+
+    def claim(self, tx: Transaction) -> list[Claimed]:
+        """Lease up to one page of due rows (pending, or leased with an expired lease)."""
+        now = tx.now_ms()
+        out: list[Claimed] = []
+        for due in tx.all("notify_due_page", {"now": now, "limit": self._budget.page}):
+            attempts = int(due["attempts"])
+            claimed = tx.run(
+                "notify_outbox_claim",
+                {
+                    "id": due["id"],
+                    "expected_attempts": attempts,
+                    "owner": self._owner,
+                    "lease_expires_at_ms": now + self._budget.lease_ms,
+                    "now": now,
+                },
+            )
+            if claimed != 1:
+                continue
+            row = tx.one("notify_outbox_get", {"id": due["id"]}) or {}
+            target_row = tx.one("notify_channel_target", {"id": row["channel_id"]})
+            target = (
+                ChannelTarget(
+                    id=target_row["id"],
+                    kind=target_row["kind"],
+                    target=target_row["target"],
+                    secret=target_row["secret"],
+                )
+                if target_row
+                else None
+            )
+            out.append(Claimed(id=row["id"], attempts=attempts + 1, target=target, message=_message(row)))
+        return out
+
+    def settle(self, tx: Transaction, claimed: Claimed, error: str | None) -> str:
+        """Record one delivery result; returns the new status (or ``stale`` when the claim was lost)."""
+        now = tx.now_ms()
+        if error is None:
+            status, due = "delivered", None
+        elif claimed.attempts >= self._budget.max_attempts or claimed.target is None:
+            status, due = "dead", None
+        else:
+            status = "pending"
+            due = now + rules.backoff_ms(
+                claimed.attempts, self._budget.backoff_base_ms, self._budget.backoff_max_ms
+            )
+        count = tx.run(
+            "notify_outbox_settle",
+            {
+                "id": claimed.id,
+                "status": status,
+                "due_at_ms": due,
+                "last_error": error,
+                "now": now,
+                "owner": self._owner,
+                "expected_attempts": claimed.attempts,
+            },
+        )
+        return status if count == 1 else "stale"
+
+    def deliver_batch(self) -> BatchReport:
+        """One cycle: claim a page, send each message, settle each. Bounded by the page size."""
+        claimed = self._db.transaction(self.claim)
+        delivered = retried = dead = 0
+        for item in claimed:
+            self._fault("notify_before_send")
+            error: str | None = None
+            if item.target is None:
+                error = "channel_missing"
+            else:
+                try:
+                    self._sender.send(item.target, item.message)
+                except DeliveryFailed as exc:
+                    error = exc.reason
+            self._fault("notify_after_send")
+            status = self._db.transaction(partial(self.settle, claimed=item, error=error))
+            if status == "delivered":
+                delivered += 1
+            elif status == "dead":
+                dead += 1
+                log.warning(
+                    "notification dead after its last attempt",
+                    extra={"action": "notify.dead", "delivery_id": item.id, "error": error},
+                )
+            elif status == "pending":
+                retried += 1
+        return BatchReport(claimed=len(claimed), delivered=delivered, retried=retried, dead=dead)
+
+    def next_due_ms(self) -> int | None:
+        row = self._db.transaction(lambda tx: tx.one("notify_next_due"), write=False) or {}
+        due = row.get("due")
+        return int(due) if due is not None else None
+
+
+def new_webhook_secret() -> str:
+    """A fresh secret for a webhook channel when the caller does not bring one."""
+    return secrets.token_urlsafe(32)

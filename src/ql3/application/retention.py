@@ -1,0 +1,275 @@
+"""Retention: per-project policies and the bounded pruner of runs, their rows and their log files.
+
+Each step deletes at most one page of terminal runs (with their attempts, events, leases, retry and
+cancellation rows) in one short write transaction, so a prune never holds the write lock for long and
+other writers interleave between pages. Log files of a page are removed before its rows: a crash in
+between leaves rows whose logs are gone (the next step deletes them), never orphaned files.
+See docs/retention.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import partial
+from typing import Final
+
+from ql3.domain.errors import ValidationFailed
+from ql3.domain.model import Project
+from ql3.ports.logs import LogFiles
+from ql3.ports.storage import Database, Row, Transaction
+
+CHANNEL: Final = "retention"
+DAY_MS: Final = 86_400_000
+MAX_KEEP_DAYS: Final = 36_500
+MAX_RUNS_PER_TASK: Final = 100_000_000
+MIN_LOG_BYTES: Final = 1024
+MAX_LOG_BYTES: Final = 1 << 40
+OUTBOX_KEEP_MS: Final = 7 * DAY_MS
+DEFAULT_PAGE: Final = 200
+# Tables holding rows of a run, children first (foreign keys point at runs and attempts).
+_CHILD_DELETES: Final = (
+    "retention_delete_run_leases",
+    "retention_delete_cancellation_audit",
+    "retention_delete_cancellation_dispatches",
+    "retention_delete_run_retry_policies",
+    "retention_delete_run_events",
+    "retention_delete_run_attempts",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetentionPolicy:
+    project_id: str
+    keep_days: int | None
+    runs_per_task: int | None
+    log_bytes_per_run: int | None
+    version: int
+    updated_at_ms: int
+
+
+def _policy(row: Row) -> RetentionPolicy:
+    return RetentionPolicy(
+        project_id=row["project_id"],
+        keep_days=row["keep_days"],
+        runs_per_task=row["runs_per_task"],
+        log_bytes_per_run=row["log_bytes_per_run"],
+        version=int(row["version"]),
+        updated_at_ms=int(row["updated_at_ms"]),
+    )
+
+
+def _bounded(value: object, low: int, high: int, field: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or not low <= value <= high:
+        raise ValidationFailed(f"{field} must be between {low} and {high}", field=field)
+    return value
+
+
+def set_policy(
+    tx: Transaction,
+    project: Project,
+    *,
+    keep_days: int | None,
+    runs_per_task: int | None,
+    log_bytes_per_run: int | None,
+) -> RetentionPolicy:
+    """Replace the project's policy; None switches a limit off (all None keeps everything)."""
+    params = {
+        "project_id": project.id,
+        "keep_days": _bounded(keep_days, 1, MAX_KEEP_DAYS, "keep_days"),
+        "runs_per_task": _bounded(runs_per_task, 1, MAX_RUNS_PER_TASK, "runs_per_task"),
+        "log_bytes_per_run": _bounded(log_bytes_per_run, MIN_LOG_BYTES, MAX_LOG_BYTES, "log_bytes_per_run"),
+        "now": tx.now_ms(),
+    }
+    tx.run("retention_upsert", params)
+    found = get_policy(tx, project)
+    assert found is not None
+    return found
+
+
+def get_policy(tx: Transaction, project: Project) -> RetentionPolicy | None:
+    row = tx.one("retention_get", {"project_id": project.id})
+    return _policy(row) if row else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PruneReport:
+    runs_deleted: int = 0
+    log_bytes_freed: int = 0
+    logs_capped: int = 0
+    outbox_deleted: int = 0
+    more: bool = False
+
+
+class RetentionPruner:
+    """Applies every project's policy in bounded steps. ``prune_once`` is one loop cycle."""
+
+    def __init__(
+        self,
+        db: Database,
+        logs: LogFiles | None,
+        *,
+        page: int = DEFAULT_PAGE,
+        max_pages: int = 8,
+        max_projects: int = 64,
+        max_tasks: int = 256,
+    ) -> None:
+        if not (1 <= page <= 1000 and 1 <= max_pages <= 1000 and 1 <= max_projects <= 1000):
+            raise ValidationFailed("invalid retention budget")
+        self._db = db
+        self._logs = logs
+        self._page = page
+        self._max_pages = max_pages
+        self._max_projects = max_projects
+        self._max_tasks = max_tasks
+
+    # -- one page of runs ---------------------------------------------------------------------------
+
+    def delete_runs(self, run_ids: list[str]) -> tuple[int, int]:
+        """Remove the runs' log files, then their rows in one transaction; (runs deleted, bytes freed)."""
+        if not run_ids:
+            return 0, 0
+        ids = json.dumps(run_ids)
+        freed = 0
+        if self._logs is not None:
+            attempts = self._db.transaction(
+                lambda tx: [str(r["id"]) for r in tx.all("retention_attempt_ids", {"ids": ids})], write=False
+            )
+            for attempt_id in attempts:
+                freed += self._logs.remove(attempt_id)
+
+        def unit(tx: Transaction) -> int:
+            for query in _CHILD_DELETES:
+                tx.run(query, {"ids": ids})
+            return tx.run("retention_delete_runs", {"ids": ids})
+
+        return self._db.transaction(unit), freed
+
+    def _next_page(self, policy: RetentionPolicy) -> list[str]:
+        """The next page of runs this policy lets go (oldest first), or [] when within the policy."""
+
+        def unit(tx: Transaction) -> list[str]:
+            if policy.keep_days is not None:
+                before = tx.now_ms() - policy.keep_days * DAY_MS
+                found = tx.all(
+                    "retention_old_runs",
+                    {"project_id": policy.project_id, "before_ms": before, "limit": self._page},
+                )
+                if found:
+                    return [str(r["id"]) for r in found]
+            if policy.runs_per_task is None:
+                return []
+            after = ""
+            scanned = 0
+            while scanned < self._max_tasks:
+                tasks = tx.all(
+                    "retention_task_page", {"project_id": policy.project_id, "after": after, "limit": 64}
+                )
+                for task in tasks:
+                    boundary = tx.one(
+                        "retention_task_boundary", {"task_id": task["id"], "keep": policy.runs_per_task}
+                    )
+                    if boundary is not None:
+                        found = tx.all(
+                            "retention_task_runs_before",
+                            {
+                                "task_id": task["id"],
+                                "before_ms": boundary["created_at_ms"],
+                                "before_id": boundary["id"],
+                                "limit": self._page,
+                            },
+                        )
+                        if found:
+                            return [str(r["id"]) for r in found]
+                scanned += len(tasks)
+                if len(tasks) < 64:
+                    break
+                after = str(tasks[-1]["id"])
+            return []
+
+        return self._db.transaction(unit, write=False)
+
+    def _cap_logs(self, policy: RetentionPolicy, cursor: tuple[int, str]) -> tuple[int, int, bool]:
+        """Cap the logs of one page of attempts finished after the cursor; (capped, freed, more)."""
+        assert policy.log_bytes_per_run is not None and self._logs is not None
+        rows = self._db.transaction(
+            lambda tx: tx.all(
+                "retention_finished_attempts",
+                {
+                    "project_id": policy.project_id,
+                    "after_ms": cursor[0],
+                    "after_id": cursor[1],
+                    "limit": self._page,
+                },
+            ),
+            write=False,
+        )
+        capped = freed = 0
+        for row in rows:
+            cut = self._logs.cap(str(row["id"]), policy.log_bytes_per_run)
+            capped += 1 if cut else 0
+            freed += cut
+        if rows:
+            last = rows[-1]
+            self._db.transaction(
+                lambda tx: tx.run(
+                    "retention_log_cursor",
+                    {
+                        "project_id": policy.project_id,
+                        "cursor_ms": int(last["finished_at_ms"]),
+                        "cursor_id": str(last["id"]),
+                    },
+                )
+            )
+        return capped, freed, len(rows) == self._page
+
+    def _prune_outbox(self, tx: Transaction, *, project_id: str, keep_ms: int) -> int:
+        return tx.run(
+            "retention_outbox_prune",
+            {"project_id": project_id, "before_ms": tx.now_ms() - keep_ms, "limit": self._page},
+        )
+
+    # -- the cycle ------------------------------------------------------------------------------------
+
+    def prune_once(self) -> PruneReport:
+        """Up to ``max_pages`` pages of work across all policies; ``more`` when work was left over."""
+        policies = self._db.transaction(
+            lambda tx: [
+                (_policy(r), (int(r["log_cursor_ms"]), str(r["log_cursor_id"])))
+                for r in tx.all("retention_policy_page", {"after": "", "limit": self._max_projects})
+            ],
+            write=False,
+        )
+        pages = runs = freed = capped = outbox = 0
+        more = False
+        for policy, cursor in policies:
+            while pages < self._max_pages:
+                page = self._next_page(policy)
+                if not page:
+                    break
+                deleted, bytes_freed = self.delete_runs(page)
+                pages += 1
+                runs += deleted
+                freed += bytes_freed
+            else:
+                more = True
+            if pages >= self._max_pages:
+                more = True
+                break
+            if policy.log_bytes_per_run is not None and self._logs is not None:
+                n, cut, left = self._cap_logs(policy, cursor)
+                pages += 1
+                capped += n
+                freed += cut
+                more = more or left
+            keep_ms = min(OUTBOX_KEEP_MS, (policy.keep_days or 7) * DAY_MS)
+            pruned = self._db.transaction(
+                partial(self._prune_outbox, project_id=policy.project_id, keep_ms=keep_ms)
+            )
+            outbox += pruned
+            more = more or pruned >= self._page
+        return PruneReport(
+            runs_deleted=runs, log_bytes_freed=freed, logs_capped=capped, outbox_deleted=outbox, more=more
+        )

@@ -1,0 +1,145 @@
+"""Notification rules: which outcomes notify, channel validation, message shape, signing and backoff.
+
+Pure rules; the outbox, its delivery loop and the senders live in application and adapters
+(docs/notifications.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+from urllib.parse import urlsplit
+
+from ql3.domain.errors import Ql3Error, ValidationFailed
+
+ChannelKind = Literal["webhook", "apprise"]
+CHANNEL_KINDS: Final = ("webhook", "apprise")
+# Outcomes that can notify. ``succeeded`` is opt-in; the rest are the default set of a new rule.
+EVENTS: Final = (
+    "failed",
+    "timed_out",
+    "lost",
+    "cancellation_blocked",
+    "approval_requested",
+    "succeeded",
+    "test",
+)
+RULE_EVENTS: Final = frozenset(EVENTS) - {"test"}
+DEFAULT_EVENTS: Final = ("approval_requested", "cancellation_blocked", "failed", "lost", "timed_out")
+RUN_STATUS_EVENTS: Final = frozenset({"failed", "timed_out", "lost", "succeeded"})
+MAX_CHANNELS_PER_PROJECT: Final = 32
+MAX_RULES_PER_PROJECT: Final = 64
+MAX_TARGET_BYTES: Final = 2048
+MIN_SECRET_CHARS: Final = 16
+MAX_SECRET_CHARS: Final = 256
+SIGNATURE_HEADER: Final = "X-Ql3-Signature"
+DELIVERY_HEADER: Final = "X-Ql3-Delivery"
+EVENT_HEADER: Final = "X-Ql3-Event"
+_SCHEME_RE = re.compile(r"^[a-z][a-z0-9+.-]{0,31}$")
+_ERROR_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+class DeliveryFailed(Ql3Error):
+    """The notification could not be delivered."""
+
+    code = "notification_delivery_failed"
+    http_status = 502
+    retryable = True
+
+    def __init__(self, reason: str) -> None:
+        # ``reason`` is a short code (``http_500``, ``timeout``...): never a URL or a response body.
+        super().__init__(reason=reason if _ERROR_RE.match(reason) else "delivery_error")
+        self.reason = str(self.details["reason"])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelTarget:
+    """What a sender needs: held only by the delivery loop, never returned by an API."""
+
+    id: str
+    kind: ChannelKind
+    target: str
+    secret: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """One notification as delivered: an id receivers can deduplicate on, a title, a JSON body."""
+
+    delivery_id: str
+    event: str
+    title: str
+    body: dict[str, Any]
+
+    def json_bytes(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":"), sort_keys=True).encode()
+
+    def text(self) -> str:
+        facts = [f"{k}: {v}" for k, v in sorted(self.body.items()) if v is not None and k != "title"]
+        return "\n".join(facts)
+
+
+def validate_channel(kind: str, target: str, secret: str | None) -> tuple[ChannelKind, str]:
+    """Check a channel's kind, target URL and secret; return the kind and the URL scheme (showable)."""
+    if kind not in CHANNEL_KINDS:
+        raise ValidationFailed("invalid channel kind", field="kind", allowed=list(CHANNEL_KINDS))
+    if not isinstance(target, str) or not target or len(target.encode()) > MAX_TARGET_BYTES:
+        raise ValidationFailed("invalid channel url", field="url")
+    if any(ord(c) < 0x21 for c in target):
+        raise ValidationFailed("invalid channel url", field="url")
+    scheme = target.split("://", 1)[0].lower() if "://" in target else ""
+    if not _SCHEME_RE.match(scheme):
+        raise ValidationFailed("the channel url needs a scheme (https://, tgram://...)", field="url")
+    if kind == "webhook":
+        parts = urlsplit(target)
+        if scheme not in ("http", "https") or not parts.hostname:
+            raise ValidationFailed("a webhook url is http:// or https:// with a host", field="url")
+        if secret is None or not MIN_SECRET_CHARS <= len(secret) <= MAX_SECRET_CHARS or not secret.isascii():
+            raise ValidationFailed(
+                f"a webhook needs a secret of {MIN_SECRET_CHARS}-{MAX_SECRET_CHARS} ASCII characters",
+                field="secret",
+            )
+        return "webhook", scheme
+    if secret is not None:
+        raise ValidationFailed("only a webhook takes a secret (apprise urls carry their own)", field="secret")
+    return "apprise", scheme
+
+
+def validate_events(events: list[str] | None) -> str:
+    """A rule's events as a sorted comma-separated set (the stored form); None means the defaults."""
+    chosen = list(DEFAULT_EVENTS) if events is None else events
+    if not chosen or any(e not in RULE_EVENTS for e in chosen) or len(chosen) > len(RULE_EVENTS):
+        raise ValidationFailed("invalid events", field="events", allowed=sorted(RULE_EVENTS))
+    return ",".join(sorted(set(chosen)))
+
+
+def rule_matches(events_csv: str, rule_task_id: str, event: str, task_id: str | None) -> bool:
+    """A rule fires for ``event`` when it lists it and is project-wide or names this task."""
+    return event in events_csv.split(",") and (rule_task_id == "" or rule_task_id == task_id)
+
+
+def signature(secret: str, body: bytes) -> str:
+    """The webhook signature header value: ``sha256=<hex HMAC-SHA256 of the raw body>``."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def backoff_ms(attempts: int, base_ms: int, max_ms: int) -> int:
+    """Exponential backoff after the ``attempts``-th failed delivery (1-based), capped."""
+    return int(min(max_ms, base_ms * 2 ** max(0, min(attempts - 1, 30))))
+
+
+def title_for(event: str, project: str, task: str | None) -> str:
+    subject = f"{project}/{task}" if task else project
+    return {
+        "failed": f"ql3: {subject} failed",
+        "timed_out": f"ql3: {subject} timed out",
+        "lost": f"ql3: {subject} lost its worker",
+        "succeeded": f"ql3: {subject} succeeded",
+        "cancellation_blocked": f"ql3: cancelling a run of {subject} is blocked",
+        "approval_requested": f"ql3: {subject} waits for an approval",
+        "test": f"ql3: test notification for {subject}",
+    }[event]

@@ -1,0 +1,1 @@
+"""Notification senders (adapters): a signed webhook and apprise. Wired by bootstrap only."""

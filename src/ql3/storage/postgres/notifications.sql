@@ -1,0 +1,5 @@
+-- PostgreSQL: replicas claim disjoint pages.
+
+-- name: notify_due_page
+SELECT id, attempts FROM notification_outbox WHERE due_at_ms IS NOT NULL AND due_at_ms <= :now
+ORDER BY due_at_ms, id LIMIT :limit FOR UPDATE SKIP LOCKED

@@ -1,0 +1,25 @@
+-- PostgreSQL: a page of run ids arrives as one JSON array.
+
+-- name: retention_attempt_ids
+SELECT id FROM run_attempts WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))) ORDER BY id LIMIT 10000
+
+-- name: retention_delete_run_leases
+DELETE FROM run_leases WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))
+
+-- name: retention_delete_cancellation_audit
+DELETE FROM cancellation_audit WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))
+
+-- name: retention_delete_cancellation_dispatches
+DELETE FROM cancellation_dispatches WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))
+
+-- name: retention_delete_run_retry_policies
+DELETE FROM run_retry_policies WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))
+
+-- name: retention_delete_run_events
+DELETE FROM run_events WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))
+
+-- name: retention_delete_run_attempts
+DELETE FROM run_attempts WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))
+
+-- name: retention_delete_runs
+DELETE FROM runs WHERE id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))) AND status IN ('succeeded', 'failed', 'cancelled', 'timed_out')

@@ -1,0 +1,72 @@
+-- Notification channels, rules and the transactional outbox (docs/notifications.md).
+-- Only notify_channel_target (read by the delivery loop) selects a channel's target or secret.
+
+-- name: notify_channel_insert
+INSERT INTO notification_channels (id, project_id, name, kind, target, secret, scheme, created_at_ms)
+VALUES (:id, :project_id, :name, :kind, :target, :secret, :scheme, :now)
+ON CONFLICT DO NOTHING
+
+-- name: notify_channel_count
+SELECT count(*) AS n FROM notification_channels WHERE project_id = :project_id
+
+-- name: notify_channel_list
+SELECT id, project_id, name, kind, scheme, created_at_ms FROM notification_channels
+WHERE project_id = :project_id ORDER BY name LIMIT 64
+
+-- name: notify_channel_by_name
+SELECT id, project_id, name, kind, scheme, created_at_ms FROM notification_channels
+WHERE project_id = :project_id AND name = :name
+
+-- name: notify_channel_target
+SELECT id, kind, target, secret FROM notification_channels WHERE id = :id
+
+-- name: notify_channel_delete
+DELETE FROM notification_channels WHERE id = :id AND project_id = :project_id
+
+-- name: notify_rules_delete_for_channel
+DELETE FROM notification_rules WHERE channel_id = :channel_id
+
+-- name: notify_outbox_drop_unsent
+DELETE FROM notification_outbox WHERE channel_id = :channel_id AND status IN ('pending', 'leased')
+
+-- name: notify_rule_insert
+INSERT INTO notification_rules (id, project_id, channel_id, task_id, events, created_at_ms)
+VALUES (:id, :project_id, :channel_id, :task_id, :events, :now)
+
+-- name: notify_rule_count
+SELECT count(*) AS n FROM notification_rules WHERE project_id = :project_id
+
+-- name: notify_rules_for_project
+SELECT id, project_id, channel_id, task_id, events, created_at_ms FROM notification_rules
+WHERE project_id = :project_id ORDER BY created_at_ms, id LIMIT 64
+
+-- name: notify_rule_delete
+DELETE FROM notification_rules WHERE id = :id AND project_id = :project_id
+
+-- name: notify_outbox_insert
+INSERT INTO notification_outbox (id, project_id, channel_id, outcome_key, event, payload_json, status, attempts,
+  due_at_ms, created_at_ms, updated_at_ms)
+VALUES (:id, :project_id, :channel_id, :outcome_key, :event, :payload_json, 'pending', 0, :now, :now, :now)
+ON CONFLICT (channel_id, outcome_key) DO NOTHING
+
+-- name: notify_outbox_get
+SELECT * FROM notification_outbox WHERE id = :id
+
+-- name: notify_outbox_get_in_project
+SELECT * FROM notification_outbox WHERE id = :id AND project_id = :project_id
+
+-- name: notify_outbox_claim
+UPDATE notification_outbox SET status = 'leased', attempts = attempts + 1, due_at_ms = :lease_expires_at_ms,
+  lease_owner = :owner, updated_at_ms = :now
+WHERE id = :id AND attempts = :expected_attempts AND status IN ('pending', 'leased') AND due_at_ms <= :now
+
+-- name: notify_outbox_settle
+UPDATE notification_outbox SET status = :status, due_at_ms = :due_at_ms, lease_owner = NULL,
+  last_error = :last_error, updated_at_ms = :now
+WHERE id = :id AND status = 'leased' AND lease_owner = :owner AND attempts = :expected_attempts
+
+-- name: notify_next_due
+SELECT min(due_at_ms) AS due FROM notification_outbox WHERE due_at_ms IS NOT NULL
+
+-- name: notify_outbox_counts
+SELECT status, count(*) AS n FROM notification_outbox GROUP BY status
