@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ql3.application.auth import IssuedToken
+from ql3.application.run_queries import RunRow, trigger_of
 from ql3.application.tasks import TaskView
 from ql3.domain.model import Project, Run, RunEvent
 from ql3.domain.tasks import public_spec
@@ -64,6 +65,7 @@ class TaskEdit(TaskSpecFields):
 class RunCreate(Body):
     idempotency_key: str | None = None
     priority: int = 0
+    rerun_of: str | None = None  # an earlier run of the same task this one repeats (trigger "retry")
 
 
 class ProjectCreate(Body):
@@ -106,6 +108,10 @@ class TaskOut(BaseModel):
     executor: str
     misfire: str
     next_fire_at_ms: int | None
+    # Shown only to roles that may edit the task or decide its approvals (docs/console.md).
+    command_visible: bool = False
+    command: str | None = None
+    cwd: str | None = None
 
 
 class TaskPage(BaseModel):
@@ -132,6 +138,9 @@ class RunOut(BaseModel):
     error_code: str | None
     cancel_requested_at_ms: int | None
     cancel_reason: str | None
+    task_name: str | None = None
+    trigger: str = "manual"  # manual | cron | approval | retry (a re-run of an earlier run)
+    attempt: int | None = None  # the latest attempt's number; null before the first claim
 
 
 class RunPage(BaseModel):
@@ -224,8 +233,12 @@ class ErrorOut(BaseModel):
 # -- mapping --------------------------------------------------------------------------------------
 
 
-def task_out(view: TaskView) -> TaskOut:
+def task_out(view: TaskView, *, reveal: bool = False) -> TaskOut:
+    """``reveal`` adds the command and working directory, for roles allowed to see them."""
     task = view.task
+    secret: dict[str, Any] = (
+        {"command_visible": True, "command": view.spec.command, "cwd": view.spec.cwd} if reveal else {}
+    )
     return TaskOut(
         id=task.id,
         project_id=task.project_id,
@@ -237,10 +250,13 @@ def task_out(view: TaskView) -> TaskOut:
         updated_at_ms=task.updated_at_ms,
         next_fire_at_ms=view.next_fire_at_ms,
         **public_spec(view.spec),
+        **secret,
     )
 
 
-def run_out(run: Run) -> RunOut:
+def run_out(
+    run: Run, *, task_name: str | None = None, trigger: str | None = None, attempt: int | None = None
+) -> RunOut:
     return RunOut(
         id=run.id,
         project_id=run.project_id,
@@ -260,7 +276,14 @@ def run_out(run: Run) -> RunOut:
         error_code=run.error_code,
         cancel_requested_at_ms=run.cancel_requested_at_ms,
         cancel_reason=run.cancel_reason,
+        task_name=task_name,
+        trigger=trigger or trigger_of(run),
+        attempt=attempt,
     )
+
+
+def run_row_out(row: RunRow) -> RunOut:
+    return run_out(row.run, task_name=row.task_name, trigger=row.trigger, attempt=row.attempt)
 
 
 def event_out(event: RunEvent) -> EventOut:
