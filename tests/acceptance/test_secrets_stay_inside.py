@@ -34,7 +34,9 @@ def test_planted_secrets_appear_nowhere_outside_their_home(serve: Server) -> Non
     run = json.loads(done.stdout)
     assert run["status"] == "failed"
     token = serve.credentials()["token"]
-    headers = {"Authorization": f"Bearer {token}"}
+    # a viewer: the role that never sees a command (editors and approvers do, docs/console.md)
+    viewer = serve.cli_json("token", "create", "--role", "viewer", "--name", "looker")["token"]
+    headers = {"Authorization": f"Bearer {viewer}"}
 
     # When every read surface is collected
     bodies: list[str] = []

@@ -1,8 +1,10 @@
-"""Commands, env values and working directories never leave the server: not in responses, not in
-errors, not in logs (architecture.md section 7)."""
+"""Env values never leave the server; commands and working directories only reach the roles that may
+see them (docs/console.md), and only in a task's ``command``/``cwd`` fields: never in errors, run
+bodies or logs (architecture.md section 7)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -20,8 +22,17 @@ def _planted(n: int) -> dict[str, Any]:
     }
 
 
+def _without_shown_fields(body: Any) -> Any:
+    """The body minus a task's ``command`` and ``cwd``, the only places an editor may see them."""
+    if isinstance(body, dict):
+        return {k: _without_shown_fields(v) for k, v in body.items() if k not in {"command", "cwd"}}
+    if isinstance(body, list):
+        return [_without_shown_fields(v) for v in body]
+    return body
+
+
 def test_no_response_or_log_line_carries_the_command_env_or_cwd(
-    client: Any, owner: Any, caplog: pytest.LogCaptureFixture
+    client: Any, owner: Any, make_token: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     responses: list[Any] = []
@@ -64,12 +75,23 @@ def test_no_response_or_log_line_carries_the_command_env_or_cwd(
     )
     call("POST", TASKS, content=b'{"command": "' + CANARY.encode() * 20000 + b'"}')
 
-    # Then the canary appears in no response (status line, headers, body) and no log record
+    # ...and every read again as a viewer
+    viewer = make_token("viewer", name="looker")
+    for path in (TASKS, f"{TASKS}/secretive", f"{TASKS}/secretive/revisions"):
+        call("GET", path, headers=viewer)
+
+    # Then the canary appears in no response (status line, headers, body) and no log record, except an
+    # editor's view of the task's own command and cwd fields
     assert [r.status_code for r in responses[:13]] == [201] + [200] * 6 + [201] + [200] * 5
-    assert all(r.status_code >= 400 for r in responses[13:])
+    assert all(r.status_code >= 400 for r in responses[13:-3])
+    assert [r.status_code for r in responses[-3:]] == [200] * 3
     for resp in responses:
-        assert CANARY not in resp.text, resp.request.url
+        shown = resp.json() if resp.status_code < 400 and resp.content else None
+        text = json.dumps(_without_shown_fields(shown)) if shown is not None else resp.text
+        assert CANARY not in text, resp.request.url
         assert CANARY not in str(resp.headers)
+    for resp in responses[-3:]:
+        assert CANARY not in resp.text, resp.request.url  # a viewer sees no command at all
     assert CANARY not in caplog.text
 
 

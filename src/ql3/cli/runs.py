@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
+from ql3.application import run_queries
 from ql3.cli import approvals, human, output, refs, watch
 from ql3.cli.client import ApiClient, seg
 from ql3.cli.common import (
@@ -133,8 +136,48 @@ def _outcome(run: dict[str, Any]) -> None:
     output.note(f"run {run['id']} {run['status']}" + (f" ({', '.join(detail)})" if detail else ""))
 
 
+_AGO_RE = re.compile(r"^(\d{1,9})([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _moment(text: str) -> int:
+    """``24h`` / ``30m`` / ``7d`` ago, an ISO 8601 time (UTC unless it has an offset) or epoch ms."""
+    if text.strip().isdigit():  # epoch ms, as the "more:" hint prints it
+        return int(text.strip())
+    ago = _AGO_RE.match(text.strip())
+    if ago:
+        now_ms = int(datetime.now(tz=UTC).timestamp() * 1000)
+        return max(0, now_ms - int(ago.group(1)) * _UNIT_S[ago.group(2)] * 1000)
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a duration ago (24h, 30m, 7d) or an ISO 8601 time: {text!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return max(0, int(moment.timestamp() * 1000))
+
+
+def _statuses(text: str) -> str:
+    parts = [p.strip() for p in text.split(",")]
+    unknown = [p for p in parts if p not in run_queries.RUN_STATUSES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown status {unknown[0]!r} (one of {', '.join(run_queries.RUN_STATUSES)})"
+        )
+    return ",".join(parts)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    params = {"task": args.task, "cursor": args.cursor, "limit": args.limit}
+    filters = {
+        "task": args.task,
+        "status": args.status,
+        "trigger": args.trigger,
+        "since": args.since,
+        "until": args.until,
+    }
+    params = {**filters, "cursor": args.cursor, "limit": args.limit}
     with ApiClient.from_environment() as api:
         _, page = api.call("GET", _base(args), params=params)
     if wants_json(args):
@@ -163,6 +206,7 @@ def print_runs(args: argparse.Namespace, page: dict[str, Any]) -> None:
                 r["task_revision"],
                 r["status"],
                 r.get("trigger") or r.get("trigger_type"),
+                r.get("attempt"),
                 human.when(r["created_at_ms"], utc, label=False),
                 human.run_duration(r),
                 r.get("exit_code"),
@@ -170,7 +214,17 @@ def print_runs(args: argparse.Namespace, page: dict[str, Any]) -> None:
             for r in items
         ]
     output.table(
-        ("ID", "TASK", "REV", "STATUS", "TRIGGER", f"CREATED ({human.zone_label(utc)})", "DURATION", "EXIT"),
+        (
+            "ID",
+            "TASK",
+            "REV",
+            "STATUS",
+            "TRIGGER",
+            "ATTEMPT",
+            f"CREATED ({human.zone_label(utc)})",
+            "DURATION",
+            "EXIT",
+        ),
         rows,
         status_column=3,
         elastic=(1,),
@@ -273,6 +327,16 @@ def register(subparsers: Subparsers) -> None:
     lst.set_defaults(refs={"task": "task"})
     quiet_flag(lst)
     lst.add_argument("--task", metavar="T", help="only runs of this task (name or id)")
+    lst.add_argument(
+        "--status", type=_statuses, metavar="S[,S]", help="only these statuses, e.g. failed,timed_out"
+    )
+    lst.add_argument(
+        "--trigger", choices=run_queries.TRIGGERS, help="only runs started this way (retry: a re-run)"
+    )
+    lst.add_argument(
+        "--since", type=_moment, metavar="WHEN", help="created at or after: 24h, 30m, 7d ago or ISO 8601"
+    )
+    lst.add_argument("--until", type=_moment, metavar="WHEN", help="created before (same forms)")
     lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
     lst.add_argument("--limit", type=positive_int, default=50, metavar="N", help="page size, at most 100")
 

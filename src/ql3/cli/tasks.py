@@ -272,7 +272,9 @@ def register(subparsers: Subparsers) -> None:
     lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
     lst.add_argument("--limit", type=positive_int, default=200, metavar="N", help="page size, at most 200")
 
-    show = add_command(actions, "show", cmd_show, "show one task (never its command or env values)", proj)
+    show = add_command(
+        actions, "show", cmd_show, "show one task (never env values; --json: the command for editors)", proj
+    )
     show.add_argument("task", metavar="TASK", help="name or id")
     show.set_defaults(refs={"task": "task"})
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ql3.application.auth import IssuedToken
+from ql3.application.run_queries import RunRow, trigger_of
 from ql3.application.tasks import TaskView
 from ql3.domain.model import Project, Run, RunEvent
 from ql3.domain.tasks import public_spec
@@ -95,6 +96,7 @@ class TaskEdit(TaskSpecFields):
 class RunCreate(Body):
     idempotency_key: str | None = None
     priority: int = 0
+    rerun_of: str | None = None  # an earlier run of the same task this one repeats (trigger "retry")
 
 
 class ProjectCreate(Body):
@@ -143,6 +145,10 @@ class TaskOut(BaseModel):
     executor: str
     misfire: str
     next_fire_at_ms: int | None
+    # Shown only to roles that may edit the task or decide its approvals (docs/console.md).
+    command_visible: bool = False
+    command: str | None = None
+    cwd: str | None = None
 
 
 class TaskPage(BaseModel):
@@ -169,6 +175,9 @@ class RunOut(BaseModel):
     error_code: str | None
     cancel_requested_at_ms: int | None
     cancel_reason: str | None
+    task_name: str | None = None
+    trigger: str = "manual"  # manual | cron | approval | retry (a re-run of an earlier run)
+    attempt: int | None = None  # the latest attempt's number; null before the first claim
 
 
 class RunPage(BaseModel):
@@ -262,8 +271,12 @@ class ErrorOut(BaseModel):
 # -- mapping --------------------------------------------------------------------------------------
 
 
-def task_out(view: TaskView) -> TaskOut:
+def task_out(view: TaskView, *, reveal: bool = False) -> TaskOut:
+    """``reveal`` adds the command and working directory, for roles allowed to see them."""
     task = view.task
+    secret: dict[str, Any] = (
+        {"command_visible": True, "command": view.spec.command, "cwd": view.spec.cwd} if reveal else {}
+    )
     return TaskOut(
         id=task.id,
         project_id=task.project_id,
@@ -275,10 +288,13 @@ def task_out(view: TaskView) -> TaskOut:
         updated_at_ms=task.updated_at_ms,
         next_fire_at_ms=view.next_fire_at_ms,
         **public_spec(view.spec),
+        **secret,
     )
 
 
-def run_out(run: Run) -> RunOut:
+def run_out(
+    run: Run, *, task_name: str | None = None, trigger: str | None = None, attempt: int | None = None
+) -> RunOut:
     return RunOut(
         id=run.id,
         project_id=run.project_id,
@@ -298,7 +314,14 @@ def run_out(run: Run) -> RunOut:
         error_code=run.error_code,
         cancel_requested_at_ms=run.cancel_requested_at_ms,
         cancel_reason=run.cancel_reason,
+        task_name=task_name,
+        trigger=trigger or trigger_of(run),
+        attempt=attempt,
     )
+
+
+def run_row_out(row: RunRow) -> RunOut:
+    return run_out(row.run, task_name=row.task_name, trigger=row.trigger, attempt=row.attempt)
 
 
 def event_out(event: RunEvent) -> EventOut:

@@ -1,53 +1,252 @@
 "use strict";
-// ql3 console: tasks, runs (with a live log and cancel), approvals, workers and the cancellation card.
-// Every value from the API reaches the page through textContent or a form value, never as markup.
+// ql3 console: hash-routed pages (overview, tasks, runs, approvals, workers, tokens) over /api/v1.
+// Every value from the API reaches the page through textContent, an attribute or a form value, never
+// as markup; log text is parsed for ANSI colours into text nodes inside spans with fixed class names.
 (function () {
-  const $ = (id) => document.getElementById(id);
-  const store = window.sessionStorage;
+  const session = window.sessionStorage;
+  const prefs = window.localStorage;
   const TOKEN_KEY = "ql3.token";
   const PROJECT_KEY = "ql3.project";
+  const ME_KEY = "ql3.me"; // the principal id, learned from whoami or from our own requests
   const TERMINAL = new Set(["succeeded", "failed", "cancelled", "timed_out"]);
-  const REASON_RE = /^[a-z][a-z0-9_]{0,63}$/;
+  const STATUSES = ["created", "queued", "dispatching", "running", "waiting_approval", "retry_wait", "lost",
+    "succeeded", "failed", "cancelled", "timed_out"];
+  const TRIGGERS = ["manual", "cron", "approval", "retry"];
+  const REJECT_REASONS = ["not_expected", "wrong_revision", "bad_timing", "needs_review", "other"];
+  const RANGES = { "1h": 3600e3, "24h": 86400e3, "7d": 7 * 86400e3 };
+  const PERMS = {
+    viewer: ["run.read", "task.read", "worker.read"],
+    operator: ["run.read", "task.read", "worker.read", "run.create", "run.stop", "task.write"],
+    approver: ["run.read", "task.read", "worker.read", "approval.decide"],
+    admin: ["run.read", "task.read", "worker.read", "run.create", "run.stop", "task.write", "approval.decide",
+      "token.create", "worker.manage", "project.admin"],
+  };
+  const REFRESH_MS = 5000;
+  const LOG_POLL_MS = 1000;
   const LOG_PAGE = 65536;
   const MAX_LOG_CHARS = 1048576; // the log view keeps the last 1 MiB of text
-  const REFRESH_MS = 5000;
-  const taskNames = new Map();
-  let runsCursor = null; // next_cursor of the runs list
-  let runsExtended = false; // older runs were loaded: the periodic refresh leaves the list alone
-  let blockedCursor = null;
-  let currentRun = null; // the run shown in the detail view
-  let follow = null; // { runId, attempt, offset, timer, stopped }
+  const MAX_REFRESH_PAGES = 5;
 
+  // --- labels: English and Chinese ------------------------------------------------------------------
+  const I18N = {
+    en: {
+      menu: "Menu", nav_overview: "Overview", nav_tasks: "Tasks", nav_runs: "Runs", nav_approvals: "Approvals",
+      nav_workers: "Workers", nav_tokens: "Tokens", project: "Project", sign_out: "Sign out", keep: "Keep",
+      offline: "The server is unreachable; what you see may be stale.",
+      sign_in: "Sign in", token: "Token", sign_in_hint: "Paste a bearer token. The owner's token is in $QL3_HOME/credentials; `ql3 token create` makes more.",
+      signed_in_as: "Signed in as {name} ({role})", signed_in_role: "Signed in ({role})",
+      running_now: "Running now", failed_24h: "Failed or timed out, last 24 h", next_fires: "Next cron fires",
+      pending_approvals: "Pending approvals", capacity: "Worker capacity", slots_busy: "{busy} of {slots} slots busy, {online} online",
+      health: "Cancellation health", health_wait: "Cancellations are in progress; they converge on their own.",
+      health_inspect: "Some cancellations are blocked: inspect them with `ql3 run blocked`.",
+      nothing_running: "Nothing is running.", no_failures: "No failures in the last 24 hours.",
+      no_cron: "No task has a schedule.", no_pending: "Nothing waits for approval.", no_workers: "No worker is registered.",
+      new_task: "New task", name: "Name", revision: "Revision", enabled: "Enabled", disabled: "Disabled",
+      cron: "Cron", next_fire: "Next fire", approval: "Approval", actions: "Actions", run_now: "Run now",
+      enable: "Enable", disable: "Disable", edit: "Edit", clone: "Clone", delete: "Delete", no_tasks: "No tasks yet.",
+      command: "Command", command_hidden: "Hidden for your role (editors and approvers see it).",
+      cwd: "Working directory", cwd_default: "default", cwd_set: "set (hidden for your role)",
+      env_keys: "Env keys", timeout: "Timeout", grace: "Grace", placement: "Placement", overlap: "Overlap",
+      misfire: "Misfire", max_attempts: "Max attempts", none: "none", revisions: "Revisions", run_history: "Run history",
+      first_revision: "first revision", no_change: "no change", save: "Save", create: "Create", cancel_edit: "Back",
+      env_lines: "Env (KEY=VALUE per line)", env_keep: "Leave empty to keep the current env ({keys}); lines replace it.",
+      require: "Require labels (k=v, comma-separated)", timeout_s: "Timeout (s)", grace_s: "Grace (s)",
+      delete_confirm: "Delete task {name}? Its runs stay.", deleted: "Task {name} deleted.",
+      created_task: "Task {name} created.", published: "Revision {rev} published: {changes}.", unchanged: "Nothing changed.",
+      run: "Run", task: "Task", status: "Status", trigger: "Trigger", attempt: "Attempt", created: "Created",
+      started: "Started", finished: "Finished", duration: "Duration", exit: "Exit", any: "any",
+      time_range: "Time", since: "Since", until: "Until", custom: "custom", last: "last {range}",
+      failed_or_timed_out: "failed or timed out", older: "Older runs", no_runs: "No runs match.",
+      waiting: "waiting: {reason}", cancel_run: "Cancel run", rerun: "Re-run", download: "Download log",
+      cancel_confirm: "Cancel run {id} of {task}? Its processes get TERM, then KILL after the grace period.",
+      cancel_yes: "Cancel run", cancel_requested: "Cancel requested for run {id}.", timeline: "Timeline", log: "Log",
+      search: "Search the log", matches: "{n} matches", prev: "Previous", next: "Next", pause: "Pause follow",
+      resume: "Follow", jump_end: "Jump to end", log_empty: "(no output yet)", log_done: "The run has ended.",
+      following: "Following the log…", error_code: "Error", cancel_reason: "Cancel reason", priority: "Priority",
+      started_run: "Run {id} of {task} queued.", approval_requested: "Approval requested for {task}; an approver decides.",
+      requested_by: "Requested by", requested: "Requested", expires: "Expires", state: "State", you: "you",
+      approve: "Approve", reject: "Reject", reason: "Reason", free_text: "Details (optional)", what_runs: "What will run",
+      own_request: "Your own request: another approver decides.", decided: "Recent decisions", approved: "Approved.",
+      rejected: "Rejected.", no_approvals: "No approval requests.", diff_prev: "Changes from the previous revision",
+      worker: "Worker", slots: "Slots", labels: "Labels", executors: "Executors", heartbeat: "Heartbeat", drain: "Drain",
+      drain_confirm: "Drain worker {id}? It takes no new runs; running ones go on.", drained: "Worker {id} is draining.",
+      tokens_missing: "Token management is not available on this server (it needs GET …/tokens).",
+      role: "Role", expires_at: "Expires", last_used: "Last used", revoked: "revoked", revoke: "Revoke", active: "active",
+      revoke_confirm: "Revoke token {name}? Requests with it fail at once.", no_tokens: "No tokens.",
+      new_token: "New token", token_shown_once: "The token, shown once:", never: "never", admin_only: "Only admins manage tokens.",
+      not_found: "Not found.", loading: "Loading…", page_missing: "No such page.",
+    },
+    zh: {
+      menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
+      nav_workers: "工作节点", nav_tokens: "令牌", project: "项目", sign_out: "退出", keep: "保留",
+      offline: "无法连接服务器；页面内容可能已过时。",
+      sign_in: "登录", token: "令牌", sign_in_hint: "粘贴访问令牌。所有者令牌在 $QL3_HOME/credentials；用 `ql3 token create` 创建更多。",
+      signed_in_as: "已登录：{name}（{role}）", signed_in_role: "已登录（{role}）",
+      running_now: "正在运行", failed_24h: "最近 24 小时失败或超时", next_fires: "即将触发的定时任务",
+      pending_approvals: "待审批", capacity: "工作节点容量", slots_busy: "{slots} 个槽位中 {busy} 个占用，{online} 个在线",
+      health: "取消状态", health_wait: "取消正在进行，会自行完成。", health_inspect: "有取消被阻塞：请用 `ql3 run blocked` 检查。",
+      nothing_running: "没有正在运行的任务。", no_failures: "最近 24 小时没有失败。", no_cron: "没有定时任务。",
+      no_pending: "没有待审批的请求。", no_workers: "没有注册的工作节点。",
+      new_task: "新建任务", name: "名称", revision: "版本", enabled: "已启用", disabled: "已禁用", cron: "定时",
+      next_fire: "下次触发", approval: "审批", actions: "操作", run_now: "立即运行", enable: "启用", disable: "禁用",
+      edit: "编辑", clone: "复制", delete: "删除", no_tasks: "还没有任务。", command: "命令",
+      command_hidden: "你的角色无权查看（编辑者和审批者可见）。", cwd: "工作目录", cwd_default: "默认", cwd_set: "已设置（你的角色不可见）",
+      env_keys: "环境变量名", timeout: "超时", grace: "宽限期", placement: "调度约束", overlap: "重叠策略",
+      misfire: "错过触发", max_attempts: "最大尝试次数", none: "无", revisions: "版本历史", run_history: "运行历史",
+      first_revision: "首个版本", no_change: "无变化", save: "保存", create: "创建", cancel_edit: "返回",
+      env_lines: "环境变量（每行 KEY=VALUE）", env_keep: "留空则保留当前环境变量（{keys}）；填写则整体替换。",
+      require: "要求标签（k=v，逗号分隔）", timeout_s: "超时（秒）", grace_s: "宽限期（秒）",
+      delete_confirm: "删除任务 {name}？其运行记录会保留。", deleted: "任务 {name} 已删除。", created_task: "任务 {name} 已创建。",
+      published: "已发布版本 {rev}：{changes}。", unchanged: "没有变化。",
+      run: "运行", task: "任务", status: "状态", trigger: "触发方式", attempt: "尝试", created: "创建时间",
+      started: "开始", finished: "结束", duration: "耗时", exit: "退出码", any: "全部", time_range: "时间",
+      since: "起始", until: "截止", custom: "自定义", last: "最近 {range}", failed_or_timed_out: "失败或超时",
+      older: "更早的运行", no_runs: "没有匹配的运行。", waiting: "等待：{reason}", cancel_run: "取消运行", rerun: "重新运行",
+      download: "下载日志", cancel_confirm: "取消任务 {task} 的运行 {id}？进程先收到 TERM，宽限期后 KILL。",
+      cancel_yes: "取消运行", cancel_requested: "已请求取消运行 {id}。", timeline: "事件", log: "日志",
+      search: "搜索日志", matches: "{n} 处匹配", prev: "上一个", next: "下一个", pause: "暂停跟随", resume: "跟随",
+      jump_end: "跳到末尾", log_empty: "（暂无输出）", log_done: "运行已结束。", following: "正在跟随日志…",
+      error_code: "错误", cancel_reason: "取消原因", priority: "优先级", started_run: "任务 {task} 的运行 {id} 已排队。",
+      approval_requested: "已为 {task} 提交审批申请，等待审批者决定。", requested_by: "申请人", requested: "申请时间",
+      expires: "过期时间", state: "状态", you: "你", approve: "批准", reject: "拒绝", reason: "原因", free_text: "说明（可选）",
+      what_runs: "将要执行的内容", own_request: "这是你自己的申请：需要其他审批者决定。", decided: "最近的决定",
+      approved: "已批准。", rejected: "已拒绝。", no_approvals: "没有审批请求。", diff_prev: "与上一版本的差异",
+      worker: "工作节点", slots: "槽位", labels: "标签", executors: "执行器", heartbeat: "心跳", drain: "排空",
+      drain_confirm: "排空工作节点 {id}？它不再接收新运行，已有运行继续。", drained: "工作节点 {id} 正在排空。",
+      tokens_missing: "此服务器不支持令牌管理（需要 GET …/tokens）。", role: "角色", expires_at: "过期", last_used: "最近使用",
+      revoked: "已吊销", revoke: "吊销", active: "有效", revoke_confirm: "吊销令牌 {name}？使用它的请求会立即失败。",
+      no_tokens: "没有令牌。", new_token: "新建令牌", token_shown_once: "令牌（仅显示一次）：", never: "从不",
+      admin_only: "只有管理员可以管理令牌。", not_found: "未找到。", loading: "加载中…", page_missing: "没有这个页面。",
+    },
+  };
+  let lang = prefs.getItem("ql3.lang") || ((navigator.language || "en").toLowerCase().startsWith("zh") ? "zh" : "en");
+  let utc = prefs.getItem("ql3.tz") === "utc";
+
+  function t(key, vars) {
+    let s = (I18N[lang] && I18N[lang][key]) || I18N.en[key] || key;
+    if (vars) for (const [k, v] of Object.entries(vars)) s = s.split("{" + k + "}").join(String(v));
+    return s;
+  }
+
+  // --- DOM helpers ----------------------------------------------------------------------------------
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, props, ...kids) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(props || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") e.className = v;
+      else if (k === "text") e.textContent = String(v);
+      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else e.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const kid of kids.flat(4)) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      e.append(kid instanceof Node ? kid : String(kid));
+    }
+    return e;
+  }
+
+  // replaceChildren without the nulls that conditional children leave (they would show as "null")
+  function put(node, ...kids) {
+    node.replaceChildren(...kids.flat(4).filter((k) => k !== null && k !== undefined && k !== false));
+  }
+
+  function link(href, label, cls) { return el("a", { href: href, class: cls, text: label }); }
+  function badge(value, label) {
+    return el("span", { class: "badge badge-" + String(value).replace(/[^a-z_]/g, ""), text: label || value });
+  }
+  function btn(label, onClick, cls, extra) {
+    return el("button", Object.assign({ type: "button", class: cls, text: label, onclick: onClick }, extra || {}));
+  }
+  // Ids are UUIDv7, whose first characters are a timestamp shared by runs of the same moment: the
+  // tail tells them apart. Links always carry the whole id.
+  function short(id) { return "…" + String(id || "").slice(-8); }
+  function enc(s) { return encodeURIComponent(s); }
+
+  // A table that becomes cards below 600 px: each cell carries its column name as data-label.
+  function table(columns, rows, emptyText, label) {
+    const head = el("thead", {}, el("tr", {}, columns.map((c) => el("th", { scope: "col", text: c }))));
+    const body = el("tbody");
+    if (rows.length === 0) {
+      body.append(el("tr", {}, el("td", { class: "empty", colspan: columns.length, text: emptyText })));
+    }
+    for (const row of rows) {
+      const tr = el("tr", { "data-id": row.id || null });
+      row.cells.forEach((value, i) => tr.append(el("td", { "data-label": columns[i], class: row.cls && row.cls[i] }, value)));
+      body.append(tr);
+    }
+    return el("div", { class: "scroll" }, el("table", { class: "cards", "aria-label": label }, head, body));
+  }
+
+  function fields(entries) {
+    const dl = el("dl", { class: "fields" });
+    for (const [k, v] of entries) {
+      if (v === null || v === undefined || v === "") continue;
+      dl.append(el("dt", { text: k }), el("dd", {}, v));
+    }
+    return dl;
+  }
+
+  // --- time and durations ---------------------------------------------------------------------------
+  function absTime(ms) {
+    const d = new Date(ms);
+    if (utc) return d.toISOString().replace("T", " ").slice(0, 19) + " UTC";
+    return d.toLocaleString(lang === "zh" ? "zh-CN" : undefined, { hour12: false });
+  }
+
+  function relTime(ms) {
+    const diff = ms - Date.now();
+    const abs = Math.abs(diff);
+    const rtf = new Intl.RelativeTimeFormat(lang === "zh" ? "zh-CN" : "en", { numeric: "auto" });
+    const units = [["day", 86400e3], ["hour", 3600e3], ["minute", 60e3], ["second", 1e3]];
+    for (const [unit, size] of units) {
+      if (abs >= size || unit === "second") return rtf.format(Math.round(diff / size), unit);
+    }
+    return "";
+  }
+
+  function when(ms) {
+    if (typeof ms !== "number" || ms <= 0) return "";
+    return el("time", { datetime: new Date(ms).toISOString(), title: absTime(ms) },
+      absTime(ms), el("span", { class: "muted", text: " · " + relTime(ms) }));
+  }
+
+  function duration(ms) {
+    if (typeof ms !== "number" || ms < 0) return "";
+    if (ms < 1000) return ms + " ms";
+    const s = ms / 1000;
+    if (s < 60) return s.toFixed(1) + " s";
+    const m = Math.floor(s / 60), h = Math.floor(m / 60), d = Math.floor(h / 24);
+    if (d > 0) return d + "d " + (h % 24) + "h";
+    if (h > 0) return h + "h " + String(m % 60).padStart(2, "0") + "m";
+    return m + "m " + String(Math.floor(s % 60)).padStart(2, "0") + "s";
+  }
+
+  function runDuration(run) {
+    if (!run.started_at_ms) return "";
+    return duration((run.finished_at_ms || Date.now()) - run.started_at_ms);
+  }
+
+  function seconds(ms) { return typeof ms === "number" ? duration(ms) : t("none"); }
+
+  // --- the API --------------------------------------------------------------------------------------
   class ApiError extends Error {
-    constructor(code, message) {
+    constructor(status, code, message) {
       super(code + ": " + message);
+      this.status = status;
       this.code = code;
     }
   }
 
-  // --- plumbing -------------------------------------------------------------------------------------
+  function token() { return session.getItem(TOKEN_KEY) || ""; }
+  function project() { return session.getItem(PROJECT_KEY) || "default"; }
+  function pp(rest) { return "/projects/" + enc(project()) + rest; }
 
-  // A token in the fragment (#token=...) is read once, kept in sessionStorage and removed from the URL.
-  function takeFragmentToken() {
-    if (!window.location.hash.startsWith("#")) return;
-    const params = new URLSearchParams(window.location.hash.slice(1));
-    if (!params.has("token")) return false;
-    const token = params.get("token");
-    if (token) store.setItem(TOKEN_KEY, token);
-    params.delete("token");
-    const rest = params.toString();
-    history.replaceState(null, "", location.pathname + location.search + (rest ? "#" + rest : ""));
-    return true;
-  }
-
-  function project() { return store.getItem(PROJECT_KEY) || "default"; }
-  function projectPath(rest) { return "/projects/" + encodeURIComponent(project()) + rest; }
-  function runPath(runId, rest) { return projectPath("/runs/" + encodeURIComponent(runId) + (rest || "")); }
-
-  async function api(method, path, body) {
-    const headers = { "Authorization": "Bearer " + (store.getItem(TOKEN_KEY) || "") };
+  async function request(method, path, body, raw) {
+    const headers = { "Authorization": "Bearer " + token() };
     const init = { method: method, headers: headers, cache: "no-store" };
-    if (method !== "GET") {
+    if (method !== "GET" && method !== "DELETE") {
       headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body || {});
     }
@@ -55,509 +254,1021 @@
     try {
       resp = await fetch("/api/v1" + path, init);
     } catch (e) {
-      throw new ApiError("network_error", "the server did not answer");
+      setOffline(true);
+      throw new ApiError(0, "network_error", "the server did not answer");
     }
+    setOffline(false);
+    if (raw && resp.ok) return resp;
     let data = null;
     if (resp.status !== 204) {
       try { data = await resp.json(); } catch (e) { data = null; }
     }
     if (!resp.ok) {
       const err = data && data.error;
-      if (err && err.code) throw new ApiError(String(err.code), String(err.message || ""));
-      throw new ApiError("http_" + resp.status, resp.statusText || "request failed");
+      if (resp.status === 401) signedOut();
+      if (err && err.code) throw new ApiError(resp.status, String(err.code), String(err.message || ""));
+      throw new ApiError(resp.status, "http_" + resp.status, resp.statusText || "request failed");
     }
     return { status: resp.status, body: data };
   }
+  async function get(path) { return (await request("GET", path)).body; }
+  async function post(path, body) { return request("POST", path, body); }
 
-  async function get(path) { return (await api("GET", path)).body; }
+  function setOffline(down) {
+    $("offline").hidden = !down;
+    document.body.classList.toggle("stale", down);
+  }
 
-  // The status line: what the user's last action did, or why the last refresh failed.
-  function say(text, isError, fromRefresh) {
+  function say(text, isError) {
     const line = $("status");
     line.textContent = text;
     line.classList.toggle("error", Boolean(isError));
-    line.dataset.source = fromRefresh ? "refresh" : "action";
-    if (isError && text.startsWith("unauthenticated")) $("token").focus();
   }
-
   function fail(e) { say(e instanceof ApiError ? e.message : "client_error: " + e.message, true); }
 
-  function text(value) { return value === null || value === undefined ? "" : String(value); }
+  // --- who is signed in, and what the role may do ---------------------------------------------------
+  const me = { name: null, principalId: session.getItem(ME_KEY), role: null, projects: [] };
 
-  function when(ms) {
-    return typeof ms === "number" && ms > 0 ? new Date(ms).toISOString().replace("T", " ").slice(0, 19) : "";
-  }
+  function can(permission) { return Boolean(me.role && (PERMS[me.role] || []).includes(permission)); }
 
-  function cell(row, value, className) {
-    const td = document.createElement("td");
-    td.textContent = text(value);
-    if (className) td.className = className;
-    row.appendChild(td);
-    return td;
-  }
-
-  // A status as text; the class only adds a colour to words that already say everything.
-  function badge(value) {
-    const span = document.createElement("span");
-    span.className = "badge badge-" + text(value).replace(/[^a-z_]/g, "");
-    span.textContent = text(value);
-    return span;
-  }
-
-  function button(label, onClick, ariaLabel, className) {
-    const b = document.createElement("button");
-    b.type = "button";
-    b.textContent = label;
-    if (ariaLabel) b.setAttribute("aria-label", ariaLabel);
-    if (className) b.className = className;
-    b.addEventListener("click", onClick);
-    return b;
-  }
-
-  function fill(tbody, rows, columns, emptyText) {
-    if (rows.length === 0) {
-      const row = document.createElement("tr");
-      const td = cell(row, emptyText, "empty");
-      td.colSpan = columns;
-      rows = [row];
-    }
-    tbody.replaceChildren(...rows);
-  }
-
-  function pairs(list, entries) {
-    list.replaceChildren();
-    for (const [key, value] of entries) {
-      if (value === null || value === undefined || value === "") continue;
-      const dt = document.createElement("dt");
-      dt.textContent = key;
-      const dd = document.createElement("dd");
-      dd.textContent = text(value);
-      list.append(dt, dd);
+  function learnPrincipal(id) {
+    if (id && !me.principalId) {
+      me.principalId = id;
+      session.setItem(ME_KEY, id);
     }
   }
 
-  function taskName(id) { return taskNames.get(id) || id; }
-
-  // --- projects and tasks ---------------------------------------------------------------------------
-
-  async function loadProjects() {
+  async function loadIdentity() {
     const page = await get("/projects?limit=200");
-    const names = page.items.map((p) => String(p.name));
-    if (names.length && !names.includes(project())) {
-      store.setItem(PROJECT_KEY, names.includes("default") ? "default" : names[0]);
-    }
-    if (!names.includes(project())) names.unshift(project());
+    me.projects = page.items;
     const select = $("project");
-    select.replaceChildren(...names.map((name) => {
-      const option = document.createElement("option");
-      option.value = name;
-      option.textContent = name;
-      return option;
-    }));
+    put(select, ...page.items.map((p) => el("option", { value: p.name, text: p.name })));
+    if (!page.items.some((p) => p.name === project()) && page.items.length) session.setItem(PROJECT_KEY, page.items[0].name);
     select.value = project();
-  }
-
-  async function loadTasks() {
-    const page = await get(projectPath("/tasks?limit=200"));
-    taskNames.clear();
-    const withNext = page.items.some((t) => typeof t.next_fire_at_ms === "number");
-    $("th-next").hidden = !withNext;
-    const rows = page.items.map((t) => {
-      taskNames.set(t.id, t.name);
-      const row = document.createElement("tr");
-      cell(row, t.name);
-      cell(row, t.revision, "num");
-      cell(row, t.enabled ? "yes" : "no");
-      cell(row, t.cron || "", "mono");
-      if (withNext) cell(row, when(t.next_fire_at_ms), "time");
-      cell(row, t.approval === "required" ? "required" : "");
-      cell(row, "").appendChild(button("Run", () => startRun(t), "Run task " + t.name));
-      return row;
-    });
-    fill($("tasks"), rows, withNext ? 7 : 6, "No tasks yet (ql3 task add NAME --command CMD).");
-  }
-
-  async function startRun(task) {
+    const current = page.items.find((p) => p.name === project());
+    me.role = current ? current.role : null;
     try {
-      const res = await api("POST", projectPath("/tasks/" + encodeURIComponent(task.id) + "/runs"));
-      if (res.status === 202) {
-        say("Approval request " + res.body.approval.id + " created for " + task.name +
-          "; the run starts once another user approves it.");
-        await loadApprovals();
-      } else {
-        say("Run " + res.body.id + " of " + task.name + " queued.");
-        await loadRuns(false);
-        openRun(res.body.id);
-      }
-    } catch (e) { fail(e); }
-  }
-
-  // --- runs and the run detail ----------------------------------------------------------------------
-
-  async function loadRuns(append) {
-    const query = "?limit=50" + (append && runsCursor ? "&cursor=" + encodeURIComponent(runsCursor) : "");
-    const page = await get(projectPath("/runs" + query));
-    const rows = page.items.map((r) => {
-      const row = document.createElement("tr");
-      if (currentRun && currentRun.id === r.id) row.className = "selected";
-      cell(row, "").appendChild(button(r.id, () => openRun(r.id), "Show run " + r.id, "link mono"));
-      cell(row, "").appendChild(badge(r.status));
-      cell(row, taskName(r.task_id));
-      cell(row, when(r.created_at_ms), "time");
-      cell(row, r.exit_code, "num");
-      return row;
-    });
-    if (append) $("runs").append(...rows);
-    else fill($("runs"), rows, 5, "No runs yet.");
-    runsExtended = Boolean(append);
-    runsCursor = page.next_cursor;
-    $("more").hidden = !runsCursor;
-  }
-
-  function showRun(run) {
-    currentRun = run;
-    $("detail-id").textContent = run.id;
-    pairs($("detail-fields"), [
-      ["status", run.status],
-      ["task", taskName(run.task_id) + " (revision " + run.task_revision + ")"],
-      ["trigger", run.trigger_type],
-      ["created", when(run.created_at_ms)],
-      ["started", when(run.started_at_ms)],
-      ["finished", when(run.finished_at_ms)],
-      ["exit code", run.exit_code],
-      ["error code", run.error_code],
-      ["cancel requested", when(run.cancel_requested_at_ms)],
-      ["cancel reason", run.cancel_reason],
-    ]);
-    $("detail-cancel").hidden = TERMINAL.has(run.status);
-  }
-
-  async function showCancellation(runId) {
-    if (!currentRun || currentRun.id !== runId || !currentRun.cancel_requested_at_ms) return;
-    const facts = await get(runPath(runId, "/cancellation"));
-    if (!currentRun || currentRun.id !== runId) return;
-    const list = $("detail-fields");
-    const d = facts.dispatch;
-    const add = (key, value) => {
-      const dt = document.createElement("dt");
-      dt.textContent = key;
-      const dd = document.createElement("dd");
-      dd.textContent = value;
-      list.append(dt, dd);
-    };
-    if (d) add("cancel dispatch", d.status + (d.lastResult ? " (last result " + d.lastResult + ")" : ""));
-    if (facts.operatorAction !== "none") add("operator action", facts.operatorAction);
-  }
-
-  function appendLog(chunk) {
-    if (!chunk) return;
-    const pre = $("detail-log");
-    const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-    let all = pre.textContent + chunk;
-    if (all.length > MAX_LOG_CHARS) all = all.slice(all.length - MAX_LOG_CHARS);
-    pre.textContent = all;
-    if (atBottom) pre.scrollTop = pre.scrollHeight;
-  }
-
-  function logQuery(offset, attempt) {
-    return "/logs?offset=" + offset + "&max_bytes=" + LOG_PAGE + (attempt ? "&attempt=" + attempt : "");
-  }
-
-  function stopFollowing() {
-    if (follow) {
-      follow.stopped = true;
-      if (follow.timer) clearTimeout(follow.timer);
+      const who = await get("/whoami");
+      me.name = who.name;
+      learnPrincipal(who.principal_id);
+      if (who.roles && who.roles[project()]) me.role = who.roles[project()];
+    } catch (e) {
+      if (!(e instanceof ApiError) || (e.status !== 404 && e.status !== 405)) throw e;
+      me.name = null; // an older server without /whoami: the role from the project list is all we know
     }
-    follow = null;
+    showIdentity();
   }
 
-  // Like `ql3 run logs --follow`: read the latest attempt from the last offset; when a retry starts,
-  // drain the old attempt's log first; stop once the run is terminal and its log is complete.
-  async function pollLog(state, delay) {
-    if (state.stopped) return;
-    let next = delay;
+  function showIdentity() {
+    const signedIn = Boolean(token());
+    $("whoami").textContent = !signedIn ? "" : me.name ? t("signed_in_as", { name: me.name, role: me.role || "?" })
+      : t("signed_in_role", { role: me.role || "?" });
+    $("signout").hidden = !signedIn;
+  }
+
+  function signedOut() {
+    session.removeItem(TOKEN_KEY);
+    session.removeItem(ME_KEY);
+    me.principalId = null;
+    me.role = null;
+    me.name = null;
+    showIdentity();
+  }
+
+  // --- confirmation dialog --------------------------------------------------------------------------
+  function confirmAction(message, yesLabel) {
+    const dialog = $("confirm");
+    $("confirm-text").textContent = message;
+    $("confirm-yes").textContent = yesLabel;
+    return new Promise((resolve) => {
+      dialog.addEventListener("close", () => resolve(dialog.returnValue === "yes"), { once: true });
+      dialog.returnValue = "";
+      dialog.showModal();
+    });
+  }
+
+  // --- routing --------------------------------------------------------------------------------------
+  let generation = 0; // bumped on every navigation: late answers for an old page are dropped
+  let refreshTimer = null;
+  let refreshFn = null;
+  let cleanup = [];
+
+  function parseHash() {
+    const hash = location.hash.replace(/^#\/?/, "");
+    const q = hash.indexOf("?");
+    const path = q >= 0 ? hash.slice(0, q) : hash;
+    const params = new URLSearchParams(q >= 0 ? hash.slice(q + 1) : "");
+    return { parts: path.split("/").filter(Boolean).map(decodeURIComponent), params: params };
+  }
+
+  function go(hash) { location.hash = hash; }
+
+  function setRefresh(fn) { refreshFn = fn; }
+
+  async function render() {
+    generation += 1;
+    const mine = generation;
+    for (const fn of cleanup) fn();
+    cleanup = [];
+    refreshFn = null;
+    $("top").classList.remove("open");
+    $("menu").setAttribute("aria-expanded", "false");
+    const view = $("view");
+    const { parts, params } = parseHash();
+    const page = parts[0] || "overview";
+    for (const a of document.querySelectorAll("nav a")) {
+      if (a.dataset.page === page) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+    }
+    if (!token()) { renderSignIn(view); return; }
+    put(view, el("p", { class: "muted", text: t("loading") }));
+    const pages = {
+      overview: () => pageOverview(view, mine),
+      tasks: () => parts[1] === "new" ? pageTaskForm(view, mine, null, params.get("from"))
+        : parts[1] && parts[2] === "edit" ? pageTaskForm(view, mine, parts[1], null)
+          : parts[1] ? pageTask(view, mine, parts[1]) : pageTasks(view, mine),
+      runs: () => parts[1] ? pageRun(view, mine, parts[1]) : pageRuns(view, mine, params),
+      approvals: () => pageApprovals(view, mine),
+      workers: () => pageWorkers(view, mine),
+      tokens: () => pageTokens(view, mine),
+    };
     try {
-      const page = await get(runPath(state.runId, logQuery(state.offset, null)));
-      if (state.stopped) return;
-      if (state.attempt && page.attempt && page.attempt !== state.attempt) {
-        for (let i = 0; i < 64; i++) {
-          const rest = await get(runPath(state.runId, logQuery(state.offset, state.attempt)));
-          if (state.stopped) return;
-          appendLog(rest.data);
-          state.offset = rest.next_offset;
-          if (rest.eof) break;
-        }
-        state.attempt = page.attempt;
-        state.offset = 0;
-        appendLog("\n[attempt " + page.attempt + "]\n");
-        next = 0;
-      } else {
-        state.attempt = page.attempt;
-        appendLog(page.data);
-        const moved = page.next_offset !== state.offset;
-        state.offset = page.next_offset;
-        if (page.complete) {
-          const run = await get(runPath(state.runId));
-          if (state.stopped) return;
-          showRun(run);
-          await showCancellation(run.id);
-          $("detail-follow").textContent = "The run has ended.";
-          refreshRuns();
+      if (!me.role) await loadIdentity();
+      if (mine !== generation) return;
+      if (!pages[page]) { put(view, el("h1", { text: t("page_missing") })); return; }
+      await pages[page]();
+      refreshBadge();
+    } catch (e) {
+      if (mine !== generation) return;
+      if (e instanceof ApiError && e.status === 404) put(view, el("h1", { text: t("not_found") }));
+      else if (!token()) renderSignIn(view);
+      fail(e);
+    }
+  }
+
+  function current(mine) { return mine === generation; }
+
+  async function tick() {
+    if (!refreshFn || !token() || document.hidden) return;
+    const mine = generation;
+    try {
+      await refreshFn();
+      if (current(mine)) await refreshBadge();
+    } catch (e) {
+      if (current(mine) && !(e instanceof ApiError && e.code === "network_error")) fail(e);
+    }
+  }
+
+  async function refreshBadge() {
+    if (!token()) return;
+    const page = await get(pp("/approvals?state=pending&limit=100"));
+    const n = page.items.length;
+    const b = $("approvals-badge");
+    b.hidden = n === 0;
+    b.textContent = n >= 100 ? "99+" : String(n);
+    b.setAttribute("aria-label", n + " " + t("pending_approvals"));
+  }
+
+  // --- sign in --------------------------------------------------------------------------------------
+  function renderSignIn(view) {
+    const input = el("input", { id: "signin-token", type: "password", autocomplete: "off", required: true,
+      "aria-describedby": "signin-hint" });
+    const form = el("form", { class: "panel signin", "aria-label": t("sign_in") },
+      el("h1", { text: t("sign_in") }),
+      el("label", {}, t("token"), input),
+      el("p", { id: "signin-hint", class: "muted", text: t("sign_in_hint") }),
+      el("p", { class: "actions" }, el("button", { type: "submit", class: "primary", text: t("sign_in") })));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      session.setItem(TOKEN_KEY, input.value.trim());
+      session.removeItem(ME_KEY);
+      me.principalId = null;
+      me.role = null;
+      try {
+        await loadIdentity();
+        say("");
+        render();
+      } catch (e) {
+        fail(e);
+        input.focus(); // the value stays, so a typo can be fixed
+      }
+    });
+    put(view, form);
+    input.focus();
+  }
+
+  // --- overview -------------------------------------------------------------------------------------
+  async function pageOverview(view, mine) {
+    const since = Date.now() - RANGES["24h"];
+    const [running, failed, taskPage, pending, workers, health] = await Promise.all([
+      get(pp("/runs?status=running,dispatching&limit=20")),
+      get(pp("/runs?status=failed,timed_out&since=" + Math.floor(since) + "&limit=20")),
+      get(pp("/tasks?limit=200")),
+      get(pp("/approvals?state=pending&limit=100")),
+      get(pp("/workers")),
+      get(pp("/cancellation/summary")),
+    ]);
+    if (!current(mine)) return;
+    const runList = (items, emptyKey) => items.length === 0 ? el("p", { class: "muted", text: t(emptyKey) })
+      : el("ul", {}, items.slice(0, 8).map((r) => el("li", {}, link("#/runs/" + enc(r.id), r.task_name || short(r.task_id)),
+        " ", badge(r.status), " ", el("span", { class: "muted", text: relTime(r.created_at_ms) }))));
+    const fires = taskPage.items.filter((x) => x.next_fire_at_ms && x.enabled)
+      .sort((a, b) => a.next_fire_at_ms - b.next_fire_at_ms).slice(0, 6);
+    const slots = workers.items.reduce((n, w) => n + (w.slots ?? w.max_concurrent_runs ?? 0), 0);
+    const busy = workers.items.reduce((n, w) => n + (w.busy ?? w.active_runs ?? 0), 0);
+    const online = workers.items.filter((w) => w.status === "online").length;
+    const cards = [
+      el("section", { "aria-labelledby": "ov-running" }, el("h2", { id: "ov-running", text: t("running_now") }),
+        el("div", { class: "stat", text: running.items.length }), runList(running.items, "nothing_running")),
+      el("section", { "aria-labelledby": "ov-failed" }, el("h2", { id: "ov-failed" }, link("#/runs?status=failed,timed_out&range=24h", t("failed_24h"))),
+        el("div", { class: "stat", text: failed.items.length + (failed.next_cursor ? "+" : "") }), runList(failed.items, "no_failures")),
+      el("section", { "aria-labelledby": "ov-fires" }, el("h2", { id: "ov-fires", text: t("next_fires") }),
+        fires.length === 0 ? el("p", { class: "muted", text: t("no_cron") })
+          : el("ul", {}, fires.map((x) => el("li", {}, link("#/tasks/" + enc(x.name), x.name), " ", when(x.next_fire_at_ms))))),
+      el("section", { "aria-labelledby": "ov-approvals" }, el("h2", { id: "ov-approvals" }, link("#/approvals", t("pending_approvals"))),
+        el("div", { class: "stat", text: pending.items.length }),
+        pending.items.length === 0 ? el("p", { class: "muted", text: t("no_pending") }) : null),
+      el("section", { "aria-labelledby": "ov-capacity" }, el("h2", { id: "ov-capacity" }, link("#/workers", t("capacity"))),
+        workers.items.length === 0 ? el("p", { class: "muted", text: t("no_workers") })
+          : [el("div", { class: "stat", text: busy + " / " + slots }), el("p", { class: "muted", text: t("slots_busy", { busy: busy, slots: slots, online: online }) })]),
+    ];
+    if (health.assessment !== "clear") {
+      cards.push(el("section", { "aria-labelledby": "ov-health", class: "attention" }, el("h2", { id: "ov-health", text: t("health") }),
+        badge(health.assessment), el("p", { text: health.operatorAction === "wait" ? t("health_wait") : t("health_inspect") }),
+        fields([["blocked", health.dispatches.blocked], ["pending", health.dispatches.pending], ["due", health.signals.due]])));
+    }
+    put(view, el("h1", { text: t("nav_overview") }), el("div", { class: "grid" }, cards));
+    setRefresh(() => pageOverview(view, mine));
+  }
+
+  // --- tasks ----------------------------------------------------------------------------------------
+  async function startRun(task, rerunOf) {
+    const res = await post(pp("/tasks/" + enc(task.id || task.name) + "/runs"), rerunOf ? { rerun_of: rerunOf } : {});
+    if (res.status === 202) {
+      learnPrincipal(res.body.approval.requested_by);
+      say(t("approval_requested", { task: task.name || task.task_name }));
+      go("#/approvals");
+      return;
+    }
+    say(t("started_run", { id: short(res.body.id), task: res.body.task_name }));
+    go("#/runs/" + enc(res.body.id));
+  }
+
+  async function setEnabled(task, enabled) {
+    await post(pp("/tasks/" + enc(task.id) + (enabled ? "/enable" : "/disable")));
+  }
+
+  async function pageTasks(view, mine) {
+    const page = await get(pp("/tasks?limit=200"));
+    if (!current(mine)) return;
+    const rows = page.items.map((task) => ({
+      id: task.id,
+      cells: [
+        link("#/tasks/" + enc(task.name), task.name),
+        badge(task.enabled ? "enabled" : "disabled", task.enabled ? t("enabled") : t("disabled")),
+        el("code", { text: task.cron || "—" }),
+        task.next_fire_at_ms ? when(task.next_fire_at_ms) : "",
+        task.approval === "required" ? t("approval") : "",
+        el("span", { class: "actions" },
+          can("run.create") && task.enabled ? btn(t("run_now"), () => startRun(task).catch(fail), "primary") : null,
+          can("task.write") ? btn(task.enabled ? t("disable") : t("enable"),
+            () => setEnabled(task, !task.enabled).then(() => pageTasks(view, mine)).catch(fail)) : null),
+      ],
+    }));
+    put(view, 
+      el("h1", { text: t("nav_tasks") }),
+      can("task.write") ? el("p", { class: "actions" }, link("#/tasks/new", t("new_task"), "button primary")) : null,
+      el("section", {}, table([t("name"), t("status"), t("cron"), t("next_fire"), t("approval"), t("actions")], rows, t("no_tasks"), t("nav_tasks"))));
+    setRefresh(() => pageTasks(view, mine));
+  }
+
+  const SPEC_FIELDS = ["command", "cwd", "cron", "env_keys", "timeout_ms", "grace_ms", "require", "prefer",
+    "overlap", "misfire", "approval", "max_attempts", "environment_policy", "has_cwd"];
+
+  function show(v) {
+    if (v === null || v === undefined) return "—";
+    if (typeof v === "object") return JSON.stringify(v);
+    return String(v);
+  }
+
+  // What changed between two revisions' public specs: [{key, from, to}].
+  function specDiff(older, newer) {
+    const out = [];
+    for (const key of SPEC_FIELDS) {
+      if (!(key in newer) && !(key in older)) continue;
+      const a = show(older[key]), b = show(newer[key]);
+      if (a !== b) out.push({ key: key, from: a, to: b });
+    }
+    return out;
+  }
+
+  function diffList(changes) {
+    if (changes.length === 0) return el("p", { class: "muted", text: t("no_change") });
+    return el("ul", { class: "diff" }, changes.map((c) => el("li", {}, el("code", { text: c.key }), ": ",
+      el("del", { text: c.from }), " → ", el("ins", { text: c.to }))));
+  }
+
+  function placement(task) {
+    const req = Object.entries(task.require || {}).map(([k, v]) => k + "=" + v).join(", ");
+    const pref = (task.prefer || []).map((p) => Object.entries(p.labels).map(([k, v]) => k + "=" + v).join(",") + ":" + p.weight).join("; ");
+    return [req ? "require " + req : "", pref ? "prefer " + pref : ""].filter(Boolean).join(" · ") || t("none");
+  }
+
+  function commandView(task) {
+    if (!task.command_visible) return el("span", { class: "muted", text: t("command_hidden") });
+    return el("pre", { class: "command", text: task.command });
+  }
+
+  function cwdView(task) {
+    if (task.command_visible) return task.cwd ? el("code", { text: task.cwd }) : t("cwd_default");
+    return task.has_cwd ? t("cwd_set") : t("cwd_default");
+  }
+
+  function runsTable(items) {
+    return table([t("run"), t("task"), t("status"), t("trigger"), t("attempt"), t("created"), t("duration"), t("exit")],
+      items.map((r) => ({
+        id: r.id,
+        cells: [
+          link("#/runs/" + enc(r.id), short(r.id), "mono"),
+          r.task_name ? link("#/tasks/" + enc(r.task_name), r.task_name) : short(r.task_id),
+          el("span", {}, badge(r.status), r.waiting_reason ? el("span", { class: "muted", text: " " + t("waiting", { reason: r.waiting_reason }) }) : null),
+          r.trigger || r.trigger_type,
+          r.attempt ?? "",
+          when(r.created_at_ms),
+          runDuration(r),
+          r.exit_code ?? "",
+        ],
+      })), t("no_runs"), t("nav_runs"));
+  }
+
+  async function pageTask(view, mine, ref) {
+    const [task, revisions] = await Promise.all([
+      get(pp("/tasks/" + enc(ref))), get(pp("/tasks/" + enc(ref) + "/revisions")),
+    ]);
+    const history = await get(pp("/runs?task=" + enc(task.id) + "&limit=20"));
+    if (!current(mine)) return;
+    const last = history.items.find((r) => TERMINAL.has(r.status));
+    const revs = revisions.items;
+    const actions = el("p", { class: "actions" },
+      can("run.create") && task.enabled ? btn(t("run_now"), () => startRun(task).catch(fail), "primary") : null,
+      can("task.write") ? link("#/tasks/" + enc(task.name) + "/edit", t("edit"), "button") : null,
+      can("task.write") ? link("#/tasks/new?from=" + enc(task.name), t("clone"), "button") : null,
+      can("task.write") ? btn(task.enabled ? t("disable") : t("enable"),
+        () => setEnabled(task, !task.enabled).then(() => pageTask(view, mine, task.name)).catch(fail)) : null,
+      can("task.write") ? btn(t("delete"), async () => {
+        if (!(await confirmAction(t("delete_confirm", { name: task.name }), t("delete")))) return;
+        try {
+          await request("DELETE", pp("/tasks/" + enc(task.id)));
+          say(t("deleted", { name: task.name }));
+          go("#/tasks");
+        } catch (e) { fail(e); }
+      }, "danger") : null);
+    const revisionItems = revs.map((rev, i) => el("li", {},
+      el("strong", { text: "r" + rev.revision }), " ", when(rev.created_at_ms),
+      i + 1 < revs.length ? diffList(specDiff(revs[i + 1].spec, rev.spec)) : el("span", { class: "muted", text: " · " + t("first_revision") })));
+    put(view, 
+      el("h1", {}, task.name, " ", badge(task.enabled ? "enabled" : "disabled", task.enabled ? t("enabled") : t("disabled"))),
+      actions,
+      el("section", {}, fields([
+        [t("command"), commandView(task)],
+        [t("cwd"), cwdView(task)],
+        [t("env_keys"), task.env_keys.length ? el("code", { text: task.env_keys.join(", ") }) : t("none")],
+        [t("revision"), "r" + task.revision],
+        [t("cron"), task.cron ? el("code", { text: task.cron }) : t("none")],
+        [t("next_fire"), task.next_fire_at_ms ? when(task.next_fire_at_ms) : null],
+        [t("timeout"), seconds(task.timeout_ms)],
+        [t("grace"), seconds(task.grace_ms)],
+        [t("placement"), placement(task)],
+        [t("overlap"), task.overlap], [t("misfire"), task.misfire], [t("approval"), task.approval],
+        [t("max_attempts"), task.max_attempts],
+        [t("run_history"), last ? el("span", {}, badge(last.status), " ", when(last.finished_at_ms || last.created_at_ms)) : null],
+      ])),
+      el("section", { "aria-labelledby": "task-runs" }, el("h2", { id: "task-runs" }, link("#/runs?task=" + enc(task.name), t("run_history"))),
+        runsTable(history.items)),
+      el("section", { "aria-labelledby": "task-revs" }, el("h2", { id: "task-revs", text: t("revisions") }),
+        el("ol", { class: "timeline" }, revisionItems)));
+    setRefresh(() => pageTask(view, mine, task.name));
+  }
+
+  function parsePairs(text, sep) {
+    const out = {};
+    for (const part of text.split(sep)) {
+      const s = part.trim();
+      if (!s) continue;
+      const i = s.indexOf("=");
+      if (i <= 0) throw new Error("expected KEY=VALUE: " + s);
+      out[s.slice(0, i).trim()] = s.slice(i + 1);
+    }
+    return out;
+  }
+
+  async function pageTaskForm(view, mine, editRef, cloneRef) {
+    const base = editRef || cloneRef ? await get(pp("/tasks/" + enc(editRef || cloneRef))) : null;
+    if (!current(mine)) return;
+    const editing = Boolean(editRef);
+    const input = (name, value, attrs) => el("input", Object.assign({ name: name, value: value ?? "" }, attrs || {}));
+    const select = (name, options, value) => el("select", { name: name },
+      options.map((o) => el("option", { value: o, text: o, selected: o === value })));
+    const f = {
+      name: input("name", cloneRef && base ? base.name + "-copy" : "", { required: true, pattern: "[A-Za-z0-9][A-Za-z0-9._\\-]*", maxlength: 128 }),
+      command: el("textarea", { name: "command", rows: 3, required: true }),
+      cron: input("cron", base ? base.cron : "", { placeholder: "0 3 * * *" }),
+      cwd: input("cwd", base && base.command_visible ? base.cwd : "", { placeholder: "/srv/app" }),
+      env: el("textarea", { name: "env", rows: 2, placeholder: editing ? t("env_keep", { keys: base.env_keys.join(", ") || t("none") }) : "KEY=VALUE" }),
+      timeout: input("timeout", base && base.timeout_ms ? base.timeout_ms / 1000 : "", { type: "number", min: 1, step: "any" }),
+      grace: input("grace", base ? base.grace_ms / 1000 : 5, { type: "number", min: 0, step: "any" }),
+      max_attempts: input("max_attempts", base ? base.max_attempts : 1, { type: "number", min: 1, max: 100 }),
+      require: input("require", base ? Object.entries(base.require).map(([k, v]) => k + "=" + v).join(",") : "", { placeholder: "zone=eu" }),
+      overlap: select("overlap", ["allow", "skip", "cancel_previous"], base ? base.overlap : "allow"),
+      misfire: select("misfire", ["skip", "fire_once"], base ? base.misfire : "skip"),
+      approval: select("approval", ["none", "required"], base ? base.approval : "none"),
+      enabled: el("input", { type: "checkbox", name: "enabled", checked: !base || base.enabled }),
+    };
+    f.command.value = base && base.command_visible ? base.command : "";
+    const label = (key, control, cls) => el("label", { class: cls }, t(key), control);
+    const form = el("form", { class: "task", "aria-label": editing ? t("edit") : t("new_task") },
+      editing ? null : label("name", f.name),
+      label("command", f.command, "wide"),
+      label("cron", f.cron), label("cwd", f.cwd),
+      label("timeout_s", f.timeout), label("grace_s", f.grace), label("max_attempts", f.max_attempts),
+      label("require", f.require), label("overlap", f.overlap), label("misfire", f.misfire), label("approval", f.approval),
+      label("env_lines", f.env, "wide"),
+      editing ? null : el("label", { class: "check" }, f.enabled, t("enabled")),
+      el("p", { class: "actions wide" }, el("button", { type: "submit", class: "primary", text: editing ? t("save") : t("create") }),
+        link(editing ? "#/tasks/" + enc(editRef) : "#/tasks", t("cancel_edit"), "button")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      try {
+        const timeout = f.timeout.value.trim() ? Math.round(Number(f.timeout.value) * 1000) : null;
+        const spec = {
+          command: f.command.value,
+          cron: f.cron.value.trim() || null,
+          cwd: f.cwd.value.trim() || null,
+          timeout_ms: timeout,
+          grace_ms: Math.round(Number(f.grace.value || 0) * 1000),
+          max_attempts: Number(f.max_attempts.value || 1),
+          require: parsePairs(f.require.value, ","),
+          overlap: f.overlap.value, misfire: f.misfire.value, approval: f.approval.value,
+        };
+        const env = f.env.value.trim() ? parsePairs(f.env.value, "\n") : null;
+        if (!editing) {
+          const body = { name: f.name.value.trim(), enabled: f.enabled.checked };
+          for (const [k, v] of Object.entries(spec)) if (v !== null) body[k] = v;
+          if (env) body.env = env;
+          const res = await post(pp("/tasks"), body);
+          say(t("created_task", { name: res.body.name }));
+          go("#/tasks/" + enc(res.body.name));
           return;
         }
-        if (!page.eof) {
-          next = 0;
-        } else if (moved) {
-          next = 250;
-        } else {
-          next = Math.min(2000, Math.max(250, delay * 2));
-          const run = await get(runPath(state.runId));
-          if (state.stopped) return;
-          showRun(run);
-          await showCancellation(run.id);
-        }
-      }
-      $("detail-follow").textContent = "Following the log\u2026";
-    } catch (e) {
-      if (state.stopped) return;
-      $("detail-follow").textContent = e.message;
-      if (e.code === "logs_unavailable" || e.code === "not_found") return;
-      next = Math.min(5000, Math.max(1000, delay * 2));
-    }
-    if (!state.stopped) state.timer = setTimeout(() => pollLog(state, next), next);
+        const changes = {};
+        const old = { command: base.command, cron: base.cron, cwd: base.cwd, timeout_ms: base.timeout_ms, grace_ms: base.grace_ms,
+          max_attempts: base.max_attempts, require: base.require, overlap: base.overlap, misfire: base.misfire, approval: base.approval };
+        for (const [k, v] of Object.entries(spec)) if (show(v) !== show(old[k])) changes[k] = v;
+        if (env) changes.env = env;
+        if (Object.keys(changes).length === 0) { say(t("unchanged")); return; }
+        const res = await request("PATCH", pp("/tasks/" + enc(base.id)), changes);
+        const revs = (await get(pp("/tasks/" + enc(base.id) + "/revisions"))).items;
+        const diff = revs.length > 1 ? specDiff(revs[1].spec, revs[0].spec) : [];
+        say(t("published", { rev: res.body.revision, changes: diff.map((c) => c.key).join(", ") || t("no_change") }));
+        go("#/tasks/" + enc(res.body.name));
+      } catch (e) { fail(e); }
+    });
+    put(view, el("h1", { text: editing ? t("edit") + " " + base.name : t("new_task") }), el("section", {}, form));
   }
 
-  async function openRun(runId) {
-    stopFollowing();
-    currentRun = null;
-    $("detail").hidden = false;
-    $("detail-id").textContent = runId;
-    $("detail-fields").replaceChildren();
-    $("detail-cancel").hidden = true;
-    $("detail-log").textContent = "";
-    $("detail-follow").textContent = "Following the log\u2026";
-    for (const row of $("runs").children) row.classList.remove("selected");
-    try {
-      showRun(await get(runPath(runId)));
-      await showCancellation(runId);
-      follow = { runId: runId, attempt: null, offset: 0, timer: null, stopped: false };
-      pollLog(follow, 250);
-      $("detail").scrollIntoView({ block: "nearest" });
-    } catch (e) {
-      $("detail-follow").textContent = e.message;
+  // --- runs -----------------------------------------------------------------------------------------
+  function runQuery(params, cursor) {
+    const q = new URLSearchParams();
+    for (const key of ["status", "task", "trigger"]) if (params.get(key)) q.set(key, params.get(key));
+    const range = params.get("range");
+    if (range && RANGES[range]) q.set("since", String(Math.floor(Date.now() - RANGES[range])));
+    for (const key of ["since", "until"]) {
+      const v = params.get(key);
+      if (v && !range) { const ms = Date.parse(v); if (!Number.isNaN(ms)) q.set(key, String(ms)); }
     }
+    q.set("limit", "50");
+    if (cursor) q.set("cursor", cursor);
+    return "/runs?" + q.toString();
   }
 
-  async function cancelRun() {
-    if (!currentRun) return;
-    const runId = currentRun.id;
-    const words = {
-      requested: "Cancel requested for run ",
-      already_requested: "A cancel was already requested for run ",
-      already_terminal: "Nothing to cancel: already ended: run ",
+  async function pageRuns(view, mine, params) {
+    const tasks = (await get(pp("/tasks?limit=200"))).items;
+    if (!current(mine)) return;
+    const setParam = (key, value) => {
+      const next = new URLSearchParams(params);
+      if (value) next.set(key, value); else next.delete(key);
+      if (key === "range" && value !== "custom") { next.delete("since"); next.delete("until"); }
+      go("#/runs" + (next.toString() ? "?" + next.toString() : ""));
     };
-    try {
-      const res = await api("POST", runPath(runId, "/cancel"));
-      say((words[res.body.result] || "Cancel: ") + runId + ".");
-      if (currentRun && currentRun.id === runId) {
-        showRun(res.body.run);
-        await showCancellation(runId);
+    const opt = (value, label, selected) => el("option", { value: value, text: label, selected: selected });
+    const statusSel = el("select", { name: "status", "aria-label": t("status"), onchange: (e) => setParam("status", e.target.value) },
+      opt("", t("any")), opt("failed,timed_out", t("failed_or_timed_out"), params.get("status") === "failed,timed_out"),
+      STATUSES.map((s) => opt(s, s, params.get("status") === s)));
+    const taskSel = el("select", { name: "task", "aria-label": t("task"), onchange: (e) => setParam("task", e.target.value) },
+      opt("", t("any")), tasks.map((x) => opt(x.name, x.name, params.get("task") === x.name)));
+    const triggerSel = el("select", { name: "trigger", "aria-label": t("trigger"), onchange: (e) => setParam("trigger", e.target.value) },
+      opt("", t("any")), TRIGGERS.map((x) => opt(x, x, params.get("trigger") === x)));
+    const range = params.get("range") || "";
+    const rangeSel = el("select", { name: "range", "aria-label": t("time_range"), onchange: (e) => setParam("range", e.target.value) },
+      opt("", t("any")), Object.keys(RANGES).map((r) => opt(r, t("last", { range: r }), range === r)), opt("custom", t("custom"), range === "custom"));
+    const custom = range === "custom" ? [
+      el("label", {}, t("since"), el("input", { type: "datetime-local", name: "since", value: params.get("since") || "", onchange: (e) => setParam("since", e.target.value) })),
+      el("label", {}, t("until"), el("input", { type: "datetime-local", name: "until", value: params.get("until") || "", onchange: (e) => setParam("until", e.target.value) })),
+    ] : [];
+    const filters = el("form", { class: "filters", "aria-label": "filters", onsubmit: (e) => e.preventDefault() },
+      el("label", {}, t("status"), statusSel), el("label", {}, t("task"), taskSel), el("label", {}, t("trigger"), triggerSel),
+      el("label", {}, t("time_range"), rangeSel), custom);
+    const holder = el("div");
+    const more = btn(t("older"), () => loadMore().catch(fail));
+    const state = { cursors: [null], items: [], next: null };
+    const draw = () => {
+      put(holder, runsTable(state.items));
+      more.hidden = !state.next;
+    };
+    // Auto-refresh re-reads every page already shown (each from its own cursor), so loading older runs
+    // does not freeze the list; rows are de-duplicated by id across page boundaries.
+    const reload = async () => {
+      const seen = new Set();
+      const items = [];
+      let next = null;
+      const cursors = state.cursors.slice(0, MAX_REFRESH_PAGES);
+      for (const cursor of cursors) {
+        const page = await get(pp(runQuery(params, cursor)));
+        for (const r of page.items) if (!seen.has(r.id)) { seen.add(r.id); items.push(r); }
+        next = page.next_cursor;
       }
-      refreshRuns();
-      loadSummary().catch(fail);
-    } catch (e) { fail(e); }
+      if (!current(mine)) return;
+      state.items = items;
+      state.next = next;
+      draw();
+    };
+    const loadMore = async () => {
+      if (!state.next) return;
+      const page = await get(pp(runQuery(params, state.next)));
+      if (!current(mine)) return;
+      state.cursors.push(state.next);
+      const seen = new Set(state.items.map((r) => r.id));
+      for (const r of page.items) if (!seen.has(r.id)) state.items.push(r);
+      state.next = page.next_cursor;
+      draw();
+    };
+    await reload();
+    if (!current(mine)) return;
+    put(view, el("h1", { text: t("nav_runs") }), el("section", {}, filters), el("section", {}, holder, el("p", { class: "actions" }, more)));
+    setRefresh(reload);
   }
 
-  function refreshRuns() {
-    if (!runsExtended && !$("runs").contains(document.activeElement)) loadRuns(false).catch(fail);
+  // ANSI SGR colours into spans; any other escape or control sequence is dropped.
+  const ESCAPES = /\x1b\[([0-9;]*)m|\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]/g;
+  const PARTIAL = /\x1b(\[[0-9;?]*[ -/]*|\][^\x07\x1b]*)?$/;
+
+  class AnsiLog {
+    constructor() { this.segments = []; this.size = 0; this.carry = ""; this.style = {}; }
+    cls() {
+      const s = this.style, out = [];
+      if (s.bold) out.push("ansi-bold");
+      if (s.dim) out.push("ansi-dim");
+      if (s.italic) out.push("ansi-italic");
+      if (s.underline) out.push("ansi-underline");
+      if (s.fg) out.push("ansi-fg-" + s.fg);
+      if (s.bg) out.push("ansi-bg-" + s.bg);
+      return out.join(" ");
+    }
+    sgr(params) {
+      const codes = params === "" ? [0] : params.split(";").map((x) => Number(x) || 0);
+      for (let i = 0; i < codes.length; i++) {
+        const c = codes[i];
+        if (c === 0) this.style = {};
+        else if (c === 1) this.style.bold = true;
+        else if (c === 2) this.style.dim = true;
+        else if (c === 3) this.style.italic = true;
+        else if (c === 4) this.style.underline = true;
+        else if (c === 22) { this.style.bold = false; this.style.dim = false; }
+        else if (c === 23) this.style.italic = false;
+        else if (c === 24) this.style.underline = false;
+        else if ((c >= 30 && c <= 37) || (c >= 90 && c <= 97)) this.style.fg = c;
+        else if (c === 39) this.style.fg = null;
+        else if (c >= 40 && c <= 47) this.style.bg = c;
+        else if (c === 49) this.style.bg = null;
+        else if (c === 38 || c === 48) i += codes[i + 1] === 5 ? 2 : 4; // 256/true colour: not rendered
+      }
+    }
+    push(text, cls) {
+      if (!text) return;
+      const last = this.segments[this.segments.length - 1];
+      if (last && last.cls === cls) last.text += text; else this.segments.push({ text: text, cls: cls });
+      this.size += text.length;
+      while (this.size > MAX_LOG_CHARS && this.segments.length) {
+        const first = this.segments[0];
+        const drop = Math.min(first.text.length, this.size - MAX_LOG_CHARS);
+        first.text = first.text.slice(drop);
+        this.size -= drop;
+        if (!first.text) this.segments.shift();
+      }
+    }
+    write(data, final) {
+      let text = this.carry + data;
+      this.carry = "";
+      const partial = final ? null : PARTIAL.exec(text);
+      if (partial && partial[0]) { this.carry = partial[0]; text = text.slice(0, partial.index); }
+      let at = 0;
+      const start = this.segments.length;
+      ESCAPES.lastIndex = 0;
+      for (let m = ESCAPES.exec(text); m; m = ESCAPES.exec(text)) {
+        this.push(text.slice(at, m.index), this.cls());
+        if (m[1] !== undefined) this.sgr(m[1]);
+        at = m.index + m[0].length;
+      }
+      this.push(text.slice(at), this.cls());
+      return start;
+    }
+    plain() { return this.segments.map((s) => s.text).join(""); }
+  }
+
+  function renderSegments(pre, log, term) {
+    const frag = document.createDocumentFragment();
+    const needle = term ? term.toLowerCase() : "";
+    let count = 0;
+    for (const seg of log.segments) {
+      const span = el("span", { class: seg.cls || null });
+      if (!needle) span.textContent = seg.text;
+      else {
+        const lower = seg.text.toLowerCase();
+        let at = 0;
+        for (let i = lower.indexOf(needle); i >= 0; i = lower.indexOf(needle, i + needle.length)) {
+          span.append(seg.text.slice(at, i), el("mark", { text: seg.text.slice(i, i + needle.length) }));
+          at = i + needle.length;
+          count++;
+        }
+        span.append(seg.text.slice(at));
+      }
+      frag.append(span);
+    }
+    put(pre, frag);
+    if (log.segments.length === 0) pre.textContent = t("log_empty");
+    return count;
+  }
+
+  async function downloadLog(run) {
+    const resp = await request("GET", pp("/runs/" + enc(run.id) + "/logs/raw"), null, true);
+    const blob = await resp.blob();
+    const url = URL.createObjectURL(blob);
+    const a = el("a", { href: url, download: "run-" + run.id + ".log" });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  }
+
+  function eventLine(ev) {
+    const p = ev.payload || {};
+    const bits = [];
+    if (p.from && p.to) bits.push(p.from + " → " + p.to);
+    for (const key of ["attempt", "exit_code", "error_code", "reason", "result", "outcome", "trigger_type", "task_revision"]) {
+      if (p[key] !== undefined && p[key] !== null) bits.push(key + "=" + p[key]);
+    }
+    return el("li", {}, el("strong", { text: ev.type }), " ", when(ev.created_at_ms), " ",
+      el("span", { class: "muted", text: ev.actor_type + (bits.length ? " · " + bits.join(", ") : "") }));
+  }
+
+  async function pageRun(view, mine, runId) {
+    let run = await get(pp("/runs/" + enc(runId)));
+    if (!current(mine)) return;
+    const title = el("h1");
+    const facts = el("div");
+    const actions = el("p", { class: "actions" });
+    const timeline = el("ol", { class: "timeline" });
+    const pre = el("pre", { class: "log", tabindex: "0", "aria-label": t("log"), id: "run-log" });
+    const search = el("input", { type: "search", placeholder: t("search"), "aria-label": t("search"), id: "log-search" });
+    const matchInfo = el("span", { class: "muted", id: "log-matches" });
+    const followState = el("span", { class: "muted", id: "log-follow" });
+    const log = new AnsiLog();
+    const follow = { offset: 0, attempt: null, complete: false, paused: false, timer: null, current: -1, eventsAfter: 0 };
+    const pauseBtn = btn(t("pause"), () => {
+      follow.paused = !follow.paused;
+      pauseBtn.textContent = follow.paused ? t("resume") : t("pause");
+      pauseBtn.setAttribute("aria-pressed", String(follow.paused));
+      if (!follow.paused) pre.scrollTop = pre.scrollHeight;
+    }, "toggle", { "aria-pressed": "false", id: "log-pause" });
+    const jump = btn(t("jump_end"), () => { pre.scrollTop = pre.scrollHeight; }, null, { id: "log-end" });
+    const step = (dir) => {
+      const marks = pre.querySelectorAll("mark");
+      if (!marks.length) return;
+      if (follow.current >= 0 && marks[follow.current]) marks[follow.current].classList.remove("current");
+      follow.current = (follow.current + dir + marks.length) % marks.length;
+      marks[follow.current].classList.add("current");
+      marks[follow.current].scrollIntoView({ block: "nearest" });
+      if (!follow.paused) pauseBtn.click(); // reading a match: stop the view from jumping to the end
+    };
+    const redraw = () => {
+      const n = renderSegments(pre, log, search.value);
+      matchInfo.textContent = search.value ? t("matches", { n: n }) : "";
+      follow.current = -1;
+      if (!follow.paused && !search.value) pre.scrollTop = pre.scrollHeight;
+    };
+    search.addEventListener("input", redraw);
+    const logBar = el("div", { class: "logbar" }, search, matchInfo, btn(t("prev"), () => step(-1)), btn(t("next"), () => step(1)),
+      pauseBtn, jump, btn(t("download"), () => downloadLog(run).catch(fail), null, { id: "log-download" }), followState);
+
+    const drawFacts = () => {
+      put(title, t("run") + " " + short(run.id) + " ", badge(run.status));
+      put(facts, fields([
+        [t("task"), run.task_name ? link("#/tasks/" + enc(run.task_name), run.task_name) : short(run.task_id)],
+        [t("revision"), "r" + run.task_revision],
+        [t("trigger"), run.trigger || run.trigger_type],
+        [t("attempt"), run.attempt],
+        [t("status"), el("span", {}, badge(run.status), run.waiting_reason ? " " + t("waiting", { reason: run.waiting_reason }) : "")],
+        [t("created"), when(run.created_at_ms)],
+        [t("started"), when(run.started_at_ms)],
+        [t("finished"), when(run.finished_at_ms)],
+        [t("duration"), runDuration(run)],
+        [t("exit"), run.exit_code],
+        [t("error_code"), run.error_code],
+        [t("cancel_reason"), run.cancel_reason],
+        ["id", el("code", { text: run.id })],
+      ]));
+      const live = !TERMINAL.has(run.status);
+      put(actions, 
+        live && can("run.stop") && !run.cancel_requested_at_ms ? btn(t("cancel_run"), async () => {
+          if (!(await confirmAction(t("cancel_confirm", { id: short(run.id), task: run.task_name || "" }), t("cancel_yes")))) return;
+          try {
+            await post(pp("/runs/" + enc(run.id) + "/cancel"));
+            say(t("cancel_requested", { id: short(run.id) }));
+            run = await get(pp("/runs/" + enc(run.id)));
+            drawFacts();
+          } catch (e) { fail(e); }
+        }, "danger", { id: "run-cancel" }) : null,
+        can("run.create") ? btn(t("rerun"), () => startRun({ id: run.task_id, name: run.task_name }, run.id).catch(fail), null, { id: "run-rerun" }) : null);
+    };
+
+    const pollEvents = async () => {
+      for (let i = 0; i < 20; i++) { // bounded: at most 20 pages of events per poll
+        const page = await get(pp("/runs/" + enc(run.id) + "/events?after=" + follow.eventsAfter + "&limit=100"));
+        if (!current(mine)) return;
+        for (const ev of page.items) { timeline.append(eventLine(ev)); follow.eventsAfter = ev.sequence; }
+        if (page.next_after === null || page.items.length === 0) return;
+      }
+    };
+
+    const pollLog = async () => {
+      for (let i = 0; i < 16; i++) { // bounded catch-up per poll: 16 pages of 64 KiB
+        const q = "?offset=" + follow.offset + "&max_bytes=" + LOG_PAGE + (follow.attempt ? "&attempt=" + follow.attempt : "");
+        const page = await get(pp("/runs/" + enc(run.id) + "/logs" + q));
+        if (!current(mine)) return;
+        if (follow.attempt === null && page.attempt !== null) follow.attempt = page.attempt;
+        const grew = page.data.length > 0;
+        if (grew) log.write(page.data, page.complete);
+        follow.offset = page.next_offset;
+        follow.complete = page.complete;
+        if (grew) redraw();
+        if (page.eof) break;
+      }
+      if (!log.segments.length) redraw();
+      followState.textContent = follow.complete ? t("log_done") : t("following");
+    };
+
+    const loop = async () => {
+      follow.timer = null;
+      if (!current(mine)) return;
+      try {
+        if (!TERMINAL.has(run.status) || !follow.complete) {
+          run = await get(pp("/runs/" + enc(run.id)));
+          if (!current(mine)) return;
+          drawFacts();
+          await pollEvents();
+          await pollLog();
+        }
+      } catch (e) {
+        if (!(e instanceof ApiError && e.code === "network_error")) fail(e);
+      }
+      if (current(mine) && !follow.complete) follow.timer = setTimeout(loop, LOG_POLL_MS);
+    };
+    cleanup.push(() => { if (follow.timer) clearTimeout(follow.timer); });
+
+    drawFacts();
+    put(view, title, actions, el("section", {}, facts),
+      el("section", { "aria-labelledby": "log-title" }, el("h2", { id: "log-title", text: t("log") }), logBar, pre),
+      el("section", { "aria-labelledby": "timeline-title" }, el("h2", { id: "timeline-title", text: t("timeline") }), timeline));
+    await pollEvents();
+    await pollLog();
+    if (current(mine) && !follow.complete) follow.timer = setTimeout(loop, LOG_POLL_MS);
   }
 
   // --- approvals ------------------------------------------------------------------------------------
-
-  async function loadApprovals() {
-    const pending = (await get(projectPath("/approvals?state=pending&limit=100"))).items;
-    const recent = (await get(projectPath("/approvals?limit=50"))).items;
-    const open = pending.filter((a) => a.effective_state === "pending");
-    const seen = new Set(open.map((a) => a.id));
-    const list = open.concat(recent.filter((a) => !seen.has(a.id)));
-    const rows = list.map((a) => {
-      const row = document.createElement("tr");
-      cell(row, a.id, "mono");
-      cell(row, "").appendChild(badge(a.effective_state));
-      cell(row, a.action_type === "run.create" ? taskName(a.action_ref) : a.action_type + " " + a.action_ref);
-      cell(row, when(a.requested_at_ms), "time");
-      cell(row, when(a.expires_at_ms), "time");
-      cell(row, a.decision ? a.reason_code : "", "mono");
-      const actions = cell(row, "", "actions");
-      if (a.effective_state === "pending") {
-        const reason = document.createElement("input");
-        reason.type = "text";
-        reason.size = 11;
-        reason.placeholder = "reason_code";
-        reason.setAttribute("aria-label", "Reason code for rejecting " + a.id);
-        actions.append(
-          button("Approve", () => decide(a.id, "approve", "approved"), "Approve " + a.id),
-          reason,
-          button("Reject", () => decide(a.id, "reject", reason.value.trim()), "Reject " + a.id),
-        );
-      }
-      return row;
-    });
-    fill($("approvals"), rows, 7, "No approval requests.");
+  function reasonCode(choice, text) {
+    // The API takes a reason code; free text becomes part of it, folded to lower-case words.
+    const words = String(text || "").toLowerCase().normalize("NFKD").replace(/[^a-z0-9]+/g, "_").replace(/^_+|_+$/g, "");
+    const code = words ? choice + "_" + words : choice;
+    return code.slice(0, 64).replace(/_+$/, "");
   }
 
-  async function decide(approvalId, decision, reasonCode) {
-    if (!REASON_RE.test(reasonCode)) {
-      say("validation_failed: a reason code is lower-case letters, digits and _ (e.g. not_needed)", true);
-      return;
-    }
-    try {
-      const res = await api("POST", projectPath("/approvals/" + encodeURIComponent(approvalId) + "/" + decision),
-        { reason_code: reasonCode });
-      say("Approval " + approvalId + ": " + res.body.state + ".");
-      await loadApprovals();
-      refreshRuns();
-    } catch (e) { fail(e); }
+  async function whatRuns(approval, taskById, box) {
+    const task = taskById.get(approval.action_ref);
+    if (!task) { put(box, el("p", { class: "muted", text: t("not_found") })); return; }
+    const revs = (await get(pp("/tasks/" + enc(task.id) + "/revisions"))).items;
+    put(box, fields([
+      [t("command"), commandView(task)],
+      [t("cwd"), cwdView(task)],
+      [t("env_keys"), task.env_keys.join(", ") || t("none")],
+      [t("placement"), placement(task)],
+      [t("revision"), "r" + task.revision],
+      [t("diff_prev"), revs.length > 1 ? diffList(specDiff(revs[1].spec, revs[0].spec)) : t("first_revision")],
+    ]));
+  }
+
+  async function pageApprovals(view, mine) {
+    const [pending, recent, tasks] = await Promise.all([
+      get(pp("/approvals?state=pending&limit=100")), get(pp("/approvals?limit=50")), get(pp("/tasks?limit=200")),
+    ]);
+    if (!current(mine)) return;
+    const taskById = new Map(tasks.items.map((x) => [x.id, x]));
+    const who = (id) => id && id === me.principalId ? t("you") : short(id);
+    const decide = async (a, decision, code) => {
+      try {
+        await post(pp("/approvals/" + enc(a.id) + "/" + decision), { reason_code: code });
+        say(decision === "approve" ? t("approved") : t("rejected"));
+        await pageApprovals(view, mine);
+        await refreshBadge();
+      } catch (e) { fail(e); }
+    };
+    const rows = pending.items.map((a) => {
+      const task = taskById.get(a.action_ref);
+      const own = a.requested_by === me.principalId;
+      const box = el("div", { class: "what" });
+      let controls = null;
+      if (can("approval.decide") && own) controls = el("span", { class: "muted", text: t("own_request") });
+      else if (can("approval.decide")) {
+        const reason = el("select", { "aria-label": t("reason") }, REJECT_REASONS.map((r) => el("option", { value: r, text: r })));
+        const note = el("input", { type: "text", placeholder: t("free_text"), "aria-label": t("free_text"), maxlength: 60 });
+        controls = el("span", { class: "actions" },
+          btn(t("approve"), () => decide(a, "approve", "approved"), "primary", { "data-action": "approve" }),
+          reason, note,
+          btn(t("reject"), () => decide(a, "reject", reasonCode(reason.value, note.value)), "danger", { "data-action": "reject" }));
+      }
+      const details = can("approval.decide") ? el("details", { ontoggle: (e) => { if (e.target.open) whatRuns(a, taskById, box).catch(fail); } },
+        el("summary", { text: t("what_runs") }), box) : null;
+      return {
+        id: a.id,
+        cells: [
+          task ? link("#/tasks/" + enc(task.name), task.name) : short(a.action_ref),
+          task ? "r" + task.revision : "",
+          who(a.requested_by),
+          when(a.requested_at_ms),
+          when(a.expires_at_ms),
+          badge(a.effective_state),
+          el("div", {}, controls, details),
+        ],
+      };
+    });
+    const decided = recent.items.filter((a) => a.effective_state !== "pending").map((a) => ({
+      id: a.id,
+      cells: [taskById.get(a.action_ref) ? taskById.get(a.action_ref).name : short(a.action_ref), who(a.requested_by),
+        badge(a.effective_state), a.reason_code || "", who(a.decided_by), when(a.decided_at_ms || a.requested_at_ms)],
+    }));
+    put(view, el("h1", { text: t("nav_approvals") }),
+      el("section", { "aria-labelledby": "ap-pending" }, el("h2", { id: "ap-pending", text: t("pending_approvals") }),
+        table([t("task"), t("revision"), t("requested_by"), t("requested"), t("expires"), t("state"), t("actions")], rows, t("no_pending"), t("pending_approvals"))),
+      el("section", { "aria-labelledby": "ap-decided" }, el("h2", { id: "ap-decided", text: t("decided") }),
+        table([t("task"), t("requested_by"), t("state"), t("reason"), "→", t("finished")], decided, t("no_approvals"), t("decided"))));
+    setRefresh(async () => {
+      // a decision in progress (a focused control or an open detail) is not wiped by the refresh
+      if (view.contains(document.activeElement) && document.activeElement !== view) return;
+      if (view.querySelector("details[open]")) return;
+      await pageApprovals(view, mine);
+    });
   }
 
   // --- workers --------------------------------------------------------------------------------------
-
-  async function loadWorkers() {
-    const page = await get(projectPath("/workers"));
-    const rows = page.items.map((w) => {
-      const row = document.createElement("tr");
-      cell(row, w.id, "mono");
-      cell(row, "").appendChild(badge(w.status));
-      cell(row, w.active_runs, "num");
-      cell(row, w.max_concurrent_runs, "num");
-      cell(row, Object.entries(w.labels || {}).map(([k, v]) => k + "=" + v).join(", "));
-      cell(row, (w.executors || []).join(", "));
-      cell(row, when(w.last_heartbeat_at_ms), "time");
-      return row;
-    });
-    fill($("workers"), rows, 7, "No workers registered.");
+  async function pageWorkers(view, mine) {
+    const page = await get(pp("/workers"));
+    if (!current(mine)) return;
+    const rows = page.items.map((w) => ({
+      id: w.id,
+      cells: [
+        el("code", { text: w.id }), badge(w.status),
+        (w.busy ?? w.active_runs) + " / " + (w.slots ?? w.max_concurrent_runs),
+        Object.entries(w.labels || {}).map(([k, v]) => k + "=" + v).join(", "),
+        (w.executors || []).join(", "),
+        when(w.last_heartbeat_at_ms),
+        can("worker.manage") && w.status === "online" ? btn(t("drain"), async () => {
+          if (!(await confirmAction(t("drain_confirm", { id: w.id }), t("drain")))) return;
+          try {
+            await post("/workers/" + enc(w.id) + "/drain");
+            say(t("drained", { id: w.id }));
+            await pageWorkers(view, mine);
+          } catch (e) { fail(e); }
+        }, "danger") : "",
+      ],
+    }));
+    put(view, el("h1", { text: t("nav_workers") }), el("section", {},
+      table([t("worker"), t("status"), t("slots"), t("labels"), t("executors"), t("heartbeat"), t("actions")], rows, t("no_workers"), t("nav_workers"))));
+    setRefresh(() => pageWorkers(view, mine));
   }
 
-  // --- the cancellation status card -----------------------------------------------------------------
-
-  const ADVICE = {
-    none: "Nothing to do.",
-    wait: "Cancellations are in progress; they converge on their own.",
-    inspect: "Some cancellations are blocked: list them and inspect each (ql3 run inspect RUN).",
-  };
-
-  async function loadSummary() {
-    const s = await get(projectPath("/cancellation/summary"));
-    const assessment = $("card-assessment");
-    assessment.textContent = s.assessment;
-    assessment.className = "badge badge-" + String(s.assessment).replace(/[^a-z_]/g, "");
-    $("card-advice").textContent = ADVICE[s.operatorAction] || "";
-    const d = s.dispatches;
-    pairs($("card-dispatches"), [
-      ["pending", d.pending], ["leased", d.leased], ["retry wait", d.retryWait],
-      ["dispatched", d.dispatched], ["blocked", d.blocked], ["total", d.total],
-    ]);
-    const b = s.blockingResults;
-    pairs($("card-blocking"), [
-      ["identity mismatch", b.identityMismatch], ["pid mismatch", b.pidMismatch],
-      ["unsupported", b.unsupported], ["invalid", b.invalid],
-    ]);
-    pairs($("card-signals"), [["due", s.signals.due], ["expired lease", s.signals.expiredLease]]);
-    $("card-oldest").textContent = s.oldestBlockedAtMs ? "Oldest blocked since " + when(s.oldestBlockedAtMs) + " UTC." : "";
-    $("blocked-show").textContent = "List blocked runs (" + d.blocked + ")";
-  }
-
-  async function loadBlocked(next) {
-    const query = next && blockedCursor ? "?cursor=" + encodeURIComponent(blockedCursor) : "";
-    const page = await get(projectPath("/cancellation/blocked" + query));
-    const rows = page.items.map((item) => {
-      const row = document.createElement("tr");
-      cell(row, "").appendChild(button(item.runId, () => openRun(item.runId), "Show run " + item.runId, "link mono"));
-      cell(row, when(item.blockedAtMs), "time");
-      return row;
-    });
-    fill($("blocked-rows"), rows, 2, "No blocked cancellations.");
-    blockedCursor = page.nextCursor;
-    $("blocked").hidden = false;
-    $("blocked-more").hidden = !blockedCursor;
-    $("blocked-note").textContent = "As of " + when(page.snapshotAtMs) + " UTC" +
-      (page.truncated ? "; more blocked runs follow on the next page." : ".");
-  }
-
-  // --- refresh --------------------------------------------------------------------------------------
-
-  // Each part loads on its own, so a missing permission (say worker.read) hides only that part; a part
-  // the user is working in (focus inside it) is not redrawn under their hands.
-  async function refresh(quiet) {
-    $("content").hidden = !store.getItem(TOKEN_KEY);
-    if (!store.getItem(TOKEN_KEY)) {
-      say("Enter a bearer token (ql3 token create --role viewer) and press Connect.", false);
-      $("token").focus();
+  // --- tokens ---------------------------------------------------------------------------------------
+  async function pageTokens(view, mine) {
+    if (!can("project.admin")) {
+      put(view, el("h1", { text: t("nav_tokens") }), el("p", { class: "notice", text: t("admin_only") }));
       return;
     }
-    const errors = [];
-    const part = async (tbodyId, load) => {
-      if (quiet && $(tbodyId).contains(document.activeElement)) return;
+    let page;
+    try {
+      page = await get(pp("/tokens"));
+    } catch (e) {
+      if (!(e instanceof ApiError) || (e.status !== 404 && e.status !== 405)) throw e;
+      if (!current(mine)) return;
+      put(view, el("h1", { text: t("nav_tokens") }), el("p", { class: "notice", id: "tokens-missing", text: t("tokens_missing") }));
+      return;
+    }
+    if (!current(mine)) return;
+    const rows = page.items.map((k) => ({
+      id: k.id,
+      cells: [
+        k.name, k.role,
+        when(k.created_at_ms),
+        k.expires_at_ms ? when(k.expires_at_ms) : t("never"),
+        k.last_used_at_ms ? when(k.last_used_at_ms) : t("never"),
+        k.revoked_at_ms ? badge("revoked", t("revoked")) : badge("enabled", t("active")),
+        k.revoked_at_ms ? "" : btn(t("revoke"), async () => {
+          if (!(await confirmAction(t("revoke_confirm", { name: k.name }), t("revoke")))) return;
+          try {
+            await post(pp("/tokens/" + enc(k.id) + "/revoke"));
+            await pageTokens(view, mine);
+          } catch (e) { fail(e); }
+        }, "danger"),
+      ],
+    }));
+    const shown = el("div");
+    const name = el("input", { name: "name", value: "console", required: true, maxlength: 128, "aria-label": t("name") });
+    const role = el("select", { name: "role", "aria-label": t("role") }, Object.keys(PERMS).map((r) => el("option", { value: r, text: r })));
+    const form = el("form", { class: "filters", "aria-label": t("new_token") },
+      el("label", {}, t("name"), name), el("label", {}, t("role"), role),
+      el("button", { type: "submit", class: "primary", text: t("new_token") }));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
       try {
-        await load();
-      } catch (e) {
-        errors.push(e instanceof ApiError ? e.message : "client_error: " + e.message);
-        if ($(tbodyId).tagName === "TBODY") $(tbodyId).replaceChildren(); // no stale rows of another token
-      }
-    };
-    if (!quiet) await part("project", loadProjects);
-    await part("tasks", loadTasks);
-    await part("card", loadSummary);
-    if (!(quiet && runsExtended)) await part("runs", () => loadRuns(false));
-    await part("approvals", loadApprovals);
-    await part("workers", loadWorkers);
-    if (errors.length) say([...new Set(errors)].join(" \u00b7 "), true, true);
-    else if (!quiet || $("status").dataset.source === "refresh") say("", false, true);
+        const res = await post(pp("/tokens"), { name: name.value.trim(), role: role.value });
+        put(shown, el("p", { class: "notice" }, t("token_shown_once"), " ", el("code", { text: res.body.token })));
+        const again = await get(pp("/tokens"));
+        if (current(mine)) page.items = again.items;
+      } catch (e) { fail(e); }
+    });
+    put(view, el("h1", { text: t("nav_tokens") }), el("section", {}, form, shown),
+      el("section", {}, table([t("name"), t("role"), t("created"), t("expires_at"), t("last_used"), t("state"), t("actions")], rows, t("no_tokens"), t("nav_tokens"))));
   }
 
-  function tick() {
-    if (!document.hidden && store.getItem(TOKEN_KEY)) refresh(true);
+  // --- chrome: language, time zone, menu, project, sign out ------------------------------------------
+  function applyLanguage() {
+    document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
+    for (const node of document.querySelectorAll("[data-i18n]")) node.textContent = t(node.dataset.i18n);
+    const toggle = $("lang");
+    toggle.textContent = lang === "zh" ? "English" : "中文";
+    toggle.setAttribute("lang", lang === "zh" ? "en" : "zh");
+    $("tz").setAttribute("aria-pressed", String(utc));
+    $("tz").textContent = utc ? "UTC" : (lang === "zh" ? "本地时间" : "Local time");
+    showIdentity();
   }
 
-  // --- wiring ---------------------------------------------------------------------------------------
+  function init() {
+    // A token in the fragment (#token=...) is read once, kept in sessionStorage and removed from the URL.
+    const frag = new URLSearchParams(location.hash.replace(/^#\/?/, ""));
+    if (frag.has("token")) {
+      session.setItem(TOKEN_KEY, frag.get("token"));
+      session.removeItem(ME_KEY);
+      history.replaceState(null, "", location.pathname + location.search + "#/");
+    }
+    $("lang").addEventListener("click", () => {
+      lang = lang === "zh" ? "en" : "zh";
+      prefs.setItem("ql3.lang", lang);
+      applyLanguage();
+      render();
+    });
+    $("tz").addEventListener("click", () => {
+      utc = !utc;
+      prefs.setItem("ql3.tz", utc ? "utc" : "local");
+      applyLanguage();
+      render();
+    });
+    $("menu").addEventListener("click", () => {
+      const open = $("top").classList.toggle("open");
+      $("menu").setAttribute("aria-expanded", String(open));
+    });
+    $("project").addEventListener("change", (e) => {
+      session.setItem(PROJECT_KEY, e.target.value);
+      me.role = null;
+      go("#/");
+      render();
+    });
+    $("signout").addEventListener("click", () => {
+      signedOut();
+      $("approvals-badge").hidden = true;
+      go("#/");
+      render();
+    });
+    window.addEventListener("hashchange", render);
+    refreshTimer = setInterval(tick, REFRESH_MS);
+    applyLanguage();
+    render();
+  }
 
-  $("login").addEventListener("submit", (ev) => {
-    ev.preventDefault();
-    if ($("token").value) store.setItem(TOKEN_KEY, $("token").value);
-    $("token").value = "";
-    refresh(false);
-  });
-  $("project").addEventListener("change", () => {
-    store.setItem(PROJECT_KEY, $("project").value);
-    stopFollowing();
-    currentRun = null;
-    $("detail").hidden = true;
-    $("blocked").hidden = true;
-    refresh(false);
-  });
-  $("refresh").addEventListener("click", () => refresh(false));
-  $("logout").addEventListener("click", () => {
-    store.removeItem(TOKEN_KEY);
-    stopFollowing();
-    currentRun = null;
-    $("detail").hidden = true;
-    $("blocked").hidden = true;
-    for (const id of ["tasks", "runs", "approvals", "workers"]) $(id).replaceChildren();
-    $("content").hidden = true;
-    say("Token forgotten.", false);
-  });
-  $("detail-close").addEventListener("click", () => {
-    stopFollowing();
-    currentRun = null;
-    $("detail").hidden = true;
-  });
-  $("detail-cancel").addEventListener("click", cancelRun);
-  $("more").addEventListener("click", () => loadRuns(true).catch(fail));
-  $("blocked-show").addEventListener("click", () => { blockedCursor = null; loadBlocked(false).catch(fail); });
-  $("blocked-more").addEventListener("click", () => loadBlocked(true).catch(fail));
-
-  window.addEventListener("hashchange", () => { if (takeFragmentToken()) refresh(false); });
-  takeFragmentToken();
-  refresh(false);
-  setInterval(tick, REFRESH_MS);
+  init();
 })();

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import StreamingResponse
 
-from ql3.application import auth, rows, runs, tasks
+from ql3.application import auth, rows, run_queries, runs, tasks
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
 from ql3.domain.model import Attempt
 from ql3.domain.states import is_run_terminal
 from ql3.http import logs
 from ql3.http.auth import DbDep, PrincipalDep
-from ql3.http.dto import EventPage, LogPage, RunOut, RunPage, event_out, run_out
+from ql3.http.dto import EventPage, LogPage, RunOut, RunPage, event_out, run_row_out
 from ql3.ports.storage import Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}/runs", tags=["runs"])
@@ -43,16 +46,37 @@ def list_runs(
     db: DbDep,
     principal: PrincipalDep,
     task: Annotated[str | None, Query(max_length=128, description="a task name or id")] = None,
+    status: Annotated[
+        str | None, Query(max_length=200, description="comma-separated run statuses, e.g. failed,timed_out")
+    ] = None,
+    trigger: Annotated[
+        str | None, Query(max_length=16, description="manual, cron, approval or retry (a re-run)")
+    ] = None,
+    since: Annotated[
+        int | None, Query(ge=0, le=run_queries.MAX_TIME_MS, description="created at or after (epoch ms)")
+    ] = None,
+    until: Annotated[
+        int | None, Query(ge=0, le=run_queries.MAX_TIME_MS, description="created before (epoch ms)")
+    ] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=runs.MAX_PAGE)] = runs.DEFAULT_PAGE,
 ) -> RunPage:
-    """Newest first; pass ``next_cursor`` back as ``cursor`` for the next page."""
+    """Newest first; pass ``next_cursor`` back as ``cursor`` with the same filters for the next page.
+    An unknown status or trigger is refused (422 ``validation_failed``), never ignored."""
 
     def unit(tx: Transaction) -> RunPage:
         found = auth.authorize(tx, principal, project, "run.read")
-        task_id = tasks.find_task(tx, found.id, task).id if task else None
-        page, next_cursor = runs.list_runs(tx, found.id, task_id=task_id, cursor=cursor, limit=limit)
-        return RunPage(items=[run_out(r) for r in page], next_cursor=next_cursor)
+        flt = run_queries.RunFilter(
+            statuses=run_queries.parse_statuses(status),
+            trigger=trigger,
+            since_ms=since,
+            until_ms=until,
+        )
+        run_queries.validate_filter(flt)  # a bad value is refused before the task is looked up
+        if task:
+            flt = replace(flt, task_id=tasks.find_task(tx, found.id, task).id)
+        page, next_cursor = run_queries.list_filtered(tx, found.id, flt, cursor=cursor, limit=limit)
+        return RunPage(items=[run_row_out(r) for r in page], next_cursor=next_cursor)
 
     return db.transaction(unit, write=False)
 
@@ -61,7 +85,7 @@ def list_runs(
 def show_run(project: str, run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
     def unit(tx: Transaction) -> RunOut:
         found = auth.authorize(tx, principal, project, "run.read")
-        return run_out(runs.get_run(tx, found.id, _run_id(run_id)))
+        return run_row_out(run_queries.describe(tx, runs.get_run(tx, found.id, _run_id(run_id))))
 
     return db.transaction(unit, write=False)
 
@@ -130,4 +154,53 @@ def read_logs(
         data=text,
         eof=chunk.eof,  # a character still being written is held back, but nothing else follows yet
         complete=terminal and chunk.eof,  # a terminal run's last page is never held back
+    )
+
+
+MAX_RAW_LOG_PAGES = 4096  # 1 GiB at the largest page: a bound on one download, far above any real log
+
+
+@router.get(
+    "/{run_id}/logs/raw",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/plain": {}}, "description": "the attempt's whole log"}},
+)
+def read_raw_log(
+    project: str,
+    run_id: str,
+    db: DbDep,
+    principal: PrincipalDep,
+    logs_root: LogsRootDep,
+    attempt: Annotated[
+        int | None, Query(ge=1, le=MAX_ATTEMPTS_LISTED, description="default: the latest attempt")
+    ] = None,
+) -> StreamingResponse:
+    """The attempt's whole log as written so far, as a ``text/plain`` download (bytes as written)."""
+
+    def unit(tx: Transaction) -> tuple[str, Attempt | None]:
+        found = auth.authorize(tx, principal, project, "run.read")
+        run = runs.get_run(tx, found.id, _run_id(run_id))
+        return run.id, _attempt(tx, run.id, attempt)
+
+    found_id, chosen = db.transaction(unit, write=False)
+    if logs_root is None:
+        raise logs.LogsUnavailable()
+    root = logs_root
+    artifact = chosen.log_artifact_id or chosen.id if chosen is not None else None
+    first = logs.read_chunk(root, artifact, 0, logs.MAX_LOG_PAGE) if artifact else None
+
+    def body() -> Iterator[bytes]:
+        chunk = first
+        for _ in range(MAX_RAW_LOG_PAGES):
+            if chunk is None or not chunk.data:
+                return
+            yield chunk.data
+            if chunk.eof or artifact is None:
+                return
+            chunk = logs.read_chunk(root, artifact, chunk.next_offset, logs.MAX_LOG_PAGE)
+
+    return StreamingResponse(
+        body(),
+        media_type="text/plain; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="run-{found_id}.log"'},
     )

@@ -1,19 +1,58 @@
-"""Tasks: create, list, show, edit (a new revision), enable, disable, delete, and start a run."""
+"""Tasks: create, list, show, edit (a new revision), enable, disable, delete, and start a run.
+
+Who sees a task's command and working directory (docs/console.md): roles that may edit the task
+(``task.write``: operator, admin) or decide its approvals (``approval.decide``: approver, admin). A
+viewer sees ``command_visible: false`` and no text. The rule is applied here, not in the console.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
-from ql3.application import auth, runs, tasks
+from ql3.application import auth, run_queries, runs, task_revisions, tasks
+from ql3.domain.auth import role_allows
+from ql3.domain.errors import NotFound, ValidationFailed
+from ql3.domain.ids import is_id
+from ql3.domain.model import Principal, Project
+from ql3.domain.tasks import build_spec, public_spec
 from ql3.http.auth import DbDep, PrincipalDep
-from ql3.http.dto import RunCreate, RunOut, TaskCreate, TaskEdit, TaskOut, TaskPage, run_out, task_out
+from ql3.http.dto import (
+    RunCreate,
+    RunOut,
+    TaskCreate,
+    TaskEdit,
+    TaskOut,
+    TaskPage,
+    run_row_out,
+    task_out,
+)
 from ql3.http.routes.approvals import ApprovalRequested, request_approval
 from ql3.ports.storage import Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}/tasks", tags=["tasks"])
+
+COMMAND_READERS = ("task.write", "approval.decide")
+
+
+def may_see_command(tx: Transaction, principal: Principal, project: Project) -> bool:
+    """The command visibility rule: the roles that may edit the task or approve what it runs."""
+    role = auth.role_in(tx, principal, project)
+    return role is not None and any(role_allows(role, p) for p in COMMAND_READERS)
+
+
+class RevisionOut(BaseModel):
+    revision: int
+    content_digest: str
+    created_at_ms: int
+    spec: dict[str, Any]  # the public spec; with "command" and "cwd" only for those who may see them
+
+
+class RevisionPage(BaseModel):
+    items: list[RevisionOut]
 
 
 @router.get("", response_model=TaskPage)
@@ -30,7 +69,8 @@ def list_tasks(
         found = auth.authorize(tx, principal, project, "task.read")
         views = tasks.list_tasks(tx, found.id, after=cursor or "", limit=limit)
         next_cursor = views[-1].task.name if len(views) == limit else None
-        return TaskPage(items=[task_out(v) for v in views], next_cursor=next_cursor)
+        reveal = may_see_command(tx, principal, found)
+        return TaskPage(items=[task_out(v, reveal=reveal) for v in views], next_cursor=next_cursor)
 
     return db.transaction(unit, write=False)
 
@@ -39,7 +79,8 @@ def list_tasks(
 def create_task(project: str, body: TaskCreate, db: DbDep, principal: PrincipalDep) -> TaskOut:
     def unit(tx: Transaction) -> TaskOut:
         found = auth.authorize(tx, principal, project, "task.write")
-        return task_out(tasks.create_task(tx, found.id, body.name, body.spec(), enabled=body.enabled))
+        created = tasks.create_task(tx, found.id, body.name, body.spec(), enabled=body.enabled)
+        return task_out(created, reveal=True)
 
     return db.transaction(unit)
 
@@ -48,7 +89,33 @@ def create_task(project: str, body: TaskCreate, db: DbDep, principal: PrincipalD
 def show_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> TaskOut:
     def unit(tx: Transaction) -> TaskOut:
         found = auth.authorize(tx, principal, project, "task.read")
-        return task_out(tasks.view(tx, tasks.find_task(tx, found.id, task)))
+        reveal = may_see_command(tx, principal, found)
+        return task_out(tasks.view(tx, tasks.find_task(tx, found.id, task)), reveal=reveal)
+
+    return db.transaction(unit, write=False)
+
+
+@router.get("/{task}/revisions", response_model=RevisionPage)
+def list_revisions(project: str, task: str, db: DbDep, principal: PrincipalDep) -> RevisionPage:
+    """The task's latest revisions, newest first (at most 50), so a client can show what changed."""
+
+    def unit(tx: Transaction) -> RevisionPage:
+        found = auth.authorize(tx, principal, project, "task.read")
+        reveal = may_see_command(tx, principal, found)
+        found_task = tasks.find_task(tx, found.id, task)
+        items = []
+        for rev in task_revisions.list_revisions(tx, found_task.id):
+            spec = build_spec(rev.spec)
+            shown = public_spec(spec) | ({"command": spec.command, "cwd": spec.cwd} if reveal else {})
+            items.append(
+                RevisionOut(
+                    revision=rev.revision,
+                    content_digest=rev.content_digest,
+                    created_at_ms=rev.created_at_ms,
+                    spec=shown,
+                )
+            )
+        return RevisionPage(items=items)
 
     return db.transaction(unit, write=False)
 
@@ -59,7 +126,7 @@ def edit_task(project: str, task: str, body: TaskEdit, db: DbDep, principal: Pri
 
     def unit(tx: Transaction) -> TaskOut:
         found = auth.authorize(tx, principal, project, "task.write")
-        return task_out(tasks.edit_task(tx, found.id, task, body.changes()))
+        return task_out(tasks.edit_task(tx, found.id, task, body.changes()), reveal=True)
 
     return db.transaction(unit)
 
@@ -67,7 +134,7 @@ def edit_task(project: str, task: str, body: TaskEdit, db: DbDep, principal: Pri
 def _set_enabled(db: DbDep, principal: PrincipalDep, project: str, task: str, enabled: bool) -> TaskOut:
     def unit(tx: Transaction) -> TaskOut:
         found = auth.authorize(tx, principal, project, "task.write")
-        return task_out(tasks.set_enabled(tx, found.id, task, enabled))
+        return task_out(tasks.set_enabled(tx, found.id, task, enabled), reveal=True)
 
     return db.transaction(unit)
 
@@ -122,16 +189,18 @@ def start_run(
             return request_approval(
                 tx, found, found_task, principal, priority=request.priority, idempotency_key=key
             )
+        rerun_of = _rerun_of(tx, found.id, found_task.id, request.rerun_of)
         cmd = runs.CreateRun(
             project_id=found.id,
             task=found_task,
             idempotency_key=key,
             priority=request.priority,
+            retry_of_run_id=rerun_of,
             actor_type="user",
             actor_id=principal.id,
         )
         run, created = runs.create_run(tx, cmd)
-        return run_out(run), created
+        return run_row_out(run_queries.describe(tx, run)), created
 
     result = db.transaction(unit)
     if isinstance(result, ApprovalRequested):
@@ -139,3 +208,18 @@ def start_run(
     out, created = result
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return out
+
+
+def _rerun_of(tx: Transaction, project_id: str, task_id: str, ref: str | None) -> str | None:
+    """A re-run names an earlier run of the same task in this project; anything else is refused."""
+    if ref is None:
+        return None
+    if not isinstance(ref, str) or not is_id(ref):
+        raise ValidationFailed("rerun_of is not a run id", field="rerun_of")
+    try:
+        earlier = runs.get_run(tx, project_id, ref)
+    except NotFound as exc:
+        raise ValidationFailed("rerun_of names no run of this project", field="rerun_of") from exc
+    if earlier.task_id != task_id:
+        raise ValidationFailed("rerun_of names a run of another task", field="rerun_of")
+    return earlier.id
