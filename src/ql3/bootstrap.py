@@ -128,6 +128,7 @@ def build_standalone_runtime(
     profile: str = "standalone",
     slots: int | None = None,
     worker_id: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> StandaloneRuntime:
     import socket
     import time
@@ -162,6 +163,7 @@ def build_standalone_runtime(
             worker_id=wid,
             home=home / "worker",
             slots=slots if slots is not None else max(2, (os.cpu_count() or 2) * 2),
+            labels=dict(labels or {}),
             run_lease_ms=run_lease_ms,
         ),
         clock=clock,

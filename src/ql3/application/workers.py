@@ -12,13 +12,16 @@ from ql3.domain.workers import (
     MAX_SESSION_LEASE_MS,
     MIN_SESSION_LEASE_MS,
     Capabilities,
+    Placement,
     WorkerSnapshot,
+    capability_mismatch,
     parse_capabilities,
     validate_worker_id,
 )
 from ql3.ports.storage import Row, Transaction
 
 MAX_WORKER_PAGE: Final = 64
+MAX_REQUIREMENT_PAGES: Final = 16  # placement warnings look at no more than 1,024 workers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,26 +210,59 @@ def snapshot_one(tx: Transaction, *, worker_id: str) -> list[WorkerSnapshot]:
     ]
 
 
+def worker_view(row: Row, now: int) -> dict[str, Any]:
+    """Management view of one worker row: no session ids, tokens or capability hashes.
+
+    ``slots`` is its capacity and ``busy`` its live run leases (``max_concurrent_runs`` and
+    ``active_runs`` are the older names of the same two numbers).
+    """
+    caps = json.loads(row["capabilities_json"])
+    live = int(row["lease_expires_at_ms"]) > now or row["status"] == "offline"
+    slots, busy = int(row["max_concurrent_runs"]), int(row["active_leases"])
+    return {
+        "id": row["worker_id"],
+        "status": row["status"] if live else "expired",
+        "generation": int(row["generation"]),
+        "slots": slots,
+        "busy": busy,
+        "max_concurrent_runs": slots,
+        "active_runs": busy,
+        "labels": caps.get("labels", {}),
+        "executors": caps.get("executors", []),
+        "last_heartbeat_at_ms": int(row["last_heartbeat_at_ms"]),
+    }
+
+
 def list_workers(tx: Transaction, *, after: str = "", limit: int = MAX_WORKER_PAGE) -> list[dict[str, Any]]:
-    """Management view: no session ids, tokens or capability hashes."""
+    """Management view of one page of workers by id."""
     if not 1 <= limit <= MAX_WORKER_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
     now = tx.now_ms()
-    out = []
-    for row in tx.all("worker_list", {"after": after, "limit": limit}):
-        caps = json.loads(row["capabilities_json"])
-        out.append(
-            {
-                "id": row["worker_id"],
-                "status": row["status"]
-                if row["lease_expires_at_ms"] > now or row["status"] == "offline"
-                else "expired",
-                "generation": int(row["generation"]),
-                "max_concurrent_runs": int(row["max_concurrent_runs"]),
-                "active_runs": int(row["active_leases"]),
-                "labels": caps.get("labels", {}),
-                "executors": caps.get("executors", []),
-                "last_heartbeat_at_ms": int(row["last_heartbeat_at_ms"]),
-            }
-        )
-    return out
+    return [worker_view(row, now) for row in tx.all("worker_list", {"after": after, "limit": limit})]
+
+
+def show_worker(tx: Transaction, worker_id: str) -> dict[str, Any]:
+    row = tx.one("worker_get", {"worker_id": worker_id})
+    if row is None:
+        raise NotFound("worker not found")
+    return worker_view(row, tx.now_ms())
+
+
+def requirement_met(tx: Transaction, placement: Placement) -> bool | None:
+    """Whether any registered worker that is not offline meets the placement's requirements.
+
+    Bounded: after ``MAX_REQUIREMENT_PAGES`` pages it answers None (unknown) rather than scan on.
+    """
+    after = ""
+    for _ in range(MAX_REQUIREMENT_PAGES):
+        page = tx.all("worker_list", {"after": after, "limit": MAX_WORKER_PAGE})
+        for row in page:
+            if row["status"] == "offline":
+                continue
+            caps = parse_capabilities(json.loads(row["capabilities_json"]))
+            if capability_mismatch(placement, caps) is None:
+                return True
+        if len(page) < MAX_WORKER_PAGE:
+            return False
+        after = str(page[-1]["worker_id"])
+    return None

@@ -146,17 +146,22 @@ class WorkerSnapshot:
     free_slots: int
 
 
-def mismatch(placement: Placement, worker: WorkerSnapshot) -> str | None:
-    """None when eligible, else a low-cardinality reason."""
-    if worker.free_slots < 1:
-        return "worker_unavailable"
-    if placement.executor not in worker.capabilities.executors:
+def capability_mismatch(placement: Placement, capabilities: Capabilities) -> str | None:
+    """None when the capabilities meet the placement's requirements, else ``executor`` or ``label``."""
+    if placement.executor not in capabilities.executors:
         return "executor"
-    labels = worker.capabilities.label_map
+    labels = capabilities.label_map
     for key, value in placement.required_labels:
         if labels.get(key) != value:
             return "label"
     return None
+
+
+def mismatch(placement: Placement, worker: WorkerSnapshot) -> str | None:
+    """None when eligible, else a low-cardinality reason."""
+    if worker.free_slots < 1:
+        return "worker_unavailable"
+    return capability_mismatch(placement, worker.capabilities)
 
 
 def score(placement: Placement, worker: WorkerSnapshot) -> int:

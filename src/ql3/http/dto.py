@@ -108,6 +108,12 @@ class TaskOut(BaseModel):
     next_fire_at_ms: int | None
 
 
+class TaskCreated(TaskOut):
+    """A new task, with warnings about what will keep its runs waiting (it is created anyway)."""
+
+    warnings: list[str] = []
+
+
 class TaskPage(BaseModel):
     items: list[TaskOut]
     next_cursor: str | None
@@ -171,6 +177,8 @@ class WorkerOut(BaseModel):
     id: str
     status: str
     generation: int
+    slots: int
+    busy: int
     max_concurrent_runs: int
     active_runs: int
     labels: dict[str, str]

@@ -7,9 +7,22 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import JSONResponse
 
-from ql3.application import auth, runs, tasks
+from ql3.application import auth, runs, tasks, workers
+from ql3.domain.errors import ValidationFailed
+from ql3.domain.tasks import TaskSpec
+from ql3.domain.workers import effective_placement
 from ql3.http.auth import DbDep, PrincipalDep
-from ql3.http.dto import RunCreate, RunOut, TaskCreate, TaskEdit, TaskOut, TaskPage, run_out, task_out
+from ql3.http.dto import (
+    RunCreate,
+    RunOut,
+    TaskCreate,
+    TaskCreated,
+    TaskEdit,
+    TaskOut,
+    TaskPage,
+    run_out,
+    task_out,
+)
 from ql3.http.routes.approvals import ApprovalRequested, request_approval
 from ql3.ports.storage import Transaction
 
@@ -35,13 +48,28 @@ def list_tasks(
     return db.transaction(unit, write=False)
 
 
-@router.post("", response_model=TaskOut, status_code=status.HTTP_201_CREATED)
-def create_task(project: str, body: TaskCreate, db: DbDep, principal: PrincipalDep) -> TaskOut:
-    def unit(tx: Transaction) -> TaskOut:
+@router.post("", response_model=TaskCreated, status_code=status.HTTP_201_CREATED)
+def create_task(project: str, body: TaskCreate, db: DbDep, principal: PrincipalDep) -> TaskCreated:
+    def unit(tx: Transaction) -> TaskCreated:
         found = auth.authorize(tx, principal, project, "task.write")
-        return task_out(tasks.create_task(tx, found.id, body.name, body.spec(), enabled=body.enabled))
+        view = tasks.create_task(tx, found.id, body.name, body.spec(), enabled=body.enabled)
+        return TaskCreated(**task_out(view).model_dump(), warnings=_placement_warnings(tx, view.spec))
 
     return db.transaction(unit)
+
+
+def _placement_warnings(tx: Transaction, spec: TaskSpec) -> list[str]:
+    """A requirement that no registered worker meets is allowed (a worker may come later), but said."""
+    if not spec.require:
+        return []
+    wanted = ",".join(f"{k}={v}" for k, v in sorted(spec.require.items()))
+    try:
+        placement = effective_placement(spec.executor, spec.require, spec.prefer)
+    except ValidationFailed:
+        return [f"--require {wanted} conflicts with the executor {spec.executor}: its runs never start"]
+    if workers.requirement_met(tx, placement) is not False:
+        return []
+    return [f"no registered worker meets --require {wanted}: its runs wait until one does"]
 
 
 @router.get("/{task}", response_model=TaskOut)
