@@ -67,3 +67,15 @@ def test_a_malformed_label_is_a_usage_error(tmp_path: Path, label: str) -> None:
 
     assert done.returncode == 64
     assert not (tmp_path / "home" / "ql3.db").exists()
+
+
+def test_run_show_says_why_a_queued_run_waits(labelled: Server) -> None:
+    labelled.cli_json("task", "add", "needs-tpu", "--command", "true", "--require", "tpu=v4")
+    started = labelled.cli_json("run", "start", "needs-tpu")
+
+    human = labelled.cli("run", "show", started["id"])
+    as_json = labelled.cli_json("run", "show", started["id"])
+
+    assert human.returncode == 0
+    assert any(line.split() == ["waiting", "no_matching_worker"] for line in human.stdout.splitlines())
+    assert (as_json["status"], as_json["waiting_reason"]) == ("queued", "no_matching_worker")

@@ -29,6 +29,8 @@ def _show(run: dict[str, Any]) -> None:
         [
             ("id", run["id"]),
             ("status", run["status"]),
+            # why a queued run is not running yet (no_free_slot, no_matching_worker, ...)
+            ("waiting", run.get("waiting_reason")),
             ("task_id", run["task_id"]),
             ("task_revision", run["task_revision"]),
             ("trigger_type", run.get("trigger_type")),

@@ -138,6 +138,8 @@ class RunOut(BaseModel):
     error_code: str | None
     cancel_requested_at_ms: int | None
     cancel_reason: str | None
+    # Why a queued run is not running yet (docs/dispatch.md); null when it is not queued.
+    waiting_reason: str | None = None
 
 
 class RunPage(BaseModel):
@@ -248,7 +250,9 @@ def task_out(view: TaskView) -> TaskOut:
     )
 
 
-def run_out(run: Run) -> RunOut:
+def run_out(run: Run, waiting_reason: str | None = None) -> RunOut:
+    """``waiting_reason``: as computed by ``workers.WaitingReasons``; a queued run without one is
+    ``queued`` (just queued, not yet examined)."""
     return RunOut(
         id=run.id,
         project_id=run.project_id,
@@ -268,6 +272,7 @@ def run_out(run: Run) -> RunOut:
         error_code=run.error_code,
         cancel_requested_at_ms=run.cancel_requested_at_ms,
         cancel_reason=run.cancel_reason,
+        waiting_reason=(waiting_reason or "queued") if run.status == "queued" else None,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from ql3.application import auth, rows, runs, tasks
+from ql3.application import auth, rows, runs, tasks, workers
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
 from ql3.domain.model import Attempt
@@ -52,7 +52,8 @@ def list_runs(
         found = auth.authorize(tx, principal, project, "run.read")
         task_id = tasks.find_task(tx, found.id, task).id if task else None
         page, next_cursor = runs.list_runs(tx, found.id, task_id=task_id, cursor=cursor, limit=limit)
-        return RunPage(items=[run_out(r) for r in page], next_cursor=next_cursor)
+        waiting = workers.WaitingReasons(tx)
+        return RunPage(items=[run_out(r, waiting.reason(r)) for r in page], next_cursor=next_cursor)
 
     return db.transaction(unit, write=False)
 
@@ -61,7 +62,8 @@ def list_runs(
 def show_run(project: str, run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
     def unit(tx: Transaction) -> RunOut:
         found = auth.authorize(tx, principal, project, "run.read")
-        return run_out(runs.get_run(tx, found.id, _run_id(run_id)))
+        run = runs.get_run(tx, found.id, _run_id(run_id))
+        return run_out(run, workers.WaitingReasons(tx).reason(run))
 
     return db.transaction(unit, write=False)
 

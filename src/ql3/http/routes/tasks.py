@@ -159,7 +159,7 @@ def start_run(
             actor_id=principal.id,
         )
         run, created = runs.create_run(tx, cmd)
-        return run_out(run), created
+        return run_out(run, workers.WaitingReasons(tx).reason(run)), created
 
     result = db.transaction(unit)
     if isinstance(result, ApprovalRequested):
