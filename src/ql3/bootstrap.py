@@ -240,9 +240,8 @@ def build_standalone_runtime(
 
     def cancellation_wait(backstop_s: float) -> bool:
         # Sleep until the next deadline, backoff or lease expiry (or a new intent), within the backstop.
-        row = db.transaction(lambda tx: tx.one("cancel_next_wake"), write=False) or {}
-        due = [int(v) for v in row.values() if v is not None]
-        delay = backstop_s if not due else max(0.0, (min(due) - clock()) / 1000)
+        due = db.transaction(supervisor.next_wake_ms, write=False)
+        delay = backstop_s if due is None else max(0.0, (due - clock()) / 1000)
         return db.wait_for("cancellations", min(backstop_s, delay + 0.001))
 
     worker.on_settled = lambda attempt_id: notifier.notify("runs")
