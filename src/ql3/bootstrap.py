@@ -128,6 +128,7 @@ def build_standalone_runtime(
     profile: str = "standalone",
     slots: int | None = None,
     worker_id: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> StandaloneRuntime:
     import socket
     import time
@@ -164,6 +165,7 @@ def build_standalone_runtime(
             worker_id=wid,
             home=home / "worker",
             slots=slots if slots is not None else max(2, (os.cpu_count() or 2) * 2),
+            labels=dict(labels or {}),
             run_lease_ms=run_lease_ms,
         ),
         clock=clock,
@@ -243,9 +245,8 @@ def build_standalone_runtime(
         # Sleep until the next deadline, backoff or lease expiry, within the backstop, measured on the
         # database's clock (the timeout scan compares deadlines with it). A new intent wakes us on
         # "cancellations"; a new deadline (the starting ACK) on "attempts", so we re-plan at once.
-        row, now = db.transaction(lambda tx: (tx.one("cancel_next_wake") or {}, tx.now_ms()), write=False)
-        due = [int(v) for v in row.values() if v is not None]
-        delay = backstop_s if not due else max(0.0, (min(due) - now) / 1000)
+        due, now = db.transaction(lambda tx: (supervisor.next_wake_ms(tx), tx.now_ms()), write=False)
+        delay = backstop_s if due is None else max(0.0, (due - now) / 1000)
         return notifier.wait_any(("cancellations", "attempts"), min(backstop_s, delay + 0.001))
 
     worker.on_settled = lambda attempt_id: notifier.notify("runs")

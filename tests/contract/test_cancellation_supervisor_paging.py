@@ -77,3 +77,43 @@ def test_an_oversized_intent_page_fails_the_cycle_closed(
     assert report.stop_reason == "oversized_page"
     assert (report.scanned, report.claimed, signal.calls) == (0, 0, [])
     assert count(harness.db, "cancellation_dispatches") == 0
+
+
+def test_another_servers_due_dispatch_does_not_wake_this_supervisor(harness: Harness) -> None:
+    # Given a running run of another server's worker (w1) whose supervisor failed to signal and then
+    # went away: its dispatch waits for a retry that is now overdue
+    project, (foreign,) = running_runs(harness.db, 1)
+    register(harness.db, "me", slots=100, lease_ms=LONG_MS)
+    start_run(harness.db, project, seed_task(harness.db, project, name="mine"))
+    offer = dispatcher(harness.db, lease_ms=LONG_MS).dispatch_once().offer
+    assert offer is not None and offer.fence.worker_id == "me"
+    start_fence(harness.db, offer.fence, 9)
+    request(harness.db, project, foreign.run_id)
+    theirs = cancellation.CancellationSupervisor(
+        harness.db, signal=None, owner="sup-w1", local_worker_id="w1"
+    )
+    assert theirs.run_cycle().results == {"controller_missing": 1}
+    harness.advance_clock(120_000)
+    ours = _supervisor(harness.db, FakeSignal(), local_worker_id="me")
+    anyone = _supervisor(harness.db, FakeSignal())
+    now = harness.now_ms()
+
+    def wake(sup: cancellation.CancellationSupervisor) -> int | None:
+        found: int | None = harness.db.transaction(sup.next_wake_ms, write=False)
+        return found
+
+    # Then a supervisor of any attempt would wake at once for it, ours has nothing scheduled
+    theirs_due = wake(anyone)
+    assert theirs_due is not None and theirs_due <= now
+    assert wake(ours) is None
+
+    # And our own dispatch's backoff does wake ours, at its time
+    request(harness.db, project, offer.fence.run_id)
+    no_controller = cancellation.CancellationSupervisor(
+        harness.db, signal=None, owner="sup-me", local_worker_id="me"
+    )
+    assert no_controller.run_cycle().results == {"controller_missing": 1}
+    mine = harness.db.raw(
+        "SELECT next_attempt_at_ms FROM cancellation_dispatches WHERE run_id = ?", (offer.fence.run_id,)
+    )
+    assert wake(ours) == int(mine[0]["next_attempt_at_ms"]) > now

@@ -143,3 +143,22 @@ def test_drain_needs_a_token(client: Any, register_worker: Any) -> None:
     resp = client.post(drain_url("w1"))
 
     assert resp.status_code == 401
+
+
+def test_show_gives_one_worker_with_labels_slots_and_busy(
+    db: SqliteDatabase, client: Any, make_token: Any, register_worker: Any
+) -> None:
+    register_worker("w1", slots=3, labels={"gpu": "yes"})
+    viewer = make_token("viewer")
+
+    shown = client.get(f"{WORKERS}/w1", headers=viewer)
+    missing = client.get(f"{WORKERS}/nope", headers=viewer)
+    bad = client.get(f"{WORKERS}/bad%20id", headers=viewer)
+
+    assert shown.status_code == 200
+    body = shown.json()
+    assert (body["id"], body["labels"], body["slots"], body["busy"]) == ("w1", {"gpu": "yes"}, 3, 0)
+    assert body == client.get(WORKERS, headers=viewer).json()["items"][0]
+    assert not any(secret in shown.text for secret in secrets_of(db))
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
+    assert bad.status_code == 404

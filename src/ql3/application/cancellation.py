@@ -562,6 +562,17 @@ class CancellationSupervisor:
             cursor = keys[-1]
         return report("page_limit")
 
+    def next_wake_ms(self, tx: Transaction) -> int | None:
+        """The earliest database instant at which this supervisor has work: a run deadline, or a
+        dispatch backoff or lease expiry of its own worker's attempts (any attempt without a local
+        worker). None: nothing is scheduled, wait for a new intent or the backstop."""
+        if self._local_worker_id is None:
+            row = tx.one("cancel_next_wake")
+        else:
+            row = tx.one("cancel_next_wake_for_worker", {"worker_id": self._local_worker_id})
+        due = [int(v) for v in (row or {}).values() if v is not None]
+        return min(due) if due else None
+
     def _one(self, run_id: str, requested_at: int, counts: dict[str, int], results: dict[str, int]) -> str:
         token = secrets.token_urlsafe(32)
         prepared: _Prepared = self._db.transaction(lambda tx: self._prepare(tx, run_id, requested_at, token))

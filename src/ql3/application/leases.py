@@ -184,7 +184,7 @@ def check_fence(
 ) -> tuple[Lease, int]:
     """Verify the full fence under a lease row lock; raises FenceConflict with a domain reason.
 
-    ``ignore_version`` is for results (completion, lost report, status): the renewal version may lag
+    ``ignore_version`` is for results (ACKs, completion, lost report, status): the renewal version may lag
     behind after a restart, while identity, generation and token must still match exactly.
     """
     lease = get_lease(tx, fence.attempt_id, lock=True)
@@ -259,9 +259,14 @@ def _run_and_attempt(tx: Transaction, fence: LeaseFence) -> tuple[Run, Attempt]:
 
 def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
     """Attempt ``claimed -> starting`` (the Run stays dispatching); the deadline is persisted before spawn.
-    It is computed here (``runs.attempt_deadline_ms``), never taken from the worker's clock."""
+    It is computed here (``runs.attempt_deadline_ms``), never taken from the worker's clock.
+
+    Like every result of the lease holder, an ACK is fenced on the exact authority (worker, session,
+    generations, token, live lease) but not on the renewal version: the holder's own renewal that
+    committed a moment earlier must not fence its ACK (docs/dispatch.md).
+    """
     run, attempt = _run_and_attempt(tx, fence)
-    lease, _ = check_fence(tx, fence)
+    lease, _ = check_fence(tx, fence, ignore_version=True)
     if attempt.status == "starting":
         return "already_starting", lease
     if attempt.status == "running":
@@ -306,7 +311,9 @@ def ack_running(
     if len(callback_token_digest) != 64:
         raise ValidationFailed("invalid callback digest")
     run, attempt = _run_and_attempt(tx, fence)
-    lease, now = check_fence(tx, fence)
+    # Not fenced on the renewal version: see ack_starting. A lost running ACK leaves no callback
+    # digest, and then even a valid receipt of the current holder could never complete the run.
+    lease, now = check_fence(tx, fence, ignore_version=True)
     if attempt.status == "running":
         if (
             attempt.executor_handle == handle
@@ -365,7 +372,7 @@ def _cancel_outcome(run: Run, default: str, code: str | None) -> tuple[str, str 
 def ack_start_failure(tx: Transaction, fence: LeaseFence, *, error_code: str) -> str:
     """From ``starting``: outcome by cancel fact; lease completed (v+1); two events; atomic."""
     run, attempt = _run_and_attempt(tx, fence)
-    lease, now = check_fence(tx, fence, allow_terminal_replay=True)
+    lease, now = check_fence(tx, fence, allow_terminal_replay=True, ignore_version=True)
     if lease.status == "completed":
         if attempt.status in ATTEMPT_TERMINAL and lease.version == fence.lease_version + 1:
             return "already_terminal"

@@ -6,19 +6,31 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFailed
+from ql3.application.tasks import get_revision
+from ql3.domain.errors import Conflict, FenceConflict, NotFound, Ql3Error, ValidationFailed
 from ql3.domain.ids import is_id
+from ql3.domain.model import Run
+from ql3.domain.tasks import build_spec
 from ql3.domain.workers import (
     MAX_SESSION_LEASE_MS,
     MIN_SESSION_LEASE_MS,
+    WAITING_REASONS,
     Capabilities,
+    FleetWorker,
+    Placement,
+    WaitingReason,
     WorkerSnapshot,
+    capability_mismatch,
+    effective_placement,
     parse_capabilities,
     validate_worker_id,
+    waiting_reason,
 )
 from ql3.ports.storage import Row, Transaction
 
 MAX_WORKER_PAGE: Final = 64
+MAX_REQUIREMENT_PAGES: Final = 16  # placement warnings look at no more than 1,024 workers
+MAX_WAITING_REVISIONS: Final = 256  # the metric classifies the queued runs of at most this many revisions
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,26 +219,124 @@ def snapshot_one(tx: Transaction, *, worker_id: str) -> list[WorkerSnapshot]:
     ]
 
 
+def worker_view(row: Row, now: int) -> dict[str, Any]:
+    """Management view of one worker row: no session ids, tokens or capability hashes.
+
+    ``slots`` is its capacity and ``busy`` its live run leases (``max_concurrent_runs`` and
+    ``active_runs`` are the older names of the same two numbers).
+    """
+    caps = json.loads(row["capabilities_json"])
+    live = int(row["lease_expires_at_ms"]) > now or row["status"] == "offline"
+    slots, busy = int(row["max_concurrent_runs"]), int(row["active_leases"])
+    return {
+        "id": row["worker_id"],
+        "status": row["status"] if live else "expired",
+        "generation": int(row["generation"]),
+        "slots": slots,
+        "busy": busy,
+        "max_concurrent_runs": slots,
+        "active_runs": busy,
+        "labels": caps.get("labels", {}),
+        "executors": caps.get("executors", []),
+        "last_heartbeat_at_ms": int(row["last_heartbeat_at_ms"]),
+    }
+
+
 def list_workers(tx: Transaction, *, after: str = "", limit: int = MAX_WORKER_PAGE) -> list[dict[str, Any]]:
-    """Management view: no session ids, tokens or capability hashes."""
+    """Management view of one page of workers by id."""
     if not 1 <= limit <= MAX_WORKER_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
     now = tx.now_ms()
-    out = []
-    for row in tx.all("worker_list", {"after": after, "limit": limit}):
-        caps = json.loads(row["capabilities_json"])
-        out.append(
-            {
-                "id": row["worker_id"],
-                "status": row["status"]
-                if row["lease_expires_at_ms"] > now or row["status"] == "offline"
-                else "expired",
-                "generation": int(row["generation"]),
-                "max_concurrent_runs": int(row["max_concurrent_runs"]),
-                "active_runs": int(row["active_leases"]),
-                "labels": caps.get("labels", {}),
-                "executors": caps.get("executors", []),
-                "last_heartbeat_at_ms": int(row["last_heartbeat_at_ms"]),
-            }
-        )
-    return out
+    return [worker_view(row, now) for row in tx.all("worker_list", {"after": after, "limit": limit})]
+
+
+def show_worker(tx: Transaction, worker_id: str) -> dict[str, Any]:
+    row = tx.one("worker_get", {"worker_id": worker_id})
+    if row is None:
+        raise NotFound("worker not found")
+    return worker_view(row, tx.now_ms())
+
+
+def requirement_met(tx: Transaction, placement: Placement) -> bool | None:
+    """Whether any registered worker that is not offline meets the placement's requirements.
+
+    Bounded: after ``MAX_REQUIREMENT_PAGES`` pages it answers None (unknown) rather than scan on.
+    """
+    after = ""
+    for _ in range(MAX_REQUIREMENT_PAGES):
+        page = tx.all("worker_list", {"after": after, "limit": MAX_WORKER_PAGE})
+        for row in page:
+            if row["status"] == "offline":
+                continue
+            caps = parse_capabilities(json.loads(row["capabilities_json"]))
+            if capability_mismatch(placement, caps) is None:
+                return True
+        if len(page) < MAX_WORKER_PAGE:
+            return False
+        after = str(page[-1]["worker_id"])
+    return None
+
+
+class WaitingReasons:
+    """Why queued runs wait, computed when read (docs/dispatch.md): one bounded look at the
+    registered workers per instance, one parsed placement per task revision. Writes nothing."""
+
+    def __init__(self, tx: Transaction) -> None:
+        self._tx = tx
+        self._fleet: list[FleetWorker] | None = None
+        self._placements: dict[tuple[str, int], Placement | None] = {}
+
+    def _workers(self) -> list[FleetWorker]:
+        if self._fleet is None:
+            now = self._tx.now_ms()
+            fleet: list[FleetWorker] = []
+            after = ""
+            for _ in range(MAX_REQUIREMENT_PAGES):
+                page = self._tx.all("worker_list", {"after": after, "limit": MAX_WORKER_PAGE})
+                for row in page:
+                    status = row["status"]
+                    if status in ("online", "draining") and int(row["lease_expires_at_ms"]) > now:
+                        fleet.append(
+                            FleetWorker(
+                                status=status,
+                                capabilities=parse_capabilities(json.loads(row["capabilities_json"])),
+                                free_slots=int(row["max_concurrent_runs"]) - int(row["active_leases"]),
+                            )
+                        )
+                if len(page) < MAX_WORKER_PAGE:
+                    break
+                after = str(page[-1]["worker_id"])
+            self._fleet = fleet
+        return self._fleet
+
+    def _placement(self, task_id: str, revision: int) -> Placement | None:
+        key = (task_id, revision)
+        if key not in self._placements:
+            spec = build_spec(get_revision(self._tx, task_id, revision).spec)
+            try:
+                self._placements[key] = effective_placement(spec.executor, spec.require, spec.prefer)
+            except Ql3Error:
+                self._placements[key] = None
+        return self._placements[key]
+
+    def for_revision(self, task_id: str, revision: int) -> WaitingReason:
+        return waiting_reason(self._placement(task_id, revision), self._workers())
+
+    def reason(self, run: Run) -> WaitingReason | None:
+        """The waiting reason of a queued run, None for any other status."""
+        if run.status != "queued":
+            return None
+        return self.for_revision(run.task_id, run.task_revision)
+
+
+def queued_by_reason(tx: Transaction) -> dict[str, int]:
+    """Queued runs counted by waiting reason (every reason present, zeros included).
+
+    Bounded: classifies the queued runs of the ``MAX_WAITING_REVISIONS`` task revisions with the most
+    queued runs; the total of queued runs is the runs-by-status gauge.
+    """
+    counts: dict[str, int] = dict.fromkeys(WAITING_REASONS, 0)
+    reasons = WaitingReasons(tx)
+    for row in tx.all("metrics_queued_by_revision", {"limit": MAX_WAITING_REVISIONS}):
+        counts[reasons.for_revision(str(row["task_id"]), int(row["task_revision"]))] += int(row["n"])
+    return counts

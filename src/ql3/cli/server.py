@@ -25,10 +25,10 @@ from ql3.cli.config import (
     write_credentials_file,
 )
 from ql3.cli.db import database_flag
-from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
 from ql3.cli.private import private_umask, require_private_home, tighten_sqlite_files
 from ql3.domain.errors import ValidationFailed
-from ql3.domain.workers import validate_worker_id
+from ql3.domain.workers import parse_capabilities, validate_worker_id
 
 log = logging.getLogger("ql3.serve")
 DEFAULT_URL = client_url(*parse_listen(DEFAULT_LISTEN))
@@ -106,6 +106,7 @@ def _ignore(signum: int, frame: FrameType | None) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
+    labels = _labels(args.label)  # refused before the database is touched
     # Imported here so that every other command starts without the web stack.
     import uvicorn
 
@@ -124,6 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             profile=args.profile,
             slots=args.slots,
             worker_id=args.worker_id,
+            labels=labels,
         )
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(prepared.db, lifecycle=[runtime], logs_root=logs_root)
@@ -167,6 +169,26 @@ def _slots(text: str) -> int:
     if not 1 <= value <= 1024:
         raise argparse.ArgumentTypeError("must be 1-1024")
     return value
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    try:
+        parse_capabilities({"executors": ["local_process"], "labels": {key: value}})
+    except ValidationFailed:
+        raise argparse.ArgumentTypeError("KEY=VALUE without control characters") from None
+    if not sep:
+        raise argparse.ArgumentTypeError("KEY=VALUE")
+    return key, value
+
+
+def _labels(pairs: list[tuple[str, str]] | None) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for key, value in pairs or []:
+        if labels.get(key, value) != value:
+            raise UsageError(f"--label {key} given twice with different values")
+        labels[key] = value
+    return labels
 
 
 def _worker_id(text: str) -> str:
@@ -214,6 +236,13 @@ def register(subparsers: Subparsers) -> None:
         default=None,
         help="id of the embedded worker (default embedded-<hostname>); give each server sharing one"
         " PostgreSQL database its own",
+    )
+    serve.add_argument(
+        "--label",
+        type=_label,
+        action="append",
+        metavar="KEY=VALUE",
+        help="a label of the embedded worker, matched by tasks' --require and --prefer (repeatable)",
     )
     serve.add_argument(
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"

@@ -166,6 +166,8 @@ def cmd_add(args: argparse.Namespace) -> int:
         output.emit_json(task)
     else:
         output.line(f"task {task['name']} created: id {task['id']} revision {task['revision']}")
+        for warning in task.get("warnings", []):
+            output.note(f"warning: {warning}")
     return EXIT_OK
 
 

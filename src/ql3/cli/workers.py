@@ -1,9 +1,10 @@
-"""``ql3 worker list`` and ``ql3 worker drain``."""
+"""``ql3 worker list``, ``ql3 worker show`` and ``ql3 worker drain``."""
 
 from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
+from typing import Any
 
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
@@ -24,15 +25,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         output.emit_json(page)
         return EXIT_OK
     output.table(
-        ("ID", "STATUS", "GEN", "RUNS", "SLOTS", "LABELS", "HEARTBEAT"),
+        ("ID", "STATUS", "GEN", "BUSY", "SLOTS", "LABELS", "HEARTBEAT"),
         [
             (
                 w["id"],
                 w["status"],
                 w["generation"],
-                w["active_runs"],
-                w["max_concurrent_runs"],
-                ",".join(f"{k}={v}" for k, v in sorted(w.get("labels", {}).items())) or None,
+                w["busy"],
+                w["slots"],
+                _labels(w) or None,
                 _when(w.get("last_heartbeat_at_ms")),
             )
             for w in page["items"]
@@ -40,6 +41,25 @@ def cmd_list(args: argparse.Namespace) -> int:
     )
     if page.get("next_after"):
         output.note(f"more: ql3 worker list --after {page['next_after']}")
+    return EXIT_OK
+
+
+def _labels(worker: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(worker.get("labels", {}).items()))
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, w = api.call("GET", f"/projects/{seg(args.project)}/workers/{seg(args.worker)}")
+    if wants_json(args):
+        output.emit_json(w)
+        return EXIT_OK
+    output.line(f"worker     {w['id']}")
+    output.line(f"status     {w['status']} (generation {w['generation']})")
+    output.line(f"slots      {w['busy']} busy of {w['slots']}")
+    output.line(f"labels     {_labels(w) or '-'}")
+    output.line(f"executors  {','.join(w.get('executors', [])) or '-'}")
+    output.line(f"heartbeat  {_when(w.get('last_heartbeat_at_ms')) or '-'} UTC")
     return EXIT_OK
 
 
@@ -58,6 +78,10 @@ def register(subparsers: Subparsers) -> None:
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     lst = add_command(actions, "list", cmd_list, "list the registered workers (one page)", project_flag())
     lst.add_argument("--after", default=None, metavar="ID", help="the next_after of the previous page")
+    show = add_command(
+        actions, "show", cmd_show, "one worker: labels, slots, busy slots, status", project_flag()
+    )
+    show.add_argument("worker", metavar="ID", help="worker id")
     drain = add_command(
         actions, "drain", cmd_drain, "stop giving a worker new runs (owner or admin of default)"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from ql3.domain.digests import canonical_json, sha256_hex
 from ql3.domain.errors import ValidationFailed
@@ -146,17 +146,22 @@ class WorkerSnapshot:
     free_slots: int
 
 
-def mismatch(placement: Placement, worker: WorkerSnapshot) -> str | None:
-    """None when eligible, else a low-cardinality reason."""
-    if worker.free_slots < 1:
-        return "worker_unavailable"
-    if placement.executor not in worker.capabilities.executors:
+def capability_mismatch(placement: Placement, capabilities: Capabilities) -> str | None:
+    """None when the capabilities meet the placement's requirements, else ``executor`` or ``label``."""
+    if placement.executor not in capabilities.executors:
         return "executor"
-    labels = worker.capabilities.label_map
+    labels = capabilities.label_map
     for key, value in placement.required_labels:
         if labels.get(key) != value:
             return "label"
     return None
+
+
+def mismatch(placement: Placement, worker: WorkerSnapshot) -> str | None:
+    """None when eligible, else a low-cardinality reason."""
+    if worker.free_slots < 1:
+        return "worker_unavailable"
+    return capability_mismatch(placement, worker.capabilities)
 
 
 def score(placement: Placement, worker: WorkerSnapshot) -> int:
@@ -169,3 +174,44 @@ def rank(placement: Placement, workers: Sequence[WorkerSnapshot]) -> list[tuple[
     eligible = [(w, score(placement, w)) for w in workers if mismatch(placement, w) is None]
     eligible.sort(key=lambda ws: (-ws[1], -ws[0].free_slots, ws[0].worker_id))
     return eligible
+
+
+WaitingReason = Literal["no_matching_worker", "no_free_slot", "worker_draining", "no_worker", "queued"]
+WAITING_REASONS: Final[tuple[WaitingReason, ...]] = (
+    "no_matching_worker",
+    "no_free_slot",
+    "worker_draining",
+    "no_worker",
+    "queued",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetWorker:
+    """A registered worker with a live session, as the waiting reason sees it."""
+
+    status: Literal["online", "draining"]
+    capabilities: Capabilities
+    free_slots: int
+
+
+def waiting_reason(placement: Placement | None, fleet: Sequence[FleetWorker]) -> WaitingReason:
+    """Why a queued run with this placement is not running yet (low cardinality, no ids or labels).
+
+    ``placement`` None means the task's placement cannot be satisfied by any worker at all (it
+    conflicts with its executor). ``queued``: a matching online worker has a free slot, so the run
+    only waits for its turn in the queue.
+    """
+    if not fleet:
+        return "no_worker"
+    if placement is None:
+        return "no_matching_worker"
+    matching = [w for w in fleet if capability_mismatch(placement, w.capabilities) is None]
+    if not matching:
+        return "no_matching_worker"
+    online = [w for w in matching if w.status == "online"]
+    if not online:
+        return "worker_draining"
+    if all(w.free_slots < 1 for w in online):
+        return "no_free_slot"
+    return "queued"

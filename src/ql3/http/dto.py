@@ -151,6 +151,12 @@ class TaskOut(BaseModel):
     cwd: str | None = None
 
 
+class TaskCreated(TaskOut):
+    """A new task, with warnings about what will keep its runs waiting (it is created anyway)."""
+
+    warnings: list[str] = []
+
+
 class TaskPage(BaseModel):
     items: list[TaskOut]
     next_cursor: str | None
@@ -178,6 +184,8 @@ class RunOut(BaseModel):
     task_name: str | None = None
     trigger: str = "manual"  # manual | cron | approval | retry (a re-run of an earlier run)
     attempt: int | None = None  # the latest attempt's number; null before the first claim
+    # Why a queued run is not running yet (docs/dispatch.md); null when it is not queued.
+    waiting_reason: str | None = None
 
 
 class RunPage(BaseModel):
@@ -217,6 +225,8 @@ class WorkerOut(BaseModel):
     id: str
     status: str
     generation: int
+    slots: int
+    busy: int
     max_concurrent_runs: int
     active_runs: int
     labels: dict[str, str]
@@ -293,8 +303,15 @@ def task_out(view: TaskView, *, reveal: bool = False) -> TaskOut:
 
 
 def run_out(
-    run: Run, *, task_name: str | None = None, trigger: str | None = None, attempt: int | None = None
+    run: Run,
+    *,
+    task_name: str | None = None,
+    trigger: str | None = None,
+    attempt: int | None = None,
+    waiting_reason: str | None = None,
 ) -> RunOut:
+    """``waiting_reason``: as computed by ``workers.WaitingReasons``; a queued run without one is
+    ``queued`` (just queued, not yet examined)."""
     return RunOut(
         id=run.id,
         project_id=run.project_id,
@@ -317,11 +334,18 @@ def run_out(
         task_name=task_name,
         trigger=trigger or trigger_of(run),
         attempt=attempt,
+        waiting_reason=(waiting_reason or "queued") if run.status == "queued" else None,
     )
 
 
-def run_row_out(row: RunRow) -> RunOut:
-    return run_out(row.run, task_name=row.task_name, trigger=row.trigger, attempt=row.attempt)
+def run_row_out(row: RunRow, waiting_reason: str | None = None) -> RunOut:
+    return run_out(
+        row.run,
+        task_name=row.task_name,
+        trigger=row.trigger,
+        attempt=row.attempt,
+        waiting_reason=waiting_reason,
+    )
 
 
 def event_out(event: RunEvent) -> EventOut:

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 
-from ql3.application import metrics, outcome_metrics
+from ql3.application import metrics, outcome_metrics, workers
 from ql3.application.outcome_metrics import DurationHistogram
 from ql3.ports.storage import Database, Transaction
 
@@ -30,6 +30,12 @@ def _registry(db: Database, loops: Sequence[Any]) -> Any:
                 for status, n in sorted(by_status.items()):
                     gauge.add_metric([status], n)
                 yield gauge
+            waiting = GaugeMetricFamily(
+                "ql3_runs_queued_by_reason", "queued runs by waiting reason", labels=["reason"]
+            )
+            for reason, n in db.transaction(workers.queued_by_reason, write=False).items():
+                waiting.add_metric([reason], n)
+            yield waiting
             cycles = CounterMetricFamily(
                 "ql3_loop_cycles", "cycles run by each control loop", labels=["loop"]
             )

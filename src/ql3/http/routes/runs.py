@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from ql3.application import auth, rows, run_queries, runs, tasks
+from ql3.application import auth, rows, run_queries, runs, tasks, workers
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
 from ql3.domain.model import Attempt
@@ -76,7 +76,9 @@ def list_runs(
         if task:
             flt = replace(flt, task_id=tasks.find_task(tx, found.id, task).id)
         page, next_cursor = run_queries.list_filtered(tx, found.id, flt, cursor=cursor, limit=limit)
-        return RunPage(items=[run_row_out(r) for r in page], next_cursor=next_cursor)
+        waiting = workers.WaitingReasons(tx)
+        items = [run_row_out(r, waiting.reason(r.run)) for r in page]
+        return RunPage(items=items, next_cursor=next_cursor)
 
     return db.transaction(unit, write=False)
 
@@ -85,7 +87,8 @@ def list_runs(
 def show_run(project: str, run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
     def unit(tx: Transaction) -> RunOut:
         found = auth.authorize(tx, principal, project, "run.read")
-        return run_row_out(run_queries.describe(tx, runs.get_run(tx, found.id, _run_id(run_id))))
+        run = runs.get_run(tx, found.id, _run_id(run_id))
+        return run_row_out(run_queries.describe(tx, run), workers.WaitingReasons(tx).reason(run))
 
     return db.transaction(unit, write=False)
 

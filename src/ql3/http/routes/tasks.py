@@ -13,17 +13,19 @@ from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from ql3.application import auth, run_queries, runs, task_revisions, tasks
+from ql3.application import auth, run_queries, runs, task_revisions, tasks, workers
 from ql3.domain.auth import role_allows
 from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.domain.ids import is_id
 from ql3.domain.model import Principal, Project
-from ql3.domain.tasks import build_spec, public_spec
+from ql3.domain.tasks import TaskSpec, build_spec, public_spec
+from ql3.domain.workers import effective_placement
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import (
     RunCreate,
     RunOut,
     TaskCreate,
+    TaskCreated,
     TaskEdit,
     TaskOut,
     TaskPage,
@@ -75,14 +77,30 @@ def list_tasks(
     return db.transaction(unit, write=False)
 
 
-@router.post("", response_model=TaskOut, status_code=status.HTTP_201_CREATED)
-def create_task(project: str, body: TaskCreate, db: DbDep, principal: PrincipalDep) -> TaskOut:
-    def unit(tx: Transaction) -> TaskOut:
+@router.post("", response_model=TaskCreated, status_code=status.HTTP_201_CREATED)
+def create_task(project: str, body: TaskCreate, db: DbDep, principal: PrincipalDep) -> TaskCreated:
+    def unit(tx: Transaction) -> TaskCreated:
         found = auth.authorize(tx, principal, project, "task.write")
-        created = tasks.create_task(tx, found.id, body.name, body.spec(), enabled=body.enabled)
-        return task_out(created, reveal=True)
+        view = tasks.create_task(tx, found.id, body.name, body.spec(), enabled=body.enabled)
+        return TaskCreated(
+            **task_out(view, reveal=True).model_dump(), warnings=_placement_warnings(tx, view.spec)
+        )
 
     return db.transaction(unit)
+
+
+def _placement_warnings(tx: Transaction, spec: TaskSpec) -> list[str]:
+    """A requirement that no registered worker meets is allowed (a worker may come later), but said."""
+    if not spec.require:
+        return []
+    wanted = ",".join(f"{k}={v}" for k, v in sorted(spec.require.items()))
+    try:
+        placement = effective_placement(spec.executor, spec.require, spec.prefer)
+    except ValidationFailed:
+        return [f"--require {wanted} conflicts with the executor {spec.executor}: its runs never start"]
+    if workers.requirement_met(tx, placement) is not False:
+        return []
+    return [f"no registered worker meets --require {wanted}: its runs wait until one does"]
 
 
 @router.get("/{task}", response_model=TaskOut)
@@ -200,7 +218,7 @@ def start_run(
             actor_id=principal.id,
         )
         run, created = runs.create_run(tx, cmd)
-        return run_row_out(run_queries.describe(tx, run)), created
+        return run_row_out(run_queries.describe(tx, run), workers.WaitingReasons(tx).reason(run)), created
 
     result = db.transaction(unit)
     if isinstance(result, ApprovalRequested):

@@ -7,8 +7,7 @@ default project.
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
@@ -55,24 +54,17 @@ def _require_manage(tx: Transaction, principal: Principal) -> None:
         raise PermissionDenied(permission="worker.manage")
 
 
-def _view(tx: Transaction, worker_id: str) -> dict[str, Any]:
-    """The management view of one worker (the same fields as ``workers.list_workers``)."""
-    row = tx.one("worker_get", {"worker_id": worker_id})
-    if row is None:
-        raise NotFound("worker not found")
-    active = tx.one("worker_active_leases", {"worker_id": worker_id})
-    caps = json.loads(row["capabilities_json"])
-    live = int(row["lease_expires_at_ms"]) > tx.now_ms() or row["status"] == "offline"
-    return {
-        "id": row["worker_id"],
-        "status": row["status"] if live else "expired",
-        "generation": int(row["generation"]),
-        "max_concurrent_runs": int(row["max_concurrent_runs"]),
-        "active_runs": int(active["n"]) if active else 0,
-        "labels": caps.get("labels", {}),
-        "executors": caps.get("executors", []),
-        "last_heartbeat_at_ms": int(row["last_heartbeat_at_ms"]),
-    }
+@router.get("/api/v1/projects/{project}/workers/{worker_id}", response_model=WorkerOut)
+def show_worker(project: str, worker_id: str, db: DbDep, principal: PrincipalDep) -> WorkerOut:
+    """One registered worker: labels, slots and busy slots, status and heartbeat."""
+
+    def unit(tx: Transaction) -> WorkerOut:
+        auth.authorize(tx, principal, project, "worker.read")
+        if not WORKER_ID_RE.match(worker_id):
+            raise NotFound("worker not found")
+        return WorkerOut(**workers.show_worker(tx, worker_id))
+
+    return db.transaction(unit, write=False)
 
 
 @router.post("/api/v1/workers/{worker_id}/drain", response_model=WorkerOut)
@@ -84,6 +76,6 @@ def drain_worker(worker_id: str, db: DbDep, principal: PrincipalDep) -> WorkerOu
         if not WORKER_ID_RE.match(worker_id):
             raise NotFound("worker not found")
         workers.drain(tx, worker_id)
-        return WorkerOut(**_view(tx, worker_id))
+        return WorkerOut(**workers.show_worker(tx, worker_id))
 
     return db.transaction(unit)

@@ -111,3 +111,20 @@ SELECT
   (SELECT min(d.lease_expires_at_ms) FROM cancellation_dispatches d JOIN runs r ON r.id = d.run_id
    WHERE d.status = 'leased' AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out'))
     AS next_lease_ms
+
+-- The same for a supervisor that signals only its own worker's processes: another server's dispatch
+-- that is due (that server is down) must not wake it over and over. Deadlines stay global: any
+-- server may commit a timeout intent.
+-- name: cancel_next_wake_for_worker
+SELECT
+  (SELECT min(a.deadline_at_ms) FROM run_attempts a JOIN runs r ON r.id = a.run_id
+   WHERE a.status IN ('starting', 'running') AND a.deadline_at_ms IS NOT NULL
+     AND r.cancel_requested_at_ms IS NULL) AS next_deadline_ms,
+  (SELECT min(d.next_attempt_at_ms) FROM cancellation_dispatches d JOIN runs r ON r.id = d.run_id
+   JOIN run_attempts a ON a.id = d.attempt_id
+   WHERE d.status IN ('pending', 'retry_wait') AND a.worker_id = :worker_id
+     AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')) AS next_dispatch_ms,
+  (SELECT min(d.lease_expires_at_ms) FROM cancellation_dispatches d JOIN runs r ON r.id = d.run_id
+   JOIN run_attempts a ON a.id = d.attempt_id
+   WHERE d.status = 'leased' AND a.worker_id = :worker_id
+     AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')) AS next_lease_ms

@@ -32,3 +32,7 @@ WHERE finished_at_ms IS NOT NULL AND finished_at_ms <= :until_ms
   AND (finished_at_ms > :after_ms OR (finished_at_ms = :after_ms AND id > :after_id))
   AND status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
 ORDER BY finished_at_ms, id LIMIT :limit
+
+-- name: metrics_queued_by_revision
+SELECT task_id, task_revision, count(*) AS n FROM runs WHERE status = 'queued'
+GROUP BY task_id, task_revision ORDER BY n DESC, task_id, task_revision LIMIT :limit
