@@ -104,6 +104,18 @@ class _Active:
     exited: bool = False  # the process exited; completion pending or to be retried
 
 
+# What the journal keeps of a spec: identity and stop policy. The command, working directory and
+# environment values reach the launcher from the delivered offer only, and never touch the disk here.
+_JOURNAL_SPEC_KEYS: Final = frozenset(
+    {"runId", "attemptId", "projectId", "taskId", "taskRevision", "terminationGraceMs", "timeoutMs"}
+)
+
+
+def _journal_offer_json(offer: Offer) -> str:
+    spec = {k: v for k, v in offer.spec.items() if k in _JOURNAL_SPEC_KEYS}
+    return replace(offer, spec=spec).to_json()
+
+
 def _termination_grace_ms(record: JournalRecord) -> int:
     """The task's TERM -> KILL grace, as the offer carried it (``terminationGraceMs``)."""
     try:
@@ -263,7 +275,7 @@ class WorkerAgent:
                 lease_generation=f.lease_generation,
                 execution_spec_digest=offer.spec_digest,
                 delivery_kind=offer.delivery_kind,
-                offer_json=offer.to_json(),
+                offer_json=_journal_offer_json(offer),
             )
         )
         record = accepted.record
@@ -341,9 +353,11 @@ class WorkerAgent:
                 )
                 return record
             self._forget(record.attempt_id)
-            return self.journal.advance(
+            settled = self.journal.advance(
                 record.offer_id, expected_revision=record.revision, to_state="start_failure_acknowledged"
             )
+            self.journal.prune(record.offer_id)
+            return settled
         self._fault("spawned_before_started")
         handle = launched.handle.encode()
         with self._lock:
@@ -461,6 +475,7 @@ class WorkerAgent:
         )
         self._acknowledge(record)
         delete_receipt(self.config.receipts_dir, attempt_id)
+        self.journal.prune(record.offer_id)
         self._forget(attempt_id)
         return "completion_acknowledged"
 
@@ -509,6 +524,8 @@ class WorkerAgent:
                 to_state="recovery_required",
                 recovery_reason="process_exited_without_receipt",
             )
+        # The control plane holds the outcome now (or the lease was no longer ours): nothing to recover.
+        self.journal.prune(record.offer_id)
         self._forget(record.attempt_id)
         return "lost"
 
@@ -652,6 +669,7 @@ class WorkerAgent:
             self._client.report_lost(fence, error_code=LOST_LAUNCH_OUTCOME_UNKNOWN)
         except FenceConflict:
             pass
+        self.journal.prune(record.offer_id)
         self._forget(record.attempt_id)
         return "lost"
 
