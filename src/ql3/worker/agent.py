@@ -30,6 +30,7 @@ from ql3.execution.launcher import (
 )
 from ql3.execution.logs import log_path_for
 from ql3.execution.receipts import (
+    Receipt,
     ReceiptInvalid,
     delete_receipt,
     quarantine_receipt,
@@ -453,19 +454,27 @@ class WorkerAgent:
             return "unknown"
         if record.state in ("completion_acknowledged", "start_failure_acknowledged"):
             return record.state
+        receipt = self._trusted_receipt(record)
+        if receipt is None:
+            return self._exited_without_receipt(record)
+        return self._complete(record, receipt)
+
+    def _trusted_receipt(self, record: JournalRecord) -> Receipt | None:
+        assert record.completion_token_digest is not None
         try:
-            receipt = read_receipt(
+            return read_receipt(
                 self.config.receipts_dir,
-                attempt_id,
+                record.attempt_id,
                 expected_run_id=record.run_id,
                 expected_sequence=record.completion_callback_sequence or CALLBACK_SEQUENCE,
                 expected_token_digest=record.completion_token_digest,
             )
         except ReceiptInvalid:
-            quarantine_receipt(self.config.receipts_dir, attempt_id)
-            receipt = None
-        if receipt is None:
-            return self._exited_without_receipt(record)
+            quarantine_receipt(self.config.receipts_dir, record.attempt_id)
+            return None
+
+    def _complete(self, record: JournalRecord, receipt: Receipt) -> str:
+        attempt_id = record.attempt_id
         active = self._active_for(record)
         self._client.complete(
             active.fence,
@@ -502,6 +511,10 @@ class WorkerAgent:
             alive = False
         if alive:
             return "running"
+        # The shim publishes its receipt just before it exits: look again now that it is gone.
+        receipt = self._trusted_receipt(record)
+        if receipt is not None:
+            return self._complete(record, receipt)
         # Our own shims take their group along when they die (exit watcher); a re-adopted one is not
         # our child, so whatever survived it is found and stopped here, before the run is reported.
         try:
