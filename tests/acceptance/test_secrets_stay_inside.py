@@ -1,6 +1,6 @@
 """Nothing secret leaves the trusted process: a planted command, env value and token never show up in
 API responses, run events, the server's own log, or the control-plane tables other than the task
-definition itself (the worker's journal holds the offer: that is its one authorised copy)."""
+definition itself (the worker's journal never stores the command or env values either)."""
 
 from __future__ import annotations
 

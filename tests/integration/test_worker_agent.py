@@ -165,17 +165,18 @@ def test_a_crash_after_the_launching_barrier_is_never_spawned_again(env: Env) ->
         crashing.receive(offer)
     crashing.stop()
 
-    # When a new incarnation starts and the dispatcher offers the lease again
+    # When a new incarnation starts (no receipt, no trace of a shim) and the offer comes again
     restarted = env.agent()
     restarted.start()
     try:
-        record = restarted.journal.get(offer.offer_id)
-        assert record is not None and record.state == "recovery_required"
-        assert record.recovery_reason == "launch_outcome_unknown"
-        state = restarted.receive(offer)
-
-        # Then it is never spawned: the outcome is unknown, so a person or the lease expiry decides
-        assert state == "recovery_required" and env.starts() == 0
+        # Then the attempt is reported lost for the reason the worker knows, its journal row is gone,
+        # and the offer is refused: it is never spawned
+        run = env.db.transaction(lambda tx: runs.get_run(tx, env.project.id, offer.fence.run_id))
+        assert (run.status, run.error_code) == ("failed", "RECOVERY_LAUNCH_OUTCOME_UNKNOWN")
+        assert restarted.journal.get(offer.offer_id) is None
+        with pytest.raises(FenceConflict):
+            restarted.receive(offer)
+        assert env.starts() == 0
     finally:
         restarted.stop()
 
@@ -217,31 +218,19 @@ def test_lease_loss_stops_only_our_process_and_the_old_worker_never_writes_lost(
         agent.stop()
 
 
-def test_settled_journal_rows_are_pruned_after_the_retention_age(env: Env) -> None:
-    # Given a run that completed and was acknowledged in the journal
-    offset = [0]
-    agent = WorkerAgent(
-        InProcessControlPlane(env.db),
-        WorkerConfig(worker_id="w1", home=env.home / "worker", slots=4, journal_retention_ms=60_000),
-        clock=lambda: time.time_ns() // 1_000_000 + offset[0],
-    )
+def test_a_journal_row_is_pruned_as_soon_as_its_attempt_settles(env: Env) -> None:
+    # Given a worker running a short command
+    agent = env.agent()
     agent.start()
     try:
         offer = env.queue_and_claim(agent)
         agent.receive(offer)
-        _wait(
-            lambda: (
-                (r := agent.journal.get(offer.offer_id)) is not None and r.state == "completion_acknowledged"
-            )
-        )
 
-        # When the retention age has passed and the worker does its periodic maintenance
-        offset[0] = 120_000
-        agent._last_renewal_ms = 0
-        agent.maintain()
+        # When the run completes and the completion is acknowledged
+        _wait(lambda: env.run_status(offer.fence.run_id) == "succeeded")
 
-        # Then the settled row is gone, and the run's history in the control plane is untouched
-        assert agent.journal.get(offer.offer_id) is None
-        assert env.run_status(offer.fence.run_id) == "succeeded"
+        # Then its journal row is gone at once (no retention age to wait for)
+        _wait(lambda: agent.journal.get(offer.offer_id) is None)
+        assert agent.journal.audit().total == 0
     finally:
         agent.stop()

@@ -405,8 +405,10 @@ class ExitWatcher:
     ``start()`` creates the thread and ``stop()`` ends it; nothing creates a thread per run. The thread
     sleeps in ``select`` over the shims' pidfds and a self-pipe (written by ``watch`` and ``stop``); idle,
     it blocks without a timeout. While attempts run it also wakes every ``log_check_interval_s`` to cut
-    logs that outgrew their cap. On each exit it reaps the shim, removes the receipt's temp file, cuts
-    the log to its cap and then calls ``on_exit(attempt_id)`` on the watcher thread (keep it short).
+    logs that outgrew their cap. On each exit, a shim that left no receipt first takes its group along
+    (SIGKILL through its pidfd while it is still an unreaped zombie, so the group cannot be another's);
+    then it reaps the shim, removes the receipt's temp file, cuts the log to its cap and calls
+    ``on_exit(attempt_id)`` on the watcher thread (keep it short).
     Errors go to ``on_error`` (or the module logger) and never stop the thread.
 
     Only children of this process can be reaped. After a restart, shims started by a previous

@@ -30,6 +30,7 @@ from ql3.execution.launcher import (
 )
 from ql3.execution.logs import log_path_for
 from ql3.execution.receipts import (
+    Receipt,
     ReceiptInvalid,
     delete_receipt,
     quarantine_receipt,
@@ -102,6 +103,18 @@ class _Active:
     stop_requested: bool = False
     acked: bool = False  # running ACK committed: completion may be submitted
     exited: bool = False  # the process exited; completion pending or to be retried
+
+
+# What the journal keeps of a spec: identity and stop policy. The command, working directory and
+# environment values reach the launcher from the delivered offer only, and never touch the disk here.
+_JOURNAL_SPEC_KEYS: Final = frozenset(
+    {"runId", "attemptId", "projectId", "taskId", "taskRevision", "terminationGraceMs", "timeoutMs"}
+)
+
+
+def _journal_offer_json(offer: Offer) -> str:
+    spec = {k: v for k, v in offer.spec.items() if k in _JOURNAL_SPEC_KEYS}
+    return replace(offer, spec=spec).to_json()
 
 
 def _termination_grace_ms(record: JournalRecord) -> int:
@@ -263,7 +276,7 @@ class WorkerAgent:
                 lease_generation=f.lease_generation,
                 execution_spec_digest=offer.spec_digest,
                 delivery_kind=offer.delivery_kind,
-                offer_json=offer.to_json(),
+                offer_json=_journal_offer_json(offer),
             )
         )
         record = accepted.record
@@ -340,9 +353,11 @@ class WorkerAgent:
                 )
                 return record
             self._forget(record.attempt_id)
-            return self.journal.advance(
+            settled = self.journal.advance(
                 record.offer_id, expected_revision=record.revision, to_state="start_failure_acknowledged"
             )
+            self.journal.prune(record.offer_id)
+            return settled
         self._fault("spawned_before_started")
         handle = launched.handle.encode()
         with self._lock:
@@ -438,19 +453,27 @@ class WorkerAgent:
             return "unknown"
         if record.state in ("completion_acknowledged", "start_failure_acknowledged"):
             return record.state
+        receipt = self._trusted_receipt(record)
+        if receipt is None:
+            return self._exited_without_receipt(record)
+        return self._complete(record, receipt)
+
+    def _trusted_receipt(self, record: JournalRecord) -> Receipt | None:
+        assert record.completion_token_digest is not None
         try:
-            receipt = read_receipt(
+            return read_receipt(
                 self.config.receipts_dir,
-                attempt_id,
+                record.attempt_id,
                 expected_run_id=record.run_id,
                 expected_sequence=record.completion_callback_sequence or CALLBACK_SEQUENCE,
                 expected_token_digest=record.completion_token_digest,
             )
         except ReceiptInvalid:
-            quarantine_receipt(self.config.receipts_dir, attempt_id)
-            receipt = None
-        if receipt is None:
-            return self._exited_without_receipt(record)
+            quarantine_receipt(self.config.receipts_dir, record.attempt_id)
+            return None
+
+    def _complete(self, record: JournalRecord, receipt: Receipt) -> str:
+        attempt_id = record.attempt_id
         active = self._active_for(record)
         self._client.complete(
             active.fence,
@@ -460,6 +483,7 @@ class WorkerAgent:
         )
         self._acknowledge(record)
         delete_receipt(self.config.receipts_dir, attempt_id)
+        self.journal.prune(record.offer_id)
         self._forget(attempt_id)
         return "completion_acknowledged"
 
@@ -486,6 +510,10 @@ class WorkerAgent:
             alive = False
         if alive:
             return "running"
+        # The shim publishes its receipt just before it exits: look again now that it is gone.
+        receipt = self._trusted_receipt(record)
+        if receipt is not None:
+            return self._complete(record, receipt)
         # Our own shims take their group along when they die (exit watcher); a re-adopted one is not
         # our child, so whatever survived it is found and stopped here, before the run is reported.
         try:
@@ -508,6 +536,8 @@ class WorkerAgent:
                 to_state="recovery_required",
                 recovery_reason="process_exited_without_receipt",
             )
+        # The control plane holds the outcome now (or the lease was no longer ours): nothing to recover.
+        self.journal.prune(record.offer_id)
         self._forget(record.attempt_id)
         return "lost"
 
@@ -651,6 +681,7 @@ class WorkerAgent:
             self._client.report_lost(fence, error_code=LOST_LAUNCH_OUTCOME_UNKNOWN)
         except FenceConflict:
             pass
+        self.journal.prune(record.offer_id)
         self._forget(record.attempt_id)
         return "lost"
 

@@ -4,9 +4,12 @@ The journal is local delivery state, not an authority (domain.md sections 1-3.4,
 section 5). ``launching`` is committed before the executor is asked to spawn; a ``launching`` row found
 after a restart becomes ``recovery_required: launch_outcome_unknown`` and is never spawned again.
 
-The file holds each offer's lease token inside ``offer_json``, so it is ``0600`` in a ``0700``
-directory, and only one owner (an ``flock`` on ``<path>.lock``) may use it at a time. The raw
-completion token is never stored, only its sha256.
+The journal keeps only what recovery needs. ``offer_json`` is the offer as the worker stores it: the
+fence (with the lease token, which a restarted worker needs to prove its authority) and the spec's
+identity and stop policy, never the command, the working directory or environment values (the caller
+strips them, see ``worker.agent``). A record is pruned as soon as its attempt settles. The file is
+``0600`` in a ``0700`` directory, and only one owner (an ``flock`` on ``<path>.lock``) may use it at a
+time. The raw completion token is never stored, only its sha256.
 """
 
 from __future__ import annotations
@@ -317,6 +320,10 @@ _SELECT_EXPIRED: Final = (
     "ORDER BY updated_at_ms, offer_id LIMIT ?"
 )
 _DELETE: Final = "DELETE FROM journal WHERE offer_id = ? AND revision = ? AND state = ?"
+_DELETE_SETTLED: Final = (
+    "DELETE FROM journal WHERE offer_id = ? "
+    "AND state IN ('completion_acknowledged', 'start_failure_acknowledged', 'recovery_required')"
+)
 
 
 class WorkerJournal:
@@ -631,6 +638,15 @@ class WorkerJournal:
             for offer_id, revision, state in conn.execute(_SELECT_EXPIRED, (cutoff, limit)).fetchall():
                 deleted += conn.execute(_DELETE, (offer_id, revision, state)).rowcount
             return deleted
+
+    def prune(self, offer_id: str) -> bool:
+        """Delete one settled record now: ``completion_acknowledged``, ``start_failure_acknowledged``, or
+        ``recovery_required`` once the control plane holds the outcome (the caller knows when).
+
+        In-flight records are never deleted. Returns True when a row was deleted.
+        """
+        with self._transaction(write=True) as conn:
+            return conn.execute(_DELETE_SETTLED, (offer_id,)).rowcount == 1
 
     def _redelivered(
         self, conn: sqlite3.Connection, existing: JournalRecord, offer: JournalOffer

@@ -114,3 +114,18 @@ def test_retention_arguments_have_hard_limits(
         journal.retention(**arguments)
 
     assert len(journal.page()) == 1
+
+
+def test_prune_deletes_a_settled_record_at_once_and_never_an_in_flight_one(journal: WorkerJournal) -> None:
+    # Given one record in every state, all of them fresh
+    for state in PATH_TO:
+        _put(journal, f"offer-{state}", state)
+
+    # When each is pruned right away
+    pruned = {state for state in PATH_TO if journal.prune(f"offer-{state}")}
+
+    # Then only the settled ones (and recovery_required, whose outcome the caller says is recorded) went
+    assert pruned == {"completion_acknowledged", "start_failure_acknowledged", "recovery_required"}
+    for state in PATH_TO:
+        assert (journal.get(f"offer-{state}") is None) == (state in pruned)
+    assert journal.prune("offer-missing") is False
