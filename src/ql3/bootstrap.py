@@ -49,6 +49,7 @@ def open_database(url: str) -> ManagedDatabase:
 
 # -- the standalone runtime: dispatcher, embedded worker, scanners ------------------------------------
 
+CANCELLATION_STUCK_AFTER_S = 300.0
 WAKE_CHANNELS = ("runs", "schedules", "cancellations", "attempts", "approved_actions", "retries")
 
 
@@ -249,6 +250,7 @@ def build_standalone_runtime(db: ManagedDatabase, settings: ServeSettings) -> St
         channel: str,
         backstop_s: float,
         wait: Callable[[float], bool] | None = None,
+        stuck_after_s: float | None = None,
     ) -> LifecycleRunner:
         """A loop woken by commits on ``channel`` (or its own ``wait``), with a slow backstop."""
         return LifecycleRunner(
@@ -257,6 +259,7 @@ def build_standalone_runtime(db: ManagedDatabase, settings: ServeSettings) -> St
             wake=wait or (lambda t: db.wait_for(channel, t)),
             backstop_s=backstop_s,
             interrupt=lambda: notifier.notify(channel),
+            stuck_after_s=stuck_after_s,
         )
 
     def maintain_wait(backstop_s: float) -> bool:
@@ -279,6 +282,9 @@ def build_standalone_runtime(db: ManagedDatabase, settings: ServeSettings) -> St
             "cancellations",
             budgets.cancellation_backstop_s,
             cancellation_wait,
+            # One cycle waits out the TERM -> KILL grace of every stop it sends, so a busy cycle may
+            # legitimately last minutes; only a longer silence counts as stuck.
+            stuck_after_s=CANCELLATION_STUCK_AFTER_S,
         ),
         loop("approved-actions", actions_cycle, "approved_actions", budgets.actions_backstop_s),
         loop("cron", cron_cycle, "schedules", budgets.cron_backstop_s, cron_wait),
