@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from ql3.application.settings import ServeSettings, resolve_home
 from ql3.domain.errors import ConfigurationError
 from ql3.ports.storage import Database
 from ql3.storage.migrations import MigrationState
@@ -24,7 +25,7 @@ class ManagedDatabase(Database, Protocol):
 
 
 def ql3_home() -> Path:
-    return Path(os.environ.get("QL3_HOME") or Path.home() / ".ql3")
+    return resolve_home(os.environ)
 
 
 def default_database_url(home: Path) -> str:
@@ -48,27 +49,7 @@ def open_database(url: str) -> ManagedDatabase:
 
 # -- the standalone runtime: dispatcher, embedded worker, scanners ------------------------------------
 
-PROFILES: dict[str, dict[str, float]] = {
-    # backstop cadences in seconds: how long an idle loop sleeps when nothing wakes it
-    "edge": {
-        "dispatch": 30.0,
-        "expiry": 30.0,
-        "maintain": 10.0,
-        "cron": 60.0,
-        "cron_page": 4,
-        "actions": 30.0,
-    },
-    "standalone": {
-        "dispatch": 5.0,
-        "expiry": 5.0,
-        "maintain": 10.0,
-        "cron": 30.0,
-        "cron_page": 16,
-        "actions": 5.0,
-    },
-}
-
-
+CANCELLATION_STUCK_AFTER_S = 300.0
 WAKE_CHANNELS = ("runs", "schedules", "cancellations", "attempts", "approved_actions", "retries")
 
 
@@ -91,10 +72,15 @@ def lease_secret(home: Path) -> bytes:
     return path.read_bytes()
 
 
-def fault_point(point: str) -> None:
-    """Crash injection for the fault tests: ``QL3_FAULT=<point>`` ends the process there, like kill -9."""
-    if os.environ.get("QL3_FAULT") == point:
-        os._exit(137)
+def fault_injector(armed: str | None) -> Callable[[str], None]:
+    """Crash injection for the fault tests: with ``QL3_FAULT=<point>`` the process ends at that point,
+    like kill -9. Unarmed, the injector does nothing."""
+
+    def fault_point(point: str) -> None:
+        if armed is not None and armed == point:
+            os._exit(137)
+
+    return fault_point
 
 
 @dataclass
@@ -121,15 +107,8 @@ class StandaloneRuntime:
         self.worker.stop()
 
 
-def build_standalone_runtime(
-    db: ManagedDatabase,
-    home: Path,
-    *,
-    profile: str = "standalone",
-    slots: int | None = None,
-    worker_id: str | None = None,
-    labels: dict[str, str] | None = None,
-) -> StandaloneRuntime:
+def build_standalone_runtime(db: ManagedDatabase, settings: ServeSettings) -> StandaloneRuntime:
+    """Wire the dispatcher, the embedded worker and the control loops with ``settings``' budgets."""
     import socket
     import time
 
@@ -144,16 +123,22 @@ def build_standalone_runtime(
     from ql3.execution.controller import ProcessController
     from ql3.worker.agent import WorkerAgent, WorkerConfig
 
-    if profile not in PROFILES:
-        raise ConfigurationError("unknown profile")
-    cadence = PROFILES[profile]
+    budgets = settings.budgets
+    home = settings.home
+    fault_point = fault_injector(settings.fault)
     clock = getattr(db, "clock", None) or (lambda: time.time_ns() // 1_000_000)
-    run_lease_ms = int(os.environ.get("QL3_RUN_LEASE_MS", "30000"))
-    wid = worker_id or f"embedded-{socket.gethostname()}"[:128]
+    wid = settings.worker_id or f"embedded-{socket.gethostname()}"[:128]
     dispatcher = RunDispatcher(
         db,
         lease_secret=lease_secret(home),
-        budget=DispatchBudget(lease_ms=run_lease_ms),
+        budget=DispatchBudget(
+            recovery_page=budgets.dispatch_page,
+            recovery_pages=budgets.dispatch_pages,
+            candidate_page=budgets.dispatch_page,
+            candidate_pages=budgets.dispatch_pages,
+            claims=budgets.dispatch_claims,
+            lease_ms=settings.run_lease_ms,
+        ),
         # The restart boundary is compared with lease acquisition times, so it is read from the
         # same clock that wrote them (the database's), never from this host's.
         incarnation_started_ms=db.transaction(lambda tx: tx.now_ms(), write=False),
@@ -164,9 +149,10 @@ def build_standalone_runtime(
         WorkerConfig(
             worker_id=wid,
             home=home / "worker",
-            slots=slots if slots is not None else max(2, (os.cpu_count() or 2) * 2),
-            labels=dict(labels or {}),
-            run_lease_ms=run_lease_ms,
+            slots=settings.slots,
+            labels=dict(settings.labels),
+            run_lease_ms=settings.run_lease_ms,
+            journal_capacity=max(64, settings.slots),
         ),
         clock=clock,
         fault=fault_point,
@@ -185,18 +171,19 @@ def build_standalone_runtime(
 
     def expiry_cycle() -> bool:
         did = False
-        for attempt_id in db.transaction(lambda tx: leases.expired_page(tx, 16), write=False):
+        page = budgets.expiry_page
+        for attempt_id in db.transaction(lambda tx: leases.expired_page(tx, page), write=False):
             db.transaction(partial(leases.expire_lease, attempt_id=attempt_id))
             did = True
-        for run_id in db.transaction(lambda tx: leases.retry_due_page(tx, 16), write=False):
+        for run_id in db.transaction(lambda tx: leases.retry_due_page(tx, page), write=False):
             db.transaction(partial(leases.admit_retry, run_id=run_id))
             did = True
         return did
 
-    scheduler = CronScheduler(db, page=int(cadence["cron_page"]))
+    scheduler = CronScheduler(db, page=budgets.cron_page)
 
     def cron_cycle() -> bool:
-        return len(scheduler.schedule_once().decisions) >= int(cadence["cron_page"])
+        return len(scheduler.schedule_once().decisions) >= budgets.cron_page
 
     def cron_wait(backstop_s: float) -> bool:
         # Sleep until the earliest occurrence (or a task change), never longer than the backstop. The
@@ -206,17 +193,21 @@ def build_standalone_runtime(
         return db.wait_for("schedules", min(backstop_s, delay + 0.001))
 
     owner = f"{wid}-control"[:128]  # this process's identity as lease owner of control-plane work
-    action_lease_ms = int(os.environ.get("QL3_ACTION_LEASE_MS", "60000"))
     action_dispatcher = ApprovedActionDispatcher(
-        db, [RunCreateHandler()], owner, lease_ms=action_lease_ms, fault=fault_point
+        db,
+        [RunCreateHandler()],
+        owner,
+        page=budgets.approvals_page,
+        lease_ms=settings.action_lease_ms,
+        fault=fault_point,
     )
-    resolver = RecoveryResolver(db, [RunCreateHandler()], owner)
+    resolver = RecoveryResolver(db, [RunCreateHandler()], owner, page=budgets.approvals_page)
 
     def actions_cycle() -> bool:
         """Consume approved requests, run due approved actions, resolve crashed ones from evidence."""
         consumed = 0
         for approval_id in db.transaction(
-            lambda tx: approvals.unconsumed_approved(tx, limit=16), write=False
+            lambda tx: approvals.unconsumed_approved(tx, limit=budgets.approvals_page), write=False
         ):
             with contextlib.suppress(Conflict):  # a concurrent consumer won; nothing to do
                 db.transaction(
@@ -225,19 +216,22 @@ def build_standalone_runtime(
                 consumed += 1
         batch = action_dispatcher.dispatch_batch()
         resolved = resolver.resolve_batch()
-        return consumed > 0 or len(batch.items) >= 16 or len(resolved.items) >= 16
+        page = budgets.approvals_page
+        return consumed > 0 or len(batch.items) >= page or len(resolved.items) >= page
 
     supervisor = CancellationSupervisor(
         db,
         signal=ProcessController().stop,
         owner=owner,
-        lease_ms=int(os.environ.get("QL3_CANCEL_LEASE_MS", "30000")),
+        page=budgets.cancel_page,
+        pages=budgets.cancel_pages,
+        lease_ms=settings.cancel_lease_ms,
         fault=fault_point,
         local_worker_id=wid,
     )
 
     def cancellation_cycle() -> bool:
-        timeouts = cancellation.timeout_cycle(db)
+        timeouts = cancellation.timeout_cycle(db, page=budgets.timeout_page)
         report = supervisor.run_cycle()
         return timeouts.truncated or report.stop_reason == "page_limit"
 
@@ -257,6 +251,7 @@ def build_standalone_runtime(
         channel: str,
         backstop_s: float,
         wait: Callable[[float], bool] | None = None,
+        stuck_after_s: float | None = None,
     ) -> LifecycleRunner:
         """A loop woken by commits on ``channel`` (or its own ``wait``), with a slow backstop."""
         return LifecycleRunner(
@@ -265,6 +260,7 @@ def build_standalone_runtime(
             wake=wait or (lambda t: db.wait_for(channel, t)),
             backstop_s=backstop_s,
             interrupt=lambda: notifier.notify(channel),
+            stuck_after_s=stuck_after_s,
         )
 
     def maintain_wait(backstop_s: float) -> bool:
@@ -272,16 +268,29 @@ def build_standalone_runtime(
         return db.wait_for("maintain", min(backstop_s, 0.5) if worker.has_adopted() else backstop_s)
 
     loops = [
-        loop("dispatcher", dispatch_cycle, "runs", cadence["dispatch"]),
+        loop("dispatcher", dispatch_cycle, "runs", budgets.dispatch_backstop_s),
         loop(
-            "worker-maintain", lambda: bool(worker.maintain()), "maintain", cadence["maintain"], maintain_wait
+            "worker-maintain",
+            lambda: bool(worker.maintain()),
+            "maintain",
+            budgets.maintain_backstop_s,
+            maintain_wait,
         ),
-        loop("lease-expiry", expiry_cycle, "retries", cadence["expiry"]),
-        loop("cancellation", cancellation_cycle, "cancellations", cadence["expiry"], cancellation_wait),
-        loop("approved-actions", actions_cycle, "approved_actions", cadence["actions"]),
-        loop("cron", cron_cycle, "schedules", cadence["cron"], cron_wait),
+        loop("lease-expiry", expiry_cycle, "retries", budgets.expiry_backstop_s),
+        loop(
+            "cancellation",
+            cancellation_cycle,
+            "cancellations",
+            budgets.cancellation_backstop_s,
+            cancellation_wait,
+            # One cycle waits out the TERM -> KILL grace of every stop it sends, so a busy cycle may
+            # legitimately last minutes; only a longer silence counts as stuck.
+            stuck_after_s=CANCELLATION_STUCK_AFTER_S,
+        ),
+        loop("approved-actions", actions_cycle, "approved_actions", budgets.actions_backstop_s),
+        loop("cron", cron_cycle, "schedules", budgets.cron_backstop_s, cron_wait),
     ]
-    loops.extend(_outcome_loops(db, home, owner, clock, loop, profile))
+    loops.extend(_outcome_loops(db, settings, owner, clock, loop, fault_point))
     return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops, db=db)
 
 
@@ -290,18 +299,18 @@ def build_standalone_runtime(
 
 def _outcome_loops(
     db: ManagedDatabase,
-    home: Path,
+    settings: ServeSettings,
     owner: str,
     clock: Callable[[], int],
     loop: Callable[..., Any],
-    profile: str,
+    fault_point: Callable[[str], None],
 ) -> list[Any]:
     """The notification delivery loop and the retention loop, built with the runtime's loop helper."""
     from ql3.application import notifications, retention
     from ql3.execution.log_retention import LogDirectory
     from ql3.notify.senders import ChannelSender
 
-    budget = notifications.DeliveryBudget(lease_ms=int(os.environ.get("QL3_NOTIFY_LEASE_MS", "60000")))
+    budget = notifications.DeliveryBudget(lease_ms=settings.notify_lease_ms)
     deliverer = notifications.NotificationDeliverer(
         db, ChannelSender(), owner, budget=budget, fault=fault_point
     )
@@ -315,8 +324,8 @@ def _outcome_loops(
         delay = backstop_s if due is None else max(0.0, (due - clock()) / 1000)
         return db.wait_for(notifications.CHANNEL, min(backstop_s, delay + 0.001))
 
-    pruner = retention.RetentionPruner(db, LogDirectory(home / "worker" / "logs"))
-    edge = profile == "edge"
+    pruner = retention.RetentionPruner(db, LogDirectory(settings.home / "worker" / "logs"))
+    edge = settings.profile == "edge"
     return [
         loop("notifications", notify_cycle, notifications.CHANNEL, 60.0 if edge else 30.0, notify_wait),
         loop("retention", lambda: pruner.prune_once().more, retention.CHANNEL, 1800.0 if edge else 600.0),

@@ -190,11 +190,12 @@ def test_repeated_failures_back_off_instead_of_spinning() -> None:
 
     runner = LifecycleRunner("t", cycle, wake=lambda t: False, backstop_s=10)
     runner.start()
+    _until(lambda: calls >= 2)  # it retries
     time.sleep(1.0)
     assert runner.stop()
 
     # 0.05 s doubling with jitter: a handful of attempts in a second, not thousands
-    assert 2 <= calls <= 12
+    assert calls <= 12
     assert runner.health().consecutive_failures == calls
 
 

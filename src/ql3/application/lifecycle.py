@@ -99,6 +99,11 @@ class LifecycleRunner:
         self._consecutive_failures = 0
         self._last_success = time.monotonic()
 
+    @property
+    def backstop_s(self) -> float:
+        """How long the loop sleeps when idle and nothing wakes it."""
+        return self._backstop_s
+
     def start(self) -> None:
         """Start the loop thread. Refused while a previous thread is alive: a cycle that outlived
         ``stop()``'s bounded drain blocks a restart until it ends (it never reschedules itself)."""

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from ql3.application import auth
+from ql3.application.settings import ENV_VARS, PROFILES, ServeSettings, SettingsError, load_serve_settings
 from ql3.bootstrap import ManagedDatabase, build_standalone_runtime, open_database
 from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command, wants_json
@@ -42,7 +45,7 @@ class Prepared:
     credentials_written: bool
 
 
-def prepare(db_url: str, api_url: str, *, update_url: bool) -> Prepared:
+def prepare(db_url: str, api_url: str, *, update_url: bool, home: Path | None = None) -> Prepared:
     """Migrate, create the owner on the very first start, and keep the credentials file in step.
 
     The owner's token exists only in the transaction that creates it, so it is written to the
@@ -58,7 +61,7 @@ def prepare(db_url: str, api_url: str, *, update_url: bool) -> Prepared:
     try:
         db.migrate()
         issued = db.transaction(auth.bootstrap_owner)
-        path = credentials_path()
+        path = credentials_path(home)
         written = False
         if issued is not None:
             write_credentials_file(path, Credentials(url=api_url, token=issued.token))
@@ -104,9 +107,26 @@ def _ignore(signum: int, frame: FrameType | None) -> None:
     """uvicorn re-raises the signal that stopped it once it has shut down; by then we are done."""
 
 
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """The one validated settings object of this server, from its flags and ``QL3_*`` variables; a bad
+    value is a usage error (exit 64) naming the variable, raised before anything is opened."""
+    try:
+        return load_serve_settings(
+            os.environ,
+            profile=args.profile,
+            slots=args.slots,
+            worker_id=args.worker_id,
+            database_url=args.database_url,
+            cpus=os.cpu_count() or 1,
+            labels=_labels(getattr(args, "label", None)),
+        )
+    except SettingsError as exc:
+        raise UsageError(exc.message, code=exc.code) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
-    labels = _labels(args.label)  # refused before the database is touched
+    settings = serve_settings(args)
     # Imported here so that every other command starts without the web stack.
     import uvicorn
 
@@ -117,16 +137,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # The server's threads mostly wait on I/O (spawn, fsync, SQLite); a short GIL switch interval lets
     # a thread whose I/O finished run again promptly instead of after CPython's default 5 ms.
     sys.setswitchinterval(0.0005)
-    prepared = prepare(database_url(args.database_url), client_url(host, port), update_url=True)
+    prepared = prepare(settings.database_url, client_url(host, port), update_url=True, home=settings.home)
     try:
-        runtime = build_standalone_runtime(
-            prepared.db,
-            prepared.credentials.parent,
-            profile=args.profile,
-            slots=args.slots,
-            worker_id=args.worker_id,
-            labels=labels,
-        )
+        runtime = build_standalone_runtime(prepared.db, settings)
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(prepared.db, lifecycle=[runtime], logs_root=logs_root)
         config = uvicorn.Config(
@@ -142,14 +155,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             timeout_keep_alive=5,
             timeout_graceful_shutdown=10,
             # edge boxes get a smaller connection budget; behaviour is the same
-            limit_concurrency=64 if args.profile == "edge" else None,
-            backlog=64 if args.profile == "edge" else 2048,
+            limit_concurrency=settings.budgets.http_concurrency,
+            backlog=settings.budgets.http_backlog,
         )
         server = uvicorn.Server(config)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _ignore)
         output.note(
-            f"ql3 {args.profile} serving on {client_url(host, port)}; credentials: {prepared.credentials}"
+            f"ql3 {settings.profile} serving on {client_url(host, port)}; credentials: {prepared.credentials}"
         )
         try:
             server.run()
@@ -198,6 +211,19 @@ def _worker_id(text: str) -> str:
         raise argparse.ArgumentTypeError("letters, digits and . _ : - (at most 128)") from None
 
 
+def _serve_epilog() -> str:
+    lines = ["profiles (budgets per cycle; an idle loop sleeps up to its backstop unless woken):"]
+    for budgets in PROFILES.values():
+        lines.append(f"  {budgets.name}")
+        for item in budgets.describe():
+            lines += textwrap.wrap(item, 100, initial_indent="    ", subsequent_indent="      ")
+    lines.append("environment (invalid values exit 64 before anything is opened; docs/configuration.md):")
+    for var in ENV_VARS:
+        text = f"{var.name}  {var.low}-{var.high}, default {var.default}: {var.help}"
+        lines += textwrap.wrap(text, 100, initial_indent="  ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
 def register(subparsers: Subparsers) -> None:
     init = add_command(
         subparsers,
@@ -215,19 +241,22 @@ def register(subparsers: Subparsers) -> None:
         "serve",
         cmd_serve,
         "run the standalone server (first start: migrate, create the owner, write credentials)",
+        epilog=_serve_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument(
         "--profile",
-        choices=("edge", "standalone"),
+        choices=tuple(PROFILES),
         default="standalone",
-        help="standalone (default), or edge: slower idle backstops and smaller pages for small boxes",
+        help="standalone (default), or edge: slower idle backstops and smaller budgets for small boxes"
+        " (the budgets are listed below)",
     )
     serve.add_argument(
         "--slots",
         type=_slots,
         metavar="N",
         default=None,
-        help="concurrent runs of the embedded worker (1-1024; default 2 x CPU cores)",
+        help="concurrent runs of the embedded worker (1-1024, edge 1-16; default: see the profiles)",
     )
     serve.add_argument(
         "--worker-id",
