@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ql3.domain.errors import ConfigurationError
+from ql3.execution.run_as import TaskUser as TaskUser  # re-exported for ``ql3 serve --run-as``
+from ql3.execution.run_as import resolve_task_user as resolve_task_user
 from ql3.ports.storage import Database
 from ql3.storage.migrations import MigrationState
 from ql3.storage.notify import LocalNotifier
@@ -128,7 +130,9 @@ def build_standalone_runtime(
     profile: str = "standalone",
     slots: int | None = None,
     worker_id: str | None = None,
+    run_as: TaskUser | None = None,
 ) -> StandaloneRuntime:
+    """``run_as``: a ``TaskUser`` the embedded worker's commands run as (None: the server's own user)."""
     import socket
     import time
 
@@ -141,6 +145,7 @@ def build_standalone_runtime(
     from ql3.application.lifecycle import LifecycleRunner
     from ql3.domain.errors import Conflict
     from ql3.execution.controller import ProcessController
+    from ql3.execution.launcher import LocalLauncher
     from ql3.worker.agent import WorkerAgent, WorkerConfig
 
     if profile not in PROFILES:
@@ -166,6 +171,7 @@ def build_standalone_runtime(
         ),
         clock=clock,
         fault=fault_point,
+        launcher=LocalLauncher(run_as=run_as) if run_as is not None else None,
     )
     notifier = db.notifier
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -11,7 +12,13 @@ from pathlib import Path
 from types import FrameType
 
 from ql3.application import auth
-from ql3.bootstrap import ManagedDatabase, build_standalone_runtime, open_database
+from ql3.bootstrap import (
+    ManagedDatabase,
+    TaskUser,
+    build_standalone_runtime,
+    open_database,
+    resolve_task_user,
+)
 from ql3.cli import output
 from ql3.cli.common import Subparsers, add_command, wants_json
 from ql3.cli.config import (
@@ -25,9 +32,9 @@ from ql3.cli.config import (
     write_credentials_file,
 )
 from ql3.cli.db import database_flag
-from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
 from ql3.cli.private import private_umask, require_private_home, tighten_sqlite_files
-from ql3.domain.errors import ValidationFailed
+from ql3.domain.errors import ConfigurationError, ValidationFailed
 from ql3.domain.workers import validate_worker_id
 
 log = logging.getLogger("ql3.serve")
@@ -118,6 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # The server's threads mostly wait on I/O (spawn, fsync, SQLite); a short GIL switch interval lets
     # a thread whose I/O finished run again promptly instead of after CPython's default 5 ms.
     sys.setswitchinterval(0.0005)
+    task_user = _task_user(args.run_as)
     prepared = prepare(database_url(args.database_url), client_url(host, port), update_url=True)
     try:
         runtime = build_standalone_runtime(
@@ -126,6 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             profile=args.profile,
             slots=args.slots,
             worker_id=args.worker_id,
+            run_as=task_user,
         )
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(prepared.db, lifecycle=[runtime], logs_root=logs_root)
@@ -159,6 +168,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_OK if server.started else EXIT_ERROR
     finally:
         prepared.db.close()
+
+
+def _task_user(name: str | None) -> TaskUser | None:
+    """Resolve ``--run-as``; without it, warn that tasks can read everything this server can."""
+    if name is None:
+        output.note(
+            f"warning: tasks run as this server's own user (uid {os.geteuid()}): whoever may add tasks and"
+            " start runs in any project can read $QL3_HOME (the owner's credentials, every project's"
+            " secrets); start as root with --run-as USER to run them as another user (docs/security.md)"
+        )
+        return None
+    try:
+        return resolve_task_user(name)
+    except ConfigurationError as exc:
+        raise UsageError(exc.message, code="bad_run_as") from None
 
 
 def _slots(text: str) -> int:
@@ -216,6 +240,13 @@ def register(subparsers: Subparsers) -> None:
         default=None,
         help="id of the embedded worker (default embedded-<hostname>); give each server sharing one"
         " PostgreSQL database its own",
+    )
+    serve.add_argument(
+        "--run-as",
+        metavar="USER",
+        default=None,
+        help="run every task's command as USER (not root, not the server's user; needs root and"
+        " setpriv): a task then cannot read $QL3_HOME. Without it tasks run as the server's user",
     )
     serve.add_argument(
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
