@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 from ql3.application.settings import ServeSettings, resolve_home
 from ql3.domain.errors import ConfigurationError
+from ql3.execution.run_as import TaskUser as TaskUser  # re-exported for ``ql3 serve --run-as``
+from ql3.execution.run_as import resolve_task_user as resolve_task_user
 from ql3.ports.storage import Database
 from ql3.storage.migrations import MigrationState
 from ql3.storage.notify import LocalNotifier
@@ -107,8 +109,11 @@ class StandaloneRuntime:
         self.worker.stop()
 
 
-def build_standalone_runtime(db: ManagedDatabase, settings: ServeSettings) -> StandaloneRuntime:
-    """Wire the dispatcher, the embedded worker and the control loops with ``settings``' budgets."""
+def build_standalone_runtime(
+    db: ManagedDatabase, settings: ServeSettings, *, run_as: TaskUser | None = None
+) -> StandaloneRuntime:
+    """Wire the dispatcher, the embedded worker and the control loops with ``settings``' budgets.
+    ``run_as``: a ``TaskUser`` the embedded worker's commands run as (None: the server's own user)."""
     import socket
     import time
 
@@ -121,6 +126,7 @@ def build_standalone_runtime(db: ManagedDatabase, settings: ServeSettings) -> St
     from ql3.application.lifecycle import LifecycleRunner
     from ql3.domain.errors import Conflict
     from ql3.execution.controller import ProcessController
+    from ql3.execution.launcher import LocalLauncher
     from ql3.worker.agent import WorkerAgent, WorkerConfig
 
     budgets = settings.budgets
@@ -156,6 +162,7 @@ def build_standalone_runtime(db: ManagedDatabase, settings: ServeSettings) -> St
         ),
         clock=clock,
         fault=fault_point,
+        launcher=LocalLauncher(run_as=run_as) if run_as is not None else None,
     )
     notifier = db.notifier
 

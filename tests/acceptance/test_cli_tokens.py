@@ -116,10 +116,10 @@ def test_rotating_the_owner_rewrites_the_credentials_file(serve: Server) -> None
     owner_id = serve.cli_json("whoami")["principal_id"]
 
     # When the owner rotates its own token through the CLI on the server host
-    rotated = serve.cli_json("token", "rotate", owner_id)
+    rotated = serve.cli_json("token", "rotate", "me")
 
     # Then the file holds the new token (0600), the old one is refused, and the CLI keeps working
-    assert rotated["credentials_updated"] is True
+    assert rotated["credentials_updated"] is True and rotated["id"] == owner_id
     creds = serve.credentials()
     assert creds["token"] == rotated["token"] != old
     assert oct((serve.home / "credentials").stat().st_mode & 0o777) == "0o600"

@@ -14,7 +14,13 @@ from types import FrameType
 
 from ql3.application import auth
 from ql3.application.settings import ENV_VARS, PROFILES, ServeSettings, SettingsError, load_serve_settings
-from ql3.bootstrap import ManagedDatabase, build_standalone_runtime, open_database
+from ql3.bootstrap import (
+    ManagedDatabase,
+    TaskUser,
+    build_standalone_runtime,
+    open_database,
+    resolve_task_user,
+)
 from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command, wants_json
 from ql3.cli.config import (
@@ -30,7 +36,7 @@ from ql3.cli.config import (
 from ql3.cli.db import database_flag
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
 from ql3.cli.private import private_umask, require_private_home, tighten_sqlite_files
-from ql3.domain.errors import ValidationFailed
+from ql3.domain.errors import ConfigurationError, ValidationFailed
 from ql3.domain.workers import parse_capabilities, validate_worker_id
 
 log = logging.getLogger("ql3.serve")
@@ -137,9 +143,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # The server's threads mostly wait on I/O (spawn, fsync, SQLite); a short GIL switch interval lets
     # a thread whose I/O finished run again promptly instead of after CPython's default 5 ms.
     sys.setswitchinterval(0.0005)
+    task_user = _task_user(args.run_as)
     prepared = prepare(settings.database_url, client_url(host, port), update_url=True, home=settings.home)
     try:
-        runtime = build_standalone_runtime(prepared.db, settings)
+        runtime = build_standalone_runtime(prepared.db, settings, run_as=task_user)
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(prepared.db, lifecycle=[runtime], logs_root=logs_root)
         config = uvicorn.Config(
@@ -172,6 +179,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_OK if server.started else EXIT_ERROR
     finally:
         prepared.db.close()
+
+
+def _task_user(name: str | None) -> TaskUser | None:
+    """Resolve ``--run-as``; without it, warn that tasks can read everything this server can."""
+    if name is None:
+        output.note(
+            f"warning: tasks run as this server's own user (uid {os.geteuid()}): whoever may add tasks and"
+            " start runs in any project can read $QL3_HOME (the owner's credentials, every project's"
+            " secrets); start as root with --run-as USER to run them as another user (docs/security.md)"
+        )
+        return None
+    try:
+        return resolve_task_user(name)
+    except ConfigurationError as exc:
+        raise UsageError(exc.message, code="bad_run_as") from None
 
 
 def _slots(text: str) -> int:
@@ -272,6 +294,13 @@ def register(subparsers: Subparsers) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="a label of the embedded worker, matched by tasks' --require and --prefer (repeatable)",
+    )
+    serve.add_argument(
+        "--run-as",
+        metavar="USER",
+        default=None,
+        help="run every task's command as USER (not root, not the server's user; needs root and"
+        " setpriv): a task then cannot read $QL3_HOME. Without it tasks run as the server's user",
     )
     serve.add_argument(
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"

@@ -120,7 +120,8 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
     parser.add_argument(
         "--environment-policy",
         choices=("inherit", "isolated"),
-        help="inherit the server's environment or not",
+        help="isolated (default for new tasks: PATH, HOME, LANG and the task's env) or inherit the"
+        " server's environment",
     )
 
 

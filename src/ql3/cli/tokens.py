@@ -119,6 +119,9 @@ def cmd_rotate(args: argparse.Namespace) -> int:
     acting = resolve_credentials()
     body = {"expires_in_s": args.expires_in} if args.expires_in is not None else None
     with ApiClient(acting) as api:
+        if args.id == "me":
+            _, me = api.call("GET", "/whoami")
+            args.id = str(me["principal_id"])
         stored = _stored_credentials_of(api, acting, args.id)
         _, rotated = api.call(
             "POST", f"/projects/{seg(args.project)}/tokens/{seg(args.id)}/rotate", json=body
@@ -185,7 +188,9 @@ def register(subparsers: Subparsers) -> None:
         " token of $QL3_HOME/credentials rewrites that file",
         project_flag(),
     )
-    rotate.add_argument("id", metavar="ID", help="the token's id (ql3 token list, ql3 whoami)")
+    rotate.add_argument(
+        "id", metavar="ID", help="the token's id (ql3 token list), or `me` for the token in use"
+    )
     rotate.add_argument(
         "--expires-in",
         type=_expires_in,

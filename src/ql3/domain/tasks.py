@@ -45,7 +45,7 @@ class TaskSpec:
     cron: str | None = None
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    environment_policy: Literal["inherit", "isolated"] = "inherit"
+    environment_policy: Literal["inherit", "isolated"] = "isolated"
     timeout_ms: int | None = None
     grace_ms: int = 5000
     require: dict[str, str] = field(default_factory=dict)
@@ -164,7 +164,7 @@ def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
         total += len(key) + len(env[key].encode())
     if total > MAX_ENV_TOTAL_BYTES:
         raise ValidationFailed("env is too large", field="env")
-    policy = raw.get("environment_policy", "inherit")
+    policy = raw.get("environment_policy", "isolated")
     if policy not in ("inherit", "isolated"):
         raise ValidationFailed("invalid environment_policy", field="environment_policy")
     timeout = raw.get("timeout_ms")

@@ -37,6 +37,7 @@ from ql3.execution.receipts import (
     receipt_prefix,
     receipt_temp_path,
 )
+from ql3.execution.run_as import TaskUser
 
 ISOLATED_PATH = "/usr/local/bin:/usr/bin:/bin"
 MAX_ID_CHARS = 255
@@ -47,6 +48,8 @@ MAX_ENV_TOTAL_BYTES = 256 * 1024
 # The kernel caps every single argv/env string (MAX_ARG_STRLEN); the command travels in one of each.
 MAX_ARG_STRLEN = 32 * 4096
 SHIM_ENV_PREFIX = "QL3_SHIM_"
+# The server's own configuration never reaches a task, whatever its environment policy.
+SERVER_ONLY_VARS = frozenset({"QL3_HOME", "QL3_DATABASE_URL", "QL3_TOKEN", "QL3_URL"})
 _COMMAND_VAR = "QL3_SHIM_COMMAND"
 _RECEIPT_TAIL_BYTES = 48
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
@@ -132,8 +135,11 @@ class LocalLauncher:
     without it a power loss may lose a receipt, which ends as ``lost``, never as a wrong exit code.
     """
 
-    def __init__(self, *, shell: str = "/bin/sh", durable_receipts: bool = False) -> None:
+    def __init__(
+        self, *, shell: str = "/bin/sh", durable_receipts: bool = False, run_as: TaskUser | None = None
+    ) -> None:
         self._shell = shell
+        self._run_as = run_as  # the command (not the shim) runs as this user: docs/security.md
         self._script = resources.files("ql3.execution").joinpath("shim.sh").read_text("utf-8")
         self._boot_id = read_boot_id()
         self._ln = _find_tool("ln")
@@ -214,7 +220,13 @@ class LocalLauncher:
         if request.environment_policy == "isolated":
             env = {"PATH": ISOLATED_PATH, "HOME": self._home, "LANG": "C.UTF-8"}
         else:
-            env = {k: v for k, v in os.environ.items() if not k.startswith(SHIM_ENV_PREFIX)}
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(SHIM_ENV_PREFIX) and k not in SERVER_ONLY_VARS
+            }
+        if self._run_as is not None:
+            env.update(self._run_as.environment())
         env.update(request.environment)
         for prefix in ("QL3_", "QL_"):
             env[prefix + "RUN_ID"] = request.run_id
@@ -239,6 +251,7 @@ class LocalLauncher:
             "QL3_SHIM_BOOT": self._boot_id,
             "QL3_SHIM_UMASK": self._umask,
             "QL3_SHIM_IDENTITY": str(launch_identity_path(receipt_dir, request.attempt_id)),
+            "QL3_SHIM_AS": self._run_as.command_prefix() if self._run_as is not None else "",
         }
 
     def _ensure_dir(self, path: Path) -> None:

@@ -13,10 +13,12 @@ _ql3_mode=$QL3_SHIM_MODE _ql3_cmd=$QL3_SHIM_COMMAND _ql3_cwd=$QL3_SHIM_CWD _ql3_
 _ql3_head=$QL3_SHIM_HEAD _ql3_start=$QL3_SHIM_STARTED _ql3_base=$QL3_SHIM_CLOCK_BASE
 _ql3_tmp=$QL3_SHIM_TMP _ql3_dst=$QL3_SHIM_DST _ql3_dir=$QL3_SHIM_DIR
 _ql3_ln=$QL3_SHIM_LN _ql3_sync=$QL3_SHIM_SYNC _ql3_boot=$QL3_SHIM_BOOT _ql3_idf=$QL3_SHIM_IDENTITY
-_ql3_umask=$QL3_SHIM_UMASK
+_ql3_umask=$QL3_SHIM_UMASK _ql3_as=$QL3_SHIM_AS
 unset QL3_SHIM_MODE QL3_SHIM_COMMAND QL3_SHIM_CWD QL3_SHIM_SH QL3_SHIM_HEAD QL3_SHIM_STARTED \
   QL3_SHIM_CLOCK_BASE QL3_SHIM_TMP QL3_SHIM_DST QL3_SHIM_DIR QL3_SHIM_LN QL3_SHIM_SYNC \
-  QL3_SHIM_BOOT QL3_SHIM_IDENTITY QL3_SHIM_UMASK
+  QL3_SHIM_BOOT QL3_SHIM_IDENTITY QL3_SHIM_UMASK QL3_SHIM_AS
+# _ql3_as: empty, or the task user's `setpriv ... --` words (no spaces or globs in any of them); the
+# command execs through it, the shim stays the server's user to publish the receipt.
 
 # Launch identity (boot id, pid, start ticks), written before the command starts: the caller may die
 # between the spawn and journaling the handle, and a restarted caller finds the process from this.
@@ -36,12 +38,12 @@ if [ "$_ql3_mode" = argv ]; then
       */*) [ -e "$1" ] || exit 127; [ -f "$1" ] && [ -x "$1" ] || exit 126 ;;
       *) command -v "$1" >/dev/null 2>&1 || exit 127 ;;
     esac
-    exec "$@"
+    exec $_ql3_as "$@"
   )
 else
   (
     if [ -n "$_ql3_cwd" ]; then cd "$_ql3_cwd" 2>/dev/null || exit 126; unset OLDPWD; fi
-    exec "$_ql3_sh" -c "$_ql3_cmd"
+    exec $_ql3_as "$_ql3_sh" -c "$_ql3_cmd"
   )
 fi
 _ql3_rc=$?
