@@ -1036,6 +1036,13 @@
           drawFacts();
           await pollEvents();
           await pollLog();
+          if (follow.complete && current(mine)) {
+            // the log is whole only once the run is terminal: show the final facts and events too
+            run = await get(pp("/runs/" + enc(run.id)));
+            if (!current(mine)) return;
+            drawFacts();
+            await pollEvents();
+          }
         }
       } catch (e) {
         if (!(e instanceof ApiError && e.code === "network_error")) fail(e);
@@ -1050,7 +1057,10 @@
       el("section", { "aria-labelledby": "timeline-title" }, el("h2", { id: "timeline-title", text: t("timeline") }), timeline));
     await pollEvents();
     await pollLog();
-    if (current(mine) && !follow.complete) follow.timer = setTimeout(loop, LOG_POLL_MS);
+    if (current(mine) && (!follow.complete || !TERMINAL.has(run.status))) {
+      follow.complete = false; // a log read whole before the run's facts caught up: read both again
+      follow.timer = setTimeout(loop, LOG_POLL_MS);
+    }
   }
 
   // --- approvals ------------------------------------------------------------------------------------
