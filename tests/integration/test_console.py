@@ -117,7 +117,7 @@ def test_log_text_is_parsed_for_colours_into_fixed_class_names() -> None:
     js = source("app.js")
     # a segment's class is built only from SGR numbers, never from the log's own characters
     assert re.findall(r'out\.push\("ansi-[a-z]+-?" ?\+? ?[a-z.]*\)?', js)
-    assert 'span.textContent = seg.text' in js
+    assert "span.textContent = seg.text" in js
     css = source("app.css")
     for code in (31, 32, 33, 34):
         assert f".ansi-fg-{code}" in css
