@@ -104,9 +104,13 @@ class Watch:
     problems: list[str] = field(default_factory=list)
     pages: list[Any] = field(default_factory=list)
     allowed: list[tuple[int, str]] = field(default_factory=list)  # (status, path) a test provokes
+    offline: bool = False  # a test that cuts the network expects failed requests
 
     def allow(self, status: int, path: str) -> None:
         self.allowed.append((status, path))
+
+    def expect_offline(self) -> None:
+        self.offline = True
 
     def attach(self, page: Any) -> Any:
         page.set_default_timeout(TIMEOUT_MS)
@@ -124,12 +128,16 @@ class Watch:
         # Chromium reports each 4xx answer as a console error too; those are judged in _response.
         if msg.text.startswith("Failed to load resource") and "/api/v1/" in url:
             return
+        if self.offline and "ERR_INTERNET_DISCONNECTED" in msg.text:
+            return
         self.problems.append(f"console error: {msg.text} ({url})")
 
     def _failed(self, request: Any) -> None:
         failure = request.failure or ""
         if "ERR_ABORTED" in failure and request.resource_type in {"fetch", "xhr"}:
             return  # a poll cut short by navigating to another page
+        if self.offline and "ERR_INTERNET_DISCONNECTED" in failure:
+            return
         self.problems.append(f"request failed: {request.method} {request.url} {failure}")
 
     def _response(self, response: Any) -> None:
@@ -166,6 +174,7 @@ def open_page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Callable
         return watch.attach(context.new_page())
 
     make.allow = watch.allow  # type: ignore[attr-defined]
+    make.expect_offline = watch.expect_offline  # type: ignore[attr-defined]
     yield make
     if request.node.stash.get(FAILED, True) or watch.problems:
         ARTIFACTS.mkdir(exist_ok=True)

@@ -214,6 +214,14 @@ def test_filter_runs_by_status_and_open_a_run_by_its_url(console: Console, open_
         other.click("#log-download")
     assert Path(download.value.path()).read_text() == "nope\n"
 
+    # Re-run starts a new run of the same task, marked as a retry of this one
+    other.click("#run-rerun")
+    other.wait_for_url(lambda url: "#/runs/" in url and failed["id"] not in url)
+    rerun_id = other.url.rsplit("/", 1)[1]
+    assert console.api("GET", f"/runs/{rerun_id}").json()["trigger"] == "retry"
+    page.select_option("select[name=trigger]", "retry")
+    page.wait_for_selector(f"tr[data-id='{rerun_id}']")
+
 
 def test_a_viewer_sees_no_command_and_no_actions(console: Console, open_page: Any) -> None:
     _task(console, "guarded", "echo hidden; exit 3", cwd="/tmp")
@@ -243,7 +251,14 @@ def test_narrow_viewport_has_no_horizontal_overflow_on_any_page(
         page.wait_for_load_state("networkidle")
         overflow = page.evaluate("document.documentElement.scrollWidth")
         assert overflow <= width, f"{route}: the page is {overflow} px wide"
+        # lists are cards here: nothing in them needs a sideways scroll either
+        boxes = page.eval_on_selector_all(".scroll", "els => els.map(e => e.scrollWidth - e.clientWidth)")
+        assert all(extra <= 1 for extra in boxes), f"{route}: a list scrolls sideways by {max(boxes)} px"
         _no_placeholder_text(page, route)
+    # runs are cards whose status is on screen without scrolling sideways
+    page.goto(f"{console.url}/#/runs")
+    status = page.locator("table.cards tbody tr").first.locator(".badge").first.bounding_box()
+    assert status is not None and status["x"] + status["width"] <= width
     # the header collapses behind the menu button, and opens on demand
     assert not page.is_visible("nav")
     page.click("#menu")
@@ -270,6 +285,19 @@ def test_each_page_renders_without_errors_and_the_overview_is_photographed(
     assert page.locator("#approvals-badge").is_hidden() or page.inner_text("#approvals-badge").isdigit()
     if os.environ.get("QL3_WRITE_DOCS_SCREENSHOT") == "1":
         page.screenshot(path=str(DOCS_SHOT))
+
+
+def test_an_unreachable_server_is_said_not_shown_as_stale_green(console: Console, open_page: Any) -> None:
+    page = open_page()
+    sign_in(page, console, console.owner)
+    page.wait_for_selector("#ov-running")
+    open_page.expect_offline()
+
+    page.context.set_offline(True)
+    page.wait_for_selector("#offline", state="visible", timeout=30_000)  # the next refresh fails
+
+    page.context.set_offline(False)
+    page.wait_for_selector("#offline", state="hidden", timeout=30_000)
 
 
 def test_drain_a_worker_from_the_ui(console: Console, open_page: Any) -> None:
