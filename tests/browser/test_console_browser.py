@@ -279,6 +279,8 @@ def test_each_page_renders_without_errors_and_the_overview_is_photographed(
         page.wait_for_selector("main h1")
         page.wait_for_load_state("networkidle")
         _no_placeholder_text(page, route)
+    page.goto(f"{console.url}/#/tasks/nightly-backup")
+    expect(page.locator("#next-fires li")).to_have_count(5)
     page.goto(f"{console.url}/#/")
     page.wait_for_selector("#ov-running")
     page.wait_for_load_state("networkidle")

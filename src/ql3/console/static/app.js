@@ -634,7 +634,9 @@
         [t("env_keys"), task.env_keys.length ? el("code", { text: task.env_keys.join(", ") }) : t("none")],
         [t("revision"), "r" + task.revision],
         [t("cron"), task.cron ? el("code", { text: task.cron }) : t("none")],
-        [t("next_fire"), task.next_fire_at_ms ? when(task.next_fire_at_ms) : null],
+        [t("next_fire"), (task.next_fires_at_ms || []).length
+          ? el("ol", { class: "timeline", id: "next-fires" }, task.next_fires_at_ms.map((ms) => el("li", {}, when(ms))))
+          : task.next_fire_at_ms ? when(task.next_fire_at_ms) : null],
         [t("timeout"), seconds(task.timeout_ms)],
         [t("grace"), seconds(task.grace_ms)],
         [t("placement"), placement(task)],
