@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,16 @@ def test_cli_run_list_refuses_bad_filters_as_usage_errors(cli_main: Any, args: t
 
     assert code == 64
     assert cli_main.requests == []
+
+
+def test_a_cron_tasks_page_lists_its_next_fires(client: Any, owner: Any) -> None:
+    client.post(TASKS, json={"name": "quarterly", "command": "true", "cron": "0 * * * *"}, headers=owner)
+    client.post(TASKS, json={"name": "manual", "command": "true"}, headers=owner)
+
+    shown = client.get(f"{TASKS}/quarterly", headers=owner).json()
+    plain = client.get(f"{TASKS}/manual", headers=owner).json()
+
+    fires = shown["next_fires_at_ms"]
+    assert len(fires) == 5 and fires[0] == shown["next_fire_at_ms"]
+    assert [b - a for a, b in itertools.pairwise(fires)] == [3_600_000] * 4
+    assert plain["next_fires_at_ms"] == []

@@ -145,6 +145,7 @@ class TaskOut(BaseModel):
     executor: str
     misfire: str
     next_fire_at_ms: int | None
+    next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, from next_fire_at_ms
     # Shown only to roles that may edit the task or decide its approvals (docs/console.md).
     command_visible: bool = False
     command: str | None = None

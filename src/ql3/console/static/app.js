@@ -634,7 +634,9 @@
         [t("env_keys"), task.env_keys.length ? el("code", { text: task.env_keys.join(", ") }) : t("none")],
         [t("revision"), "r" + task.revision],
         [t("cron"), task.cron ? el("code", { text: task.cron }) : t("none")],
-        [t("next_fire"), task.next_fire_at_ms ? when(task.next_fire_at_ms) : null],
+        [t("next_fire"), (task.next_fires_at_ms || []).length
+          ? el("ol", { class: "timeline", id: "next-fires" }, task.next_fires_at_ms.map((ms) => el("li", {}, when(ms))))
+          : task.next_fire_at_ms ? when(task.next_fire_at_ms) : null],
         [t("timeout"), seconds(task.timeout_ms)],
         [t("grace"), seconds(task.grace_ms)],
         [t("placement"), placement(task)],
@@ -1036,6 +1038,13 @@
           drawFacts();
           await pollEvents();
           await pollLog();
+          if (follow.complete && current(mine)) {
+            // the log is whole only once the run is terminal: show the final facts and events too
+            run = await get(pp("/runs/" + enc(run.id)));
+            if (!current(mine)) return;
+            drawFacts();
+            await pollEvents();
+          }
         }
       } catch (e) {
         if (!(e instanceof ApiError && e.code === "network_error")) fail(e);
@@ -1050,7 +1059,10 @@
       el("section", { "aria-labelledby": "timeline-title" }, el("h2", { id: "timeline-title", text: t("timeline") }), timeline));
     await pollEvents();
     await pollLog();
-    if (current(mine) && !follow.complete) follow.timer = setTimeout(loop, LOG_POLL_MS);
+    if (current(mine) && (!follow.complete || !TERMINAL.has(run.status))) {
+      follow.complete = false; // a log read whole before the run's facts caught up: read both again
+      follow.timer = setTimeout(loop, LOG_POLL_MS);
+    }
   }
 
   // --- approvals ------------------------------------------------------------------------------------

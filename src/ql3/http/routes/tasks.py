@@ -18,7 +18,7 @@ from ql3.domain.auth import role_allows
 from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.domain.ids import is_id
 from ql3.domain.model import Principal, Project
-from ql3.domain.tasks import TaskSpec, build_spec, public_spec
+from ql3.domain.tasks import TaskSpec, build_spec, next_fire_ms, public_spec
 from ql3.domain.workers import effective_placement
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import (
@@ -38,6 +38,19 @@ from ql3.ports.storage import Transaction
 router = APIRouter(prefix="/api/v1/projects/{project}/tasks", tags=["tasks"])
 
 COMMAND_READERS = ("task.write", "approval.decide")
+
+
+NEXT_FIRES_SHOWN = 5
+
+
+def _next_fires(cron: str | None, first_ms: int | None) -> list[int]:
+    """The stored next fire and the few after it, as the scheduler will compute them."""
+    if cron is None or first_ms is None:
+        return []
+    fires = [first_ms]
+    for _ in range(NEXT_FIRES_SHOWN - 1):
+        fires.append(next_fire_ms(cron, fires[-1]))
+    return fires
 
 
 def may_see_command(tx: Transaction, principal: Principal, project: Project) -> bool:
@@ -108,7 +121,10 @@ def show_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> Ta
     def unit(tx: Transaction) -> TaskOut:
         found = auth.authorize(tx, principal, project, "task.read")
         reveal = may_see_command(tx, principal, found)
-        return task_out(tasks.view(tx, tasks.find_task(tx, found.id, task)), reveal=reveal)
+        found_view = tasks.view(tx, tasks.find_task(tx, found.id, task))
+        out = task_out(found_view, reveal=reveal)
+        out.next_fires_at_ms = _next_fires(found_view.spec.cron, found_view.next_fire_at_ms)
+        return out
 
     return db.transaction(unit, write=False)
 

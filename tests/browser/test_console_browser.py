@@ -1,0 +1,314 @@
+"""The console as people use it, in headless Chromium against a real ``ql3 serve``.
+
+Tests in this module share one server (distinct task names) and run in file order; the last one
+drains the embedded worker.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import Console, sign_in
+
+# one worker runs the whole module, in file order, on its one server and browser
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
+
+DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "console-overview.png"
+PAGES = ("#/", "#/tasks", "#/runs", "#/approvals", "#/workers", "#/tokens")
+
+
+def _wait_for_status(
+    console: Console, run_id: str, statuses: set[str], timeout_s: float = 60
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = console.api("GET", f"/runs/{run_id}").json()
+        if run["status"] in statuses:
+            return run
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id} never reached {statuses}")
+
+
+def _no_placeholder_text(page: Any, route: str) -> None:
+    text = page.inner_text("body")
+    for word in ("null", "undefined", "NaN", "[object Object]"):
+        assert word not in text.split(), f"{route}: {word!r} shown"
+
+
+def _task(console: Console, name: str, command: str, **spec: Any) -> dict[str, Any]:
+    resp = console.api("POST", "/tasks", json={"name": name, "command": command, **spec})
+    assert resp.status_code == 201, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def _start(console: Console, name: str) -> dict[str, Any]:
+    resp = console.api("POST", f"/tasks/{name}/runs", json={})
+    assert resp.status_code == 201, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def test_sign_in_lands_on_the_overview_with_identity_and_language(console: Console, open_page: Any) -> None:
+    page = open_page(locale="zh-CN", color_scheme="dark")
+    page.goto(f"{console.url}/")
+
+    # A wrong token is refused and stays in the field, so a typo can be fixed
+    open_page.allow(401, "/api/v1/projects")  # provoked: the wrong token below
+    page.fill("#signin-token", "ql3_wrong")
+    with page.expect_response("**/api/v1/projects?limit=200") as answer:
+        page.click("form.signin button[type=submit]")
+    assert answer.value.status == 401
+    page.wait_for_selector("#status.error")
+    assert page.input_value("#signin-token") == "ql3_wrong"
+
+    page.fill("#signin-token", console.owner)
+    page.click("form.signin button[type=submit]")
+    page.wait_for_selector("#signout:not([hidden])")
+
+    # Then the overview is the landing page, in Chinese (from navigator.language), dark, with the role shown
+    assert page.locator("main h1").inner_text() == "概览"
+    assert "admin" in page.inner_text("#whoami")
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(18, 20, 24)"
+    page.click("#lang")
+    assert page.locator("main h1").inner_text() == "Overview"
+    assert page.locator("nav a[data-page=runs]").inner_text() == "Runs"
+
+
+def test_create_a_task_in_the_ui_run_it_and_watch_its_live_log_grow(console: Console, open_page: Any) -> None:
+    page = open_page()
+    sign_in(page, console, console.owner, "#/tasks")
+
+    # When a task is created through the form
+    page.click("a[href='#/tasks/new']")
+    page.fill("form.task input[name=name]", "ticker")
+    page.fill(
+        "form.task textarea[name=command]",
+        'for i in $(seq 1 40); do echo "line $i"; '
+        "printf '\\033[32mgreen %s\\033[0m\\n' $i; sleep 0.25; done",
+    )
+    page.fill("form.task textarea[name=env]", "GREETING=hello")
+    page.click("form.task button[type=submit]")
+
+    # Then its page shows the command (the owner may edit it) and the env key, never the value
+    page.wait_for_url("**/#/tasks/ticker")
+    page.wait_for_selector("pre.command")
+    assert "seq 1 40" in page.inner_text("pre.command")
+    assert "GREETING" in page.inner_text("main") and "hello" not in page.inner_text("main")
+
+    # When it is run now, the run page opens at its own address and the log grows while it runs
+    page.click("main button.primary:has-text('Run now')")
+    page.wait_for_url("**/#/runs/*")
+    expect(page.locator("#run-log")).to_contain_text("line 2")
+    first = page.inner_text("#run-log")
+    assert "line 30" not in first  # still running: what follows must arrive through the live follow
+    expect(page.locator("#run-log")).to_contain_text("line 12", timeout=30_000)
+    assert len(page.inner_text("#run-log")) > len(first)
+    # ANSI colours are rendered as classes, the escape bytes never reach the page
+    assert page.locator("#run-log span.ansi-fg-32").count() > 0
+    assert "\x1b" not in page.inner_text("#run-log") and "[32m" not in page.inner_text("#run-log")
+
+    # Searching the log highlights matches and pauses the follow
+    page.fill("#log-search", "line 1")
+    page.wait_for_selector("#run-log mark")
+    assert "matches" in page.inner_text("#log-matches")
+    page.click("button:has-text('Next')")
+    assert page.get_attribute("#log-pause", "aria-pressed") == "true"
+
+
+def test_edit_publishes_a_revision_and_shows_what_changed(console: Console, open_page: Any) -> None:
+    _task(console, "editable", "echo one", timeout_ms=60_000)
+    page = open_page()
+    sign_in(page, console, console.owner, "#/tasks/editable/edit")
+
+    page.fill("form.task textarea[name=command]", "echo two")
+    page.click("form.task button[type=submit]")
+
+    page.wait_for_url("**/#/tasks/editable")
+    page.wait_for_selector("text=Revision 2 published: command")
+    changes = page.locator("#task-revs + ol li").first.inner_text()
+    assert "echo one" in changes and "echo two" in changes
+    assert console.api("GET", "/tasks/editable").json()["revision"] == 2
+
+
+def test_cancel_a_run_after_confirming(console: Console, open_page: Any) -> None:
+    _task(console, "sleeper", "echo started; sleep 120")
+    run = _start(console, "sleeper")
+    _wait_for_status(console, run["id"], {"running"})
+    page = open_page()
+    sign_in(page, console, console.owner, f"#/runs/{run['id']}")
+
+    # Declining the confirmation changes nothing
+    page.click("#run-cancel")
+    page.click("#confirm-no")
+    assert console.api("GET", f"/runs/{run['id']}").json()["cancel_requested_at_ms"] is None
+
+    page.click("#run-cancel")
+    page.click("#confirm-yes")
+
+    page.wait_for_selector("main h1 .badge-cancelled", timeout=60_000)
+    assert console.api("GET", f"/runs/{run['id']}").json()["status"] == "cancelled"
+
+
+def test_a_second_user_approves_and_the_requester_cannot(console: Console, open_page: Any) -> None:
+    _task(console, "deploy", "echo deploying", approval="required", env={"TARGET": "prod"})
+
+    # The owner asks for a run from the task page: no run yet, an approval request
+    owner = open_page()
+    sign_in(owner, console, console.owner, "#/tasks/deploy")
+    owner.click("main button.primary:has-text('Run now')")
+    owner.wait_for_url("**/#/approvals")
+    row = owner.locator("table.cards tbody tr").first
+    row.wait_for()
+    assert row.locator("[data-action=approve]").count() == 0
+    assert "Your own request" in row.inner_text()
+
+    # An approver sees what will run and approves it
+    approver = open_page()
+    sign_in(approver, console, console.approver, "#/approvals")
+    row = approver.locator("table.cards tbody tr").first
+    row.locator("summary").click()
+    row.locator("pre.command").wait_for()
+    assert "echo deploying" in row.inner_text() and "TARGET" in row.inner_text()
+    assert "prod" not in row.inner_text().replace("echo deploying", "")
+    row.locator("[data-action=approve]").click()
+    approver.wait_for_selector("text=Approved.")
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        runs = console.api("GET", "/runs", params={"task": "deploy", "trigger": "approval"}).json()["items"]
+        if runs:
+            break
+        time.sleep(0.2)
+    assert runs and runs[0]["trigger"] == "approval"
+
+
+def test_filter_runs_by_status_and_open_a_run_by_its_url(console: Console, open_page: Any) -> None:
+    _task(console, "failer", "echo nope; exit 3")
+    failed = _start(console, "failer")
+    _wait_for_status(console, failed["id"], {"failed"})
+    page = open_page()
+    sign_in(page, console, console.owner, "#/runs")
+
+    page.select_option("select[name=status]", "failed")
+
+    page.wait_for_url("**/#/runs?status=failed")
+    page.wait_for_selector(f"tr[data-id='{failed['id']}']")
+    badges = page.locator("table.cards tbody .badge").all_inner_texts()
+    assert badges and set(badges) == {"failed"}
+
+    # The run's own address opens it directly, in a fresh session, after signing in
+    other = open_page()
+    sign_in(other, console, console.owner, f"#/runs/{failed['id']}")
+    other.wait_for_selector("main h1 .badge-failed")
+    expect(other.locator("#run-log")).to_contain_text("nope")
+    assert "failer" in other.inner_text("main")
+    with other.expect_download() as download:
+        other.click("#log-download")
+    assert Path(download.value.path()).read_text() == "nope\n"
+
+    # Re-run starts a new run of the same task, marked as a retry of this one
+    other.click("#run-rerun")
+    other.wait_for_url(lambda url: "#/runs/" in url and failed["id"] not in url)
+    rerun_id = other.url.rsplit("/", 1)[1]
+    assert console.api("GET", f"/runs/{rerun_id}").json()["trigger"] == "retry"
+    page.select_option("select[name=trigger]", "retry")
+    page.wait_for_selector(f"tr[data-id='{rerun_id}']")
+
+
+def test_a_viewer_sees_no_command_and_no_actions(console: Console, open_page: Any) -> None:
+    _task(console, "guarded", "echo hidden; exit 3", cwd="/tmp")
+    page = open_page()
+    sign_in(page, console, console.viewer, "#/tasks/guarded")
+
+    page.wait_for_selector("main h1")
+    assert "exit 3" not in page.inner_text("main") and "/tmp" not in page.inner_text("main")
+    assert "Hidden for your role" in page.inner_text("main")
+    assert page.locator("main button").count() == 0
+    assert "viewer" in page.inner_text("#whoami")
+
+
+@pytest.mark.parametrize("width", [390])
+def test_narrow_viewport_has_no_horizontal_overflow_on_any_page(
+    console: Console, open_page: Any, width: int
+) -> None:
+    _task(console, "narrow", "printf 'a long line without any break %.0s' $(seq 1 40); echo")
+    run_id = _start(console, "narrow")["id"]
+    _wait_for_status(console, run_id, {"succeeded"})
+    page = open_page(width=width, height=844, is_mobile=True, has_touch=True)
+    sign_in(page, console, console.owner)
+
+    for route in (*PAGES, "#/tasks/narrow", f"#/runs/{run_id}", "#/tasks/new"):
+        page.goto(f"{console.url}/{route}")
+        page.wait_for_selector("main h1")
+        page.wait_for_load_state("networkidle")
+        overflow = page.evaluate("document.documentElement.scrollWidth")
+        assert overflow <= width, f"{route}: the page is {overflow} px wide"
+        # lists are cards here: nothing in them needs a sideways scroll either
+        boxes = page.eval_on_selector_all(".scroll", "els => els.map(e => e.scrollWidth - e.clientWidth)")
+        assert all(extra <= 1 for extra in boxes), f"{route}: a list scrolls sideways by {max(boxes)} px"
+        _no_placeholder_text(page, route)
+    # runs are cards whose status is on screen without scrolling sideways
+    page.goto(f"{console.url}/#/runs")
+    status = page.locator("table.cards tbody tr").first.locator(".badge").first.bounding_box()
+    assert status is not None and status["x"] + status["width"] <= width
+    # the header collapses behind the menu button, and opens on demand
+    assert not page.is_visible("nav")
+    page.click("#menu")
+    assert page.is_visible("nav a[data-page=runs]")
+
+
+def test_each_page_renders_without_errors_and_the_overview_is_photographed(
+    console: Console, open_page: Any
+) -> None:
+    _task(console, "nightly-backup", "echo backup", cron="0 3 * * *")
+    _task(console, "report", "echo report", cron="*/30 * * * *")
+    _task(console, "crawler", "sleep 90")
+    _start(console, "crawler")
+    page = open_page(width=1280, height=800, color_scheme="light", locale="en-US")
+    sign_in(page, console, console.owner)
+    for route in PAGES:
+        page.goto(f"{console.url}/{route}")
+        page.wait_for_selector("main h1")
+        page.wait_for_load_state("networkidle")
+        _no_placeholder_text(page, route)
+    page.goto(f"{console.url}/#/tasks/nightly-backup")
+    expect(page.locator("#next-fires li")).to_have_count(5)
+    page.goto(f"{console.url}/#/")
+    page.wait_for_selector("#ov-running")
+    page.wait_for_load_state("networkidle")
+    assert page.locator("#approvals-badge").is_hidden() or page.inner_text("#approvals-badge").isdigit()
+    if os.environ.get("QL3_WRITE_DOCS_SCREENSHOT") == "1":
+        page.screenshot(path=str(DOCS_SHOT))
+
+
+def test_an_unreachable_server_is_said_not_shown_as_stale_green(console: Console, open_page: Any) -> None:
+    page = open_page()
+    sign_in(page, console, console.owner)
+    page.wait_for_selector("#ov-running")
+    open_page.expect_offline()
+
+    page.context.set_offline(True)
+    page.wait_for_selector("#offline", state="visible", timeout=30_000)  # the next refresh fails
+
+    page.context.set_offline(False)
+    page.wait_for_selector("#offline", state="hidden", timeout=30_000)
+
+
+def test_drain_a_worker_from_the_ui(console: Console, open_page: Any) -> None:
+    page = open_page()
+    sign_in(page, console, console.owner, "#/workers")
+
+    page.click("main button.danger:has-text('Drain')")
+    page.click("#confirm-yes")
+
+    page.wait_for_selector("main .badge-draining")
+    workers = console.api("GET", "/workers").json()["items"]
+    assert [w["status"] for w in workers] == ["draining"]
