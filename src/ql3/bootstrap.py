@@ -128,6 +128,7 @@ def build_standalone_runtime(
     profile: str = "standalone",
     slots: int | None = None,
     worker_id: str | None = None,
+    default_cwd: Path | None = None,
 ) -> StandaloneRuntime:
     import socket
     import time
@@ -163,6 +164,7 @@ def build_standalone_runtime(
             home=home / "worker",
             slots=slots if slots is not None else max(2, (os.cpu_count() or 2) * 2),
             run_lease_ms=run_lease_ms,
+            default_cwd=None if default_cwd is None else str(default_cwd),
         ),
         clock=clock,
         fault=fault_point,
