@@ -110,7 +110,11 @@ class StandaloneRuntime:
 
 
 def build_standalone_runtime(
-    db: ManagedDatabase, settings: ServeSettings, *, run_as: TaskUser | None = None
+    db: ManagedDatabase,
+    settings: ServeSettings,
+    *,
+    run_as: TaskUser | None = None,
+    default_cwd: Path | None = None,
 ) -> StandaloneRuntime:
     """Wire the dispatcher, the embedded worker and the control loops with ``settings``' budgets.
     ``run_as``: a ``TaskUser`` the embedded worker's commands run as (None: the server's own user)."""
@@ -159,6 +163,7 @@ def build_standalone_runtime(
             labels=dict(settings.labels),
             run_lease_ms=settings.run_lease_ms,
             journal_capacity=max(64, settings.slots),
+            default_cwd=None if default_cwd is None else str(default_cwd),
         ),
         clock=clock,
         fault=fault_point,

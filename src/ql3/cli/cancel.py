@@ -6,12 +6,11 @@ These are added to the ``run`` group that ``ql3.cli.runs`` builds.
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
 from typing import Any, Final
 
-from ql3.cli import output, watch
+from ql3.cli import human, output, watch
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json
+from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json, wants_utc
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
 from ql3.domain import cancellation as rules
 from ql3.domain.errors import ValidationFailed
@@ -121,9 +120,16 @@ def _flatten(value: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def status_card(projection: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The card: every field of the projection, dotted, in the projection's order (no ANSI)."""
-    return _flatten(projection)
+def status_card(projection: dict[str, Any], utc: bool = False) -> list[tuple[str, Any]]:
+    """The card: every field of the projection, dotted, in the projection's order (no ANSI); an
+    instant (``...AtMs``) is shown as a labelled time under the name without ``Ms``."""
+    return [_humane(key, value, utc) for key, value in _flatten(projection)]
+
+
+def _humane(key: str, value: Any, utc: bool) -> tuple[str, Any]:
+    if key.endswith("AtMs") and (value is None or isinstance(value, int)):
+        return key.removesuffix("Ms"), human.when(value, utc)
+    return key, value
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -136,7 +142,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if wants_json(args):
         output.emit_json(projection)
     else:
-        output.fields(status_card(projection))
+        output.fields(status_card(projection, wants_utc(args)), status_key="assessment")
     return exit_code
 
 
@@ -158,17 +164,11 @@ def cmd_blocked(args: argparse.Namespace) -> int:
         return EXIT_OK
     output.table(
         ("RUN", "BLOCKED"),
-        [(item["runId"], _when(item["blockedAtMs"])) for item in page["items"]],
+        [(item["runId"], human.when(item["blockedAtMs"], wants_utc(args))) for item in page["items"]],
     )
     if page.get("truncated") and page.get("nextCursor"):
         output.line(f"next cursor: {page['nextCursor']}")
     return EXIT_OK
-
-
-def _when(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 # -- inspect / rearm ----------------------------------------------------------------------------------
@@ -181,10 +181,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         output.emit_json(view)
         return EXIT_OK
     dispatch = view.get("dispatch") or {}
+    utc = wants_utc(args)
     output.fields(
-        [(k, v) for k, v in view.items() if k != "dispatch"]
-        + [(f"dispatch.{k}", v) for k, v in dispatch.items()]
-        + ([] if dispatch else [("dispatch", None)])
+        [_humane(k, v, utc) for k, v in view.items() if k != "dispatch"]
+        + [_humane(f"dispatch.{k}", v, utc) for k, v in dispatch.items()]
+        + ([] if dispatch else [("dispatch", None)]),
+        status_key="runStatus",
     )
     if view.get("operatorAction") == "rearm":
         output.note(

@@ -1,14 +1,33 @@
-"""``ql3 db migrate|status``: straight on the database, not through the API."""
+"""``ql3 db migrate|status|backup|restore``: straight on the database, not through the API."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+from typing import Final
 
 from ql3.bootstrap import open_database
 from ql3.cli import output
 from ql3.cli.common import Parser, Subparsers, add_command, wants_json
-from ql3.cli.config import database_url
-from ql3.cli.errors import EXIT_OK
+from ql3.cli.config import database_url, home
+from ql3.cli.errors import EXIT_OK, CliError, UsageError
+from ql3.cli.lock import home_lock
+
+MIGRATIONS_TABLE: Final = "ql3_schema_migrations"
+BACKUP_HELP: Final = """\
+SQLite only; for PostgreSQL use pg_dump / pg_restore (docs/operations.md).
+The copy is consistent while ql3 serve runs and writes (SQLite's online backup API reads one
+snapshot); it is written to FILE.tmp, checked, then renamed, with mode 0600 (it holds task env values
+and token digests). Run logs are files under $QL3_HOME/worker/logs and are not in it.
+"""
+RESTORE_HELP: Final = """\
+SQLite only. Refused while a ql3 serve holds $QL3_HOME (stop it first); FILE must be a ql3 database
+(an integrity check and ql3's migration table). The current database is replaced; start the server
+afterwards (it migrates a backup from an older version).
+"""
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -43,6 +62,117 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _sqlite_path(args: argparse.Namespace) -> Path:
+    url = database_url(args.database_url)
+    if not url.startswith("sqlite:///"):
+        raise UsageError(
+            "db backup and restore work on SQLite; for PostgreSQL use pg_dump and pg_restore "
+            "(docs/operations.md)"
+        )
+    return Path(url.removeprefix("sqlite://"))
+
+
+def _check_ql3_database(conn: sqlite3.Connection, what: str) -> int:
+    """Fail unless ``conn`` is a sound ql3 database; return its schema version."""
+    try:
+        verdict = conn.execute("PRAGMA quick_check").fetchone()
+        has_table = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (MIGRATIONS_TABLE,)
+        ).fetchone()
+        row = conn.execute(f"SELECT max(version) FROM {MIGRATIONS_TABLE}").fetchone() if has_table else None
+    except sqlite3.DatabaseError as exc:
+        raise CliError("not_a_backup", f"{what} is not a ql3 SQLite database") from exc
+    if not verdict or verdict[0] != "ok":
+        raise CliError("corrupt_backup", f"{what} failed SQLite's integrity check")
+    if not row or row[0] is None:
+        raise CliError("not_a_backup", f"{what} has no ql3 schema")
+    return int(row[0])
+
+
+def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
+    if read_only:
+        return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30)
+    return sqlite3.connect(path, timeout=30)
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    source_path = _sqlite_path(args)
+    if not source_path.exists():
+        raise CliError("no_database", f"there is no database at {source_path}")
+    target = Path(args.file).absolute()
+    if target.exists() and not args.force:
+        raise UsageError(f"{target} exists; give --force to replace it")
+    if target.resolve() == source_path.resolve():
+        raise UsageError("FILE is the database itself")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        source = _connect(source_path, read_only=True)
+        try:
+            copy = sqlite3.connect(tmp)
+            try:
+                # pages=-1: the whole database in one step, from one read snapshot (WAL: writers go on)
+                source.backup(copy, pages=-1)
+                version = _check_ql3_database(copy, "the copy")
+                copy.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
+            finally:
+                copy.close()
+        finally:
+            source.close()
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    size = target.stat().st_size
+    if wants_json(args):
+        output.emit_json({"file": str(target), "bytes": size, "schema_version": version})
+    else:
+        output.line(f"backed up {source_path} to {target} ({size} bytes, schema version {version})")
+    return EXIT_OK
+
+
+def _restore(backup: Path, target_path: Path) -> int:
+    source = _connect(backup, read_only=True)
+    try:
+        version = _check_ql3_database(source, str(backup))
+        target_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        target = _connect(target_path, read_only=False)
+        try:
+            source.backup(target, pages=-1)  # page by page into the live file, WAL included
+        finally:
+            target.close()
+    finally:
+        source.close()
+    return version
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    target_path = _sqlite_path(args)
+    backup = Path(args.file).absolute()
+    if not backup.is_file():
+        raise UsageError(f"{backup} is not a file")
+    try:
+        with home_lock(home()):  # no server can start while the file is replaced
+            version = _restore(backup, target_path)
+    except CliError as exc:
+        if exc.code != "already_serving":
+            raise
+        raise CliError(
+            "server_running",
+            f"a ql3 server is running on QL3_HOME={home()}: stop it before restoring",
+            exc.exit_code,
+        ) from None
+    if wants_json(args):
+        output.emit_json({"restored": str(backup), "database": str(target_path), "schema_version": version})
+    else:
+        output.line(f"restored {target_path} from {backup} (schema version {version}); start ql3 serve")
+    return EXIT_OK
+
+
 def database_flag(parser: Parser) -> None:
     parser.add_argument(
         "--database-url",
@@ -52,7 +182,30 @@ def database_flag(parser: Parser) -> None:
 
 
 def register(subparsers: Subparsers) -> None:
-    group: Parser = subparsers.add_parser("db", help="database schema", description="Database schema.")
+    group: Parser = subparsers.add_parser(
+        "db", help="database schema, backup and restore", description="Database schema, backup and restore."
+    )
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     database_flag(add_command(actions, "migrate", cmd_migrate, "apply pending migrations"))
     database_flag(add_command(actions, "status", cmd_status, "list migrations and whether they are applied"))
+    backup = add_command(
+        actions,
+        "backup",
+        cmd_backup,
+        "copy the SQLite database to FILE, consistent while the server runs",
+        epilog=BACKUP_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    backup.add_argument("file", metavar="FILE", help="where to write the copy")
+    backup.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    database_flag(backup)
+    restore = add_command(
+        actions,
+        "restore",
+        cmd_restore,
+        "replace the SQLite database with a backup (the server must be stopped)",
+        epilog=RESTORE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    restore.add_argument("file", metavar="FILE", help="a file written by ql3 db backup")
+    database_flag(restore)

@@ -38,6 +38,9 @@ STATUS_COLOURS: Final[dict[str, str]] = {
     "cancelled": _GREY,
     "expired": _GREY,
     "offline": _GREY,
+    "clear": _GREEN,
+    "converging": _YELLOW,
+    "attention_required": _RED,
 }
 
 

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import shlex
+import shutil
 import signal
+import socket
+import stat
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Final, TextIO
 
 from ql3.application import auth
 from ql3.application.settings import ENV_VARS, PROFILES, ServeSettings, SettingsError, load_serve_settings
@@ -22,7 +28,7 @@ from ql3.bootstrap import (
     resolve_task_user,
 )
 from ql3.cli import logformat, output
-from ql3.cli.common import Subparsers, add_command, wants_json
+from ql3.cli.common import Parser, Subparsers, add_command, wants_json
 from ql3.cli.config import (
     DEFAULT_LISTEN,
     Credentials,
@@ -35,12 +41,30 @@ from ql3.cli.config import (
 )
 from ql3.cli.db import database_flag
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
+from ql3.cli.lock import EXIT_ALREADY_SERVING, LOCK_FILE, home_lock
 from ql3.cli.private import private_umask, require_private_home, tighten_sqlite_files
 from ql3.domain.errors import ConfigurationError, ValidationFailed
 from ql3.domain.workers import parse_capabilities, validate_worker_id
 
 log = logging.getLogger("ql3.serve")
 DEFAULT_URL = client_url(*parse_listen(DEFAULT_LISTEN))
+
+SCRIPTS_DIR: Final = "scripts"
+DEFAULT_SCRIPTS_MODE: Final = 0o700
+# ``ql3 serve`` exit statuses besides 0/1/64 (sysexits.h): nothing is written in either case.
+EXIT_ADDRESS_IN_USE: Final = 69  # EX_UNAVAILABLE: --listen cannot be bound
+SERVE_EPILOG: Final = f"""\
+exit status:
+  0    stopped by SIGINT/SIGTERM after a clean shutdown
+  1    error (database, start-up)
+  64   usage: bad arguments or settings
+  {EXIT_ADDRESS_IN_USE}   the --listen address is in use: nothing was written; pick another --listen
+  {EXIT_ALREADY_SERVING}   another ql3 serve already runs on this QL3_HOME ($QL3_HOME/{LOCK_FILE})
+
+tasks without --cwd run in the scripts directory: $QL3_HOME/{SCRIPTS_DIR} unless --scripts-dir
+(created at start, mode --scripts-mode, default 0700).
+keep it running: ql3 serve --print-systemd-unit > ~/.config/systemd/user/ql3.service
+"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,9 +154,132 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         raise UsageError(exc.message, code=exc.code) from None
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind the API's socket before anything is written, so a taken port changes nothing."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--listen host {host!r} does not resolve") from exc
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+            reason = {errno.EADDRINUSE: "address already in use", errno.EACCES: "permission denied"}.get(
+                exc.errno, "not an address of this machine"
+            )
+            raise CliError(
+                "address_in_use" if exc.errno == errno.EADDRINUSE else "cannot_listen",
+                f"cannot listen on {host}:{port}: {reason}; nothing was written. "
+                "Choose another with --listen HOST:PORT",
+                EXIT_ADDRESS_IN_USE,
+            ) from None
+        raise
+    return sock
+
+
+def scripts_dir(args: argparse.Namespace, base: Path) -> Path:
+    """The default working directory of tasks, created with ``--scripts-mode`` (it is tightened or
+    loosened to that mode at every start, so the setting is what is on disk)."""
+    path = Path(args.scripts_dir) if args.scripts_dir else base / SCRIPTS_DIR
+    if not path.is_absolute():
+        raise UsageError("--scripts-dir must be an absolute path")
+    path.mkdir(parents=True, exist_ok=True, mode=args.scripts_mode)
+    if stat.S_IMODE(path.stat().st_mode) != args.scripts_mode:
+        path.chmod(args.scripts_mode)
+    return path
+
+
+def first_start_message(url: str, credentials: Path, out: TextIO) -> None:
+    """What a newcomer needs after the very first start: where the console is and how to sign in."""
+    out.write(
+        "ql3: first start: the owner was created; its token is in "
+        f"{credentials} (mode 0600, shown nowhere else)\n"
+        f'  console: open {url}/ and paste the token (e.g. python3 -c "import json; '
+        f"print(json.load(open('{credentials}'))['token'])\")\n"
+        "  CLI:     ql3 task list        (reads the credentials file; ql3 token create --role ... for "
+        "other people)\n"
+        "  service: ql3 serve --print-systemd-unit\n"
+    )
+
+
+def systemd_unit(args: argparse.Namespace, base: Path) -> str:
+    """A systemd unit that runs this very ``ql3 serve`` (same binary, home, listen and database)."""
+    beside = Path(sys.executable).parent / "ql3"  # the same installation as this process
+    found = str(beside) if beside.exists() else shutil.which("ql3")
+    program = [str(Path(found).absolute())] if found else [sys.executable, "-m", "ql3.cli.main"]
+    serve = [*program, "serve", "--listen", args.listen, "--profile", args.profile]
+    if args.scripts_dir:
+        serve += ["--scripts-dir", args.scripts_dir]
+    if args.scripts_mode != DEFAULT_SCRIPTS_MODE:
+        serve += ["--scripts-mode", f"{args.scripts_mode:o}"]
+    if args.slots is not None:
+        serve += ["--slots", str(args.slots)]
+    if args.worker_id is not None:
+        serve += ["--worker-id", args.worker_id]
+    environment = [f"QL3_HOME={base}"]
+    if args.database_url:
+        serve += ["--database-url", args.database_url]
+    try:
+        user = os.getlogin()
+    except OSError:
+        import pwd
+
+        user = pwd.getpwuid(os.getuid()).pw_name
+    return "\n".join(
+        [
+            "# ql3: save as /etc/systemd/system/ql3.service (or ~/.config/systemd/user/ql3.service",
+            "# without User=), then: systemctl daemon-reload && systemctl enable --now ql3",
+            "[Unit]",
+            "Description=ql3 task-execution server",
+            "After=network-online.target",
+            "Wants=network-online.target",
+            "",
+            "[Service]",
+            "Type=exec",
+            f"User={user}",
+            *[f"Environment={shlex.quote(item)}" for item in environment],
+            f"ExecStart={shlex.join(serve)}",
+            "# Running tasks outlive a restart of the server and are adopted again when it is back:",
+            "# stop only the server's own process, never the tasks' process groups.",
+            "KillMode=process",
+            "KillSignal=SIGTERM",
+            "TimeoutStopSec=30",
+            "Restart=on-failure",
+            "RestartSec=5",
+            f"# 64: bad settings; {EXIT_ALREADY_SERVING}: another server holds QL3_HOME (no restart helps)",
+            f"RestartPreventExitStatus=64 {EXIT_ALREADY_SERVING}",
+            "",
+            "[Install]",
+            "# a user unit (~/.config/systemd/user): WantedBy=default.target",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
-    settings = serve_settings(args)
+    settings = serve_settings(args)  # every flag and QL3_* variable, validated before anything is opened
+    if args.print_systemd_unit:
+        sys.stdout.write(systemd_unit(args, settings.home.resolve()))
+        return EXIT_OK
+    with home_lock(settings.home):
+        listener = bind_listener(host, port)
+        try:
+            return _serve(args, settings, host, port, listener)
+        finally:
+            listener.close()
+
+
+def _serve(
+    args: argparse.Namespace, settings: ServeSettings, host: str, port: int, listener: socket.socket
+) -> int:
     # Imported here so that every other command starts without the web stack.
     import uvicorn
 
@@ -144,9 +291,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # a thread whose I/O finished run again promptly instead of after CPython's default 5 ms.
     sys.setswitchinterval(0.0005)
     task_user = _task_user(args.run_as)
+    workdir = scripts_dir(args, settings.home)
     prepared = prepare(settings.database_url, client_url(host, port), update_url=True, home=settings.home)
     try:
-        runtime = build_standalone_runtime(prepared.db, settings, run_as=task_user)
+        runtime = build_standalone_runtime(prepared.db, settings, run_as=task_user, default_cwd=workdir)
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(prepared.db, lifecycle=[runtime], logs_root=logs_root)
         config = uvicorn.Config(
@@ -171,8 +319,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         output.note(
             f"ql3 {settings.profile} serving on {client_url(host, port)}; credentials: {prepared.credentials}"
         )
+        if prepared.owner_created:
+            first_start_message(client_url(host, port), prepared.credentials, sys.stderr)
         try:
-            server.run()
+            server.run(sockets=[listener])
         except SystemExit as exc:  # uvicorn exits on bind or lifespan startup failure
             code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
             return code or EXIT_ERROR
@@ -263,9 +413,10 @@ def register(subparsers: Subparsers) -> None:
         "serve",
         cmd_serve,
         "run the standalone server (first start: migrate, create the owner, write credentials)",
-        epilog=_serve_epilog(),
+        epilog=SERVE_EPILOG + "\n" + _serve_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    service_flags(serve)
     serve.add_argument(
         "--profile",
         choices=tuple(PROFILES),
@@ -306,3 +457,35 @@ def register(subparsers: Subparsers) -> None:
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
     )
     database_flag(serve)
+
+
+def _mode(text: str) -> int:
+    try:
+        value = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError("an octal mode such as 0700, 0750 or 0755") from None
+    if value & ~0o755 or (value & 0o700) != 0o700:
+        raise argparse.ArgumentTypeError("0700, 0750, 0755 or similar: owner rwx, never group/other write")
+    return value
+
+
+def service_flags(serve: Parser) -> None:
+    """Where tasks run by default, and the systemd unit."""
+    serve.add_argument(
+        "--scripts-dir",
+        metavar="DIR",
+        default=None,
+        help=f"absolute default working directory of tasks (default $QL3_HOME/{SCRIPTS_DIR})",
+    )
+    serve.add_argument(
+        "--scripts-mode",
+        type=_mode,
+        metavar="MODE",
+        default=DEFAULT_SCRIPTS_MODE,
+        help="mode of the scripts directory (default 0700; 0750 or 0755 when tasks run as another user)",
+    )
+    serve.add_argument(
+        "--print-systemd-unit",
+        action="store_true",
+        help="print a systemd unit that runs this server with these options, and exit",
+    )

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
 from typing import Any
 
-from ql3.cli import output
+from ql3.cli import human, output
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json
+from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json, wants_utc
 from ql3.cli.errors import EXIT_OK
-
-
-def _when(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -25,7 +18,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         output.emit_json(page)
         return EXIT_OK
     output.table(
-        ("ID", "STATUS", "GEN", "BUSY", "SLOTS", "LABELS", "HEARTBEAT"),
+        (
+            "ID",
+            "STATUS",
+            "GEN",
+            "BUSY",
+            "SLOTS",
+            "LABELS",
+            f"HEARTBEAT ({human.zone_label(wants_utc(args))})",
+        ),
         [
             (
                 w["id"],
@@ -34,10 +35,12 @@ def cmd_list(args: argparse.Namespace) -> int:
                 w["busy"],
                 w["slots"],
                 _labels(w) or None,
-                _when(w.get("last_heartbeat_at_ms")),
+                human.when(w.get("last_heartbeat_at_ms"), wants_utc(args), label=False),
             )
             for w in page["items"]
         ],
+        status_column=1,
+        elastic=(0, 5),
     )
     if page.get("next_after"):
         output.note(f"more: ql3 worker list --after {page['next_after']}")
@@ -59,7 +62,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     output.line(f"slots      {w['busy']} busy of {w['slots']}")
     output.line(f"labels     {_labels(w) or '-'}")
     output.line(f"executors  {','.join(w.get('executors', [])) or '-'}")
-    output.line(f"heartbeat  {_when(w.get('last_heartbeat_at_ms')) or '-'} UTC")
+    output.line(f"heartbeat  {human.when(w.get('last_heartbeat_at_ms'), wants_utc(args)) or '-'}")
     return EXIT_OK
 
 

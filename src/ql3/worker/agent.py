@@ -61,6 +61,8 @@ class WorkerConfig:
     journal_capacity: int = 64
     intake_threads: int = 2
     journal_retention_ms: int = 3_600_000
+    # Where a task without its own cwd runs (``ql3 serve``: $QL3_HOME/scripts); None: the worker's cwd.
+    default_cwd: str | None = None
 
     def __post_init__(self) -> None:
         validate_worker_id(self.worker_id)
@@ -325,7 +327,7 @@ class WorkerAgent:
             run_id=record.run_id,
             attempt_id=record.attempt_id,
             command=ShellCommand(command=spec["command"]["command"]),
-            working_directory=spec.get("workingDirectory"),
+            working_directory=spec.get("workingDirectory") or self.config.default_cwd,
             environment_policy=spec.get("environmentPolicy", "inherit"),
             environment=dict(spec.get("environment", {})),
             callback_token=token,
