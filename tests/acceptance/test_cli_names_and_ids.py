@@ -116,10 +116,14 @@ def test_quiet_lists_print_only_full_ids(shared_server: Server) -> None:
 
     runs = shared_server.cli("run", "list", "--task", "quiet", "-q")
     tasks = shared_server.cli("task", "list", "-q")
+    workers = shared_server.cli("worker", "list", "-q")
+    projects = shared_server.cli("project", "list", "-q")
 
     assert runs.returncode == 0 and runs.stdout.split() == list(reversed(ids))
     assert runs.stderr == ""
     assert shared_server.cli_json("task", "show", "quiet")["id"] in tasks.stdout.split()
+    assert workers.stdout.split() == [w["id"] for w in shared_server.cli_json("worker", "list")["items"]]
+    assert projects.stdout.split() == [p["id"] for p in shared_server.cli_json("project", "list")["items"]]
 
 
 def test_following_the_next_page_hint_keeps_the_task_and_the_limit(shared_server: Server) -> None:

@@ -61,6 +61,9 @@ exit codes:
   2    it ended otherwise (succeeded, failed, lost) before the stop took effect
   5    --timeout-wait elapsed first
   20   the cancellation is blocked (ql3 run inspect RUN, ql3 run rearm)
+  serve:
+  69   the --listen address cannot be bound (nothing was written)
+  75   another ql3 serve already runs on this QL3_HOME (or db restore while it runs)
   run status (the cancellation health card):
   0    clear
   10   converging: cancellations in flight

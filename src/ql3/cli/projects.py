@@ -6,7 +6,16 @@ import argparse
 
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, positive_int, project_flag, wants_json
+from ql3.cli.common import (
+    Parser,
+    Subparsers,
+    add_command,
+    positive_int,
+    project_flag,
+    quiet_flag,
+    wants_json,
+    wants_quiet,
+)
 from ql3.cli.errors import EXIT_OK
 
 
@@ -15,6 +24,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         _, page = api.call("GET", "/projects", params={"limit": 200})
     if wants_json(args):
         output.emit_json(page)
+    elif wants_quiet(args):
+        output.ids_only(str(p["id"]) for p in page["items"])
     else:
         output.table(("NAME", "ID", "ROLE"), [(p["name"], p["id"], p.get("role")) for p in page["items"]])
     return EXIT_OK
@@ -61,7 +72,7 @@ def cmd_retention_set(args: argparse.Namespace) -> int:
 def register(subparsers: Subparsers) -> None:
     group: Parser = subparsers.add_parser("project", help="projects", description="Projects.")
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add_command(actions, "list", cmd_list, "projects you hold a role in")
+    quiet_flag(add_command(actions, "list", cmd_list, "projects you hold a role in"))
     create = add_command(actions, "create", cmd_create, "create a project (owner only)")
     create.add_argument("name", metavar="NAME")
     retention: Parser = actions.add_parser(

@@ -7,7 +7,17 @@ from typing import Any
 
 from ql3.cli import human, output
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json, wants_utc
+from ql3.cli.common import (
+    Parser,
+    Subparsers,
+    add_command,
+    next_page_hint,
+    project_flag,
+    quiet_flag,
+    wants_json,
+    wants_quiet,
+    wants_utc,
+)
 from ql3.cli.errors import EXIT_OK
 
 
@@ -16,6 +26,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         _, page = api.call("GET", f"/projects/{seg(args.project)}/workers", params={"after": args.after})
     if wants_json(args):
         output.emit_json(page)
+        return EXIT_OK
+    if wants_quiet(args):
+        output.ids_only(str(w["id"]) for w in page["items"])
         return EXIT_OK
     output.table(
         (
@@ -43,7 +56,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         elastic=(0, 5),
     )
     if page.get("next_after"):
-        output.note(f"more: ql3 worker list --after {page['next_after']}")
+        output.note(next_page_hint("worker list", args.parser, args, after=str(page["next_after"])))
     return EXIT_OK
 
 
@@ -81,6 +94,7 @@ def register(subparsers: Subparsers) -> None:
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     lst = add_command(actions, "list", cmd_list, "list the registered workers (one page)", project_flag())
     lst.add_argument("--after", default=None, metavar="ID", help="the next_after of the previous page")
+    quiet_flag(lst)
     show = add_command(
         actions, "show", cmd_show, "one worker: labels, slots, busy slots, status", project_flag()
     )
