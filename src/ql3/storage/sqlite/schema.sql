@@ -4,7 +4,10 @@ CREATE INDEX approval_requests_unconsumed ON approval_requests (decided_at_ms, i
 CREATE INDEX approved_action_executions_due ON approved_action_executions (eligible_at_ms, dispatch_id) WHERE eligible_at_ms IS NOT NULL;
 CREATE INDEX approved_action_executions_project ON approved_action_executions (project_id, created_at_ms, dispatch_id);
 CREATE INDEX approved_action_recovery_due ON approved_action_recovery (next_scan_at_ms, dispatch_id) WHERE status = 'armed';
+CREATE INDEX approved_run_action_receipts_project_run ON approved_run_action_receipts (project_id, resource_id);
+CREATE INDEX cancellation_audit_project_run ON cancellation_audit (project_id, run_id);
 CREATE INDEX cancellation_audit_run ON cancellation_audit (run_id, created_at_ms);
+CREATE INDEX cancellation_dispatches_attempt ON cancellation_dispatches (attempt_id);
 CREATE INDEX cancellation_dispatches_blocked ON cancellation_dispatches (project_id, updated_at_ms, run_id) WHERE status = 'blocked';
 CREATE INDEX cancellation_dispatches_due ON cancellation_dispatches (status, next_attempt_at_ms, run_id);
 CREATE INDEX cancellation_dispatches_project ON cancellation_dispatches (project_id, status);
@@ -15,6 +18,7 @@ CREATE INDEX run_attempts_deadline ON run_attempts (status, deadline_at_ms, id);
 CREATE INDEX run_attempts_finished ON run_attempts (finished_at_ms, id) WHERE finished_at_ms IS NOT NULL;
 CREATE INDEX run_attempts_status ON run_attempts (status, created_at_ms);
 CREATE INDEX run_leases_expiry ON run_leases (status, expires_at_ms, attempt_id);
+CREATE INDEX run_leases_run ON run_leases (run_id);
 CREATE INDEX run_leases_worker ON run_leases (worker_id, status);
 CREATE INDEX run_retry_due ON run_retry_policies (next_retry_at_ms) WHERE next_retry_at_ms IS NOT NULL;
 CREATE INDEX runs_dispatch_candidates ON runs (priority DESC, queued_at_ms, id) WHERE status = 'queued' AND cancel_requested_at_ms IS NULL;
