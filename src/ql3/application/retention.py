@@ -227,10 +227,10 @@ class RetentionPruner:
             )
         return capped, freed, len(rows) == self._page
 
-    def _prune_outbox(self, tx: Transaction, *, project_id: str, keep_ms: int) -> int:
+    def _prune_outbox(self, tx: Transaction) -> int:
+        """One page of delivered and dead notifications older than a week, in every project."""
         return tx.run(
-            "retention_outbox_prune",
-            {"project_id": project_id, "before_ms": tx.now_ms() - keep_ms, "limit": self._page},
+            "retention_outbox_prune", {"before_ms": tx.now_ms() - OUTBOX_KEEP_MS, "limit": self._page}
         )
 
     # -- the cycle ------------------------------------------------------------------------------------
@@ -266,12 +266,9 @@ class RetentionPruner:
                 capped += n
                 freed += cut
                 more = more or left
-            keep_ms = min(OUTBOX_KEEP_MS, (policy.keep_days or 7) * DAY_MS)
-            pruned = self._db.transaction(
-                partial(self._prune_outbox, project_id=policy.project_id, keep_ms=keep_ms)
-            )
-            outbox += pruned
-            more = more or pruned >= self._page
+        if pages < self._max_pages:
+            outbox = self._db.transaction(self._prune_outbox)
+            more = more or outbox >= self._page
         return PruneReport(
             runs_deleted=runs, log_bytes_freed=freed, logs_capped=capped, outbox_deleted=outbox, more=more
         )

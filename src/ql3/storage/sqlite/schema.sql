@@ -12,7 +12,7 @@ CREATE INDEX cancellation_dispatches_blocked ON cancellation_dispatches (project
 CREATE INDEX cancellation_dispatches_due ON cancellation_dispatches (status, next_attempt_at_ms, run_id);
 CREATE INDEX cancellation_dispatches_project ON cancellation_dispatches (project_id, status);
 CREATE INDEX notification_outbox_due ON notification_outbox (due_at_ms, id) WHERE due_at_ms IS NOT NULL;
-CREATE INDEX notification_outbox_settled ON notification_outbox (project_id, updated_at_ms, id) WHERE due_at_ms IS NULL;
+CREATE INDEX notification_outbox_settled ON notification_outbox (updated_at_ms, id) WHERE due_at_ms IS NULL;
 CREATE INDEX notification_rules_project ON notification_rules (project_id, channel_id);
 CREATE INDEX run_attempts_deadline ON run_attempts (status, deadline_at_ms, id);
 CREATE INDEX run_attempts_finished ON run_attempts (finished_at_ms, id) WHERE finished_at_ms IS NOT NULL;

@@ -43,7 +43,7 @@ CREATE TABLE notification_outbox (
   CHECK ((status = 'leased') = (lease_owner IS NOT NULL))
 );
 CREATE INDEX notification_outbox_due ON notification_outbox (due_at_ms, id) WHERE due_at_ms IS NOT NULL;
-CREATE INDEX notification_outbox_settled ON notification_outbox (project_id, updated_at_ms, id)
+CREATE INDEX notification_outbox_settled ON notification_outbox (updated_at_ms, id)
   WHERE due_at_ms IS NULL;
 CREATE TABLE retention_policies (
   project_id TEXT PRIMARY KEY REFERENCES projects (id),
