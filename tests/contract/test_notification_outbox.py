@@ -197,3 +197,21 @@ def test_deleting_a_channel_drops_its_unsent_rows_and_rules(harness: Any) -> Non
     assert count(harness.db, "notification_outbox") == 0
     assert count(harness.db, "notification_rules") == 0
     assert count(harness.db, "notification_channels") == 0
+
+
+def test_settled_rows_are_pruned_after_a_week_and_unsent_ones_never(harness: Any) -> None:
+    from ql3.application.retention import DAY_MS, RetentionPruner
+
+    project, task = _setup(harness.db)
+    _finish(harness.db, project, task)
+    NotificationDeliverer(harness.db, RecordingSender(), "r").deliver_batch()
+    _finish(harness.db, project, task)  # a second outcome stays pending: its channel fails
+    NotificationDeliverer(harness.db, RecordingSender(fail_with="timeout"), "r").deliver_batch()
+    pruner = RetentionPruner(harness.db, None)
+
+    harness.advance_clock(7 * DAY_MS - 60_000)
+    assert pruner.prune_once().outbox_deleted == 0
+    harness.advance_clock(120_000)
+    assert pruner.prune_once().outbox_deleted == 1
+
+    assert [r["status"] for r in harness.db.raw("SELECT status FROM notification_outbox")] == ["pending"]

@@ -91,6 +91,12 @@ def test_run_durations_are_a_histogram_of_runs_finished_since_the_first_scrape(
     assert "ql3_run_duration_seconds_count 4.0" in again  # folded in once
 
 
-def test_the_served_metrics_include_the_histogram(client: Any) -> None:
+def test_the_served_metrics_include_the_histogram_and_the_outbox(client: Any, owner: Any) -> None:
+    base = "/api/v1/projects/default/notifications"
+    client.post(f"{base}/channels", json={"name": "a", "kind": "apprise", "url": "json://h/x"}, headers=owner)
+    client.post(f"{base}/channels/a/test", headers=owner)
+
     body = client.get("/metrics").text
+
     assert 'ql3_run_duration_seconds_bucket{le="+Inf"} 0.0' in body
+    assert 'ql3_notifications{status="pending"} 1.0' in body

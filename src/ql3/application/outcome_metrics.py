@@ -46,6 +46,11 @@ def task_outcomes(tx: Transaction) -> list[TaskOutcome]:
     return out
 
 
+def notifications_by_status(tx: Transaction) -> dict[str, int]:
+    """Outbox rows by status (``dead`` ones never reached their channel)."""
+    return {str(r["status"]): int(r["n"]) for r in tx.all("notify_outbox_counts")}
+
+
 def queue_depth(tx: Transaction) -> int:
     return int((tx.one("metrics_queue_depth") or {"n": 0})["n"])
 

@@ -27,15 +27,18 @@ MIN_LOG_BYTES: Final = 1024
 MAX_LOG_BYTES: Final = 1 << 40
 OUTBOX_KEEP_MS: Final = 7 * DAY_MS
 DEFAULT_PAGE: Final = 200
-# Tables holding rows of a run, children first (foreign keys point at runs and attempts).
+# Rows of a run besides its leases (deleted by attempt id first), children before parents.
 _CHILD_DELETES: Final = (
-    "retention_delete_run_leases",
     "retention_delete_cancellation_audit",
     "retention_delete_cancellation_dispatches",
     "retention_delete_run_retry_policies",
     "retention_delete_run_events",
     "retention_delete_run_attempts",
 )
+
+
+def _attempt_ids(tx: Transaction, *, ids: str) -> list[str]:
+    return [str(r["id"]) for r in tx.all("retention_attempt_ids", {"ids": ids})]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,13 +137,12 @@ class RetentionPruner:
         ids = json.dumps(run_ids)
         freed = 0
         if self._logs is not None:
-            attempts = self._db.transaction(
-                lambda tx: [str(r["id"]) for r in tx.all("retention_attempt_ids", {"ids": ids})], write=False
-            )
+            attempts = self._db.transaction(partial(_attempt_ids, ids=ids), write=False)
             for attempt_id in attempts:
                 freed += self._logs.remove(attempt_id)
 
         def unit(tx: Transaction) -> int:
+            tx.run("retention_delete_run_leases", {"attempt_ids": json.dumps(_attempt_ids(tx, ids=ids))})
             for query in _CHILD_DELETES:
                 tx.run(query, {"ids": ids})
             return tx.run("retention_delete_runs", {"ids": ids})
@@ -225,10 +227,10 @@ class RetentionPruner:
             )
         return capped, freed, len(rows) == self._page
 
-    def _prune_outbox(self, tx: Transaction, *, project_id: str, keep_ms: int) -> int:
+    def _prune_outbox(self, tx: Transaction) -> int:
+        """One page of delivered and dead notifications older than a week, in every project."""
         return tx.run(
-            "retention_outbox_prune",
-            {"project_id": project_id, "before_ms": tx.now_ms() - keep_ms, "limit": self._page},
+            "retention_outbox_prune", {"before_ms": tx.now_ms() - OUTBOX_KEEP_MS, "limit": self._page}
         )
 
     # -- the cycle ------------------------------------------------------------------------------------
@@ -264,12 +266,9 @@ class RetentionPruner:
                 capped += n
                 freed += cut
                 more = more or left
-            keep_ms = min(OUTBOX_KEEP_MS, (policy.keep_days or 7) * DAY_MS)
-            pruned = self._db.transaction(
-                partial(self._prune_outbox, project_id=policy.project_id, keep_ms=keep_ms)
-            )
-            outbox += pruned
-            more = more or pruned >= self._page
+        if pages < self._max_pages:
+            outbox = self._db.transaction(self._prune_outbox)
+            more = more or outbox >= self._page
         return PruneReport(
             runs_deleted=runs, log_bytes_freed=freed, logs_capped=capped, outbox_deleted=outbox, more=more
         )

@@ -88,11 +88,21 @@ def _alerting_collector(db: Database, histogram: DurationHistogram | None = None
 
     class AlertingCollector(Collector):
         def collect(self) -> Iterator[Any]:
-            def read(tx: Transaction) -> tuple[list[outcome_metrics.TaskOutcome], int]:
+            def read(tx: Transaction) -> tuple[list[outcome_metrics.TaskOutcome], int, dict[str, int]]:
                 durations.refresh(tx)
-                return outcome_metrics.task_outcomes(tx), outcome_metrics.queue_depth(tx)
+                return (
+                    outcome_metrics.task_outcomes(tx),
+                    outcome_metrics.queue_depth(tx),
+                    outcome_metrics.notifications_by_status(tx),
+                )
 
-            outcomes, depth = db.transaction(read, write=False)
+            outcomes, depth, outbox = db.transaction(read, write=False)
+            sent = GaugeMetricFamily(
+                "ql3_notifications", "notification outbox rows by status", labels=["status"]
+            )
+            for status, n in sorted(outbox.items()):
+                sent.add_metric([status], n)
+            yield sent
             success = GaugeMetricFamily(
                 "ql3_task_last_success_timestamp_seconds",
                 "when each task last finished successfully",

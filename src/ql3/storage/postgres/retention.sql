@@ -4,7 +4,7 @@
 SELECT id FROM run_attempts WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))) ORDER BY id LIMIT 10000
 
 -- name: retention_delete_run_leases
-DELETE FROM run_leases WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))
+DELETE FROM run_leases WHERE attempt_id IN (SELECT jsonb_array_elements_text(CAST(:attempt_ids AS jsonb)))
 
 -- name: retention_delete_cancellation_audit
 DELETE FROM cancellation_audit WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))

@@ -46,5 +46,5 @@ ORDER BY a.finished_at_ms, a.id LIMIT :limit
 
 -- name: retention_outbox_prune
 DELETE FROM notification_outbox WHERE id IN (
-  SELECT id FROM notification_outbox WHERE project_id = :project_id AND due_at_ms IS NULL
-    AND updated_at_ms < :before_ms ORDER BY updated_at_ms, id LIMIT :limit)
+  SELECT id FROM notification_outbox WHERE due_at_ms IS NULL AND updated_at_ms < :before_ms
+  ORDER BY updated_at_ms, id LIMIT :limit)

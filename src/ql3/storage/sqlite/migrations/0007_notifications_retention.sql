@@ -43,7 +43,7 @@ CREATE TABLE notification_outbox (
   CHECK ((status = 'leased') = (lease_owner IS NOT NULL))
 );
 CREATE INDEX notification_outbox_due ON notification_outbox (due_at_ms, id) WHERE due_at_ms IS NOT NULL;
-CREATE INDEX notification_outbox_settled ON notification_outbox (project_id, updated_at_ms, id)
+CREATE INDEX notification_outbox_settled ON notification_outbox (updated_at_ms, id)
   WHERE due_at_ms IS NULL;
 CREATE TABLE retention_policies (
   project_id TEXT PRIMARY KEY REFERENCES projects (id),
@@ -58,5 +58,10 @@ CREATE TABLE retention_policies (
 -- Metrics read the newest finish per task and outcome, and the runs finished since a cursor.
 CREATE INDEX runs_task_outcome ON runs (task_id, status, finished_at_ms);
 CREATE INDEX runs_finished ON runs (finished_at_ms, id) WHERE finished_at_ms IS NOT NULL;
+-- Deleting a run or an attempt checks the rows that reference it: index every referencing column.
+CREATE INDEX run_leases_run ON run_leases (run_id);
+CREATE INDEX cancellation_dispatches_attempt ON cancellation_dispatches (attempt_id);
+CREATE INDEX cancellation_audit_project_run ON cancellation_audit (project_id, run_id);
+CREATE INDEX approved_run_action_receipts_project_run ON approved_run_action_receipts (project_id, resource_id);
 -- Retention walks finished attempts (for log caps) in finish order.
 CREATE INDEX run_attempts_finished ON run_attempts (finished_at_ms, id) WHERE finished_at_ms IS NOT NULL;
