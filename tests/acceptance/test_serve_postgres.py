@@ -15,6 +15,7 @@ import httpx
 import psycopg
 import pytest
 
+from ql3.storage.postgres.adapter import PostgresDatabase
 from tests.acceptance.conftest import CLI, START_TIMEOUT_S, Server, base_env, free_port, stop
 from tests.conftest import _pg_admin_dsn
 
@@ -41,13 +42,13 @@ def pg_url() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
-def start(home: Path, pg_url: str, *extra: str) -> Server:
+def start(home: Path, pg_url: str, *extra: str, env: dict[str, str] | None = None) -> Server:
     port = free_port()
     log_path = home.parent / f"serve-{home.name}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [*CLI, "serve", "--listen", f"127.0.0.1:{port}", "--database-url", pg_url, *extra],
-            env=base_env(home),
+            env={**base_env(home), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -109,3 +110,59 @@ def test_two_servers_sharing_one_database_run_each_run_exactly_once(tmp_path: Pa
     finally:
         stop(second.process)
         stop(first.process)
+
+
+def _shift_database_clock(pg_url: str, offset_ms: int) -> None:
+    """Migrate, then run the database clock ``offset_ms`` away from this host's (``ql3_now_ms()``)."""
+    db = PostgresDatabase(pg_url, min_size=1, max_size=1)
+    try:
+        db.migrate()
+        db.raw("UPDATE ql3_clock SET offset_ms = ?", (offset_ms,))
+    finally:
+        db.close()
+
+
+def test_a_database_clock_behind_this_hosts_does_not_delay_a_timeout(tmp_path: Path, pg_url: str) -> None:
+    # Given a database whose clock runs ten minutes behind this host's
+    _shift_database_clock(pg_url, -600_000)
+    server = start(tmp_path / "home", pg_url)
+    try:
+        assert server.cli("task", "add", "slow", "--command", "sleep 60", "--timeout", "1").returncode == 0
+
+        # When a run of a task with a 1 s timeout outlives it
+        done = server.cli("run", "start", "slow", "--wait", "--timeout-wait", "45", "--json")
+
+        # Then it is timed out after its timeout, not ten minutes later
+        assert done.returncode == 3, done.stderr
+        assert server.cli_json("run", "list")["items"][0]["status"] == "timed_out"
+    finally:
+        stop(server.process)
+
+
+def test_a_database_clock_ahead_of_this_hosts_still_recovers_a_claim_after_a_crash(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # Given a database clock ten minutes ahead of this host's, and a server that dies right after
+    # committing a claim, before the offer reaches its worker
+    _shift_database_clock(pg_url, 600_000)
+    home, marker = tmp_path / "home", tmp_path / "starts"
+    lease = {"QL3_RUN_LEASE_MS": "300000"}  # the restart must not race the lease's expiry
+    server = start(home, pg_url, env={**lease, "QL3_FAULT": "after_claim"})
+    assert server.cli("task", "add", "once", "--command", f"echo x >> {marker}").returncode == 0
+    server.cli("run", "start", "once")
+    assert server.process.wait(timeout=30) == 137
+    assert not marker.exists()
+
+    # When it restarts without the fault
+    restarted = start(home, pg_url, env=lease)
+    try:
+        # Then the restarted server recovers the claim it made before and the command runs once
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline and status != "succeeded":
+            status = restarted.cli_json("run", "list")["items"][0]["status"]
+            time.sleep(0.2)
+        assert status == "succeeded"
+        assert marker.read_text().splitlines() == ["x"]
+    finally:
+        stop(restarted.process)
