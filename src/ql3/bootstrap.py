@@ -337,8 +337,8 @@ def _outcome_loops(
         return db.wait_for(notifications.CHANNEL, min(backstop_s, delay + 0.001))
 
     pruner = retention.RetentionPruner(db, LogDirectory(settings.home / "worker" / "logs"))
-    edge = settings.profile == "edge"
+    budgets = settings.budgets
     return [
-        loop("notifications", notify_cycle, notifications.CHANNEL, 60.0 if edge else 30.0, notify_wait),
-        loop("retention", lambda: pruner.prune_once().more, retention.CHANNEL, 1800.0 if edge else 600.0),
+        loop("notifications", notify_cycle, notifications.CHANNEL, budgets.notify_backstop_s, notify_wait),
+        loop("retention", lambda: pruner.prune_once().more, retention.CHANNEL, budgets.retention_backstop_s),
     ]

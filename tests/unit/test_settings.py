@@ -127,6 +127,8 @@ def test_the_runtime_is_built_with_the_profile_s_budgets(tmp_path: Path, profile
             "cancellation": budgets.cancellation_backstop_s,
             "approved-actions": budgets.actions_backstop_s,
             "cron": budgets.cron_backstop_s,
+            "notifications": budgets.notify_backstop_s,
+            "retention": budgets.retention_backstop_s,
         }
     finally:
         db.close()

@@ -41,6 +41,8 @@ class ProfileBudgets:
     maintain_backstop_s: float
     cron_backstop_s: float
     actions_backstop_s: float
+    notify_backstop_s: float
+    retention_backstop_s: float
     # rows per cycle
     dispatch_page: int  # candidate and recovery pages of the run dispatcher
     dispatch_pages: int
@@ -69,7 +71,8 @@ class ProfileBudgets:
             f"idle backstops: dispatch {self.dispatch_backstop_s:g}s, lease expiry"
             f" {self.expiry_backstop_s:g}s, cancellation {self.cancellation_backstop_s:g}s, cron"
             f" {self.cron_backstop_s:g}s, approved actions {self.actions_backstop_s:g}s, worker"
-            f" maintenance {self.maintain_backstop_s:g}s",
+            f" maintenance {self.maintain_backstop_s:g}s, notifications {self.notify_backstop_s:g}s,"
+            f" retention {self.retention_backstop_s:g}s",
             f"rows per cycle: dispatch {self.dispatch_page} x {self.dispatch_pages} pages"
             f" ({self.dispatch_claims} claims), cancellation {self.cancel_page} x {self.cancel_pages},"
             f" timeouts {self.timeout_page}, lease expiry {self.expiry_page}, cron {self.cron_page},"
@@ -88,6 +91,8 @@ PROFILES: Final[Mapping[str, ProfileBudgets]] = {
         maintain_backstop_s=10.0,
         cron_backstop_s=30.0,
         actions_backstop_s=5.0,
+        notify_backstop_s=30.0,
+        retention_backstop_s=600.0,
         dispatch_page=8,
         dispatch_pages=2,
         dispatch_claims=8,
@@ -111,6 +116,8 @@ PROFILES: Final[Mapping[str, ProfileBudgets]] = {
         maintain_backstop_s=10.0,
         cron_backstop_s=60.0,
         actions_backstop_s=30.0,
+        notify_backstop_s=60.0,
+        retention_backstop_s=1800.0,
         dispatch_page=4,
         dispatch_pages=2,
         dispatch_claims=4,
