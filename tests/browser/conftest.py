@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.acceptance import conftest as acceptance
 from tests.acceptance.conftest import Server, start_server, stop
 
 CHROMIUM = Path(os.environ.get("QL3_CHROMIUM", "/usr/bin/chromium"))
@@ -36,6 +37,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 # may fail.
 TOLERATED = re.compile(r"/api/v1/(whoami|projects/[^/]+/tokens)$")
 TIMEOUT_MS = 30_000
+START_TIMEOUT_S = 120.0  # a loaded CI box can take well over the usual 30 s to start a server
 
 
 def _require_browser() -> Any:
@@ -75,7 +77,9 @@ class Console:
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    server = start_server(tmp_path_factory.mktemp("browser") / "home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(acceptance, "START_TIMEOUT_S", max(START_TIMEOUT_S, acceptance.START_TIMEOUT_S))
+        server = start_server(tmp_path_factory.mktemp("browser") / "home")
     try:
         owner = server.credentials()["token"]
         made = Console(server=server, owner=owner, approver="", viewer="")

@@ -7,6 +7,7 @@ drains the embedded worker.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,8 @@ def test_create_a_task_in_the_ui_run_it_and_watch_its_live_log_grow(console: Con
     page.fill("form.task input[name=name]", "ticker")
     page.fill(
         "form.task textarea[name=command]",
-        'for i in $(seq 1 40); do echo "line $i"; '
-        "printf '\\033[32mgreen %s\\033[0m\\n' $i; sleep 0.25; done",
+        'for i in $(seq 1 60); do echo "line $i"; '
+        "printf '\\033[32mgreen %s\\033[0m\\n' $i; sleep 0.4; done",
     )
     page.fill("form.task textarea[name=env]", "GREETING=hello")
     page.click("form.task button[type=submit]")
@@ -100,7 +101,7 @@ def test_create_a_task_in_the_ui_run_it_and_watch_its_live_log_grow(console: Con
     # Then its page shows the command (the owner may edit it) and the env key, never the value
     page.wait_for_url("**/#/tasks/ticker")
     page.wait_for_selector("pre.command")
-    assert "seq 1 40" in page.inner_text("pre.command")
+    assert "seq 1 60" in page.inner_text("pre.command")
     assert "GREETING" in page.inner_text("main") and "hello" not in page.inner_text("main")
 
     # When it is run now, the run page opens at its own address and the log grows while it runs
@@ -108,8 +109,10 @@ def test_create_a_task_in_the_ui_run_it_and_watch_its_live_log_grow(console: Con
     page.wait_for_url("**/#/runs/*")
     expect(page.locator("#run-log")).to_contain_text("line 2")
     first = page.inner_text("#run-log")
-    assert "line 30" not in first  # still running: what follows must arrive through the live follow
-    expect(page.locator("#run-log")).to_contain_text("line 12", timeout=30_000)
+    seen = max(int(w) for w in re.findall(r"line (\d+)", first))
+    assert seen < 60, "the run ended before the page showed it: no live follow to observe"
+    later = min(seen + 3, 60)
+    expect(page.locator("#run-log")).to_contain_text(f"line {later}\n", timeout=60_000)
     assert len(page.inner_text("#run-log")) > len(first)
     # ANSI colours are rendered as classes, the escape bytes never reach the page
     assert page.locator("#run-log span.ansi-fg-32").count() > 0
@@ -181,7 +184,7 @@ def test_a_second_user_approves_and_the_requester_cannot(console: Console, open_
     row.locator("[data-action=approve]").click()
     approver.wait_for_selector("text=Approved.")
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # the approved-action loop creates the run; a loaded box is slow
     while time.monotonic() < deadline:
         runs = console.api("GET", "/runs", params={"task": "deploy", "trigger": "approval"}).json()["items"]
         if runs:
@@ -257,7 +260,8 @@ def test_narrow_viewport_has_no_horizontal_overflow_on_any_page(
         _no_placeholder_text(page, route)
     # runs are cards whose status is on screen without scrolling sideways
     page.goto(f"{console.url}/#/runs")
-    status = page.locator("table.cards tbody tr").first.locator(".badge").first.bounding_box()
+    page.wait_for_selector("table.cards tbody tr[data-id] .badge", state="visible")
+    status = page.locator("table.cards tbody tr[data-id] .badge").first.bounding_box()
     assert status is not None and status["x"] + status["width"] <= width
     # the header collapses behind the menu button, and opens on demand
     assert not page.is_visible("nav")
@@ -312,3 +316,61 @@ def test_drain_a_worker_from_the_ui(console: Console, open_page: Any) -> None:
     page.wait_for_selector("main .badge-draining")
     workers = console.api("GET", "/workers").json()["items"]
     assert [w["status"] for w in workers] == ["draining"]
+
+
+def test_identity_and_tokens_pages_follow_the_shared_api_contract(console: Console, open_page: Any) -> None:
+    # Given a server answering /whoami and the token list as api-contract.md describes (stubbed here:
+    # those endpoints come from another change; a real server without them is covered elsewhere)
+    item = {
+        "id": "tok-1",
+        "name": "deploy-bot",
+        "role": "operator",
+        "created_at_ms": 1_780_000_000_000,
+        "expires_at_ms": None,
+        "revoked_at_ms": None,
+        "last_used_at_ms": None,
+    }
+    revoked: list[str] = []
+    page = open_page()
+    who = {
+        "principal_id": "p-1",
+        "name": "owner",
+        "kind": "user",
+        "is_owner": True,
+        "roles": {"default": "admin"},
+    }
+    page.route("**/api/v1/whoami", lambda route: route.fulfill(json=who))
+
+    def tokens(route: Any) -> None:
+        if route.request.method == "POST" and route.request.url.endswith("/tokens/tok-1/revoke"):
+            revoked.append(route.request.url)
+            item["revoked_at_ms"] = 1_780_000_100_000
+            route.fulfill(json=item)
+        elif route.request.method == "GET":
+            route.fulfill(json={"items": [item]})
+        else:
+            route.continue_()
+
+    page.route("**/api/v1/projects/default/tokens**", tokens)
+    sign_in(page, console, console.owner, "#/tokens")
+
+    assert page.inner_text("#whoami") == "Signed in as owner (admin)"
+    row = page.locator("table.cards tbody tr").first
+    expect(row).to_contain_text("deploy-bot")
+    row.locator("button:has-text('Revoke')").click()
+    page.click("#confirm-yes")
+    expect(row).to_contain_text("revoked")
+    assert len(revoked) == 1
+
+
+def test_without_the_token_list_the_tokens_page_says_so(console: Console, open_page: Any) -> None:
+    # A server without /whoami and GET .../tokens (an older one) answers 404 there
+    page = open_page()
+    missing = {"status": 404, "json": {"error": {"code": "not_found", "message": "Not Found"}}}
+    page.route("**/api/v1/whoami", lambda route: route.fulfill(**missing))
+    page.route("**/api/v1/projects/default/tokens", lambda route: route.fulfill(**missing))
+    sign_in(page, console, console.owner, "#/tokens")
+
+    # Then the page says so, and the role comes from the project list
+    page.wait_for_selector("#tokens-missing")
+    assert page.inner_text("#whoami") == "Signed in (admin)"

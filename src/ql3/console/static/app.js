@@ -212,6 +212,12 @@
       absTime(ms), el("span", { class: "muted", text: " · " + relTime(ms) }));
   }
 
+  // compact, for list columns: the relative time, the absolute one as a tooltip
+  function whenRel(ms) {
+    if (typeof ms !== "number" || ms <= 0) return "";
+    return el("time", { datetime: new Date(ms).toISOString(), title: absTime(ms), text: relTime(ms) });
+  }
+
   function duration(ms) {
     if (typeof ms !== "number" || ms < 0) return "";
     if (ms < 1000) return ms + " ms";
@@ -584,7 +590,8 @@
   }
 
   function runsTable(items) {
-    return table([t("run"), t("task"), t("status"), t("trigger"), t("attempt"), t("created"), t("duration"), t("exit")],
+    return table([t("run"), t("task"), t("status"), t("trigger"), t("attempt"), t("created"), t("started"), t("finished"),
+      t("duration"), t("exit")],
       items.map((r) => ({
         id: r.id,
         cells: [
@@ -594,6 +601,8 @@
           r.trigger || r.trigger_type,
           r.attempt ?? "",
           when(r.created_at_ms),
+          whenRel(r.started_at_ms),
+          whenRel(r.finished_at_ms),
           runDuration(r),
           r.exit_code ?? "",
         ],
@@ -1087,11 +1096,17 @@
     ]));
   }
 
-  async function pageApprovals(view, mine) {
+  // A decision in progress (a focused control or an open "what will run") is not wiped by a refresh.
+  function deciding(view) {
+    return (view.contains(document.activeElement) && document.activeElement !== view)
+      || Boolean(view.querySelector("details[open]"));
+  }
+
+  async function pageApprovals(view, mine, refreshing) {
     const [pending, recent, tasks] = await Promise.all([
       get(pp("/approvals?state=pending&limit=100")), get(pp("/approvals?limit=50")), get(pp("/tasks?limit=200")),
     ]);
-    if (!current(mine)) return;
+    if (!current(mine) || (refreshing && deciding(view))) return; // checked after the wait, too
     const taskById = new Map(tasks.items.map((x) => [x.id, x]));
     const who = (id) => id && id === me.principalId ? t("you") : short(id);
     const decide = async (a, decision, code) => {
@@ -1142,10 +1157,7 @@
       el("section", { "aria-labelledby": "ap-decided" }, el("h2", { id: "ap-decided", text: t("decided") }),
         table([t("task"), t("requested_by"), t("state"), t("reason"), "→", t("finished")], decided, t("no_approvals"), t("decided"))));
     setRefresh(async () => {
-      // a decision in progress (a focused control or an open detail) is not wiped by the refresh
-      if (view.contains(document.activeElement) && document.activeElement !== view) return;
-      if (view.querySelector("details[open]")) return;
-      await pageApprovals(view, mine);
+      if (!deciding(view)) await pageApprovals(view, mine, true);
     });
   }
 
@@ -1192,23 +1204,26 @@
       return;
     }
     if (!current(mine)) return;
-    const rows = page.items.map((k) => ({
-      id: k.id,
-      cells: [
-        k.name, k.role,
-        when(k.created_at_ms),
-        k.expires_at_ms ? when(k.expires_at_ms) : t("never"),
-        k.last_used_at_ms ? when(k.last_used_at_ms) : t("never"),
-        k.revoked_at_ms ? badge("revoked", t("revoked")) : badge("enabled", t("active")),
-        k.revoked_at_ms ? "" : btn(t("revoke"), async () => {
-          if (!(await confirmAction(t("revoke_confirm", { name: k.name }), t("revoke")))) return;
-          try {
-            await post(pp("/tokens/" + enc(k.id) + "/revoke"));
-            await pageTokens(view, mine);
-          } catch (e) { fail(e); }
-        }, "danger"),
-      ],
-    }));
+    const holder = el("div");
+    const draw = (items) => put(holder, table([t("name"), t("role"), t("created"), t("expires_at"), t("last_used"), t("state"), t("actions")],
+      items.map((k) => ({
+        id: k.id,
+        cells: [
+          k.name, k.role,
+          when(k.created_at_ms),
+          k.expires_at_ms ? when(k.expires_at_ms) : t("never"),
+          k.last_used_at_ms ? when(k.last_used_at_ms) : t("never"),
+          k.revoked_at_ms ? badge("revoked", t("revoked")) : badge("enabled", t("active")),
+          k.revoked_at_ms ? "" : btn(t("revoke"), async () => {
+            if (!(await confirmAction(t("revoke_confirm", { name: k.name }), t("revoke")))) return;
+            try {
+              await post(pp("/tokens/" + enc(k.id) + "/revoke"));
+              draw((await get(pp("/tokens"))).items);
+            } catch (e) { fail(e); }
+          }, "danger"),
+        ],
+      })), t("no_tokens"), t("nav_tokens")));
+    draw(page.items);
     const shown = el("div");
     const name = el("input", { name: "name", value: "console", required: true, maxlength: 128, "aria-label": t("name") });
     const role = el("select", { name: "role", "aria-label": t("role") }, Object.keys(PERMS).map((r) => el("option", { value: r, text: r })));
@@ -1221,11 +1236,10 @@
         const res = await post(pp("/tokens"), { name: name.value.trim(), role: role.value });
         put(shown, el("p", { class: "notice" }, t("token_shown_once"), " ", el("code", { text: res.body.token })));
         const again = await get(pp("/tokens"));
-        if (current(mine)) page.items = again.items;
+        if (current(mine)) draw(again.items);
       } catch (e) { fail(e); }
     });
-    put(view, el("h1", { text: t("nav_tokens") }), el("section", {}, form, shown),
-      el("section", {}, table([t("name"), t("role"), t("created"), t("expires_at"), t("last_used"), t("state"), t("actions")], rows, t("no_tokens"), t("nav_tokens"))));
+    put(view, el("h1", { text: t("nav_tokens") }), el("section", {}, form, shown), el("section", {}, holder));
   }
 
   // --- chrome: language, time zone, menu, project, sign out ------------------------------------------
