@@ -1,4 +1,5 @@
-"""Approval requests (ADR-0031): create, decide, consume into an immutable dispatch, and read models.
+"""Approval requests (docs/contracts.md §10): create, decide, consume into an immutable dispatch, and
+read models.
 
 Every function runs inside the caller's transaction; a raised error rolls all of its writes back.
 """

@@ -1,4 +1,4 @@
-"""Approved-action execution behind a durable start barrier (ADR-0032..0034).
+"""Approved-action execution behind a durable start barrier (docs/contracts.md §10).
 
 The execution row moves ``pending -> leased -> executing -> succeeded|failed|blocked`` (with
 ``retry_wait``/``blocked`` before the barrier). Only a failure proven to be before the barrier may be

@@ -1,4 +1,4 @@
-"""Durable cancellation dispatch (ADR-0005/0458-0461): intent, fenced claim and result, supervisor,
+"""Durable cancellation dispatch (docs/contracts.md §4, §9): intent, fenced claim and result, supervisor,
 timeouts, and the low-sensitivity management surface.
 
 The shape is always durable fact -> effect -> fenced result: a cancel intent is committed on the Run,
@@ -187,7 +187,7 @@ def claim(
     lease_ms: int,
     requested_at_ms: int | None = None,
 ) -> ClaimOutcome:
-    """Lease the Run's cancellation dispatch (domain.md §3.8 Claim). Lock order Run -> Attempt -> dispatch.
+    """Lease the Run's cancellation dispatch (docs/contracts.md §4.2). Lock order Run -> Attempt -> dispatch.
 
     ``requested_at_ms``, when given, must equal the Run's committed intent time. Only the digest of
     ``token`` is stored; ``dispatched``/``blocked`` are returned as-is and never leased again.
@@ -293,7 +293,7 @@ def record_result(
     retry_base_ms: int = rules.DEFAULT_RETRY_BASE_MS,
     retry_max_ms: int = rules.DEFAULT_RETRY_MAX_MS,
 ) -> RecordOutcome:
-    """Record the controller's outcome under the full fence (domain.md §3.8 Result), in one transaction:
+    """Record the controller's outcome under the full fence (docs/contracts.md §4.4), in one transaction:
     dispatch update (v+1, lease cleared, backoff persisted as an absolute time), Run CAS and one event.
 
     Fence reasons: ``missing, run_mismatch, attempt_mismatch, not_leased, owner_mismatch,

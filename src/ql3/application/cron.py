@@ -1,4 +1,5 @@
-"""Cron admission (ADR-0103): a persisted cursor per task, explicit misfire policy, idempotent runs."""
+"""Cron admission (docs/design.md "Cron"): a persisted cursor per task, explicit misfire policy,
+idempotent runs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The bounded Run dispatcher (ADR-0014): one observation, no timer, at most one offer per cycle."""
+"""The bounded Run dispatcher (docs/dispatch.md, docs/contracts.md §7): one observation, no timer, at
+most one offer per cycle."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fenced run leases, activation ACKs, completion, expiry and lost retry (ADR-0013/0014/0021)."""
+"""Fenced run leases, activation ACKs, completion, expiry and lost retry (docs/contracts.md §1.4, §2)."""
 
 from __future__ import annotations
 

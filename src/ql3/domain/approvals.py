@@ -1,4 +1,4 @@
-"""Approvals and approved actions (ADR-0031..0034): records, state machines, digests and limits.
+"""Approvals and approved actions (docs/contracts.md §10): records, state machines, digests and limits.
 
 Pure rules only: no I/O and no clock reads. Times are passed in by the caller (the transaction's
 observation time).
@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 from ql3.domain.digests import canonical_json, domain_digest, sha256_hex
 from ql3.domain.errors import Conflict, ValidationFailed
 
-# -- limits (domain.md section 5) ---------------------------------------------------------------
+# -- limits (docs/contracts.md §7) -------------------------------------------------------------
 MAX_APPROVAL_TTL_MS: Final = 24 * 3600 * 1000
 DEFAULT_APPROVAL_TTL_MS: Final = 3600 * 1000
 DEFAULT_MAX_ATTEMPTS: Final = 5
@@ -98,7 +98,7 @@ APPROVAL_TRANSITIONS: Final[dict[tuple[str, int], tuple[tuple[str, int], ...]]] 
     ("approved", 2): (("consumed", 3),),
 }
 
-# The execution state machine (ADR-0032 section 2). ``executing`` never goes back to a due state.
+# The execution state machine (docs/contracts.md §10). ``executing`` never goes back to a due state.
 EXECUTION_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "pending": frozenset({"leased"}),
     "leased": frozenset({"leased", "retry_wait", "blocked", "executing"}),
@@ -415,7 +415,7 @@ def recovery_token_digest(token: str) -> str:
     return domain_digest(RECOVERY_LEASE_DOMAIN, token)
 
 
-# -- run.create plan (ADR-0034) ----------------------------------------------------------------
+# -- run.create plan (docs/contracts.md §8) ----------------------------------------------------
 
 PLAN_KEYS: Final = (
     "schemaVersion",
@@ -445,7 +445,7 @@ class RunCreatePlan:
     input_ref: str | None
 
     def to_json_obj(self) -> dict[str, Any]:
-        """The canonical plan, keys in the digest order of domain.md section 5."""
+        """The canonical plan, keys in the digest order of docs/contracts.md §8."""
         return {
             "schemaVersion": PLAN_SCHEMA_VERSION,
             "actionType": RUN_CREATE,
@@ -552,7 +552,7 @@ def preview_digest(action_type: str, action_ref: str, summary: dict[str, Any]) -
     return domain_digest(PREVIEW_DIGEST_DOMAIN, canonical_json(body))
 
 
-# -- run.create receipt (ADR-0034) --------------------------------------------------------------
+# -- run.create receipt (docs/contracts.md §8) -------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""Durable cancellation dispatch rules (ADR-0005, domain.md §1/§3.8/§6): pure, no I/O, no clock."""
+"""Durable cancellation dispatch rules (docs/contracts.md §1.6, §4, §9): pure, no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ _EVENT_BY_CLASS: Final[dict[ResultClass, str]] = {
     "done": "run.cancel_dispatched",
 }
 
-# Limits (domain.md §5).
+# Limits (docs/contracts.md §7).
 MIN_LEASE_MS: Final = 5_000
 MAX_LEASE_MS: Final = 300_000
 DEFAULT_LEASE_MS: Final = 30_000
@@ -181,7 +181,8 @@ class CancellationDispatch:
 
 
 def shape_violations(d: CancellationDispatch) -> list[str]:
-    """The row invariants of domain.md §1 (the migration's CHECKs enforce the same on both databases)."""
+    """The row invariants of docs/contracts.md §1.6 (the migration's CHECKs enforce the same on both
+    databases)."""
     out: list[str] = []
     lease_fields = (d.lease_owner, d.lease_token_digest, d.lease_expires_at_ms)
     if (d.status == "leased") != all(f is not None for f in lease_fields) or (

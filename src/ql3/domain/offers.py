@@ -1,4 +1,4 @@
-"""ExecutionSpec, its digest, and the claimed execution offer (domain.md sections 1 and 5)."""
+"""ExecutionSpec, its digest, and the claimed execution offer (docs/contracts.md §1.7 and §8)."""
 
 from __future__ import annotations
 

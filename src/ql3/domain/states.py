@@ -1,4 +1,4 @@
-"""Run and Attempt state machines (domain.md section 2)."""
+"""Run and Attempt state machines (docs/contracts.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Worker identity, capabilities and placement (domain.md section 1, Capabilities / Placement)."""
+"""Worker identity, capabilities and placement (docs/contracts.md §1.5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Stop a process group by its durable handle: verify before every TERM and every KILL (domain.md §4)."""
+"""Stop a process group by its durable handle: verify before every TERM and every KILL
+(docs/contracts.md §5)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _outcome(status: StopStatus, term: bool = False, kill: bool = False) -> Stop
 class ProcessController:
     """Signals process groups started by the launcher, and nothing else.
 
-    ``stop`` follows domain.md §4 step by step:
+    ``stop`` follows docs/contracts.md §5 step by step:
 
     1. the handle does not parse -> ``invalid``; not Linux (no pidfds) -> ``unsupported``;
     2. ``expected_pid`` given and different -> ``pid_mismatch``; ``pgid != pid`` -> ``identity_mismatch``;

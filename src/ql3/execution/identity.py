@@ -1,7 +1,7 @@
 """Durable process handles: who a process is, proven from /proc and never from a PID alone.
 
 A handle is ``ql3lp1.`` + base64url (no padding) of the compact JSON
-``{"v":1,"h":attemptId,"b":bootId,"p":pid,"g":pgid,"s":startTicks}`` (domain.md §1, §4). It holds no
+``{"v":1,"h":attemptId,"b":bootId,"p":pid,"g":pgid,"s":startTicks}`` (docs/contracts.md §6.1). It holds no
 command, environment or working directory, and it is at most 512 bytes.
 """
 

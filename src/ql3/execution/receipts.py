@@ -1,4 +1,4 @@
-"""Completion receipts: the shim's record of a command's real exit code (domain.md §1, §4).
+"""Completion receipts: the shim's record of a command's real exit code (docs/contracts.md §6.2).
 
 Exact shape, at most 4 KiB, keys in this order::
 

@@ -1,5 +1,6 @@
 """The worker agent: offer intake behind the journal's crash barrier, launch, ACKs, renewal,
-completion from receipts, and reconciliation after a restart (ADR-0013/0014/0021)."""
+completion from receipts, and reconciliation after a restart (docs/contracts.md §3, docs/architecture.md
+"The life of a run")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The worker host's local crash barrier: one SQLite row per offer, committed before every effect.
 
-The journal is local delivery state, not an authority (domain.md sections 1-3.4, architecture.md
-section 5). ``launching`` is committed before the executor is asked to spawn; a ``launching`` row found
-after a restart becomes ``recovery_required: launch_outcome_unknown`` and is never spawned again.
+The journal is local delivery state, not an authority (docs/contracts.md §3, docs/architecture.md
+"The life of a run"). ``launching`` is committed before the executor is asked to spawn; a
+``launching`` row found after a restart becomes ``recovery_required: launch_outcome_unknown`` and is
+never spawned again.
 
 The journal keeps only what recovery needs. ``offer_json`` is the offer as the worker stores it: the
 fence (with the lease token, which a restarted worker needs to prove its authority) and the spec's

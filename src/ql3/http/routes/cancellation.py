@@ -1,4 +1,4 @@
-"""Cancellation: request a cancel, and the low-sensitivity management surface (domain.md §6).
+"""Cancellation: request a cancel, and the low-sensitivity management surface (docs/contracts.md §9).
 
 ``inspect``, ``summary`` and ``blocked`` are read-only; ``cancel`` and ``rearm`` need ``run.stop``.
 No response carries a lease owner, a token or its digest, a handle, a pid or a command.

@@ -21,7 +21,7 @@ from ql3.storage.queries import catalogue
 
 T = TypeVar("T")
 MAX_TX_RETRIES = 5
-# Statement 5 s, lock 1 s, idle-in-transaction 10 s (domain.md conventions).
+# Statement 5 s, lock 1 s, idle-in-transaction 10 s (docs/contracts.md §7).
 _OPTIONS = "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=10000"
 _MIGRATION_LOCK = 7_301_114_003
 

@@ -1,4 +1,5 @@
--- Approvals and approved actions (ADR-0031..0034). Locked reads (``*_lock``) live in the dialect files.
+-- Approvals and approved actions (docs/contracts.md §10). Locked reads (``*_lock``) live in the dialect
+-- files.
 
 -- name: approval_principal_get
 SELECT id, name, kind, is_owner, created_at_ms, disabled_at_ms FROM principals WHERE id = :id

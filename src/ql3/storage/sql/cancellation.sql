@@ -1,4 +1,5 @@
--- Durable cancellation dispatch (ADR-0005): claim/backoff rows, the supervisor's sources, management reads.
+-- Durable cancellation dispatch (docs/contracts.md §4): claim/backoff rows, the supervisor's sources,
+-- management reads.
 
 -- name: cancel_dispatch_get
 SELECT * FROM cancellation_dispatches WHERE run_id = :run_id
