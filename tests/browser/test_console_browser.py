@@ -173,13 +173,23 @@ def test_a_second_user_approves_and_the_requester_cannot(console: Console, open_
     assert row.locator("[data-action=approve]").count() == 0
     assert "Your own request" in row.inner_text()
 
-    # An approver sees what will run and approves it
+    # The task is edited after the request: the request stays bound to revision 1
+    pending = console.api("GET", "/approvals", params={"state": "pending"}).json()["items"]
+    assert [a["task_revision"] for a in pending] == [1]
+    requester = console.api("GET", f"/principals/{pending[0]['requested_by']}").json()["name"]
+    edited = console.api("PATCH", "/tasks/deploy", json={"command": "echo deploying v2"})
+    assert edited.status_code == 200 and edited.json()["revision"] == 2
+
+    # An approver sees who asked (by name) and what will run (the bound revision), and approves it
     approver = open_page()
     sign_in(approver, console, console.approver, "#/approvals")
     row = approver.locator("table.cards tbody tr").first
+    expect(row.locator(f"[data-principal='{pending[0]['requested_by']}']")).to_have_text(requester)
     row.locator("summary").click()
     row.locator("pre.command").wait_for()
+    assert row.locator("[data-bound-revision]").get_attribute("data-bound-revision") == "1"
     assert "echo deploying" in row.inner_text() and "TARGET" in row.inner_text()
+    assert "v2" not in row.locator("pre.command").inner_text()
     assert "prod" not in row.inner_text().replace("echo deploying", "")
     row.locator("[data-action=approve]").click()
     approver.wait_for_selector("text=Approved.")
