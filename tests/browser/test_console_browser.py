@@ -203,6 +203,34 @@ def test_a_second_user_approves_and_the_requester_cannot(console: Console, open_
     assert runs and runs[0]["trigger"] == "approval"
 
 
+def test_a_rejection_keeps_its_note_and_names_the_decider(console: Console, open_page: Any) -> None:
+    _task(console, "risky", "echo risky", approval="required")
+    requested = console.api("POST", "/tasks/risky/runs", json={})
+    assert requested.status_code == 202, requested.text
+    approval_id = requested.json()["approval"]["id"]
+
+    approver = open_page()
+    sign_in(approver, console, console.approver, "#/approvals")
+    row = approver.locator("table.cards tbody tr").first
+    row.locator("select").select_option("bad_timing")
+    row.locator("input[type=text]").fill("Wait for the freeze — ask Ada.")
+    row.locator("[data-action=reject]").click()
+    approver.wait_for_selector("text=Rejected.")
+
+    stored = console.api("GET", f"/approvals/{approval_id}").json()
+    assert (stored["state"], stored["reason_code"], stored["note"]) == (
+        "rejected",
+        "bad_timing",
+        "Wait for the freeze — ask Ada.",
+    )
+    # the owner sees the note and the decider by name in the recent decisions
+    owner = open_page()
+    sign_in(owner, console, console.owner, "#/approvals")
+    decided = owner.locator("section[aria-labelledby=ap-decided] tbody tr", has_text="risky").first
+    expect(decided.locator(".note")).to_have_text("Wait for the freeze — ask Ada.")
+    expect(decided.locator(f"[data-principal='{stored['decided_by']}']")).to_have_text("ada")
+
+
 def test_filter_runs_by_status_and_open_a_run_by_its_url(console: Console, open_page: Any) -> None:
     _task(console, "failer", "echo nope; exit 3")
     failed = _start(console, "failer")
