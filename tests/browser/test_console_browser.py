@@ -173,13 +173,23 @@ def test_a_second_user_approves_and_the_requester_cannot(console: Console, open_
     assert row.locator("[data-action=approve]").count() == 0
     assert "Your own request" in row.inner_text()
 
-    # An approver sees what will run and approves it
+    # The task is edited after the request: the request stays bound to revision 1
+    pending = console.api("GET", "/approvals", params={"state": "pending"}).json()["items"]
+    assert [a["task_revision"] for a in pending] == [1]
+    requester = console.api("GET", f"/principals/{pending[0]['requested_by']}").json()["name"]
+    edited = console.api("PATCH", "/tasks/deploy", json={"command": "echo deploying v2"})
+    assert edited.status_code == 200 and edited.json()["revision"] == 2
+
+    # An approver sees who asked (by name) and what will run (the bound revision), and approves it
     approver = open_page()
     sign_in(approver, console, console.approver, "#/approvals")
     row = approver.locator("table.cards tbody tr").first
+    expect(row.locator(f"[data-principal='{pending[0]['requested_by']}']")).to_have_text(requester)
     row.locator("summary").click()
     row.locator("pre.command").wait_for()
+    assert row.locator("[data-bound-revision]").get_attribute("data-bound-revision") == "1"
     assert "echo deploying" in row.inner_text() and "TARGET" in row.inner_text()
+    assert "v2" not in row.locator("pre.command").inner_text()
     assert "prod" not in row.inner_text().replace("echo deploying", "")
     row.locator("[data-action=approve]").click()
     approver.wait_for_selector("text=Approved.")
@@ -191,6 +201,34 @@ def test_a_second_user_approves_and_the_requester_cannot(console: Console, open_
             break
         time.sleep(0.2)
     assert runs and runs[0]["trigger"] == "approval"
+
+
+def test_a_rejection_keeps_its_note_and_names_the_decider(console: Console, open_page: Any) -> None:
+    _task(console, "risky", "echo risky", approval="required")
+    requested = console.api("POST", "/tasks/risky/runs", json={})
+    assert requested.status_code == 202, requested.text
+    approval_id = requested.json()["approval"]["id"]
+
+    approver = open_page()
+    sign_in(approver, console, console.approver, "#/approvals")
+    row = approver.locator("table.cards tbody tr").first
+    row.locator("select").select_option("bad_timing")
+    row.locator("input[type=text]").fill("Wait for the freeze — ask Ada.")
+    row.locator("[data-action=reject]").click()
+    approver.wait_for_selector("text=Rejected.")
+
+    stored = console.api("GET", f"/approvals/{approval_id}").json()
+    assert (stored["state"], stored["reason_code"], stored["note"]) == (
+        "rejected",
+        "bad_timing",
+        "Wait for the freeze — ask Ada.",
+    )
+    # the owner sees the note and the decider by name in the recent decisions
+    owner = open_page()
+    sign_in(owner, console, console.owner, "#/approvals")
+    decided = owner.locator("section[aria-labelledby=ap-decided] tbody tr", has_text="risky").first
+    expect(decided.locator(".note")).to_have_text("Wait for the freeze — ask Ada.")
+    expect(decided.locator(f"[data-principal='{stored['decided_by']}']")).to_have_text("ada")
 
 
 def test_filter_runs_by_status_and_open_a_run_by_its_url(console: Console, open_page: Any) -> None:

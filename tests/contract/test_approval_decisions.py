@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from ql3.application import approvals
 from ql3.domain.approvals import ApprovalExpired
 from ql3.domain.errors import Conflict, FenceConflict, PermissionDenied, Ql3Error, ValidationFailed
 from ql3.domain.ids import new_id
@@ -182,3 +183,69 @@ def test_a_decide_race_on_two_connections_commits_once(harness: Harness) -> None
     row = harness.db.raw("SELECT state, version, decided_by FROM approval_requests")[0]
     assert (row["state"], row["version"]) == (winners[0].state, 2)
     assert row["decided_by"] == winners[0].decided_by
+
+
+def test_a_decision_note_is_stored_and_shown_and_bad_notes_write_nothing(harness: Harness) -> None:
+    w = world(harness.db)
+    req = request(w)
+    note = "Not in the change window — 変更は明日 " + "x" * 460
+
+    for bad in ("line\nbreak", "tab\there", "bell\x07", "del\x7f", "c1\x85", "lone \ud800", "x" * 501):
+        with pytest.raises(ValidationFailed):
+            decide(w, req.id, decision="reject", reason_code="bad_timing", note=bad)
+    assert harness.db.raw("SELECT state, decision_note FROM approval_requests")[0] == {
+        "state": "pending",
+        "decision_note": None,
+    }
+
+    decision_id = new_id()
+    done = decide(w, req.id, decision="reject", reason_code="bad_timing", note=note, decision_id=decision_id)
+
+    assert (done.state, done.reason_code, done.decision_note) == ("rejected", "bad_timing", note)
+    assert harness.db.raw("SELECT decision_note FROM approval_requests")[0]["decision_note"] == note
+    shown = harness.db.transaction(lambda tx: approvals.get_approval(tx, w.project.id, req.id), write=False)
+    assert shown["note"] == note
+    # the note is part of the decision's content: a replay must repeat it
+    assert (
+        decide(w, req.id, decision="reject", reason_code="bad_timing", note=note, decision_id=decision_id)
+        == done
+    )
+    with pytest.raises(Conflict):
+        decide(w, req.id, decision="reject", reason_code="bad_timing", note="other", decision_id=decision_id)
+
+
+def test_an_approval_without_a_note_stores_none_and_an_empty_note_is_none(harness: Harness) -> None:
+    w = world(harness.db)
+    first, second = request(w), request(w)
+
+    assert decide(w, first.id).decision_note is None
+    assert decide(w, second.id, note="").decision_note is None
+    assert [r["decision_note"] for r in harness.db.raw("SELECT decision_note FROM approval_requests")] == [
+        None,
+        None,
+    ]
+
+
+def test_the_schema_refuses_a_note_without_a_decision_or_over_the_bound(harness: Harness) -> None:
+    w = world(harness.db)
+    req = request(w)
+
+    for sql in (
+        "UPDATE approval_requests SET decision_note = 'early'",
+        "UPDATE approval_requests SET decision_note = ''",
+    ):
+        with pytest.raises(Exception):  # noqa: B017 - each dialect raises its own integrity error
+            harness.db.raw(sql)
+    decide(w, req.id)
+    with pytest.raises(Exception):  # noqa: B017
+        harness.db.raw("UPDATE approval_requests SET decision_note = '" + "y" * 501 + "'")
+    assert harness.db.raw("SELECT decision_note FROM approval_requests")[0]["decision_note"] is None
+
+
+def test_the_view_names_the_bound_task_revision(harness: Harness) -> None:
+    w = world(harness.db)
+    req = request(w)
+
+    shown = harness.db.transaction(lambda tx: approvals.get_approval(tx, w.project.id, req.id), write=False)
+
+    assert shown["task_revision"] == w.task.revision

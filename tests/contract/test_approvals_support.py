@@ -85,6 +85,7 @@ def decide(
     decision: str = "approve",
     decision_id: str | None = None,
     reason_code: str = "looks_good",
+    note: str | None = None,
     db: Any = None,
 ) -> ApprovalRequest:
     result: ApprovalRequest = (db or w.db).transaction(
@@ -97,6 +98,7 @@ def decide(
             decision=decision,
             decision_id=decision_id or new_id(),
             reason_code=reason_code,
+            note=note,
         )
     )
     return result

@@ -321,3 +321,62 @@ def test_no_approval_or_action_response_carries_the_command_env_or_a_lease_owner
         for secret in secrets:
             assert secret not in resp.text, (resp.request.url, secret)
         assert not _keys(resp.json()) & FORBIDDEN_KEYS, resp.request.url
+
+
+def test_an_approval_names_its_bound_revision_and_keeps_a_decision_note(
+    db: Any,
+    client: Any,
+    owner: dict[str, str],
+    gated: dict[str, Any],
+    make_token: Callable[..., dict[str, str]],
+) -> None:
+    # Given a request bound to revision 1, and the task edited to revision 2 afterwards
+    approval = _request(client, owner)
+    url = f"{P}/approvals/{approval['id']}"
+    assert approval["task_revision"] == 1
+    edited = client.patch(f"{P}/tasks/gated", json={"command": "echo changed"}, headers=owner)
+    assert edited.status_code == 200, edited.text
+    assert edited.json()["revision"] == 2
+
+    # Then the approval still says which revision will run
+    assert client.get(url, headers=owner).json()["task_revision"] == 1
+    listed = client.get(f"{P}/approvals", headers=owner).json()["items"]
+    assert [a["task_revision"] for a in listed] == [1]
+
+    # When an approver rejects with an invalid note, it is a 422 and nothing is written
+    approver = make_token("approver", name="ap")
+    for bad in ("x" * 501, "two\nlines", "nul\x00", "esc\x1b[31m", 12):
+        resp = client.post(f"{url}/reject", json={"reason_code": "bad_timing", "note": bad}, headers=approver)
+        assert resp.status_code == 422, (bad, resp.text)
+        assert resp.json()["error"]["code"] == "validation_failed"
+    lone = client.post(
+        f"{url}/reject",
+        content=b'{"reason_code": "bad_timing", "note": "\\ud800"}',
+        headers={**approver, "content-type": "application/json"},
+    )
+    assert lone.status_code == 422
+    assert db.raw("SELECT state, decision_note FROM approval_requests") == [
+        {"state": "pending", "decision_note": None}
+    ]
+
+    # When it rejects with a note, the note is stored with the decision and shown
+    note = "Wait for the freeze to end — see the change calendar."
+    done = client.post(f"{url}/reject", json={"reason_code": "bad_timing", "note": note}, headers=approver)
+    assert done.status_code == 200, done.text
+    assert (done.json()["reason_code"], done.json()["note"]) == ("bad_timing", note)
+    assert client.get(url, headers=owner).json()["note"] == note
+    assert db.raw("SELECT decision_note FROM approval_requests")[0]["decision_note"] == note
+
+
+def test_an_approve_may_carry_a_note(
+    client: Any, owner: dict[str, str], gated: dict[str, Any], make_token: Callable[..., dict[str, str]]
+) -> None:
+    approval = _request(client, owner)
+    approver = make_token("approver", name="ap")
+    url = f"{P}/approvals/{approval['id']}"
+
+    done = client.post(f"{url}/approve", json={"note": "checked with the on-call"}, headers=approver)
+
+    assert done.status_code == 200, done.text
+    assert (done.json()["reason_code"], done.json()["note"]) == ("approved", "checked with the on-call")
+    assert client.get(url, headers=owner).json()["note"] == "checked with the on-call"

@@ -59,6 +59,33 @@ def test_approval_decisions_through_the_cli(
     assert code == 1 and "conflict" in err
 
 
+def test_a_reject_note_through_the_cli_is_shown_by_approval_show(
+    make_task: Callable[..., dict[str, Any]], make_token: Callable[..., dict[str, str]], cli_main: Cli
+) -> None:
+    make_task("gated", approval="required")
+    approval_id = cli_main("run", "start", "gated")[1].split()[1]
+    approver = make_token("approver", name="ap")
+
+    # A note with a control character or over 500 characters is a usage error, sent nowhere
+    cli_main.requests.clear()  # type: ignore[attr-defined]
+    for bad in ("two\nlines", "n" * 501):
+        args = ("approval", "reject", approval_id, "--reason", "bad_timing", "--note", bad)
+        assert cli_main(*args, headers=approver)[0] == 64
+    assert cli_main.requests == []  # type: ignore[attr-defined]
+
+    args = ("approval", "reject", approval_id, "--reason", "bad_timing", "--note", "after the freeze")
+    code, _, err = cli_main(*args, headers=approver)
+    assert code == 0, err
+    code, out, _ = cli_main("approval", "show", approval_id)
+    assert code == 0
+    lines = {
+        line.split(None, 1)[0]: line.split(None, 1)[1] for line in out.splitlines() if " " in line.strip()
+    }
+    assert lines["note"].strip() == "after the freeze"
+    assert lines["task_revision"].strip() == "1"
+    assert lines["reason"].strip() == "bad_timing"
+
+
 def test_action_commands(cli_main: Cli) -> None:
     code, out, _ = cli_main("action", "list", "--json")
     assert code == 0 and json.loads(out) == {"items": [], "next_cursor": None}

@@ -25,11 +25,13 @@ from ql3.domain.approvals import (
     dispatch_digest,
     effective_approval_state,
     execution_digest,
+    parse_run_create_plan,
     policy_fence,
     preview_digest,
     validate_client_id,
     validate_code,
     validate_max_attempts,
+    validate_note,
     validate_ttl,
 )
 from ql3.domain.auth import role_allows
@@ -79,6 +81,7 @@ def approval_from_row(row: Row) -> ApprovalRequest:
         decision_id=row["decision_id"],
         decision=row["decision"],
         reason_code=row["reason_code"],
+        decision_note=row["decision_note"],
         decided_by=row["decided_by"],
         decided_at_ms=_opt_int(row["decided_at_ms"]),
         decision_fence=row["decision_fence"],
@@ -280,6 +283,7 @@ def decide(
     decision: str,
     decision_id: str,
     reason_code: str,
+    note: str | None = None,
 ) -> ApprovalRequest:
     """``pending@1 -> approved@2 | rejected@2`` by a user with ``approval.decide`` who is not the
     requester, strictly before expiry. The same ``decision_id`` with the same content replays; anything
@@ -288,6 +292,7 @@ def decide(
         raise ValidationFailed("decision must be approve or reject", field="decision")
     validate_client_id(decision_id, "decision_id")
     validate_code(reason_code)
+    note = validate_note(note)
     project = auth.resolve_project(tx, project_id)
     row = tx.one("approval_lock", {"id": approval_id})
     if row is None or row["project_id"] != project.id:
@@ -301,6 +306,7 @@ def decide(
             request.decision_id == decision_id
             and request.decision == decision
             and request.reason_code == reason_code
+            and request.decision_note == note
             and request.decided_by == decider.id
         ):
             return request
@@ -316,6 +322,7 @@ def decide(
             "decision_id": decision_id,
             "decision": decision,
             "reason_code": reason_code,
+            "decision_note": note,
             "decided_by": decider.id,
             "decision_fence": fence,
             "now": now,
@@ -458,6 +465,16 @@ def unconsumed_approved(tx: Transaction, *, limit: int = 16) -> list[str]:
 # -- read models --------------------------------------------------------------------------------
 
 
+def bound_task_revision(request: ApprovalRequest) -> int | None:
+    """The task revision a ``run.create`` request is bound to (from its stored, digest-checked plan)."""
+    if request.action_type != RUN_CREATE:
+        return None
+    try:
+        return parse_run_create_plan(request.action_plan).task_revision
+    except ValidationFailed:
+        return None
+
+
 def approval_view(request: ApprovalRequest, now_ms: int) -> dict[str, Any]:
     """Low-sensitivity fields only: no plan, fences or full digests."""
     return {
@@ -471,11 +488,13 @@ def approval_view(request: ApprovalRequest, now_ms: int) -> dict[str, Any]:
         "action_ref": request.action_ref,
         "action_digest_prefix": request.action_digest[:DIGEST_PREFIX],
         "risk": request.risk,
+        "task_revision": bound_task_revision(request),
         "requested_by": request.requested_by,
         "requested_at_ms": request.requested_at_ms,
         "expires_at_ms": request.expires_at_ms,
         "decision": request.decision,
         "reason_code": request.reason_code,
+        "note": request.decision_note,
         "decided_by": request.decided_by,
         "decided_at_ms": request.decided_at_ms,
         "consumed_at_ms": request.consumed_at_ms,

@@ -21,7 +21,8 @@ from ql3.cli.common import (
     wants_utc,
 )
 from ql3.cli.errors import EXIT_OK, UsageError
-from ql3.domain.approvals import APPROVAL_STATES, CODE_RE
+from ql3.domain.approvals import APPROVAL_STATES, CODE_RE, MAX_DECISION_NOTE, validate_note
+from ql3.domain.errors import ValidationFailed
 
 
 def _base(args: argparse.Namespace) -> str:
@@ -43,11 +44,13 @@ def _show(api: ApiClient, args: argparse.Namespace, approval: dict[str, Any]) ->
             ("state", approval["state"]),
             ("effective_state", approval.get("effective_state")),
             ("action", refs.action_label(approval.get("action_type"), approval.get("action_ref"), names)),
+            ("task_revision", approval.get("task_revision")),
             ("requested_by", refs.principal_name(api, args.project, approval.get("requested_by"))),
             ("requested", human.when(approval.get("requested_at_ms"), utc)),
             ("expires", human.when(approval.get("expires_at_ms"), utc)),
             ("decision", approval.get("decision")),
             ("reason", approval.get("reason_code")),
+            ("note", approval.get("note")),
             ("decided_by", refs.principal_name(api, args.project, approval.get("decided_by"))),
             ("decided", human.when(approval.get("decided_at_ms"), utc)),
             ("dispatch_id", approval.get("dispatch_id")),
@@ -123,6 +126,13 @@ def _decide(args: argparse.Namespace, verb: str) -> int:
     reason = _reason(args.reason)
     if reason is not None:
         body["reason_code"] = reason
+    if args.note is not None:
+        try:
+            note = validate_note(args.note)
+        except ValidationFailed as exc:
+            raise UsageError(f"--note: {exc}") from exc
+        if note is not None:
+            body["note"] = note
     if args.decision_id is not None:
         body["decision_id"] = args.decision_id
     with ApiClient.from_environment() as api:
@@ -175,5 +185,11 @@ def register(subparsers: Subparsers) -> None:
             default=None,
             metavar="CODE",
             help="reason code, e.g. change_window" + ("" if reason_required else " (default: approved)"),
+        )
+        cmd.add_argument(
+            "--note",
+            default=None,
+            metavar="TEXT",
+            help=f"free text stored with the decision (at most {MAX_DECISION_NOTE} characters)",
         )
         cmd.add_argument("--decision-id", default=None, metavar="ID", help="repeat one to replay a decision")

@@ -29,6 +29,7 @@ MAX_ACTION_REF: Final = 255
 MAX_TASK_ID: Final = 255
 MAX_TASK_REVISION: Final = 128
 MAX_OWNER: Final = 128
+MAX_DECISION_NOTE: Final = 500
 RETRY_BASE_MS: Final = 1_000
 RETRY_MAX_MS: Final = 60_000
 RESCAN_BASE_MS: Final = 30_000
@@ -134,6 +135,18 @@ def validate_code(value: object, what: str = "reason_code") -> str:
     return value
 
 
+def validate_note(value: object) -> str | None:
+    """An optional decision note: 1-500 characters of text, no control characters (C0, DEL, C1)
+    and no lone surrogates. ``None`` and the empty string mean no note."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > MAX_DECISION_NOTE:
+        raise ValidationFailed(f"note must be at most {MAX_DECISION_NOTE} characters", field="note")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 or 0xD800 <= ord(c) < 0xE000 for c in value):
+        raise ValidationFailed("note must not contain control characters", field="note")
+    return value
+
+
 def validate_client_id(value: object, what: str) -> str:
     """Client-supplied idempotency ids (approval, decision, consumption, mutation ids)."""
     if not isinstance(value, str) or not CLIENT_ID_RE.match(value):
@@ -228,6 +241,7 @@ class ApprovalRequest:
     decision_id: str | None = None
     decision: str | None = None
     reason_code: str | None = None
+    decision_note: str | None = None
     decided_by: str | None = None
     decided_at_ms: int | None = None
     decision_fence: str | None = None

@@ -65,7 +65,8 @@
       following: "Following the log…", error_code: "Error", cancel_reason: "Cancel reason", priority: "Priority",
       started_run: "Run {id} of {task} queued.", approval_requested: "Approval requested for {task}; an approver decides.",
       requested_by: "Requested by", requested: "Requested", expires: "Expires", state: "State", you: "you",
-      approve: "Approve", reject: "Reject", reason: "Reason", free_text: "Details (optional)", what_runs: "What will run",
+      approve: "Approve", reject: "Reject", reason: "Reason", free_text: "Note (optional)", note: "Note",
+      revision_gone: "Revision {revision} is no longer kept.", task_now_at: "the task is now at {revision}", what_runs: "What will run",
       own_request: "Your own request: another approver decides.", decided: "Recent decisions", approved: "Approved.",
       rejected: "Rejected.", no_approvals: "No approval requests.", diff_prev: "Changes from the previous revision",
       worker: "Worker", slots: "Slots", labels: "Labels", executors: "Executors", heartbeat: "Heartbeat", drain: "Drain",
@@ -108,7 +109,8 @@
       jump_end: "跳到末尾", log_empty: "（暂无输出）", log_done: "运行已结束。", following: "正在跟随日志…",
       error_code: "错误", cancel_reason: "取消原因", priority: "优先级", started_run: "任务 {task} 的运行 {id} 已排队。",
       approval_requested: "已为 {task} 提交审批申请，等待审批者决定。", requested_by: "申请人", requested: "申请时间",
-      expires: "过期时间", state: "状态", you: "你", approve: "批准", reject: "拒绝", reason: "原因", free_text: "说明（可选）",
+      expires: "过期时间", state: "状态", you: "你", approve: "批准", reject: "拒绝", reason: "原因", free_text: "备注（可选）", note: "备注",
+      revision_gone: "版本 {revision} 已不再保留。", task_now_at: "任务当前为 {revision}",
       what_runs: "将要执行的内容", own_request: "这是你自己的申请：需要其他审批者决定。", decided: "最近的决定",
       approved: "已批准。", rejected: "已拒绝。", no_approvals: "没有审批请求。", diff_prev: "与上一版本的差异",
       worker: "工作节点", slots: "槽位", labels: "标签", executors: "执行器", heartbeat: "心跳", drain: "排空",
@@ -1075,24 +1077,45 @@
   }
 
   // --- approvals ------------------------------------------------------------------------------------
-  function reasonCode(choice, text) {
-    // The API takes a reason code; free text becomes part of it, folded to lower-case words.
-    const words = String(text || "").toLowerCase().normalize("NFKD").replace(/[^a-z0-9]+/g, "_").replace(/^_+|_+$/g, "");
-    const code = words ? choice + "_" + words : choice;
-    return code.slice(0, 64).replace(/_+$/, "");
+  // Names of principals (requester, decider), looked up once per page load; the id is the fallback.
+  const principalNames = new Map();
+  function principalName(id) {
+    if (!id) return Promise.resolve("");
+    if (!principalNames.has(id)) {
+      principalNames.set(id, get(pp("/principals/" + enc(id))).then((p) => p.name, () => short(id)));
+    }
+    return principalNames.get(id);
+  }
+  function whoCell(id) {
+    const cell = el("span", { "data-principal": id || "", text: id && id === me.principalId ? t("you") : short(id) });
+    if (id && id !== me.principalId) principalName(id).then((name) => { cell.textContent = name; });
+    return cell;
+  }
+
+  // A revision's spec as the task views read it: command and cwd are present only when visible.
+  function revisionView(rev) {
+    const spec = rev.spec;
+    return { command_visible: "command" in spec, command: spec.command, cwd: spec.cwd, has_cwd: spec.has_cwd,
+      env_keys: spec.env_keys || [], require: spec.require, prefer: spec.prefer, revision: rev.revision };
   }
 
   async function whatRuns(approval, taskById, box) {
     const task = taskById.get(approval.action_ref);
     if (!task) { put(box, el("p", { class: "muted", text: t("not_found") })); return; }
     const revs = (await get(pp("/tasks/" + enc(task.id) + "/revisions"))).items;
+    // What the request is bound to, not what the task is now (the run uses the bound revision).
+    const bound = approval.task_revision || task.revision;
+    const i = revs.findIndex((r) => r.revision === bound);
+    if (i < 0) { put(box, el("p", { class: "muted", text: t("revision_gone", { revision: "r" + bound }) })); return; }
+    const rev = revisionView(revs[i]);
     put(box, fields([
-      [t("command"), commandView(task)],
-      [t("cwd"), cwdView(task)],
-      [t("env_keys"), task.env_keys.join(", ") || t("none")],
-      [t("placement"), placement(task)],
-      [t("revision"), "r" + task.revision],
-      [t("diff_prev"), revs.length > 1 ? diffList(specDiff(revs[1].spec, revs[0].spec)) : t("first_revision")],
+      [t("revision"), el("span", { "data-bound-revision": String(bound) }, "r" + bound,
+        bound !== task.revision ? el("span", { class: "muted", text: " · " + t("task_now_at", { revision: "r" + task.revision }) }) : null)],
+      [t("command"), commandView(rev)],
+      [t("cwd"), cwdView(rev)],
+      [t("env_keys"), rev.env_keys.join(", ") || t("none")],
+      [t("placement"), placement(rev)],
+      [t("diff_prev"), i + 1 < revs.length ? diffList(specDiff(revs[i + 1].spec, revs[i].spec)) : t("first_revision")],
     ]));
   }
 
@@ -1108,10 +1131,11 @@
     ]);
     if (!current(mine) || (refreshing && deciding(view))) return; // checked after the wait, too
     const taskById = new Map(tasks.items.map((x) => [x.id, x]));
-    const who = (id) => id && id === me.principalId ? t("you") : short(id);
-    const decide = async (a, decision, code) => {
+    const decide = async (a, decision, code, note) => {
+      const body = { reason_code: code };
+      if (note && note.trim()) body.note = note.trim();
       try {
-        await post(pp("/approvals/" + enc(a.id) + "/" + decision), { reason_code: code });
+        await post(pp("/approvals/" + enc(a.id) + "/" + decision), body);
         say(decision === "approve" ? t("approved") : t("rejected"));
         await pageApprovals(view, mine);
         await refreshBadge();
@@ -1125,11 +1149,11 @@
       if (can("approval.decide") && own) controls = el("span", { class: "muted", text: t("own_request") });
       else if (can("approval.decide")) {
         const reason = el("select", { "aria-label": t("reason") }, REJECT_REASONS.map((r) => el("option", { value: r, text: r })));
-        const note = el("input", { type: "text", placeholder: t("free_text"), "aria-label": t("free_text"), maxlength: 60 });
+        const note = el("input", { type: "text", placeholder: t("free_text"), "aria-label": t("free_text"), maxlength: 500 });
         controls = el("span", { class: "actions" },
-          btn(t("approve"), () => decide(a, "approve", "approved"), "primary", { "data-action": "approve" }),
+          btn(t("approve"), () => decide(a, "approve", "approved", note.value), "primary", { "data-action": "approve" }),
           reason, note,
-          btn(t("reject"), () => decide(a, "reject", reasonCode(reason.value, note.value)), "danger", { "data-action": "reject" }));
+          btn(t("reject"), () => decide(a, "reject", reason.value, note.value), "danger", { "data-action": "reject" }));
       }
       const details = can("approval.decide") ? el("details", { ontoggle: (e) => { if (e.target.open) whatRuns(a, taskById, box).catch(fail); } },
         el("summary", { text: t("what_runs") }), box) : null;
@@ -1137,8 +1161,8 @@
         id: a.id,
         cells: [
           task ? link("#/tasks/" + enc(task.name), task.name) : short(a.action_ref),
-          task ? "r" + task.revision : "",
-          who(a.requested_by),
+          a.task_revision ? "r" + a.task_revision : "",
+          whoCell(a.requested_by),
           when(a.requested_at_ms),
           when(a.expires_at_ms),
           badge(a.effective_state),
@@ -1148,14 +1172,15 @@
     });
     const decided = recent.items.filter((a) => a.effective_state !== "pending").map((a) => ({
       id: a.id,
-      cells: [taskById.get(a.action_ref) ? taskById.get(a.action_ref).name : short(a.action_ref), who(a.requested_by),
-        badge(a.effective_state), a.reason_code || "", who(a.decided_by), when(a.decided_at_ms || a.requested_at_ms)],
+      cells: [taskById.get(a.action_ref) ? taskById.get(a.action_ref).name : short(a.action_ref), whoCell(a.requested_by),
+        badge(a.effective_state), a.reason_code || "", a.note ? el("span", { class: "note", text: a.note }) : "",
+        whoCell(a.decided_by), when(a.decided_at_ms || a.requested_at_ms)],
     }));
     put(view, el("h1", { text: t("nav_approvals") }),
       el("section", { "aria-labelledby": "ap-pending" }, el("h2", { id: "ap-pending", text: t("pending_approvals") }),
         table([t("task"), t("revision"), t("requested_by"), t("requested"), t("expires"), t("state"), t("actions")], rows, t("no_pending"), t("pending_approvals"))),
       el("section", { "aria-labelledby": "ap-decided" }, el("h2", { id: "ap-decided", text: t("decided") }),
-        table([t("task"), t("requested_by"), t("state"), t("reason"), "→", t("finished")], decided, t("no_approvals"), t("decided"))));
+        table([t("task"), t("requested_by"), t("state"), t("reason"), t("note"), "→", t("finished")], decided, t("no_approvals"), t("decided"))));
     setRefresh(async () => {
       if (!deciding(view)) await pageApprovals(view, mine, true);
     });

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ql3.application import approvals, auth
-from ql3.domain.approvals import CLIENT_ID_RE, MAX_LIST_PAGE
+from ql3.domain.approvals import CLIENT_ID_RE, MAX_DECISION_NOTE, MAX_LIST_PAGE
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import new_id
@@ -42,11 +42,15 @@ class ApprovalOut(BaseModel):
     action_ref: str
     action_digest_prefix: str
     risk: str
+    task_revision: int | None = Field(
+        default=None, description="the task revision a run.create request is bound to (what will run)"
+    )
     requested_by: str
     requested_at_ms: int
     expires_at_ms: int
     decision: str | None
     reason_code: str | None
+    note: str | None = Field(default=None, description="the decider's free-text note, if any")
     decided_by: str | None
     decided_at_ms: int | None
     consumed_at_ms: int | None
@@ -64,13 +68,23 @@ class ApprovalRequested(BaseModel):
     approval: ApprovalOut
 
 
+_NOTE = Field(
+    default=None,
+    max_length=MAX_DECISION_NOTE,
+    description=f"optional free text stored with the decision (at most {MAX_DECISION_NOTE} characters, "
+    "no control characters)",
+)
+
+
 class ApproveIn(Body):
     reason_code: str = DEFAULT_APPROVE_REASON
+    note: str | None = _NOTE
     decision_id: str | None = None
 
 
 class RejectIn(Body):
     reason_code: str
+    note: str | None = _NOTE
     decision_id: str | None = None
 
 
@@ -144,6 +158,7 @@ def _decide(
     *,
     decision: str,
     reason_code: str,
+    note: str | None,
     decision_id: str | None,
 ) -> ApprovalOut:
     def unit(tx: Transaction) -> ApprovalOut:
@@ -159,6 +174,7 @@ def _decide(
             decision=decision,
             decision_id=decision_id or new_id(),
             reason_code=reason_code,
+            note=note,
         )
         return ApprovalOut(**approvals.approval_view(request, tx.now_ms()))
 
@@ -186,13 +202,15 @@ def approve(
         approval_id,
         decision="approve",
         reason_code=request.reason_code,
+        note=request.note,
         decision_id=request.decision_id,
     )
 
 
 @router.post("/{approval_id}/reject", **_DECIDE_DOC)
 def reject(project: str, approval_id: str, body: RejectIn, db: DbDep, principal: PrincipalDep) -> ApprovalOut:
-    """Reject with a ``reason_code`` (``^[a-z][a-z0-9_]{0,63}$``); same rules as approve."""
+    """Reject with a ``reason_code`` (``^[a-z][a-z0-9_]{0,63}$``) and an optional free-text ``note``;
+    same rules as approve."""
     return _decide(
         db,
         principal,
@@ -200,5 +218,6 @@ def reject(project: str, approval_id: str, body: RejectIn, db: DbDep, principal:
         approval_id,
         decision="reject",
         reason_code=body.reason_code,
+        note=body.note,
         decision_id=body.decision_id,
     )

@@ -26,6 +26,7 @@ COLUMN approval_requests.consumed_by text null=YES default=None
 COLUMN approval_requests.consumed_at_ms bigint null=YES default=None
 COLUMN approval_requests.consumption_fence text null=YES default=None
 COLUMN approval_requests.updated_at_ms bigint null=NO default=None
+COLUMN approval_requests.decision_note text null=YES default=None
 COLUMN approved_action_dispatches.id text null=NO default=None
 COLUMN approved_action_dispatches.approval_request_id text null=NO default=None
 COLUMN approved_action_dispatches.approval_request_version integer null=NO default=None
@@ -392,6 +393,7 @@ CONSTRAINT approval_requests.approval_requests_consumption_id_key UNIQUE (consum
 CONSTRAINT approval_requests.approval_requests_decided_by_fkey FOREIGN KEY (decided_by) REFERENCES principals(id)
 CONSTRAINT approval_requests.approval_requests_decision_check CHECK (((decision IS NULL) OR (decision = ANY (ARRAY['approve'::text, 'reject'::text]))))
 CONSTRAINT approval_requests.approval_requests_decision_id_check CHECK (((decision_id IS NULL) OR ((length(decision_id) >= 1) AND (length(decision_id) <= 128))))
+CONSTRAINT approval_requests.approval_requests_decision_note CHECK (((decision_note IS NULL) OR (((char_length(decision_note) >= 1) AND (char_length(decision_note) <= 500)) AND (decision IS NOT NULL))))
 CONSTRAINT approval_requests.approval_requests_dispatch_id_key UNIQUE (dispatch_id)
 CONSTRAINT approval_requests.approval_requests_id_check CHECK (((length(id) >= 1) AND (length(id) <= 128)))
 CONSTRAINT approval_requests.approval_requests_permission_check CHECK ((permission = 'run.create'::text))

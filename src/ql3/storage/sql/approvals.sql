@@ -20,8 +20,8 @@ SELECT * FROM approval_requests WHERE id = :id AND project_id = :project_id
 
 -- name: approval_decide
 UPDATE approval_requests SET state = :state, version = 2, decision_id = :decision_id, decision = :decision,
-  reason_code = :reason_code, decided_by = :decided_by, decided_at_ms = :now, decision_fence = :decision_fence,
-  updated_at_ms = :now
+  reason_code = :reason_code, decision_note = :decision_note, decided_by = :decided_by, decided_at_ms = :now,
+  decision_fence = :decision_fence, updated_at_ms = :now
 WHERE id = :id AND state = 'pending' AND version = 1 AND expires_at_ms > :now
 
 -- name: approval_consume
