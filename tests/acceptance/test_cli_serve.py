@@ -31,6 +31,8 @@ def test_readyz_reports_ready_with_each_loop_s_age(serve: Server) -> None:
     assert body["status"] == "ready"
     assert set(body["loops"]) == {
         "dispatcher",
+        "notifications",
+        "retention",
         "worker-maintain",
         "lease-expiry",
         "cancellation",

@@ -77,5 +77,6 @@ def test_run_show_says_why_a_queued_run_waits(labelled: Server) -> None:
     as_json = labelled.cli_json("run", "show", started["id"])
 
     assert human.returncode == 0
-    assert any(line.split() == ["waiting", "no_matching_worker"] for line in human.stdout.splitlines())
+    waiting = [line.split(None, 1) for line in human.stdout.splitlines() if line.startswith("waiting")]
+    assert waiting == [["waiting", "no matching worker: no worker has the labels the task requires"]]
     assert (as_json["status"], as_json["waiting_reason"]) == ("queued", "no_matching_worker")

@@ -56,10 +56,7 @@ def test_acks_sent_before_a_renewal_committed_are_applied_and_the_run_completes(
     harness.db.transaction(lambda tx: leases.renew(tx, fence, 30_000))
 
     # When it sends the starting ACK with the pre-renewal version, renews again, then the running ACK
-    assert (
-        harness.db.transaction(lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=None))[0]
-        == "starting"
-    )
+    assert harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))[0] == "starting"
     harness.db.transaction(
         lambda tx: leases.renew(tx, replace(fence, lease_version=fence.lease_version + 1), 30_000)
     )
@@ -86,7 +83,7 @@ def test_an_ack_of_another_authority_is_still_fenced(harness: Harness) -> None:
     stale = replace(fence, lease_generation=fence.lease_generation + 1)
 
     with pytest.raises(FenceConflict) as err:
-        harness.db.transaction(lambda tx: leases.ack_starting(tx, stale, deadline_at_ms=None))
+        harness.db.transaction(lambda tx: leases.ack_starting(tx, stale))
 
     assert err.value.details["reason"] == "lease_generation_mismatch"
 
@@ -109,7 +106,7 @@ def test_a_running_ack_racing_a_renewal_on_two_connections_is_applied(pg_harness
     harness = pg_harness
     # Given a started attempt whose worker renews on one connection and ACKs on another
     project, fence = _claimed(harness)
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=None))
+    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
     other = harness.second_connection()
     renewed = threading.Event()
     release = threading.Event()

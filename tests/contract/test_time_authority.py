@@ -13,6 +13,7 @@ import pytest
 
 from ql3.application import cancellation
 from ql3.application.gateway import InProcessControlPlane
+from ql3.application.settings import load_serve_settings
 from ql3.bootstrap import build_standalone_runtime
 from ql3.domain.digests import sha256_hex
 from tests.conftest import Harness
@@ -72,7 +73,10 @@ def test_a_task_without_a_timeout_has_no_deadline(harness: Harness) -> None:
 def _runtime(harness: Harness, home: Path) -> object:
     home.mkdir(parents=True, exist_ok=True)
     (home / "lease.secret").write_bytes(SECRET)  # the same secret as the test dispatchers
-    return build_standalone_runtime(harness.db, home, worker_id="w1", slots=4)
+    settings = load_serve_settings(
+        {"QL3_HOME": str(home)}, profile="standalone", slots=4, worker_id="w1", database_url=None, cpus=2
+    )
+    return build_standalone_runtime(harness.db, settings)
 
 
 @SHIFTS

@@ -50,7 +50,7 @@ def _completion(h: Harness, project: Any, fence: LeaseFence) -> None:
 
 
 def _start_failure(h: Harness, project: Any, fence: LeaseFence) -> None:
-    h.db.transaction(lambda tx: leases.ack_starting(tx, fence, deadline_at_ms=None))
+    h.db.transaction(lambda tx: leases.ack_starting(tx, fence))
     h.db.transaction(lambda tx: leases.ack_start_failure(tx, fence, error_code="ENOENT"))
 
 
@@ -73,7 +73,7 @@ def _stop_then_late_completion(h: Harness, project: Any, fence: LeaseFence) -> N
 
 
 def _timeout(h: Harness, project: Any, fence: LeaseFence) -> None:
-    start_fence(h.db, fence, deadline_at_ms=h.now_ms() + 1_000)
+    start_fence(h.db, fence)  # the task's 1 s timeout is the deadline, on the database clock
     h.advance_clock(2_000)
     assert cancellation.timeout_cycle(h.db).requested == 1
     _supervise(h)
@@ -127,7 +127,7 @@ PATHS: dict[str, Callable[[Harness, Any, LeaseFence], None]] = {
 def test_every_ending_path_frees_the_worker_slot(harness: Harness, path: str) -> None:
     # Given a one-slot worker holding one claimed run and another run waiting behind it
     register(harness.db, slots=1, lease_ms=LONG_MS)
-    project, _, _ = queued(harness.db, 2)
+    project, _, _ = queued(harness.db, 2, **({"timeout_ms": 1_000} if path == "timeout" else {}))
     d = dispatcher(harness.db, lease_ms=SHORT_MS)
     first = d.dispatch_once()
     assert first.offer is not None

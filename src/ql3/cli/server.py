@@ -267,6 +267,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.print_systemd_unit:
         sys.stdout.write(systemd_unit(args, settings.home.resolve()))
         return EXIT_OK
+    private_umask()
+    require_private_home(settings.home)  # before the lock file: an open home is refused untouched
     with home_lock(settings.home):
         listener = bind_listener(host, port)
         try:
@@ -289,8 +291,8 @@ def _serve(
     # a thread whose I/O finished run again promptly instead of after CPython's default 5 ms.
     sys.setswitchinterval(0.0005)
     task_user = _task_user(args.run_as)
-    workdir = scripts_dir(args, settings.home)
     prepared = prepare(settings.database_url, client_url(host, port), update_url=True, home=settings.home)
+    workdir = scripts_dir(args, settings.home)  # after prepare(): an open QL3_HOME is refused untouched
     try:
         runtime = build_standalone_runtime(prepared.db, settings, run_as=task_user, default_cwd=workdir)
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
