@@ -356,49 +356,26 @@ def test_drain_a_worker_from_the_ui(console: Console, open_page: Any) -> None:
     assert [w["status"] for w in workers] == ["draining"]
 
 
-def test_identity_and_tokens_pages_follow_the_shared_api_contract(console: Console, open_page: Any) -> None:
-    # Given a server answering /whoami and the token list as api-contract.md describes (stubbed here:
-    # those endpoints come from another change; a real server without them is covered elsewhere)
-    item = {
-        "id": "tok-1",
-        "name": "deploy-bot",
-        "role": "operator",
-        "created_at_ms": 1_780_000_000_000,
-        "expires_at_ms": None,
-        "revoked_at_ms": None,
-        "last_used_at_ms": None,
-    }
-    revoked: list[str] = []
+def test_identity_and_tokens_pages_list_and_revoke_real_tokens(console: Console, open_page: Any) -> None:
+    # Given a token made for a bot
+    made = console.api("POST", "/tokens", json={"role": "operator", "name": "deploy-bot"})
+    assert made.status_code == 201, made.text
+    bot_token = made.json()["token"]
+    assert console.api("GET", "/tasks", token=bot_token).status_code == 200
+
+    # When the owner opens the tokens page and revokes it
     page = open_page()
-    who = {
-        "principal_id": "p-1",
-        "name": "owner",
-        "kind": "user",
-        "is_owner": True,
-        "roles": {"default": "admin"},
-    }
-    page.route("**/api/v1/whoami", lambda route: route.fulfill(json=who))
-
-    def tokens(route: Any) -> None:
-        if route.request.method == "POST" and route.request.url.endswith("/tokens/tok-1/revoke"):
-            revoked.append(route.request.url)
-            item["revoked_at_ms"] = 1_780_000_100_000
-            route.fulfill(json=item)
-        elif route.request.method == "GET":
-            route.fulfill(json={"items": [item]})
-        else:
-            route.continue_()
-
-    page.route("**/api/v1/projects/default/tokens**", tokens)
     sign_in(page, console, console.owner, "#/tokens")
-
-    assert page.inner_text("#whoami") == "Signed in as owner (admin)"
-    row = page.locator("table.cards tbody tr").first
-    expect(row).to_contain_text("deploy-bot")
+    who = page.inner_text("#whoami")
+    assert who.startswith("Signed in as ") and who.endswith("(admin)"), who
+    row = page.locator("table.cards tbody tr", has_text="deploy-bot").first
+    expect(row).to_contain_text("operator")
     row.locator("button:has-text('Revoke')").click()
     page.click("#confirm-yes")
+
+    # Then the page shows it revoked, and the bot's token is refused from the next request on
     expect(row).to_contain_text("revoked")
-    assert len(revoked) == 1
+    assert console.api("GET", "/tasks", token=bot_token).status_code == 401
 
 
 def test_without_the_token_list_the_tokens_page_says_so(console: Console, open_page: Any) -> None:

@@ -166,6 +166,6 @@ def test_the_api_routes_the_console_uses_exist(client: TestClient) -> None:
         assert route in paths, route
         assert fragment in js, fragment
     assert "/" not in paths and "/console/app.js" not in paths  # the console is not part of the API
-    # from another change (api-contract.md); until then the console falls back on a 404 or 405
+    # an older server lacks them: the console falls back on a 404 or 405
     assert '"/whoami"' in js and 'pp("/tokens/" + enc(k.id) + "/revoke")' in js
     assert "e.status !== 404 && e.status !== 405" in js
