@@ -26,6 +26,7 @@ from ql3.application.runs import (
 )
 from ql3.application.tasks import get_revision
 from ql3.domain import cancellation as rules
+from ql3.domain import leases as lease_rules
 from ql3.domain.cancellation import BlockedCursor, CancellationDispatch
 from ql3.domain.digests import canonical_json, digest_equals
 from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFailed
@@ -643,7 +644,7 @@ class CancellationSupervisor:
             run_id=run_id,
             owner=self._owner,
             token=token,
-            lease_ms=min(rules.MAX_LEASE_MS, max(self._lease_ms, 2 * grace_ms + 1_000)),
+            lease_ms=lease_rules.CANCELLATION.clamp(max(self._lease_ms, 2 * grace_ms + 1_000)),
             requested_at_ms=requested_at,
         )
         if claimed.status != "claimed":

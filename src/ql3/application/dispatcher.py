@@ -13,6 +13,7 @@ from typing import Any, Final
 from ql3.application import leases, rows, workers
 from ql3.application.runs import latest_attempt
 from ql3.application.tasks import get_revision
+from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals
 from ql3.domain.errors import Ql3Error, ValidationFailed
 from ql3.domain.offers import LeaseFence, Offer, derive_lease_token, normalize_spec, offer_id, spec_digest
@@ -58,8 +59,7 @@ class DispatchBudget:
             raise ValidationFailed(f"at most {HARD_WORKERS} workers per placement", field="worker_pages")
         if not 1 <= self.claims <= HARD_CLAIMS:
             raise ValidationFailed(f"claims must be 1-{HARD_CLAIMS}", field="claims")
-        if not leases.MIN_LEASE_MS <= self.lease_ms <= leases.MAX_LEASE_MS:
-            raise ValidationFailed("lease_ms out of range", field="lease_ms")
+        lease_rules.RUN.validate(self.lease_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,7 @@ from ql3.application.runs import (
     lock_run,
     write_run,
 )
+from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
@@ -23,8 +24,6 @@ from ql3.domain.offers import LeaseFence
 from ql3.domain.states import ATTEMPT_ACTIVE, ATTEMPT_TERMINAL, is_run_terminal
 from ql3.ports.storage import Row, Transaction
 
-MIN_LEASE_MS: Final = 5_000
-MAX_LEASE_MS: Final = 600_000
 MAX_HANDLE_BYTES: Final = 512
 MAX_SCAN_PAGE: Final = 64
 ClaimStatus = Literal["claimed", "leased", "not_eligible", "worker_unavailable", "capacity_exhausted"]
@@ -108,8 +107,7 @@ def claim(
     Lock order Run -> Attempt -> worker -> lease. ``token_for_generation(g)`` returns the raw token of
     lease generation ``g``; only its digest is stored.
     """
-    if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
-        raise ValidationFailed("lease duration out of range")
+    lease_rules.RUN.validate(lease_ms)
     run = lock_run(tx, run_id)
     if run.status != "queued" or run.cancel_requested_at_ms is not None:
         return ClaimResult(status="not_eligible")
@@ -225,8 +223,7 @@ def check_fence(
 
 def renew(tx: Transaction, fence: LeaseFence, lease_ms: int) -> Lease:
     """Same full fence, before expiry: version +1 and a new expiry."""
-    if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
-        raise ValidationFailed("lease duration out of range")
+    lease_rules.RUN.validate(lease_ms)
     lease, now = check_fence(tx, fence)
     if (
         tx.run(

@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, Final
 
 from ql3.application import auth
+from ql3.domain import leases as lease_rules
 from ql3.domain import notifications as rules
 from ql3.domain.errors import Conflict, NotFound, ValidationFailed
 from ql3.domain.ids import new_id
@@ -326,7 +327,7 @@ class DeliveryBudget:
 
     def __post_init__(self) -> None:
         if not (
-            1_000 <= self.lease_ms <= 600_000
+            lease_rules.NOTIFICATION.contains(self.lease_ms)
             and 1 <= self.max_attempts <= 64
             and 1 <= self.backoff_base_ms <= self.backoff_max_ms <= 86_400_000
             and 1 <= self.page <= 64

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from ql3.application import leases
 from ql3.domain import approvals as approval_rules
 from ql3.domain import cancellation as cancel_rules
+from ql3.domain import leases as lease_rules
 from ql3.domain.errors import ConfigurationError
 
 MAX_SLOTS: Final = 1024
@@ -162,30 +162,30 @@ class EnvVar:
 RUN_LEASE = EnvVar(
     name="QL3_RUN_LEASE_MS",
     default=30_000,
-    low=leases.MIN_LEASE_MS,
-    high=leases.MAX_LEASE_MS,
+    low=lease_rules.RUN.min_ms,
+    high=lease_rules.RUN.max_ms,
     help="run lease in ms: a run whose worker stops renewing is recovered after it",
 )
 CANCEL_LEASE = EnvVar(
     name="QL3_CANCEL_LEASE_MS",
     default=cancel_rules.DEFAULT_LEASE_MS,
-    low=cancel_rules.MIN_LEASE_MS,
-    high=cancel_rules.MAX_LEASE_MS,
+    low=lease_rules.CANCELLATION.min_ms,
+    high=lease_rules.CANCELLATION.max_ms,
     help="cancellation lease in ms: a stop whose signaller died is taken over after it"
     f" (more than twice the {cancel_rules.DEFAULT_GRACE_MS} ms stop grace)",
 )
 ACTION_LEASE = EnvVar(
     name="QL3_ACTION_LEASE_MS",
     default=approval_rules.DEFAULT_LEASE_MS,
-    low=approval_rules.MIN_LEASE_MS,
-    high=approval_rules.MAX_LEASE_MS,
+    low=lease_rules.APPROVED_ACTION.min_ms,
+    high=lease_rules.APPROVED_ACTION.max_ms,
     help="approved-action lease in ms: an action whose executor died is resolved after it",
 )
 NOTIFY_LEASE = EnvVar(
     name="QL3_NOTIFY_LEASE_MS",
     default=60_000,
-    low=1_000,
-    high=600_000,
+    low=lease_rules.NOTIFICATION.min_ms,
+    high=lease_rules.NOTIFICATION.max_ms,
     help="notification delivery lease in ms: a delivery whose sender died is retried after it",
 )
 ENV_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE)

@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ql3.application.tasks import get_revision
+from ql3.domain import leases as lease_rules
 from ql3.domain.errors import Conflict, FenceConflict, NotFound, Ql3Error, ValidationFailed
 from ql3.domain.ids import is_id
 from ql3.domain.model import Run
 from ql3.domain.tasks import build_spec
 from ql3.domain.workers import (
-    MAX_SESSION_LEASE_MS,
-    MIN_SESSION_LEASE_MS,
     WAITING_REASONS,
     Capabilities,
     FleetWorker,
@@ -77,8 +76,7 @@ def register(
         raise ValidationFailed("session id must be a lowercase UUIDv7", field="session_id")
     if isinstance(max_concurrent_runs, bool) or not 1 <= max_concurrent_runs <= 1024:
         raise ValidationFailed("max_concurrent_runs must be 1-1024", field="max_concurrent_runs")
-    if not MIN_SESSION_LEASE_MS <= session_lease_ms <= MAX_SESSION_LEASE_MS:
-        raise ValidationFailed("session lease out of range", field="session_lease_ms")
+    lease_rules.SESSION.validate(session_lease_ms, field="session_lease_ms")
     now = tx.now_ms()
     params: dict[str, Any] = {
         "worker_id": worker_id,

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from ql3.domain import leases as lease_rules
 from ql3.domain.digests import canonical_json, domain_digest, sha256_hex
 from ql3.domain.errors import Conflict, ValidationFailed
 
@@ -19,8 +20,6 @@ MAX_APPROVAL_TTL_MS: Final = 24 * 3600 * 1000
 DEFAULT_APPROVAL_TTL_MS: Final = 3600 * 1000
 DEFAULT_MAX_ATTEMPTS: Final = 5
 HARD_MAX_ATTEMPTS: Final = 16
-MIN_LEASE_MS: Final = 1_000
-MAX_LEASE_MS: Final = 10 * 60 * 1000
 DEFAULT_LEASE_MS: Final = 60_000
 DEFAULT_PAGE: Final = 16
 HARD_PAGE: Final = 64
@@ -161,11 +160,7 @@ def validate_ttl(ttl_ms: object) -> int:
 
 
 def validate_lease_ms(lease_ms: object) -> int:
-    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int):
-        raise ValidationFailed("lease_ms must be an integer", field="lease_ms")
-    if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
-        raise ValidationFailed(f"lease_ms must be {MIN_LEASE_MS}-{MAX_LEASE_MS}", field="lease_ms")
-    return lease_ms
+    return lease_rules.APPROVED_ACTION.validate(lease_ms)
 
 
 def validate_page(page: object, hard: int = HARD_PAGE) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from ql3.domain import leases as lease_rules
 from ql3.domain.digests import CANCEL_LEASE_DOMAIN, domain_digest
 from ql3.domain.errors import Ql3Error, ValidationFailed
 from ql3.domain.ids import is_id
@@ -36,8 +37,6 @@ _EVENT_BY_CLASS: Final[dict[ResultClass, str]] = {
 }
 
 # Limits (docs/contracts.md §7).
-MIN_LEASE_MS: Final = 5_000
-MAX_LEASE_MS: Final = 300_000
 DEFAULT_LEASE_MS: Final = 30_000
 DEFAULT_RETRY_BASE_MS: Final = 1_000
 DEFAULT_RETRY_MAX_MS: Final = 60_000
@@ -103,14 +102,8 @@ def backoff_ms(dispatch_count: int, base_ms: int, max_ms: int) -> int:
     return min(max_ms, base_ms * (1 << min(dispatch_count - 1, MAX_BACKOFF_EXPONENT)))
 
 
-def validate_lease_ms(lease_ms: int) -> int:
-    if (
-        isinstance(lease_ms, bool)
-        or not isinstance(lease_ms, int)
-        or not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS
-    ):
-        raise ValidationFailed("cancellation lease duration out of range", field="lease_ms")
-    return lease_ms
+def validate_lease_ms(lease_ms: object) -> int:
+    return lease_rules.CANCELLATION.validate(lease_ms)
 
 
 def validate_owner(owner: str) -> str:

@@ -17,8 +17,6 @@ SEMVER_RE: Final = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$"
 )
 MAX_CAPABILITIES_BYTES: Final = 16 * 1024
-MIN_SESSION_LEASE_MS: Final = 5_000
-MAX_SESSION_LEASE_MS: Final = 600_000
 _CAP_KEYS: Final = frozenset({"executors", "operatingSystem", "runtimes", "labels", "capacity", "features"})
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from ql3.domain import leases as lease_rules
 from ql3.domain.digests import new_token, sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
 from ql3.domain.ids import new_id
@@ -75,7 +76,9 @@ class WorkerConfig:
             raise ValidationFailed("journal retention must be 1 min - 30 days", field="journal_retention_ms")
         if not 1 <= self.intake_threads <= 16:
             raise ValidationFailed("intake_threads must be 1-16", field="intake_threads")
-        if not 5_000 <= self.run_lease_ms <= 600_000 or not 5_000 <= self.session_lease_ms <= 600_000:
+        if not lease_rules.RUN.contains(self.run_lease_ms) or not lease_rules.SESSION.contains(
+            self.session_lease_ms
+        ):
             raise ValidationFailed("lease durations must be 5 s - 10 min")
 
     @property
