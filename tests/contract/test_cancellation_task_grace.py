@@ -34,7 +34,7 @@ class LeaseWatchingSignal(FakeSignal):
     def __call__(self, handle: str, pid: int | None, grace_ms: int) -> FakeOutcome:
         def left(tx: Any) -> int:
             row = tx.one("cancel_dispatch_get", {"run_id": self.run_id})
-            return int(row["lease_expires_at_ms"]) - tx.now_ms()
+            return int(row["lease_expires_at_ms"]) - int(tx.now_ms())
 
         self.lease_left_ms.append(self.db.transaction(left, write=False))
         return super().__call__(handle, pid, grace_ms)

@@ -50,7 +50,7 @@ def test_a_drifted_recovery_plan_fails_closed_and_the_next_cycle_moves_on(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     d = _two_claims_then_restart(harness)
-    real = dispatcher_module.normalize_spec
+    real = dispatcher_module.normalize_spec  # type: ignore[attr-defined]
 
     def drifted(raw: dict[str, Any]) -> dict[str, Any]:
         return real(raw) | {"runId": "0" * 36}  # the rebuilt plan names another run

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ql3.application import runs, workers
+from ql3.application import runs
 from ql3.application.dispatcher import RunDispatcher
 from ql3.domain.model import Project, Task
+from ql3.domain.workers import WorkerSnapshot
 from tests.conftest import Harness
 from tests.contract.execution_helpers import dispatcher, register
 from tests.contract.helpers import seed_project, seed_task
@@ -65,7 +66,7 @@ def test_losing_the_capacity_race_on_the_best_worker_moves_on_to_the_next(harnes
     # fills "a" with the second run
     real_workers = d._workers
 
-    def snapshot_then_rival_claims(counters: Any) -> list[workers.WorkerSnapshot]:
+    def snapshot_then_rival_claims(counters: Any) -> list[WorkerSnapshot]:
         snapshot = real_workers(counters)
         rival._scan_cursor = None
         rival_result = rival.dispatch_once()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from ql3.application import cancellation, leases, runs, tasks, workers
 from ql3.application import dispatcher as dispatcher_module
 from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher, _Counters
 from ql3.domain.errors import ValidationFailed
+from ql3.domain.workers import WorkerSnapshot
 from tests.conftest import Harness
 from tests.contract.execution_helpers import dispatcher, queued, register, run_of
 from tests.contract.helpers import count
@@ -295,8 +297,8 @@ def test_a_stalled_worker_cursor_fails_the_cycle_closed(harness: Harness) -> Non
     d = dispatcher(harness.db, worker_page=1, worker_pages=3)
     real = workers.snapshot_page
 
-    def stalled(tx: object, *, after: str, limit: int) -> list[object]:
-        return real(tx, after="", limit=limit)  # type: ignore[arg-type]
+    def stalled(tx: Any, *, after: str, limit: int) -> list[WorkerSnapshot]:
+        return real(tx, after="", limit=limit)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(workers, "snapshot_page", stalled)
@@ -329,10 +331,10 @@ def test_a_spec_whose_identity_drifts_is_refused_before_any_claim(harness: Harne
     register(harness.db)
     queued(harness.db)
     d = dispatcher(harness.db)
-    real = dispatcher_module.normalize_spec
+    real = dispatcher_module.normalize_spec  # type: ignore[attr-defined]
 
     def drifting(raw: dict[str, object]) -> dict[str, object]:
-        spec = real(raw)  # type: ignore[arg-type]
+        spec = real(raw)
         return {**spec, "runId": "01a00000-0000-7000-8000-00000000dead"}
 
     with pytest.MonkeyPatch.context() as mp:

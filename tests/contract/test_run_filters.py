@@ -24,6 +24,7 @@ def _move(harness: Harness, run: Run, *path: str) -> Run:
 
 
 def _create(harness: Harness, project: Project, task: Task, **fields: Any) -> Run:
+    run: Run
     run, _ = harness.db.transaction(
         lambda tx: runs.create_run(tx, runs.CreateRun(project_id=project.id, task=task, **fields))
     )

@@ -12,7 +12,7 @@ from tests.contract.helpers import seed_project
 
 
 def _owner(harness: Harness) -> auth.IssuedToken:
-    issued = harness.db.transaction(auth.bootstrap_owner)
+    issued: auth.IssuedToken | None = harness.db.transaction(auth.bootstrap_owner)
     assert issued is not None
     return issued
 
@@ -26,7 +26,7 @@ def _issue(harness: Harness, project: Project, role: str = "viewer", **kw: objec
 
 def _authenticate(harness: Harness, token: str) -> str:
     principal = harness.db.transaction(lambda tx: auth.authenticate(tx, token), write=False)
-    return principal.id
+    return str(principal.id)
 
 
 def test_a_revoked_token_is_refused_at_once_and_listed_as_revoked(harness: Harness) -> None:
@@ -119,7 +119,7 @@ def test_an_admin_cannot_rotate_or_revoke_the_owner(harness: Harness) -> None:
     for operation in (auth.rotate_token, auth.revoke_token):
         with pytest.raises(PermissionDenied):
             harness.db.transaction(
-                lambda tx, op=operation: op(tx, admin.principal, owner.project, owner.principal.id)  # type: ignore[misc]
+                lambda tx, op=operation: op(tx, admin.principal, owner.project, owner.principal.id)
             )
     assert _authenticate(harness, owner.token) == owner.principal.id
 

@@ -7,11 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from ql3.domain.errors import StorageUnavailable
 from ql3.http.app import create_app
-
-from .conftest import TestClient
 
 
 def test_healthz_needs_no_token(client: Any) -> None:

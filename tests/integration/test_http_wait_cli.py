@@ -55,11 +55,20 @@ def move(db: SqliteDatabase, run_id: str, *path: str) -> Callable[[], None]:
             extra = {"finished_at_ms": 1} if to in ("succeeded", "failed", "cancelled", "timed_out") else {}
             if to == "failed":
                 extra["exit_code"] = 7
-            db.transaction(
-                lambda tx, v=current.version, to=to, extra=extra: runs.transition(
-                    tx, run_id, v, to, actor_type="system", **extra
-                )
-            )
+            version = current.version
+
+            def move_one(tx: Any, v: int = version, to: str = to, extra: dict[str, Any] = extra) -> None:
+                runs.transition(tx, run_id, v, to, actor_type="system", **extra)
+
+            db.transaction(move_one)
+
+    return change
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def change() -> None:
+        first()
+        second()
 
     return change
 
@@ -201,7 +210,7 @@ def test_follow_finishes_the_old_attempt_and_goes_on_with_a_retry(
     steps = Steps(
         append(first, b"attempt 1 middle\n"),
         lambda: None,
-        lambda: (append(first, b"attempt 1 end\n")(), retry()),  # last words, then the retry
+        _both(append(first, b"attempt 1 end\n"), retry),  # last words, then the retry
         move(db, run["id"], "cancelled"),
     )
     printed = io.StringIO()

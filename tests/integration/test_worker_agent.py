@@ -66,7 +66,9 @@ class Env:
 def env(tmp_path: Path) -> Iterator[Env]:
     db = SqliteDatabase(tmp_path / "ql3.db")
     db.migrate()
-    project = db.transaction(auth.bootstrap_owner).project
+    owner = db.transaction(auth.bootstrap_owner)
+    assert owner is not None
+    project = owner.project
     marker = tmp_path / "starts"
     task = db.transaction(
         lambda tx: tasks.create_task(tx, project.id, "t", {"command": f"echo x >> {marker}; sleep 0.3"})

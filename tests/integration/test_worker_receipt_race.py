@@ -20,7 +20,7 @@ def test_a_receipt_that_appears_after_the_first_look_completes_the_run(
     env.task = env.db.transaction(
         lambda tx: tasks.edit_task(tx, env.project.id, "t", {"command": "exit 4"})
     ).task
-    real = agent_module.read_receipt
+    real = agent_module.read_receipt  # type: ignore[attr-defined]
     looks: list[str] = []
 
     def too_early_once(*args: Any, **kwargs: Any) -> Any:

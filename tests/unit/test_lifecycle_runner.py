@@ -24,9 +24,14 @@ def _until(predicate: object, timeout_s: float = 5.0) -> None:
 def test_an_idle_loop_sleeps_until_notified_then_runs_a_cycle() -> None:
     notifier = LocalNotifier()
     ran: list[float] = []
+
+    def cycle() -> bool:
+        ran.append(time.monotonic())
+        return False
+
     runner = LifecycleRunner(
         "t",
-        lambda: bool(ran.append(time.monotonic())),
+        cycle,
         wake=lambda t: notifier.wait("c", t),
         backstop_s=60,
         interrupt=lambda: notifier.notify("c"),
@@ -78,7 +83,11 @@ def test_a_failing_cycle_is_recorded_and_the_loop_goes_on() -> None:
             raise RuntimeError("boom with a secret that must not be logged")
         return False
 
-    runner = LifecycleRunner("t", cycle, wake=lambda t: time.sleep(0.01) is None and False, backstop_s=0.01)
+    def wake(timeout_s: float) -> bool:
+        time.sleep(0.01)
+        return False
+
+    runner = LifecycleRunner("t", cycle, wake=wake, backstop_s=0.01)
     runner.start()
     _until(lambda: calls >= 3)
     assert runner.stop()

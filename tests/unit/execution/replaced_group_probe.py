@@ -91,7 +91,7 @@ def main() -> None:
         replacement["pgrp"] = int(fields[2])
 
     fake = FakeTime(moment, replace)
-    controller_module.time = fake  # type: ignore[assignment]
+    controller_module.time = fake  # type: ignore[attr-defined,assignment]
     controller = ProcessController(group_signal_via_pidfd=(mode == "pidfd"))
     grace_ms = 0 if moment == "before_kill" else 60_000
     outcome = controller.stop(handle.encode(), old, grace_ms=grace_ms, poll_ms=50)

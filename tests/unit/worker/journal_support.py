@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from ql3.worker.journal import JournalOffer, JournalRecord, WorkerJournal
+from ql3.worker.journal import JournalOffer, JournalRecord, JournalState, WorkerJournal
 
 START_MS = 1_800_000_000_000
 SPEC_DIGEST = hashlib.sha256(b"spec").hexdigest()
@@ -44,7 +44,7 @@ def make_offer(offer_id: str = "offer-1", **overrides: Any) -> JournalOffer:
     return JournalOffer(**values)
 
 
-def walk(journal: WorkerJournal, offer_id: str, *states: str) -> JournalRecord:
+def walk(journal: WorkerJournal, offer_id: str, *states: JournalState) -> JournalRecord:
     record = journal.get(offer_id)
     assert record is not None
     for state in states:
@@ -55,7 +55,7 @@ def walk(journal: WorkerJournal, offer_id: str, *states: str) -> JournalRecord:
 
 
 # The shortest way to reach each state from a fresh `accepted` record.
-PATH_TO: dict[str, tuple[str, ...]] = {
+PATH_TO: dict[str, tuple[JournalState, ...]] = {
     "accepted": (),
     "starting_acknowledged": ("starting_acknowledged",),
     "launching": ("starting_acknowledged", "launching"),

@@ -14,6 +14,7 @@ from ql3.worker.journal import (
     JournalConflict,
     JournalFull,
     JournalInvalid,
+    JournalState,
     WorkerJournal,
 )
 from tests.unit.worker.journal_support import (
@@ -170,7 +171,7 @@ def test_a_full_journal_refuses_a_new_offer_and_evicts_nothing(tmp_path: Path, c
     ids=["start_failure_acknowledged", "completion_acknowledged"],
 )
 def test_a_terminal_record_frees_capacity(
-    tmp_path: Path, clock: Clock, path_to_terminal: tuple[str, ...]
+    tmp_path: Path, clock: Clock, path_to_terminal: tuple[JournalState, ...]
 ) -> None:
     with WorkerJournal.open(tmp_path / "worker.db", clock=clock, capacity=1) as journal:
         # Given a full journal whose only record then reaches a terminal state

@@ -5,13 +5,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from ql3.worker.journal import (
     JournalConflict,
     JournalInvalid,
+    JournalState,
+    RecoveryReason,
     WorkerJournal,
 )
 from tests.unit.worker.journal_support import (
@@ -23,14 +25,17 @@ from tests.unit.worker.journal_support import (
     walk,
 )
 
-PATH_TO: dict[str, tuple[str, ...]] = {
+PATH_TO: dict[str, tuple[JournalState, ...]] = {
     "accepted": (),
     "starting_acknowledged": ("starting_acknowledged",),
     "launching": ("starting_acknowledged", "launching"),
     "started": ("starting_acknowledged", "launching", "started"),
     "running_acknowledged": ("starting_acknowledged", "launching", "started", "running_acknowledged"),
 }
-LEASE_LOST = ["lease_lost_local_execution_stopped", "lease_lost_local_execution_unverified"]
+LEASE_LOST: list[RecoveryReason] = [
+    "lease_lost_local_execution_stopped",
+    "lease_lost_local_execution_unverified",
+]
 
 
 @pytest.fixture
@@ -88,7 +93,7 @@ def test_the_main_path_advances_one_revision_per_step(journal: WorkerJournal, cl
     "before", [(), ("starting_acknowledged",)], ids=["accepted", "starting_acknowledged"]
 )
 def test_an_explicit_start_rejection_ends_in_start_failure_acknowledged(
-    journal: WorkerJournal, before: tuple[str, ...]
+    journal: WorkerJournal, before: tuple[JournalState, ...]
 ) -> None:
     record = walk(journal, "offer-1", *before, "start_failed", "start_failure_acknowledged")
 
@@ -134,7 +139,7 @@ def test_a_receipt_found_before_the_running_ack_completes_a_started_record(
     ],
 )
 def test_a_backward_move_is_rejected_and_changes_nothing(
-    journal: WorkerJournal, start: str, target: str
+    journal: WorkerJournal, start: str, target: JournalState
 ) -> None:
     # Given a record that already moved past the target state
     current = walk(journal, "offer-1", *PATH_TO[start])
@@ -166,7 +171,7 @@ def test_a_backward_move_is_rejected_and_changes_nothing(
     ],
 )
 def test_a_skipped_state_is_rejected_and_changes_nothing(
-    journal: WorkerJournal, start: str, target: str
+    journal: WorkerJournal, start: str, target: JournalState
 ) -> None:
     current = walk(journal, "offer-1", *PATH_TO[start])
 
@@ -219,7 +224,9 @@ def test_only_one_of_two_writers_holding_the_same_revision_wins(journal: WorkerJ
 @pytest.mark.parametrize(
     "target", ["recovery_required", "accepted", "start_failed", "completion_acknowledged"]
 )
-def test_terminal_states_are_final(journal: WorkerJournal, terminal: tuple[str, ...], target: str) -> None:
+def test_terminal_states_are_final(
+    journal: WorkerJournal, terminal: tuple[JournalState, ...], target: JournalState
+) -> None:
     current = walk(journal, "offer-1", *terminal)
 
     with pytest.raises(JournalConflict):
@@ -292,7 +299,7 @@ def test_a_raw_looking_token_in_the_digest_field_is_rejected_and_never_stored(
     ],
 )
 def test_a_field_that_belongs_to_another_state_is_rejected(
-    journal: WorkerJournal, start: str, target: str, extra: dict[str, Any]
+    journal: WorkerJournal, start: str, target: JournalState, extra: dict[str, Any]
 ) -> None:
     current = walk(journal, "offer-1", *PATH_TO[start])
 
@@ -341,7 +348,7 @@ def test_started_needs_a_well_formed_handle_and_start_time(
     ],
 )
 def test_every_in_flight_state_can_become_recovery_required(
-    journal: WorkerJournal, start: str, reason: str
+    journal: WorkerJournal, start: str, reason: RecoveryReason
 ) -> None:
     current = walk(journal, "offer-1", *PATH_TO[start])
 
@@ -362,7 +369,7 @@ def test_every_in_flight_state_can_become_recovery_required(
     ids=["start_failed", "recovery_required"],
 )
 def test_recovery_required_is_not_entered_from_outside_the_in_flight_states(
-    journal: WorkerJournal, path: tuple[str, ...]
+    journal: WorkerJournal, path: tuple[JournalState, ...]
 ) -> None:
     current = walk(journal, "offer-1", *path)
 
@@ -385,7 +392,7 @@ def test_recovery_required_needs_a_known_reason(journal: WorkerJournal) -> None:
             "offer-1",
             expected_revision=current.revision,
             to_state="recovery_required",
-            recovery_reason="gone",
+            recovery_reason=cast(Any, "gone"),
         )
     with pytest.raises(JournalInvalid):
         journal.advance("offer-1", expected_revision=current.revision, to_state="recovery_required")
@@ -394,7 +401,9 @@ def test_recovery_required_needs_a_known_reason(journal: WorkerJournal) -> None:
 
 
 @pytest.mark.parametrize("reason", LEASE_LOST)
-def test_completion_beats_a_lease_lost_recovery(journal: WorkerJournal, clock: Clock, reason: str) -> None:
+def test_completion_beats_a_lease_lost_recovery(
+    journal: WorkerJournal, clock: Clock, reason: RecoveryReason
+) -> None:
     # Given a running record whose lease was lost locally
     current = walk(journal, "offer-1", *PATH_TO["running_acknowledged"])
     lost = journal.advance(
@@ -461,7 +470,9 @@ def test_an_unknown_launch_outcome_resumes_as_started_once_its_handle_is_found(
 
 
 @pytest.mark.parametrize("reason", [*LEASE_LOST, "control_plane_terminal", "process_exited_without_receipt"])
-def test_no_other_recovery_reason_goes_back_to_started(journal: WorkerJournal, reason: str) -> None:
+def test_no_other_recovery_reason_goes_back_to_started(
+    journal: WorkerJournal, reason: RecoveryReason
+) -> None:
     current = walk(journal, "offer-1", *PATH_TO["launching"])
     lost = journal.advance(
         "offer-1", expected_revision=current.revision, to_state="recovery_required", recovery_reason=reason
