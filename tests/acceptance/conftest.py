@@ -136,15 +136,32 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 # -- following runs and logs (test_cli_logs*, test_cli_wait*, test_cli_workers*) -------------------
 
 
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
 def spawn_cli(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """A CLI process whose output the test reads while it runs; stop it with ``stop``."""
-    return subprocess.Popen(
+    """A CLI process whose output the test reads while it runs; stop it with ``stop``. Whatever the
+    test leaves behind is stopped and its pipes closed when the test ends (``_reap_spawned``)."""
+    process = subprocess.Popen(
         [*CLI, *args],
         env={**base_env(home), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
     )
+    _SPAWNED.append(process)
+    return process
+
+
+@pytest.fixture(autouse=True)
+def _reap_spawned() -> Iterator[None]:
+    yield
+    while _SPAWNED:
+        process = _SPAWNED.pop()
+        stop(process)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def read_until(process: subprocess.Popen[bytes], text: str, timeout_s: float = CLI_TIMEOUT_S) -> str:
