@@ -86,7 +86,7 @@
       rearm_confirm: "Rearm the cancellation of run {id}? It is blocked with {result} at version {version}; the stop is tried again in {delay} s.",
       rearmed: "Cancellation of run {id} rearmed: next try {when}.",
       stale: "It changed since it was shown ({reason}); here it is as it is now.",
-      more: "More", health_card: "Health", no_dispatch: "No stop signal has been tried yet.",
+      more: "More", no_dispatch: "No stop signal has been tried yet.",
       nav_actions: "Actions", actions_title: "Approved actions", no_actions: "No approved actions.",
       action: "Action", action_type: "Type", attempts: "Attempts", result: "Result", updated: "Updated",
       recovery: "Recovery", recovery_finding: "Last finding", version: "Version", approval_request: "Approval request",
@@ -95,7 +95,7 @@
       resolve_confirm: "Record approved action {id} as {outcome}? This is final; the action is never retried.",
       resolved: "Action {id} closed as {status}.", resolve_role: "Only approvers and admins resolve actions.",
       recovery_required_n: "{n} approved actions need a person.", eligible: "Eligible", lease_expires: "Lease expires",
-      completed: "Completed", last_tried: "Last tried",
+      completed: "Completed", last_tried: "Last tried", p_require: "require", p_prefer: "prefer",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -149,7 +149,7 @@
       rearm_confirm: "重新启用运行 {id} 的取消？它因 {result} 在版本 {version} 被阻塞；{delay} 秒后再次尝试停止。",
       rearmed: "运行 {id} 的取消已重新启用：下次尝试 {when}。",
       stale: "显示之后它已改变（{reason}）；以下是当前状态。",
-      more: "更多", health_card: "状态", no_dispatch: "还没有尝试发送停止信号。",
+      more: "更多", no_dispatch: "还没有尝试发送停止信号。",
       nav_actions: "已批准操作", actions_title: "已批准的操作", no_actions: "没有已批准的操作。",
       action: "操作", action_type: "类型", attempts: "尝试次数", result: "结果", updated: "更新时间",
       recovery: "恢复", recovery_finding: "最近的发现", version: "版本号", approval_request: "审批请求",
@@ -158,7 +158,7 @@
       resolve_confirm: "将已批准操作 {id} 记录为“{outcome}”？此操作不可撤销，该操作不会重试。",
       resolved: "操作 {id} 已关闭为 {status}。", resolve_role: "只有审批者和管理员可以处理操作。",
       recovery_required_n: "{n} 个已批准操作需要人工处理。", eligible: "可执行时间", lease_expires: "租约到期",
-      completed: "完成时间", last_tried: "上次尝试时间",
+      completed: "完成时间", last_tried: "上次尝试时间", p_require: "要求", p_prefer: "优先",
     },
   };
   // Labels for the values the API returns (statuses, event types, triggers, results...). The value
@@ -206,6 +206,7 @@
       misfire: { skip: "跳过", fire_once: "补触发一次" },
       approval_policy: { none: "无需审批", required: "需要审批" },
       operator_action: { rearm: "重新启用", wait: "等待", none: "无", inspect: "检查" },
+      recovery: { armed: "自动检查中", manual: "等待人工", resolved: "已解决" },
       finding: { verified_succeeded: "已确认成功", verified_failed: "已确认失败", still_running: "仍在运行", missing: "缺失",
         conflict: "冲突", unsupported: "不支持", unavailable: "不可用" },
     },
@@ -691,7 +692,7 @@
   function placement(task) {
     const req = Object.entries(task.require || {}).map(([k, v]) => k + "=" + v).join(", ");
     const pref = (task.prefer || []).map((p) => Object.entries(p.labels).map(([k, v]) => k + "=" + v).join(",") + ":" + p.weight).join("; ");
-    return [req ? "require " + req : "", pref ? "prefer " + pref : ""].filter(Boolean).join(" · ") || t("none");
+    return [req ? t("p_require") + " " + req : "", pref ? t("p_prefer") + " " + pref : ""].filter(Boolean).join(" · ") || t("none");
   }
 
   function commandView(task) {
@@ -1578,7 +1579,7 @@
         [t("completed"), when(a.completed_at_ms)],
         [t("updated"), when(a.updated_at_ms)],
         [t("result"), a.result_code],
-        [t("recovery"), a.recovery_status],
+        [t("recovery"), lbl("recovery", a.recovery_status)],
         [t("recovery_finding"), a.recovery_last_finding ? lbl("finding", a.recovery_last_finding) : null],
         [t("id"), el("code", { text: a.dispatch_id })],
       ])));
