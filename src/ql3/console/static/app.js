@@ -95,7 +95,7 @@
       resolve_confirm: "Record approved action {id} as {outcome}? This is final; the action is never retried.",
       resolved: "Action {id} closed as {status}.", resolve_role: "Only approvers and admins resolve actions.",
       recovery_required_n: "{n} approved actions need a person.", eligible: "Eligible", lease_expires: "Lease expires",
-      completed: "Completed", last_tried: "Last tried", p_require: "require", p_prefer: "prefer",
+      completed: "Completed", last_tried: "Last tried", p_require: "require", p_prefer: "prefer", oldest_blocked: "Oldest blocked",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -158,7 +158,7 @@
       resolve_confirm: "将已批准操作 {id} 记录为“{outcome}”？此操作不可撤销，该操作不会重试。",
       resolved: "操作 {id} 已关闭为 {status}。", resolve_role: "只有审批者和管理员可以处理操作。",
       recovery_required_n: "{n} 个已批准操作需要人工处理。", eligible: "可执行时间", lease_expires: "租约到期",
-      completed: "完成时间", last_tried: "上次尝试时间", p_require: "要求", p_prefer: "优先",
+      completed: "完成时间", last_tried: "上次尝试时间", p_require: "要求", p_prefer: "优先", oldest_blocked: "最早阻塞时间",
     },
   };
   // Labels for the values the API returns (statuses, event types, triggers, results...). The value
@@ -1308,7 +1308,7 @@
     };
     const drawSummary = (health) => put(summaryBox, el("p", {}, vbadge("assessment", health.assessment)),
       fields([[t("h_blocked"), String(health.dispatches.blocked)], [t("h_pending"), String(health.dispatches.pending)],
-        [t("h_due"), String(health.signals.due)], [t("blocked_at"), when(health.oldestBlockedAtMs)]]));
+        [t("h_due"), String(health.signals.due)], [t("oldest_blocked"), when(health.oldestBlockedAtMs)]]));
     const draw = () => {
       if (!current(mine)) return;
       put(listBox, table([t("run"), t("task"), t("blocked_at"), t("blocked_reason"), t("dispatch_attempts"),
