@@ -127,7 +127,8 @@ def test_rearm_a_blocked_cancellation_in_the_ui(start: Any, open_page: Any) -> N
         page.click("#ov-health ~ p a[href='#/cancellations']")
         row = page.locator(f"tr[data-id='{run['id']}']")
         expect(row.locator("[data-result=identity_mismatch]")).to_be_visible()
-        expect(row).to_contain_text(str(blocked["dispatch"]["version"]))
+        expect(row.locator("[data-fact=version]")).to_have_text(str(blocked["dispatch"]["version"]))
+        expect(row.locator("[data-fact=attempts]")).to_have_text(str(blocked["dispatch"]["dispatchCount"]))
 
         # A Rearm confirmed after the dispatch moved on is refused (409): exact version and result
         row.locator("[data-action=rearm]").click()
@@ -157,7 +158,9 @@ def test_rearm_a_blocked_cancellation_in_the_ui(start: Any, open_page: Any) -> N
         # On the run's page: the card shows the reason, attempts and the version; declining changes nothing
         page.goto(f"{console.url}/#/runs/{run['id']}")
         card = page.locator("#run-cancellation")
-        expect(card).to_contain_text(str(again["dispatch"]["dispatchCount"]))
+        expect(card.locator("[data-fact=attempts]")).to_have_text(str(again["dispatch"]["dispatchCount"]))
+        expect(card.locator("[data-fact=version]")).to_have_text(str(again["dispatch"]["version"]))
+        assert again["dispatch"]["dispatchCount"] == blocked["dispatch"]["dispatchCount"] + 1
         expect(card.locator("[data-result=identity_mismatch]")).to_be_visible()
         page.fill("#rearm-delay", "1")
         page.click("#rearm")

@@ -1274,10 +1274,10 @@
       [t("dispatch_status"), d ? vbadge("dispatch", d.status) : t("no_dispatch")],
       [t(blocked ? "blocked_reason" : "last_result"),
         d && d.lastResult ? el("span", { "data-result": d.lastResult, text: lbl("result", d.lastResult) }) : null],
-      [t("dispatch_attempts"), d ? String(d.dispatchCount) : null],
+      [t("dispatch_attempts"), d ? el("span", { "data-fact": "attempts", text: d.dispatchCount }) : null],
       [t("last_tried"), d ? when(d.lastDispatchedAtMs) : null],
       [t("next_attempt"), d ? when(d.nextAttemptAtMs) : null],
-      [t("dispatch_version"), d ? String(d.version) : null],
+      [t("dispatch_version"), d ? el("span", { "data-fact": "version", text: d.version }) : null],
       [t("operator_action"), lbl("operator_action", view.operatorAction)],
     ])];
     if (blocked && can("run.stop")) {
@@ -1322,8 +1322,8 @@
             run.task_name ? link("#/tasks/" + enc(run.task_name), run.task_name) : short(run.task_id),
             when(item.blockedAtMs),
             d && d.lastResult ? el("span", { "data-result": d.lastResult, text: lbl("result", d.lastResult) }) : "",
-            d ? String(d.dispatchCount) : "",
-            d ? String(d.version) : "",
+            d ? el("span", { "data-fact": "attempts", text: d.dispatchCount }) : "",
+            d ? el("span", { "data-fact": "version", text: d.version }) : "",
             d ? whenRel(d.nextAttemptAtMs) : "",
             facts.operatorAction === "rearm" && d && can("run.stop") ? rearmButton(run, facts, delay, reload) : lbl("operator_action", facts.operatorAction),
           ],
