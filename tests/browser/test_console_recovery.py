@@ -114,12 +114,17 @@ def test_rearm_a_blocked_cancellation_in_the_ui(start: Any, open_page: Any) -> N
         blocked = _blocked(console, run["id"])
         assert blocked["dispatch"]["lastResult"] == "identity_mismatch"
 
-        # Then a viewer sees why, but is not offered Rearm
-        viewer = open_page()
+        # Then a viewer, on a phone, sees why, but is not offered Rearm
+        viewer = open_page(width=390, height=844, is_mobile=True, has_touch=True)
         sign_in(viewer, console, console.viewer, f"#/runs/{run['id']}")
         card = viewer.locator("#run-cancellation")
         expect(card.locator("[data-result=identity_mismatch]")).to_be_visible()
         assert card.locator("[data-action=rearm]").count() == 0
+        assert viewer.evaluate("document.documentElement.scrollWidth") <= 390
+        viewer.goto(f"{console.url}/#/cancellations")
+        expect(viewer.locator(f"tr[data-id='{run['id']}'] [data-result=identity_mismatch]")).to_be_visible()
+        assert viewer.locator("[data-action=rearm]").count() == 0
+        assert viewer.evaluate("document.documentElement.scrollWidth") <= 390
 
         # The owner finds it from the overview's health card, on the blocked list
         page = open_page()
