@@ -21,7 +21,20 @@ from tests.browser.conftest import Console, sign_in
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "console-overview.png"
-PAGES = ("#/", "#/tasks", "#/runs", "#/approvals", "#/workers", "#/tokens")
+PAGES = ("#/", "#/tasks", "#/runs", "#/approvals", "#/actions", "#/cancellations", "#/workers", "#/tokens")
+RUN_STATUSES = (
+    "created",
+    "queued",
+    "dispatching",
+    "running",
+    "waiting_approval",
+    "retry_wait",
+    "lost",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "timed_out",
+)
 
 
 def _wait_for_status(
@@ -342,6 +355,53 @@ def test_an_unreachable_server_is_said_not_shown_as_stale_green(console: Console
 
     page.context.set_offline(False)
     page.wait_for_selector("#offline", state="hidden", timeout=30_000)
+
+
+def test_statuses_event_types_and_triggers_are_labelled_in_chinese_at_390_px(
+    console: Console, open_page: Any
+) -> None:
+    _task(console, "zh-exit", "echo 出错了; exit 2")
+    run = _start(console, "zh-exit")
+    _wait_for_status(console, run["id"], {"failed"})
+    page = open_page(width=390, height=844, is_mobile=True, has_touch=True, locale="zh-CN")
+    sign_in(page, console, console.owner, "#/runs?status=failed")
+
+    # The list: the status and the trigger are Chinese labels; the API value stays in data-value
+    row = page.locator(f"tr[data-id='{run['id']}']")
+    expect(row.locator(".badge")).to_have_text("失败")
+    assert row.locator(".badge").get_attribute("data-value") == "failed"
+    expect(row).to_contain_text("手动")
+    # The status filter sends the API's values under Chinese labels, one for every run status
+    options = page.locator("select[name=status] option")
+    values = options.evaluate_all("os => os.map(o => o.value)")
+    labels = options.evaluate_all("os => os.map(o => o.textContent)")
+    assert set(RUN_STATUSES) <= set(values)
+    for value, label in zip(values, labels, strict=True):
+        assert not re.search(r"[a-z]", label), f"status {value!r} is labelled {label!r}"
+    page.select_option("select[name=status]", "succeeded")
+    page.wait_for_url("**/#/runs?status=succeeded")
+
+    # The run: status badge and every event type in Chinese, the type itself kept in data-type
+    page.goto(f"{console.url}/#/runs/{run['id']}")
+    expect(page.locator("main h1 .badge")).to_have_text("失败")
+    expect(page.locator("#run-events li[data-type='run.created'] .event-type")).to_have_text("运行已创建")
+    expect(page.locator("#run-events li[data-type='run.failed']")).to_have_count(1)
+    events = page.locator("#run-events li")
+    for i in range(events.count()):
+        kind = events.nth(i).get_attribute("data-type")
+        label = events.nth(i).locator(".event-type").inner_text()
+        assert kind and not re.search(r"[a-z]", label), f"event {kind!r} is labelled {label!r}"
+    main = page.inner_text("main").replace("zh-exit", "")
+    english = [s for s in RUN_STATUSES if re.search(rf"\b{s}\b", main)]
+    assert english == [], f"English status words on the run page: {english}"
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+    # Workers, approvals and actions label their states too
+    page.goto(f"{console.url}/#/workers")
+    expect(page.locator("main .badge[data-value=online]")).to_have_text("在线")
+    page.goto(f"{console.url}/#/actions")
+    page.wait_for_selector("main h1")
+    assert page.locator("main h1").inner_text() == "已批准的操作"
 
 
 def test_drain_a_worker_from_the_ui(console: Console, open_page: Any) -> None:

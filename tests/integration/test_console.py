@@ -160,6 +160,12 @@ def test_the_api_routes_the_console_uses_exist(client: TestClient) -> None:
         "/api/v1/projects/{project}/workers": '"/workers"',
         "/api/v1/workers/{worker_id}/drain": '"/drain"',
         "/api/v1/projects/{project}/cancellation/summary": '"/cancellation/summary"',
+        "/api/v1/projects/{project}/cancellation/blocked": '"/cancellation/blocked"',
+        "/api/v1/projects/{project}/runs/{run_id}/cancellation": '"/cancellation"))',
+        "/api/v1/projects/{project}/runs/{run_id}/cancellation/rearm": '"/cancellation/rearm"',
+        "/api/v1/projects/{project}/actions": '"/actions?limit=50"',
+        "/api/v1/projects/{project}/actions/{dispatch_id}": 'pp("/actions/" + enc(id))',
+        "/api/v1/projects/{project}/actions/{dispatch_id}/resolve": '"/resolve"',
         "/api/v1/projects/{project}/tokens": 'pp("/tokens")',
     }
     for route, fragment in used.items():

@@ -17,9 +17,9 @@
   const PERMS = {
     viewer: ["run.read", "task.read", "worker.read"],
     operator: ["run.read", "task.read", "worker.read", "run.create", "run.stop", "task.write"],
-    approver: ["run.read", "task.read", "worker.read", "approval.decide"],
+    approver: ["run.read", "task.read", "worker.read", "approval.decide", "approval.recover"],
     admin: ["run.read", "task.read", "worker.read", "run.create", "run.stop", "task.write", "approval.decide",
-      "token.create", "worker.manage", "project.admin"],
+      "approval.recover", "token.create", "worker.manage", "project.admin"],
   };
   const REFRESH_MS = 5000;
   const LOG_POLL_MS = 1000;
@@ -38,7 +38,7 @@
       running_now: "Running now", failed_24h: "Failed or timed out, last 24 h", next_fires: "Next cron fires",
       pending_approvals: "Pending approvals", capacity: "Worker capacity", slots_busy: "{busy} of {slots} slots busy, {online} online",
       health: "Cancellation health", health_wait: "Cancellations are in progress; they converge on their own.",
-      health_inspect: "Some cancellations are blocked: inspect them with `ql3 run blocked`.",
+      health_inspect: "Some cancellations are blocked: open them to rearm (or `ql3 run blocked`).",
       nothing_running: "Nothing is running.", no_failures: "No failures in the last 24 hours.",
       no_cron: "No task has a schedule.", no_pending: "Nothing waits for approval.", no_workers: "No worker is registered.",
       new_task: "New task", name: "Name", revision: "Revision", enabled: "Enabled", disabled: "Disabled",
@@ -76,6 +76,26 @@
       revoke_confirm: "Revoke token {name}? Requests with it fail at once.", no_tokens: "No tokens.",
       new_token: "New token", token_shown_once: "The token, shown once:", never: "never", admin_only: "Only admins manage tokens.",
       not_found: "Not found.", loading: "Loading…", page_missing: "No such page.",
+      filters: "Filters", id: "Id", decided_by: "Decided by", decided_at: "Decided",
+      h_blocked: "Blocked", h_pending: "Pending", h_due: "Signals due", open_blocked: "Blocked cancellations",
+      cancellation: "Cancellation", blocked_title: "Blocked cancellations", no_blocked: "No cancellation is blocked.",
+      blocked_at: "Blocked", dispatch_status: "Dispatch", blocked_reason: "Blocked because", dispatch_attempts: "Attempts",
+      last_result: "Last result", next_attempt: "Next attempt", dispatch_version: "Version", operator_action: "Next step",
+      cancel_requested_at: "Cancel requested", rearm: "Rearm", rearm_delay: "Retry in (s)",
+      rearm_hint: "The process could not be proven to be the run's, so no signal was sent. Rearm only once you know why: the next try checks the identity again.",
+      rearm_confirm: "Rearm the cancellation of run {id}? It is blocked with {result} at version {version}; the stop is tried again in {delay} s.",
+      rearmed: "Cancellation of run {id} rearmed: next try {when}.",
+      stale: "It changed since it was shown ({reason}); here it is as it is now.",
+      more: "More", no_dispatch: "No stop signal has been tried yet.",
+      nav_actions: "Actions", actions_title: "Approved actions", no_actions: "No approved actions.",
+      action: "Action", action_type: "Type", attempts: "Attempts", result: "Result", updated: "Updated",
+      recovery: "Recovery", recovery_finding: "Last finding", version: "Version", approval_request: "Approval request",
+      needs_person: "Needs a person", resolve: "Resolve", outcome: "What really happened", reason_code: "Reason code",
+      resolve_hint: "The handler may have run, but its outcome could not be proven. It is never retried: state what happened. This is final.",
+      resolve_confirm: "Record approved action {id} as {outcome}? This is final; the action is never retried.",
+      resolved: "Action {id} closed as {status}.", resolve_role: "Only approvers and admins resolve actions.",
+      recovery_required_n: "{n} approved actions need a person.", eligible: "Eligible", lease_expires: "Lease expires",
+      completed: "Completed", last_tried: "Last tried", p_require: "require", p_prefer: "prefer", oldest_blocked: "Oldest blocked",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -85,7 +105,7 @@
       signed_in_as: "已登录：{name}（{role}）", signed_in_role: "已登录（{role}）",
       running_now: "正在运行", failed_24h: "最近 24 小时失败或超时", next_fires: "即将触发的定时任务",
       pending_approvals: "待审批", capacity: "工作节点容量", slots_busy: "{slots} 个槽位中 {busy} 个占用，{online} 个在线",
-      health: "取消状态", health_wait: "取消正在进行，会自行完成。", health_inspect: "有取消被阻塞：请用 `ql3 run blocked` 检查。",
+      health: "取消状态", health_wait: "取消正在进行，会自行完成。", health_inspect: "有取消被阻塞：打开列表重新启用（或用 `ql3 run blocked`）。",
       nothing_running: "没有正在运行的任务。", no_failures: "最近 24 小时没有失败。", no_cron: "没有定时任务。",
       no_pending: "没有待审批的请求。", no_workers: "没有注册的工作节点。",
       new_task: "新建任务", name: "名称", revision: "版本", enabled: "已启用", disabled: "已禁用", cron: "定时",
@@ -119,6 +139,76 @@
       revoked: "已吊销", revoke: "吊销", active: "有效", revoke_confirm: "吊销令牌 {name}？使用它的请求会立即失败。",
       no_tokens: "没有令牌。", new_token: "新建令牌", token_shown_once: "令牌（仅显示一次）：", never: "从不",
       admin_only: "只有管理员可以管理令牌。", not_found: "未找到。", loading: "加载中…", page_missing: "没有这个页面。",
+      filters: "筛选", id: "编号", decided_by: "决定人", decided_at: "决定时间",
+      h_blocked: "已阻塞", h_pending: "待发送", h_due: "待发送信号", open_blocked: "被阻塞的取消",
+      cancellation: "取消", blocked_title: "被阻塞的取消", no_blocked: "没有被阻塞的取消。",
+      blocked_at: "阻塞时间", dispatch_status: "信号发送", blocked_reason: "阻塞原因", dispatch_attempts: "尝试次数",
+      last_result: "上次结果", next_attempt: "下次尝试", dispatch_version: "版本号", operator_action: "下一步",
+      cancel_requested_at: "请求取消时间", rearm: "重新启用", rearm_delay: "重试间隔（秒）",
+      rearm_hint: "无法证明该进程属于这次运行，所以没有发送信号。请在查明原因后再重新启用：下次尝试会再次核对进程身份。",
+      rearm_confirm: "重新启用运行 {id} 的取消？它因 {result} 在版本 {version} 被阻塞；{delay} 秒后再次尝试停止。",
+      rearmed: "运行 {id} 的取消已重新启用：下次尝试 {when}。",
+      stale: "显示之后它已改变（{reason}）；以下是当前状态。",
+      more: "更多", no_dispatch: "还没有尝试发送停止信号。",
+      nav_actions: "已批准操作", actions_title: "已批准的操作", no_actions: "没有已批准的操作。",
+      action: "操作", action_type: "类型", attempts: "尝试次数", result: "结果", updated: "更新时间",
+      recovery: "恢复", recovery_finding: "最近的发现", version: "版本号", approval_request: "审批请求",
+      needs_person: "需要人工处理", resolve: "处理", outcome: "实际结果", reason_code: "原因代码",
+      resolve_hint: "处理程序可能已经执行，但无法证明结果。它永远不会重试：请说明实际发生了什么。此操作不可撤销。",
+      resolve_confirm: "将已批准操作 {id} 记录为“{outcome}”？此操作不可撤销，该操作不会重试。",
+      resolved: "操作 {id} 已关闭为 {status}。", resolve_role: "只有审批者和管理员可以处理操作。",
+      recovery_required_n: "{n} 个已批准操作需要人工处理。", eligible: "可执行时间", lease_expires: "租约到期",
+      completed: "完成时间", last_tried: "上次尝试时间", p_require: "要求", p_prefer: "优先", oldest_blocked: "最早阻塞时间",
+    },
+  };
+  // Labels for the values the API returns (statuses, event types, triggers, results...). The value
+  // itself never changes: it stays in data-value / title and in every request; only its label does.
+  // English shows the value as the API spells it, except where a word is needed.
+  const VALUE_LABELS = {
+    en: {
+      outcome: { succeeded: "succeeded", failed: "failed", abandoned: "abandoned (outcome unknown)" },
+    },
+    zh: {
+      status: { created: "已创建", queued: "排队中", dispatching: "分派中", running: "运行中", waiting_approval: "等待审批",
+        retry_wait: "等待重试", lost: "失联", succeeded: "成功", failed: "失败", cancelled: "已取消", timed_out: "超时",
+        claimed: "已领取", starting: "启动中" },
+      trigger: { manual: "手动", cron: "定时", approval: "审批后", retry: "重新运行", approved_action: "审批后", schedule: "定时" },
+      approval: { pending: "待审批", approved: "已批准", rejected: "已拒绝", consumed: "已执行", expired: "已过期" },
+      action: { pending: "待执行", leased: "已领取", executing: "执行中", retry_wait: "等待重试", succeeded: "成功",
+        failed: "失败", blocked: "已阻塞", recovery_required: "需要人工恢复" },
+      worker: { online: "在线", draining: "排空中", expired: "已失效", offline: "离线" },
+      assessment: { clear: "正常", converging: "进行中", attention_required: "需要处理" },
+      dispatch: { pending: "待发送", leased: "发送中", retry_wait: "等待重试", dispatched: "已发送", blocked: "已阻塞" },
+      result: { identity_mismatch: "进程身份不符", pid_mismatch: "进程号不符", unsupported: "不支持", invalid: "无效",
+        controller_missing: "控制器缺失", handle_missing: "进程句柄缺失", dispatch_error: "发送出错",
+        termination_requested: "已请求终止", already_exited: "进程已退出" },
+      event: {
+        "run.created": "运行已创建", "run.queued": "已排队", "run.dispatching": "分派中", "run.running": "开始运行",
+        "run.waiting_approval": "等待审批", "run.retry_wait": "等待重试", "run.lost": "失联", "run.succeeded": "运行成功",
+        "run.failed": "运行失败", "run.cancelled": "已取消", "run.timed_out": "运行超时",
+        "run.cancel_requested": "已请求取消", "run.cancel_dispatched": "已发送停止信号",
+        "run.cancel_dispatch_failed": "停止信号发送失败（将重试）", "run.cancel_dispatch_blocked": "取消被阻塞",
+        "run.cancel_dispatch_rearmed": "取消已重新启用",
+        "attempt.claimed": "尝试已领取", "attempt.starting": "尝试启动中", "attempt.running": "尝试运行中",
+        "attempt.succeeded": "尝试成功", "attempt.failed": "尝试失败", "attempt.cancelled": "尝试已取消",
+        "attempt.timed_out": "尝试超时", "attempt.lost": "尝试失联", "attempt.late_callback_ignored": "忽略迟到的回调",
+      },
+      event_key: { attempt: "尝试", exit_code: "退出码", error_code: "错误", reason: "原因", result: "结果",
+        outcome: "结果", trigger_type: "触发方式", task_revision: "版本" },
+      actor: { user: "用户", system: "系统", worker: "工作节点", scheduler: "调度器" },
+      reason: { not_expected: "不在预期内", wrong_revision: "版本不对", bad_timing: "时机不当", needs_review: "需要审查",
+        other: "其他", approved: "已批准" },
+      outcome: { succeeded: "成功", failed: "失败", abandoned: "放弃（结果未知）" },
+      waiting: { no_matching_worker: "没有匹配的工作节点", no_free_slot: "没有空闲槽位", worker_draining: "工作节点正在排空",
+        no_worker: "没有工作节点", queued: "排队中" },
+      cancel_reason: { user: "用户", policy: "策略", shutdown: "关闭", reconcile: "对账", timeout: "超时" },
+      overlap: { allow: "允许", skip: "跳过", cancel_previous: "取消上一次" },
+      misfire: { skip: "跳过", fire_once: "补触发一次" },
+      approval_policy: { none: "无需审批", required: "需要审批" },
+      operator_action: { rearm: "重新启用", wait: "等待", none: "无", inspect: "检查" },
+      recovery: { armed: "自动检查中", manual: "等待人工", resolved: "已解决" },
+      finding: { verified_succeeded: "已确认成功", verified_failed: "已确认失败", still_running: "仍在运行", missing: "缺失",
+        conflict: "冲突", unsupported: "不支持", unavailable: "不可用" },
     },
   };
   let lang = prefs.getItem("ql3.lang") || ((navigator.language || "en").toLowerCase().startsWith("zh") ? "zh" : "en");
@@ -128,6 +218,13 @@
     let s = (I18N[lang] && I18N[lang][key]) || I18N.en[key] || key;
     if (vars) for (const [k, v] of Object.entries(vars)) s = s.split("{" + k + "}").join(String(v));
     return s;
+  }
+
+  // The label of an API value of a kind ("status", "event", ...); the value itself when there is none.
+  function lbl(kind, value) {
+    if (value === null || value === undefined) return "";
+    const table = VALUE_LABELS[lang] && VALUE_LABELS[lang][kind];
+    return (table && table[value]) || String(value);
   }
 
   // --- DOM helpers ----------------------------------------------------------------------------------
@@ -155,9 +252,12 @@
   }
 
   function link(href, label, cls) { return el("a", { href: href, class: cls, text: label }); }
+  // A value as a badge: the class and data-value carry the API value, the text its label.
   function badge(value, label) {
-    return el("span", { class: "badge badge-" + String(value).replace(/[^a-z_]/g, ""), text: label || value });
+    return el("span", { class: "badge badge-" + String(value).replace(/[^a-z_]/g, ""), "data-value": value,
+      text: label || value });
   }
+  function vbadge(kind, value) { return badge(value, lbl(kind, value)); }
   function btn(label, onClick, cls, extra) {
     return el("button", Object.assign({ type: "button", class: cls, text: label, onclick: onClick }, extra || {}));
   }
@@ -240,10 +340,11 @@
 
   // --- the API --------------------------------------------------------------------------------------
   class ApiError extends Error {
-    constructor(status, code, message) {
+    constructor(status, code, message, details) {
       super(code + ": " + message);
       this.status = status;
       this.code = code;
+      this.details = details || {};
     }
   }
 
@@ -274,7 +375,7 @@
     if (!resp.ok) {
       const err = data && data.error;
       if (resp.status === 401) signedOut();
-      if (err && err.code) throw new ApiError(resp.status, String(err.code), String(err.message || ""));
+      if (err && err.code) throw new ApiError(resp.status, String(err.code), String(err.message || ""), err.details);
       throw new ApiError(resp.status, "http_" + resp.status, resp.statusText || "request failed");
     }
     return { status: resp.status, body: data };
@@ -396,6 +497,8 @@
           : parts[1] ? pageTask(view, mine, parts[1]) : pageTasks(view, mine),
       runs: () => parts[1] ? pageRun(view, mine, parts[1]) : pageRuns(view, mine, params),
       approvals: () => pageApprovals(view, mine),
+      actions: () => parts[1] ? pageAction(view, mine, parts[1]) : pageActions(view, mine),
+      cancellations: () => pageCancellations(view, mine),
       workers: () => pageWorkers(view, mine),
       tokens: () => pageTokens(view, mine),
     };
@@ -467,18 +570,19 @@
   // --- overview -------------------------------------------------------------------------------------
   async function pageOverview(view, mine) {
     const since = Date.now() - RANGES["24h"];
-    const [running, failed, taskPage, pending, workers, health] = await Promise.all([
+    const [running, failed, taskPage, pending, workers, health, actions] = await Promise.all([
       get(pp("/runs?status=running,dispatching&limit=20")),
       get(pp("/runs?status=failed,timed_out&since=" + Math.floor(since) + "&limit=20")),
       get(pp("/tasks?limit=200")),
       get(pp("/approvals?state=pending&limit=100")),
       get(pp("/workers")),
       get(pp("/cancellation/summary")),
+      get(pp("/actions?limit=100")),
     ]);
     if (!current(mine)) return;
     const runList = (items, emptyKey) => items.length === 0 ? el("p", { class: "muted", text: t(emptyKey) })
       : el("ul", {}, items.slice(0, 8).map((r) => el("li", {}, link("#/runs/" + enc(r.id), r.task_name || short(r.task_id)),
-        " ", badge(r.status), " ", el("span", { class: "muted", text: relTime(r.created_at_ms) }))));
+        " ", vbadge("status", r.status), " ", el("span", { class: "muted", text: relTime(r.created_at_ms) }))));
     const fires = taskPage.items.filter((x) => x.next_fire_at_ms && x.enabled)
       .sort((a, b) => a.next_fire_at_ms - b.next_fire_at_ms).slice(0, 6);
     const slots = workers.items.reduce((n, w) => n + (w.slots ?? w.max_concurrent_runs ?? 0), 0);
@@ -499,10 +603,20 @@
         workers.items.length === 0 ? el("p", { class: "muted", text: t("no_workers") })
           : [el("div", { class: "stat", text: busy + " / " + slots }), el("p", { class: "muted", text: t("slots_busy", { busy: busy, slots: slots, online: online }) })]),
     ];
+    // approved actions whose outcome could not be proven wait for a person (newest 100 looked at)
+    const stuck = actions.items.filter((a) => a.effective_status === "recovery_required");
+    if (stuck.length) {
+      cards.push(el("section", { "aria-labelledby": "ov-actions", class: "attention" },
+        el("h2", { id: "ov-actions" }, link("#/actions", t("needs_person"))),
+        el("div", { class: "stat", text: stuck.length }),
+        el("p", { text: t("recovery_required_n", { n: stuck.length }) }),
+        el("ul", {}, stuck.slice(0, 5).map((a) => el("li", {}, link("#/actions/" + enc(a.dispatch_id), short(a.dispatch_id), "mono"))))));
+    }
     if (health.assessment !== "clear") {
       cards.push(el("section", { "aria-labelledby": "ov-health", class: "attention" }, el("h2", { id: "ov-health", text: t("health") }),
-        badge(health.assessment), el("p", { text: health.operatorAction === "wait" ? t("health_wait") : t("health_inspect") }),
-        fields([["blocked", health.dispatches.blocked], ["pending", health.dispatches.pending], ["due", health.signals.due]])));
+        vbadge("assessment", health.assessment), el("p", { text: health.operatorAction === "wait" ? t("health_wait") : t("health_inspect") }),
+        fields([[t("h_blocked"), health.dispatches.blocked], [t("h_pending"), health.dispatches.pending], [t("h_due"), health.signals.due]]),
+        el("p", {}, link("#/cancellations", t("open_blocked")))));
     }
     put(view, el("h1", { text: t("nav_overview") }), el("div", { class: "grid" }, cards));
     setRefresh(() => pageOverview(view, mine));
@@ -578,7 +692,7 @@
   function placement(task) {
     const req = Object.entries(task.require || {}).map(([k, v]) => k + "=" + v).join(", ");
     const pref = (task.prefer || []).map((p) => Object.entries(p.labels).map(([k, v]) => k + "=" + v).join(",") + ":" + p.weight).join("; ");
-    return [req ? "require " + req : "", pref ? "prefer " + pref : ""].filter(Boolean).join(" · ") || t("none");
+    return [req ? t("p_require") + " " + req : "", pref ? t("p_prefer") + " " + pref : ""].filter(Boolean).join(" · ") || t("none");
   }
 
   function commandView(task) {
@@ -599,8 +713,8 @@
         cells: [
           link("#/runs/" + enc(r.id), short(r.id), "mono"),
           r.task_name ? link("#/tasks/" + enc(r.task_name), r.task_name) : short(r.task_id),
-          el("span", {}, badge(r.status), r.waiting_reason ? el("span", { class: "muted", text: " " + t("waiting", { reason: r.waiting_reason }) }) : null),
-          r.trigger || r.trigger_type,
+          el("span", {}, vbadge("status", r.status), r.waiting_reason ? el("span", { class: "muted", text: " " + t("waiting", { reason: lbl("waiting", r.waiting_reason) }) }) : null),
+          lbl("trigger", r.trigger || r.trigger_type),
           r.attempt ?? "",
           when(r.created_at_ms),
           whenRel(r.started_at_ms),
@@ -651,9 +765,10 @@
         [t("timeout"), seconds(task.timeout_ms)],
         [t("grace"), seconds(task.grace_ms)],
         [t("placement"), placement(task)],
-        [t("overlap"), task.overlap], [t("misfire"), task.misfire], [t("approval"), task.approval],
+        [t("overlap"), lbl("overlap", task.overlap)], [t("misfire"), lbl("misfire", task.misfire)],
+        [t("approval"), lbl("approval_policy", task.approval)],
         [t("max_attempts"), task.max_attempts],
-        [t("run_history"), last ? el("span", {}, badge(last.status), " ", when(last.finished_at_ms || last.created_at_ms)) : null],
+        [t("run_history"), last ? el("span", {}, vbadge("status", last.status), " ", when(last.finished_at_ms || last.created_at_ms)) : null],
       ])),
       el("section", { "aria-labelledby": "task-runs" }, el("h2", { id: "task-runs" }, link("#/runs?task=" + enc(task.name), t("run_history"))),
         runsTable(history.items)),
@@ -679,8 +794,9 @@
     if (!current(mine)) return;
     const editing = Boolean(editRef);
     const input = (name, value, attrs) => el("input", Object.assign({ name: name, value: value ?? "" }, attrs || {}));
+    const kinds = { overlap: "overlap", misfire: "misfire", approval: "approval_policy" };
     const select = (name, options, value) => el("select", { name: name },
-      options.map((o) => el("option", { value: o, text: o, selected: o === value })));
+      options.map((o) => el("option", { value: o, text: lbl(kinds[name], o), selected: o === value })));
     const f = {
       name: input("name", cloneRef && base ? base.name + "-copy" : "", { required: true, pattern: "[A-Za-z0-9][A-Za-z0-9._\\-]*", maxlength: 128 }),
       command: el("textarea", { name: "command", rows: 3, required: true }),
@@ -775,11 +891,11 @@
     const opt = (value, label, selected) => el("option", { value: value, text: label, selected: selected });
     const statusSel = el("select", { name: "status", "aria-label": t("status"), onchange: (e) => setParam("status", e.target.value) },
       opt("", t("any")), opt("failed,timed_out", t("failed_or_timed_out"), params.get("status") === "failed,timed_out"),
-      STATUSES.map((s) => opt(s, s, params.get("status") === s)));
+      STATUSES.map((s) => opt(s, lbl("status", s), params.get("status") === s)));
     const taskSel = el("select", { name: "task", "aria-label": t("task"), onchange: (e) => setParam("task", e.target.value) },
       opt("", t("any")), tasks.map((x) => opt(x.name, x.name, params.get("task") === x.name)));
     const triggerSel = el("select", { name: "trigger", "aria-label": t("trigger"), onchange: (e) => setParam("trigger", e.target.value) },
-      opt("", t("any")), TRIGGERS.map((x) => opt(x, x, params.get("trigger") === x)));
+      opt("", t("any")), TRIGGERS.map((x) => opt(x, lbl("trigger", x), params.get("trigger") === x)));
     const range = params.get("range") || "";
     const rangeSel = el("select", { name: "range", "aria-label": t("time_range"), onchange: (e) => setParam("range", e.target.value) },
       opt("", t("any")), Object.keys(RANGES).map((r) => opt(r, t("last", { range: r }), range === r)), opt("custom", t("custom"), range === "custom"));
@@ -787,7 +903,7 @@
       el("label", {}, t("since"), el("input", { type: "datetime-local", name: "since", value: params.get("since") || "", onchange: (e) => setParam("since", e.target.value) })),
       el("label", {}, t("until"), el("input", { type: "datetime-local", name: "until", value: params.get("until") || "", onchange: (e) => setParam("until", e.target.value) })),
     ] : [];
-    const filters = el("form", { class: "filters", "aria-label": "filters", onsubmit: (e) => e.preventDefault() },
+    const filters = el("form", { class: "filters", "aria-label": t("filters"), onsubmit: (e) => e.preventDefault() },
       el("label", {}, t("status"), statusSel), el("label", {}, t("task"), taskSel), el("label", {}, t("trigger"), triggerSel),
       el("label", {}, t("time_range"), rangeSel), custom);
     const holder = el("div");
@@ -935,12 +1051,14 @@
   function eventLine(ev) {
     const p = ev.payload || {};
     const bits = [];
-    if (p.from && p.to) bits.push(p.from + " → " + p.to);
+    if (p.from && p.to) bits.push(lbl("status", p.from) + " → " + lbl("status", p.to));
+    const valueKind = { reason: "cancel_reason", result: "result", outcome: "outcome", trigger_type: "trigger" };
     for (const key of ["attempt", "exit_code", "error_code", "reason", "result", "outcome", "trigger_type", "task_revision"]) {
-      if (p[key] !== undefined && p[key] !== null) bits.push(key + "=" + p[key]);
+      if (p[key] !== undefined && p[key] !== null) bits.push(lbl("event_key", key) + "=" + (valueKind[key] ? lbl(valueKind[key], p[key]) : p[key]));
     }
-    return el("li", {}, el("strong", { text: ev.type }), " ", when(ev.created_at_ms), " ",
-      el("span", { class: "muted", text: ev.actor_type + (bits.length ? " · " + bits.join(", ") : "") }));
+    return el("li", { "data-type": ev.type }, el("strong", { class: "event-type", title: ev.type, text: lbl("event", ev.type) }), " ",
+      when(ev.created_at_ms), " ",
+      el("span", { class: "muted", text: lbl("actor", ev.actor_type) + (bits.length ? " · " + bits.join(", ") : "") }));
   }
 
   async function pageRun(view, mine, runId) {
@@ -949,8 +1067,26 @@
     const title = el("h1");
     const facts = el("div");
     const actions = el("p", { class: "actions" });
-    const timeline = el("ol", { class: "timeline" });
+    const timeline = el("ol", { class: "timeline", id: "run-events" });
     const pre = el("pre", { class: "log", tabindex: "0", "aria-label": t("log"), id: "run-log" });
+    // The cancellation card: shown once a cancel was asked for, re-read with the run's facts.
+    const cancelBox = el("section", { "aria-labelledby": "cx-title", id: "run-cancellation", hidden: true });
+    const delay = delayInput();
+    delay.id = "rearm-delay";
+    const drawCancellation = async () => {
+      if (!run.cancel_requested_at_ms) { cancelBox.hidden = true; return; }
+      // a delay being typed or an open confirmation is not wiped by the poll
+      if (cancelBox.contains(document.activeElement) || $("confirm").open) return;
+      const facts = await get(pp("/runs/" + enc(run.id) + "/cancellation"));
+      if (!current(mine) || cancelBox.contains(document.activeElement) || $("confirm").open) return;
+      put(cancelBox, el("h2", { id: "cx-title", text: t("cancellation") }), cancellationFacts(run, facts, delay, async () => {
+        run = await get(pp("/runs/" + enc(run.id)));
+        if (!current(mine)) return;
+        drawFacts();
+        await drawCancellation();
+      }));
+      cancelBox.hidden = false;
+    };
     const search = el("input", { type: "search", placeholder: t("search"), "aria-label": t("search"), id: "log-search" });
     const matchInfo = el("span", { class: "muted", id: "log-matches" });
     const followState = el("span", { class: "muted", id: "log-follow" });
@@ -983,21 +1119,21 @@
       pauseBtn, jump, btn(t("download"), () => downloadLog(run).catch(fail), null, { id: "log-download" }), followState);
 
     const drawFacts = () => {
-      put(title, t("run") + " " + short(run.id) + " ", badge(run.status));
+      put(title, t("run") + " " + short(run.id) + " ", vbadge("status", run.status));
       put(facts, fields([
         [t("task"), run.task_name ? link("#/tasks/" + enc(run.task_name), run.task_name) : short(run.task_id)],
         [t("revision"), "r" + run.task_revision],
-        [t("trigger"), run.trigger || run.trigger_type],
+        [t("trigger"), lbl("trigger", run.trigger || run.trigger_type)],
         [t("attempt"), run.attempt],
-        [t("status"), el("span", {}, badge(run.status), run.waiting_reason ? " " + t("waiting", { reason: run.waiting_reason }) : "")],
+        [t("status"), el("span", {}, vbadge("status", run.status), run.waiting_reason ? " " + t("waiting", { reason: lbl("waiting", run.waiting_reason) }) : "")],
         [t("created"), when(run.created_at_ms)],
         [t("started"), when(run.started_at_ms)],
         [t("finished"), when(run.finished_at_ms)],
         [t("duration"), runDuration(run)],
         [t("exit"), run.exit_code],
         [t("error_code"), run.error_code],
-        [t("cancel_reason"), run.cancel_reason],
-        ["id", el("code", { text: run.id })],
+        [t("cancel_reason"), lbl("cancel_reason", run.cancel_reason)],
+        [t("id"), el("code", { text: run.id })],
       ]));
       const live = !TERMINAL.has(run.status);
       put(actions, 
@@ -1008,6 +1144,7 @@
             say(t("cancel_requested", { id: short(run.id) }));
             run = await get(pp("/runs/" + enc(run.id)));
             drawFacts();
+            await drawCancellation();
           } catch (e) { fail(e); }
         }, "danger", { id: "run-cancel" }) : null,
         can("run.create") ? btn(t("rerun"), () => startRun({ id: run.task_id, name: run.task_name }, run.id).catch(fail), null, { id: "run-rerun" }) : null);
@@ -1047,6 +1184,7 @@
           run = await get(pp("/runs/" + enc(run.id)));
           if (!current(mine)) return;
           drawFacts();
+          await drawCancellation();
           await pollEvents();
           await pollLog();
           if (follow.complete && current(mine)) {
@@ -1054,6 +1192,7 @@
             run = await get(pp("/runs/" + enc(run.id)));
             if (!current(mine)) return;
             drawFacts();
+            await drawCancellation();
             await pollEvents();
           }
         }
@@ -1065,7 +1204,9 @@
     cleanup.push(() => { if (follow.timer) clearTimeout(follow.timer); });
 
     drawFacts();
-    put(view, title, actions, el("section", {}, facts),
+    await drawCancellation();
+    if (!current(mine)) return;
+    put(view, title, actions, el("section", {}, facts), cancelBox,
       el("section", { "aria-labelledby": "log-title" }, el("h2", { id: "log-title", text: t("log") }), logBar, pre),
       el("section", { "aria-labelledby": "timeline-title" }, el("h2", { id: "timeline-title", text: t("timeline") }), timeline));
     await pollEvents();
@@ -1074,6 +1215,137 @@
       follow.complete = false; // a log read whole before the run's facts caught up: read both again
       follow.timer = setTimeout(loop, LOG_POLL_MS);
     }
+  }
+
+  // --- cancellation: its facts, and rearming a blocked one (what `ql3 run rearm` does) ---------------
+  // A client mutation id (the API replays the same id with the same input); getRandomValues works on
+  // plain http too, where crypto.randomUUID does not exist.
+  function mutationId() {
+    const bytes = new Uint8Array(16);
+    crypto.getRandomValues(bytes);
+    return "console." + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  function conflictText(e) {
+    return t("stale", { reason: (e.details && e.details.reason) || e.code });
+  }
+
+  function delayInput() {
+    return el("input", { type: "number", name: "rearm_delay", min: 1, max: 86400, step: "any", value: 60,
+      "aria-label": t("rearm_delay"), class: "delay" });
+  }
+
+  // Rearm sends exactly the dispatch version and blocking result on the page: a dispatch that moved on
+  // is a 409 from the API (shown, then re-read), never a rearm of something the user did not see.
+  function rearmButton(run, view, delay, onChange, extra) {
+    const d = view.dispatch;
+    return btn(t("rearm"), async () => {
+      const seconds = Number(delay.value);
+      if (!delay.checkValidity() || !(seconds >= 1 && seconds <= 86400)) {
+        say(t("rearm_delay") + ": 1–86400", true);
+        delay.focus();
+        return;
+      }
+      const expected = { version: d.version, result: d.lastResult };
+      const message = t("rearm_confirm", { id: short(run.id), result: lbl("result", expected.result),
+        version: expected.version, delay: seconds });
+      if (!(await confirmAction(message, t("rearm")))) return;
+      try {
+        const res = await post(pp("/runs/" + enc(run.id) + "/cancellation/rearm"), {
+          mutation_id: mutationId(), expected_dispatch_version: expected.version,
+          expected_last_result: expected.result, retry_delay_ms: Math.round(seconds * 1000),
+        });
+        say(t("rearmed", { id: short(run.id), when: absTime(res.body.nextAttemptAtMs) }));
+      } catch (e) {
+        if (e instanceof ApiError && e.status === 409) say(conflictText(e), true); else fail(e);
+      }
+      await onChange();
+    }, "danger", Object.assign({ "data-action": "rearm" }, extra || {}));
+  }
+
+  // The facts of GET .../runs/{id}/cancellation: why it is blocked, how often a stop was tried, the
+  // last result and the next try; Rearm when it is blocked and the role may stop runs.
+  function cancellationFacts(run, view, delay, onChange) {
+    const d = view.dispatch;
+    const blocked = view.operatorAction === "rearm" && d;
+    const out = [fields([
+      [t("cancel_requested_at"), when(view.cancelRequestedAtMs)],
+      [t("cancel_reason"), lbl("cancel_reason", view.cancelReason)],
+      [t("dispatch_status"), d ? vbadge("dispatch", d.status) : t("no_dispatch")],
+      [t(blocked ? "blocked_reason" : "last_result"),
+        d && d.lastResult ? el("span", { "data-result": d.lastResult, text: lbl("result", d.lastResult) }) : null],
+      [t("dispatch_attempts"), d ? el("span", { "data-fact": "attempts", text: d.dispatchCount }) : null],
+      [t("last_tried"), d ? when(d.lastDispatchedAtMs) : null],
+      [t("next_attempt"), d ? when(d.nextAttemptAtMs) : null],
+      [t("dispatch_version"), d ? el("span", { "data-fact": "version", text: d.version }) : null],
+      [t("operator_action"), lbl("operator_action", view.operatorAction)],
+    ])];
+    if (blocked && can("run.stop")) {
+      out.push(el("p", { class: "notice", text: t("rearm_hint") }),
+        el("p", { class: "actions" }, el("label", { class: "inline" }, t("rearm_delay"), " ", delay),
+          rearmButton(run, view, delay, onChange, { id: "rearm" })));
+    }
+    return out;
+  }
+
+  async function pageCancellations(view, mine) {
+    const delay = delayInput();
+    const summaryBox = el("div");
+    const listBox = el("div");
+    const state = { items: [], next: null, pages: 1 };
+    const more = btn(t("more"), () => loadPage(state.next).then(draw).catch(fail));
+    const loadPage = async (cursor) => {
+      const page = await get(pp("/cancellation/blocked" + (cursor ? "?cursor=" + enc(cursor) : "")));
+      // at most 16 runs per page (the API's fixed page), each read with its cancellation facts
+      const rows = await Promise.all(page.items.map(async (item) => {
+        const [run, facts] = await Promise.all([
+          get(pp("/runs/" + enc(item.runId))), get(pp("/runs/" + enc(item.runId) + "/cancellation")),
+        ]);
+        return { item: item, run: run, facts: facts };
+      }));
+      if (cursor) { state.items = state.items.concat(rows); state.pages += 1; } else { state.items = rows; state.pages = 1; }
+      state.next = page.truncated ? page.nextCursor : null;
+    };
+    const drawSummary = (health) => put(summaryBox, el("p", {}, vbadge("assessment", health.assessment)),
+      fields([[t("h_blocked"), String(health.dispatches.blocked)], [t("h_pending"), String(health.dispatches.pending)],
+        [t("h_due"), String(health.signals.due)], [t("oldest_blocked"), when(health.oldestBlockedAtMs)]]));
+    const draw = () => {
+      if (!current(mine)) return;
+      put(listBox, table([t("run"), t("task"), t("blocked_at"), t("blocked_reason"), t("dispatch_attempts"),
+        t("dispatch_version"), t("next_attempt"), t("actions")],
+      state.items.map(({ item, run, facts }) => {
+        const d = facts.dispatch;
+        return {
+          id: run.id,
+          cells: [
+            link("#/runs/" + enc(run.id), short(run.id), "mono"),
+            run.task_name ? link("#/tasks/" + enc(run.task_name), run.task_name) : short(run.task_id),
+            when(item.blockedAtMs),
+            d && d.lastResult ? el("span", { "data-result": d.lastResult, text: lbl("result", d.lastResult) }) : "",
+            d ? el("span", { "data-fact": "attempts", text: d.dispatchCount }) : "",
+            d ? el("span", { "data-fact": "version", text: d.version }) : "",
+            d ? whenRel(d.nextAttemptAtMs) : "",
+            facts.operatorAction === "rearm" && d && can("run.stop") ? rearmButton(run, facts, delay, reload) : lbl("operator_action", facts.operatorAction),
+          ],
+        };
+      }), t("no_blocked"), t("blocked_title")));
+      more.hidden = !state.next;
+    };
+    const reload = async () => {
+      const [health] = await Promise.all([get(pp("/cancellation/summary")), loadPage(null)]);
+      if (!current(mine)) return;
+      drawSummary(health);
+      draw();
+    };
+    await reload();
+    if (!current(mine)) return;
+    put(view, el("h1", { text: t("blocked_title") }),
+      el("section", { "aria-labelledby": "cx-health" }, el("h2", { id: "cx-health", text: t("health") }), summaryBox),
+      el("section", { "aria-labelledby": "cx-blocked" }, el("h2", { id: "cx-blocked", text: t("blocked_title") }),
+        can("run.stop") ? el("p", { class: "actions" }, el("label", { class: "inline" }, t("rearm_delay"), " ", delay)) : null,
+        listBox, el("p", { class: "actions" }, more)));
+    // a refresh never wipes a delay being typed or a confirmation; after "More" the snapshot stays
+    setRefresh(async () => { if (!deciding(view) && !$("confirm").open && state.pages === 1) await reload(); });
   }
 
   // --- approvals ------------------------------------------------------------------------------------
@@ -1148,7 +1420,7 @@
       let controls = null;
       if (can("approval.decide") && own) controls = el("span", { class: "muted", text: t("own_request") });
       else if (can("approval.decide")) {
-        const reason = el("select", { "aria-label": t("reason") }, REJECT_REASONS.map((r) => el("option", { value: r, text: r })));
+        const reason = el("select", { "aria-label": t("reason") }, REJECT_REASONS.map((r) => el("option", { value: r, text: lbl("reason", r) })));
         const note = el("input", { type: "text", placeholder: t("free_text"), "aria-label": t("free_text"), maxlength: 500 });
         controls = el("span", { class: "actions" },
           btn(t("approve"), () => decide(a, "approve", "approved", note.value), "primary", { "data-action": "approve" }),
@@ -1165,7 +1437,7 @@
           whoCell(a.requested_by),
           when(a.requested_at_ms),
           when(a.expires_at_ms),
-          badge(a.effective_state),
+          vbadge("approval", a.effective_state),
           el("div", {}, controls, details),
         ],
       };
@@ -1173,17 +1445,148 @@
     const decided = recent.items.filter((a) => a.effective_state !== "pending").map((a) => ({
       id: a.id,
       cells: [taskById.get(a.action_ref) ? taskById.get(a.action_ref).name : short(a.action_ref), whoCell(a.requested_by),
-        badge(a.effective_state), a.reason_code || "", a.note ? el("span", { class: "note", text: a.note }) : "",
+        vbadge("approval", a.effective_state), a.reason_code ? lbl("reason", a.reason_code) : "", a.note ? el("span", { class: "note", text: a.note }) : "",
         whoCell(a.decided_by), when(a.decided_at_ms || a.requested_at_ms)],
     }));
     put(view, el("h1", { text: t("nav_approvals") }),
       el("section", { "aria-labelledby": "ap-pending" }, el("h2", { id: "ap-pending", text: t("pending_approvals") }),
         table([t("task"), t("revision"), t("requested_by"), t("requested"), t("expires"), t("state"), t("actions")], rows, t("no_pending"), t("pending_approvals"))),
       el("section", { "aria-labelledby": "ap-decided" }, el("h2", { id: "ap-decided", text: t("decided") }),
-        table([t("task"), t("requested_by"), t("state"), t("reason"), t("note"), "→", t("finished")], decided, t("no_approvals"), t("decided"))));
+        table([t("task"), t("requested_by"), t("state"), t("reason"), t("note"), t("decided_by"), t("decided_at")], decided, t("no_approvals"), t("decided"))));
     setRefresh(async () => {
       if (!deciding(view)) await pageApprovals(view, mine, true);
     });
+  }
+
+  // --- approved actions: list, detail, and the manual resolution (what `ql3 action resolve` does) -----
+  const OUTCOMES = ["succeeded", "failed", "abandoned"];
+  const REASON_CODE = "[a-z][a-z0-9_]{0,63}"; // the API's reason-code rule; it checks it again
+
+  function actionTarget(a, taskById) {
+    const task = a.action_type === "run.create" ? taskById.get(a.action_ref) : null;
+    return el("span", {}, el("code", { text: a.action_type }), " ",
+      task ? link("#/tasks/" + enc(task.name), task.name) : el("span", { class: "mono", text: short(a.action_ref) }));
+  }
+
+  async function pageActions(view, mine) {
+    const tasks = (await get(pp("/tasks?limit=200"))).items;
+    if (!current(mine)) return;
+    const taskById = new Map(tasks.map((x) => [x.id, x]));
+    const holder = el("div");
+    const state = { cursors: [null], items: [], next: null };
+    const more = btn(t("older"), () => loadMore().catch(fail));
+    const draw = () => {
+      put(holder, table([t("id"), t("status"), t("action"), t("version"), t("attempts"), t("approval_request"), t("created"), t("result")],
+        state.items.map((a) => ({
+          id: a.dispatch_id,
+          cells: [
+            link("#/actions/" + enc(a.dispatch_id), short(a.dispatch_id), "mono"),
+            vbadge("action", a.effective_status),
+            actionTarget(a, taskById),
+            String(a.version),
+            a.attempt_count + " / " + a.max_attempts,
+            el("span", { class: "mono", text: short(a.approval_request_id) }),
+            when(a.created_at_ms),
+            a.result_code || "",
+          ],
+        })), t("no_actions"), t("actions_title")));
+      more.hidden = !state.next;
+    };
+    // like the runs list: a refresh re-reads every page already shown, each from its own cursor
+    const reload = async () => {
+      const seen = new Set();
+      const items = [];
+      let next = null;
+      for (const cursor of state.cursors.slice(0, MAX_REFRESH_PAGES)) {
+        const page = await get(pp("/actions?limit=50" + (cursor ? "&cursor=" + enc(cursor) : "")));
+        for (const a of page.items) if (!seen.has(a.dispatch_id)) { seen.add(a.dispatch_id); items.push(a); }
+        next = page.next_cursor;
+      }
+      if (!current(mine)) return;
+      state.items = items;
+      state.next = next;
+      draw();
+    };
+    const loadMore = async () => {
+      if (!state.next) return;
+      const page = await get(pp("/actions?limit=50&cursor=" + enc(state.next)));
+      if (!current(mine)) return;
+      state.cursors.push(state.next);
+      const seen = new Set(state.items.map((a) => a.dispatch_id));
+      for (const a of page.items) if (!seen.has(a.dispatch_id)) state.items.push(a);
+      state.next = page.next_cursor;
+      draw();
+    };
+    await reload();
+    if (!current(mine)) return;
+    put(view, el("h1", { text: t("actions_title") }), el("section", {}, holder, el("p", { class: "actions" }, more)));
+    setRefresh(reload);
+  }
+
+  // Resolve sends the version on the page (expected_version): an action that moved on is a 409 from
+  // the API (shown, then re-read). There is no retry: the person states what happened, once.
+  function resolveForm(a, onDone) {
+    const choices = OUTCOMES.map((o) => el("label", { class: "choice" },
+      el("input", { type: "radio", name: "outcome", value: o, required: true }), " ", lbl("outcome", o)));
+    const reason = el("input", { name: "reason_code", value: "manual_resolution", required: true, pattern: REASON_CODE,
+      maxlength: 64, "aria-label": t("reason_code") });
+    const form = el("form", { class: "resolve", id: "resolve-form", "aria-label": t("resolve") },
+      el("p", { class: "notice", text: t("resolve_hint") }),
+      el("fieldset", {}, el("legend", { text: t("outcome") }), choices),
+      el("label", {}, t("reason_code"), " ", reason),
+      el("p", { class: "actions" }, el("button", { type: "submit", class: "danger", id: "resolve", text: t("resolve") })));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const picked = form.querySelector("input[name=outcome]:checked");
+      if (!picked || !form.reportValidity()) return;
+      const outcome = picked.value;
+      const expected = a.version;
+      if (!(await confirmAction(t("resolve_confirm", { id: short(a.dispatch_id), outcome: lbl("outcome", outcome) }), t("resolve")))) return;
+      try {
+        const res = await post(pp("/actions/" + enc(a.dispatch_id) + "/resolve"), {
+          outcome: outcome, expected_version: expected, reason_code: reason.value, mutation_id: mutationId(),
+        });
+        say(t("resolved", { id: short(a.dispatch_id), status: lbl("action", res.body.status) }));
+      } catch (e) {
+        if (e instanceof ApiError && e.status === 409) say(conflictText(e), true); else fail(e);
+      }
+      await onDone();
+    });
+    return form;
+  }
+
+  async function pageAction(view, mine, id) {
+    const [a, tasks] = await Promise.all([get(pp("/actions/" + enc(id))), get(pp("/tasks?limit=200"))]);
+    if (!current(mine)) return;
+    const taskById = new Map(tasks.items.map((x) => [x.id, x]));
+    const needsPerson = a.effective_status === "recovery_required";
+    put(view,
+      el("h1", {}, t("action") + " " + short(a.dispatch_id) + " ", vbadge("action", a.effective_status)),
+      needsPerson ? el("section", { "aria-labelledby": "ac-resolve", class: "attention" },
+        el("h2", { id: "ac-resolve", text: t("needs_person") }),
+        can("approval.recover") ? resolveForm(a, () => pageAction(view, mine, id)) : el("p", { class: "notice", text: t("resolve_role") }))
+        : null,
+      el("section", {}, fields([
+        [t("action"), actionTarget(a, taskById)],
+        [t("status"), vbadge("action", a.effective_status)],
+        [t("version"), String(a.version)],
+        [t("attempts"), a.attempt_count + " / " + a.max_attempts],
+        [t("approval_request"), el("code", { text: a.approval_request_id })],
+        [t("created"), when(a.created_at_ms)],
+        [t("eligible"), when(a.eligible_at_ms)],
+        [t("started"), when(a.started_at_ms)],
+        [t("lease_expires"), when(a.lease_expires_at_ms)],
+        [t("completed"), when(a.completed_at_ms)],
+        [t("updated"), when(a.updated_at_ms)],
+        [t("result"), a.result_code],
+        [t("recovery"), lbl("recovery", a.recovery_status)],
+        [t("recovery_finding"), a.recovery_last_finding ? lbl("finding", a.recovery_last_finding) : null],
+        [t("id"), el("code", { text: a.dispatch_id })],
+      ])));
+    // nothing to decide while it is not waiting for a person: follow it; a form being filled stays
+    if (!needsPerson && !["succeeded", "failed", "blocked"].includes(a.effective_status)) {
+      setRefresh(() => pageAction(view, mine, id));
+    }
   }
 
   // --- workers --------------------------------------------------------------------------------------
@@ -1193,7 +1596,7 @@
     const rows = page.items.map((w) => ({
       id: w.id,
       cells: [
-        el("code", { text: w.id }), badge(w.status),
+        el("code", { text: w.id }), vbadge("worker", w.status),
         (w.busy ?? w.active_runs) + " / " + (w.slots ?? w.max_concurrent_runs),
         Object.entries(w.labels || {}).map(([k, v]) => k + "=" + v).join(", "),
         (w.executors || []).join(", "),
