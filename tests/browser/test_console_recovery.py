@@ -31,7 +31,7 @@ LEASE = {"QL3_ACTION_LEASE_MS": "3000"}
 @pytest.fixture
 def start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     """``start(env)``: a ``ql3 serve`` on ``tmp_path/home`` (the same home each call), stopped at the end."""
-    monkeypatch.setattr(crash, "START_TIMEOUT_S", max(START_TIMEOUT_S, crash.START_TIMEOUT_S))
+    monkeypatch.setattr(crash, "START_TIMEOUT_S", max(START_TIMEOUT_S, crash.START_TIMEOUT_S))  # type: ignore[attr-defined]
     servers: list[Server] = []
 
     def make(env: dict[str, str]) -> Server:
