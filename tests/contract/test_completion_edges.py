@@ -1,0 +1,141 @@
+"""The edges of the one completion path (``leases.complete``): the exit-code range, each fence's exact
+reason, a late callback for an attempt that already ended, a stale lease version, the error code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ql3.application import leases, runs
+from ql3.domain.errors import FenceConflict, ValidationFailed
+from ql3.domain.offers import LeaseFence
+from tests.conftest import Harness
+from tests.contract.execution_helpers import dispatcher, queued, register, run_of, start
+
+
+def _running(harness: Harness, **spec: Any) -> tuple[Any, LeaseFence]:
+    register(harness.db, lease_ms=600_000)
+    project, _, _ = queued(harness.db, **spec)
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None
+    return project, start(harness.db, offer)
+
+
+def _complete(
+    harness: Harness, fence: LeaseFence, *, seq: int = 1, token: str = "cb-token", code: int = 0
+) -> Any:
+    return harness.db.transaction(
+        lambda tx: leases.complete(tx, fence, callback_sequence=seq, callback_token=token, exit_code=code)
+    )
+
+
+def _events(harness: Harness, run_id: str) -> list[Any]:
+    return list(harness.db.transaction(lambda tx: runs.list_events(tx, run_id, after=0, limit=100)))
+
+
+@pytest.mark.parametrize("code", [255, 1])
+def test_every_exit_code_up_to_255_fails_the_run_with_exit_nonzero(harness: Harness, code: int) -> None:
+    project, fence = _running(harness)
+
+    assert _complete(harness, fence, code=code) == ("applied", "failed")
+
+    run = run_of(harness.db, project, fence.run_id)
+    assert (run.status, run.exit_code, run.error_code) == ("failed", code, "EXIT_NONZERO")
+
+
+def test_exit_zero_succeeds_without_an_error_code(harness: Harness) -> None:
+    project, fence = _running(harness)
+
+    assert _complete(harness, fence, code=0) == ("applied", "succeeded")
+
+    run = run_of(harness.db, project, fence.run_id)
+    assert (run.status, run.exit_code, run.error_code) == ("succeeded", 0, None)
+
+
+@pytest.mark.parametrize("code", [256, -1])
+def test_an_exit_code_outside_0_255_is_refused_and_changes_nothing(harness: Harness, code: int) -> None:
+    project, fence = _running(harness)
+    before = len(_events(harness, fence.run_id))
+
+    with pytest.raises(ValidationFailed) as caught:
+        _complete(harness, fence, code=code)
+
+    assert caught.value.message == "exit code out of range"
+    assert run_of(harness.db, project, fence.run_id).status == "running"
+    assert len(_events(harness, fence.run_id)) == before
+
+
+@pytest.mark.parametrize(
+    ("seq", "token", "reason"),
+    [(1, "forged", "callback_token_mismatch"), (2, "cb-token", "callback_sequence_mismatch")],
+)
+def test_a_wrong_callback_is_fenced_with_its_exact_reason(
+    harness: Harness, seq: int, token: str, reason: str
+) -> None:
+    project, fence = _running(harness)
+    before = len(_events(harness, fence.run_id))
+
+    with pytest.raises(FenceConflict) as caught:
+        _complete(harness, fence, seq=seq, token=token)
+
+    assert caught.value.details["reason"] == reason
+    assert run_of(harness.db, project, fence.run_id).status == "running"
+    assert len(_events(harness, fence.run_id)) == before
+
+
+def test_a_callback_before_the_running_ack_has_no_token_to_match(harness: Harness) -> None:
+    register(harness.db)
+    project, _, _ = queued(harness.db)
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None
+    harness.db.transaction(lambda tx: leases.ack_starting(tx, offer.fence))
+
+    with pytest.raises(FenceConflict) as caught:
+        _complete(harness, offer.fence)
+
+    assert caught.value.details["reason"] == "callback_token_mismatch"
+    assert run_of(harness.db, project, offer.fence.run_id).status == "dispatching"
+
+
+def test_a_completion_after_a_renewal_still_applies_under_the_older_version(harness: Harness) -> None:
+    project, fence = _running(harness)
+    harness.db.transaction(lambda tx: leases.renew(tx, fence, 30_000))
+
+    assert _complete(harness, fence, code=3) == ("applied", "failed")
+    assert run_of(harness.db, project, fence.run_id).exit_code == 3
+
+
+def test_a_late_callback_for_a_lost_attempt_of_a_retried_run_is_recorded_and_changes_nothing(
+    harness: Harness,
+) -> None:
+    # Given attempt 1 lost (lease expired) and the run waiting for its retry
+    project, fence = _running(harness, max_attempts=3, retry_safe=True)
+    harness.advance_clock(600_001)
+    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "lost"
+    assert run_of(harness.db, project, fence.run_id).status == "retry_wait"
+    before = _events(harness, fence.run_id)
+
+    # When attempt 1's callback arrives late
+    result = _complete(harness, fence, code=0)
+
+    # Then it is answered as already ended, and only a late-callback event is added
+    assert result == ("already_terminal", "lost")
+    after = _events(harness, fence.run_id)
+    assert [e.type for e in after[len(before) :]] == ["attempt.late_callback_ignored"]
+    late = after[-1]
+    assert (late.actor_type, late.actor_id, late.attempt_id) == ("worker", fence.worker_id, fence.attempt_id)
+    assert late.payload == {"attempt": 1}
+    assert run_of(harness.db, project, fence.run_id).status == "retry_wait"
+
+
+def test_a_replayed_completion_of_a_finished_run_adds_no_event(harness: Harness) -> None:
+    project, fence = _running(harness)
+    assert _complete(harness, fence, code=0) == ("applied", "succeeded")
+    before = len(_events(harness, fence.run_id))
+
+    assert _complete(harness, fence, code=0) == ("already_terminal", "succeeded")
+    assert _complete(harness, fence, seq=5, code=1) == ("already_terminal", "succeeded")
+
+    assert len(_events(harness, fence.run_id)) == before
+    assert run_of(harness.db, project, fence.run_id).exit_code == 0
