@@ -12,6 +12,7 @@ they own no timers or threads.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -83,6 +84,8 @@ ClaimOutcome = Literal[
     "missing",
     "stale_token",
 ]
+
+log = logging.getLogger("ql3.approved_actions")
 
 
 # -- row mapping --------------------------------------------------------------------------------
@@ -711,7 +714,10 @@ class RunCreateHandler:
         """Receipt-based evidence; never judged by the Run's final status."""
         try:
             return db.transaction(partial(self._probe, dispatch=dispatch, execution=execution), write=False)
-        except Exception:
+        except Exception as exc:
+            log.warning(
+                "receipt probe failed", extra={"action": "action.probe_failed", "error": type(exc).__name__}
+            )
             return Evidence(finding="unavailable")
 
     def _probe(self, tx: Transaction, dispatch: Dispatch, execution: Execution) -> Evidence:
@@ -910,7 +916,10 @@ class ApprovedActionDispatcher:
             digest = self._db.transaction(lambda tx: handler.inspect(tx, dispatch), write=False)
         except InspectBlocked as exc:
             return self._release(fence, exc.result_code, retry_at=None)
-        except Exception:
+        except Exception as exc:
+            log.warning(
+                "inspect failed", extra={"action": "action.inspect_failed", "error": type(exc).__name__}
+            )
             return self._release(fence, "inspect_unavailable", retry_at=retry_at)
         if not is_hex_digest(digest) or not digest_equals(digest, dispatch.action_digest):
             return self._release(fence, "action_digest_drift", retry_at=None)
@@ -932,8 +941,11 @@ class ApprovedActionDispatcher:
         outcome, code, digest = "indeterminate", "handler_error", None
         try:
             result = handler.execute(self._db, dispatch, fence)
-        except Exception:
+        except Exception as exc:
             # It may have failed after its side effect: never retried, recorded as indeterminate.
+            log.warning(
+                "handler failed", extra={"action": "action.handler_failed", "error": type(exc).__name__}
+            )
             result = None
         self._fault("after_execute")
         if result is not None:
@@ -955,8 +967,11 @@ class ApprovedActionDispatcher:
                     result_digest=digest,
                 )
             )
-        except Exception:
+        except Exception as exc:
             # The row stays executing and becomes recovery_required; it is never executed again.
+            log.warning(
+                "completion failed", extra={"action": "action.completion_failed", "error": type(exc).__name__}
+            )
             return "completion_failed"
         return ex.status
 
@@ -1148,7 +1163,10 @@ class RecoveryResolver:
             return self._write(partial(_record_finding, lease=lease, finding=finding, manual=True))
         try:
             evidence = provider.probe(self._db, dispatch, execution)
-        except Exception:
+        except Exception as exc:
+            log.warning(
+                "recovery probe failed", extra={"action": "action.probe_failed", "error": type(exc).__name__}
+            )
             evidence = Evidence(finding="unavailable")
         if evidence.finding not in FINDINGS:
             evidence = Evidence(finding="conflict")

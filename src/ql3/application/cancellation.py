@@ -10,6 +10,7 @@ only time authority; callers pass durations, never instants.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -45,6 +46,8 @@ ClaimStatus = Literal[
     "claimed", "not_eligible", "not_due", "leased", "dispatched", "blocked", "binding_conflict"
 ]
 StopReason = Literal["complete", "page_limit", "unsafe_attempt_overflow", "cursor_stalled", "oversized_page"]
+
+log = logging.getLogger("ql3.cancellation")
 
 
 def _dispatch(row: Row) -> CancellationDispatch:
@@ -596,7 +599,11 @@ class CancellationSupervisor:
             try:
                 outcome = self._signal(prepared.handle, prepared.pid, grace_ms=prepared.grace_ms)
                 result = rules.result_from_stop_status(getattr(outcome, "status", None))
-            except Exception:  # any controller failure is a transient, retryable dispatch error
+            except Exception as exc:  # any controller failure is a transient, retryable dispatch error
+                log.warning(
+                    "stop signal failed",
+                    extra={"action": "cancel.signal_failed", "error": type(exc).__name__},
+                )
                 result = "dispatch_error"
         assert claimed.attempt_id is not None and claimed.dispatch_version is not None
         attempt_id, version = claimed.attempt_id, claimed.dispatch_version

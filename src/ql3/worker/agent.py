@@ -559,7 +559,11 @@ class WorkerAgent:
                 )
                 if outcome.status in ("termination_requested", "already_exited"):
                     reason = "lease_lost_local_execution_stopped"
-            except Exception:
+            except Exception as exc:  # the record stays as it was; the next maintain() pass tries again
+                log.warning(
+                    "local stop after lease loss failed",
+                    extra={"action": "worker.lease_lost_stop_failed", "error": type(exc).__name__},
+                )
                 return record
         current = self.journal.get(record.offer_id)
         assert current is not None
