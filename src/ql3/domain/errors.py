@@ -122,6 +122,13 @@ class StorageBusy(Ql3Error):
     retryable = True
 
 
+class ReadOnlyTransaction(Ql3Error):
+    """A write was attempted inside a read-only unit of work."""
+
+    code = "read_only_transaction"
+    http_status = 500
+
+
 class StorageUnavailable(Ql3Error):
     """The database is unavailable."""
 

@@ -13,7 +13,7 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from ql3.domain.errors import Conflict, StorageBusy, StorageUnavailable
+from ql3.domain.errors import Conflict, ReadOnlyTransaction, StorageBusy, StorageUnavailable
 from ql3.ports.storage import Params, Row, Transaction
 from ql3.storage.migrations import MigrationState, chain, verify_applied
 from ql3.storage.notify import LocalNotifier
@@ -47,6 +47,8 @@ class PostgresTransaction:
             return self._conn.execute(self._queries[query], dict(params or {}))
         except pg_errors.IntegrityError as exc:
             raise Conflict("a uniqueness or integrity rule rejected the write", query=query) from exc
+        except pg_errors.ReadOnlySqlTransaction as exc:
+            raise ReadOnlyTransaction(query=query) from exc
 
     def one(self, query: str, params: Params | None = None) -> Row | None:
         cur = self._exec(query, params)
@@ -94,6 +96,8 @@ class PostgresDatabase:
                 with self.pool.connection() as conn:
                     tx = PostgresTransaction(conn, self._queries)
                     with conn.transaction():
+                        if not write:
+                            conn.execute("SET TRANSACTION READ ONLY")
                         result = fn(tx)
                         for channel in sorted(tx.channels):
                             conn.execute("SELECT pg_notify(%s, '')", (f"ql3_{channel}",))

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ql3.domain.errors import Conflict, StorageBusy, StorageUnavailable
+from ql3.domain.errors import Conflict, ReadOnlyTransaction, StorageBusy, StorageUnavailable
 from ql3.ports.storage import Params, Row, Transaction
 from ql3.storage.migrations import MigrationState, chain, verify_applied
 from ql3.storage.notify import LocalNotifier
@@ -51,6 +51,10 @@ class SqliteTransaction:
             return self._conn.execute(sql, dict(params or {}))
         except sqlite3.IntegrityError as exc:
             raise Conflict("a uniqueness or integrity rule rejected the write", query=query) from exc
+        except sqlite3.OperationalError as exc:
+            if "readonly" in str(exc).lower():  # PRAGMA query_only: a write in a write=False unit
+                raise ReadOnlyTransaction(query=query) from exc
+            raise
 
     def one(self, query: str, params: Params | None = None) -> Row | None:
         row = self._exec(query, params).fetchone()
@@ -112,14 +116,20 @@ class SqliteDatabase:
         for attempt in range(MAX_BUSY_RETRIES):
             tx = SqliteTransaction(conn, self.clock, self._queries)
             try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                if not write:  # a read-only unit really is one: SQLite refuses writes under query_only
+                    conn.execute("PRAGMA query_only = ON")
                 try:
-                    result = fn(tx)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
+                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                    try:
+                        result = fn(tx)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                        raise
+                finally:
+                    if not write:
+                        conn.execute("PRAGMA query_only = OFF")
             except sqlite3.OperationalError as exc:
                 if _is_busy(exc) and attempt + 1 < MAX_BUSY_RETRIES:
                     time.sleep(min(0.2, 0.005 * 2**attempt) * (0.5 + random.random()))
