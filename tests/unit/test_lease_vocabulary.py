@@ -29,9 +29,12 @@ def test_edges_are_inclusive_and_outside_is_refused(bounds: lease_rules.LeaseBou
     assert bounds.clamp(0) == bounds.min_ms
 
 
-def test_an_empty_range_cannot_be_declared() -> None:
-    with pytest.raises(ValueError):
-        lease_rules.LeaseBounds("broken", 10, 9)
+def test_an_empty_or_non_positive_range_cannot_be_declared() -> None:
+    for low, high in ((10, 9), (0, 10), (-1, 5)):
+        with pytest.raises(ValueError, match=f"broken: empty lease range {low}-{high}"):
+            lease_rules.LeaseBounds("broken", low, high)
+    single = lease_rules.LeaseBounds("exact", 7, 7)
+    assert single.validate(7) == 7 and not single.contains(8)
 
 
 def test_domain_validators_use_the_vocabulary() -> None:
