@@ -122,7 +122,9 @@ def build_standalone_runtime(
     import time
 
     from ql3.application import approvals, cancellation, leases, schedules
-    from ql3.application.approved_actions import ApprovedActionDispatcher, RecoveryResolver, RunCreateHandler
+    from ql3.application.approved_action_handlers import RunCreateHandler
+    from ql3.application.approved_action_recovery import RecoveryResolver
+    from ql3.application.approved_action_runner import ApprovedActionDispatcher
     from ql3.application.cancellation import CancellationSupervisor
     from ql3.application.cron import CronScheduler
     from ql3.application.dispatcher import DispatchBudget, RunDispatcher

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ql3.application import approvals, approved_actions, auth
-from ql3.application.approved_actions import ClaimResult, HandlerResult, RunCreateHandler
+from ql3.application.approved_action_handlers import HandlerResult, RunCreateHandler
+from ql3.application.approved_actions import ClaimResult
 from ql3.domain.approvals import ApprovalRequest, Dispatch, ExecutionFence
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal, Project, Task

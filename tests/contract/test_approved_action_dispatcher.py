@@ -7,12 +7,8 @@ from typing import Any
 import pytest
 
 from ql3.application import approved_actions, tasks
-from ql3.application.approved_actions import (
-    ApprovedActionDispatcher,
-    HandlerResult,
-    InspectBlocked,
-    RunCreateHandler,
-)
+from ql3.application.approved_action_handlers import HandlerResult, InspectBlocked, RunCreateHandler
+from ql3.application.approved_action_runner import ApprovedActionDispatcher
 from ql3.domain.approvals import Dispatch, ExecutionFence
 from ql3.domain.errors import ValidationFailed
 from ql3.ports.storage import Database, Transaction

@@ -8,13 +8,10 @@ from typing import Any
 
 import pytest
 
-from ql3.application import approved_actions, runs
-from ql3.application.approved_actions import (
-    ApprovedActionDispatcher,
-    Evidence,
-    RecoveryResolver,
-    RunCreateHandler,
-)
+from ql3.application import approved_action_recovery, runs
+from ql3.application.approved_action_handlers import Evidence, RunCreateHandler
+from ql3.application.approved_action_recovery import RecoveryResolver
+from ql3.application.approved_action_runner import ApprovedActionDispatcher
 from ql3.domain.approvals import Dispatch, Execution
 from ql3.domain.errors import Conflict, FenceConflict, PermissionDenied, Ql3Error, ValidationFailed
 from ql3.domain.ids import new_id
@@ -51,7 +48,7 @@ def _manual(harness: Harness, w: Any, dispatch_id: str, who: Principal, role: st
     if "expected_execution_version" not in kw:
         kw["expected_execution_version"] = execution(harness.db, dispatch_id).version
     result: Execution = harness.db.transaction(
-        lambda tx: approved_actions.resolve_manually(
+        lambda tx: approved_action_recovery.resolve_manually(
             tx, dispatch_id=dispatch_id, project_id=w.project.id, principal=who, role=role, **kw
         )
     )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ql3.application import approved_actions, runs
-from ql3.application.approved_actions import RunCreateHandler
+from ql3.application.approved_action_handlers import RunCreateHandler
 from ql3.domain.approvals import RunActionReceipt
 from ql3.domain.errors import Conflict, FenceConflict, IdempotencyConflict, StorageUnavailable
 from tests.conftest import Harness

@@ -12,7 +12,7 @@ from typing import Annotated, Final, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from ql3.application import approved_actions, auth
+from ql3.application import approved_action_recovery, approved_actions, auth
 from ql3.domain.approvals import MAX_LIST_PAGE
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id, new_id
@@ -119,7 +119,7 @@ def resolve_action(
         role = auth.role_in(tx, principal, found)
         assert role is not None  # authorize refused a caller without a role
         did = _dispatch_id(dispatch_id)
-        approved_actions.resolve_manually(
+        approved_action_recovery.resolve_manually(
             tx,
             dispatch_id=did,
             project_id=found.id,
