@@ -84,9 +84,17 @@ def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
     return process.wait(timeout=STOP_TIMEOUT_S)
 
 
-def start_server(home: Path, *extra: str, attempts: int = 3, env: dict[str, str] | None = None) -> Server:
-    """Start ``ql3 serve`` and wait for /healthz; retry on another port if the one picked was taken.
-    ``env`` adds variables (``QL3_FAULT``...) to the server's environment."""
+def start_server(
+    home: Path,
+    *extra: str,
+    attempts: int = 3,
+    env: dict[str, str] | None = None,
+    new_session: bool = False,
+    timeout_s: float | None = None,
+) -> Server:
+    """The one way the suite starts ``ql3 serve``: wait for /healthz, retry on another port if the one
+    picked was taken. ``env`` adds variables (``QL3_FAULT``...) to the server's environment;
+    ``new_session`` puts it in a session of its own (crash tests kill it with its group intact)."""
     last_log = ""
     for attempt in range(attempts):
         port = free_port()
@@ -98,9 +106,10 @@ def start_server(home: Path, *extra: str, attempts: int = 3, env: dict[str, str]
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                start_new_session=new_session,
             )
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + (timeout_s or START_TIMEOUT_S)
         while time.monotonic() < deadline and process.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:

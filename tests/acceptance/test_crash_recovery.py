@@ -2,44 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.acceptance.conftest import CLI, START_TIMEOUT_S, Server, base_env, free_port, stop
+from tests.acceptance.conftest import START_TIMEOUT_S, Server, start_server, stop
 
 pytestmark = pytest.mark.slow
 
 
 def start_with_env(home: Path, env: dict[str, str]) -> Server:
-    port = free_port()
-    log_path = home.parent / f"serve-{port}.log"
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [*CLI, "serve", "--listen", f"127.0.0.1:{port}"],
-            env={**base_env(home), **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and process.poll() is None:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return Server(home=home, url=url, process=process, log_path=log_path)
-        time.sleep(0.05)
-    stop(process)
-    pytest.fail("ql3 serve did not start:\n" + log_path.read_text(errors="replace"))
+    """A server in a session of its own, with ``env`` (fault points) added: the crash tests' server."""
+    return start_server(home, env=env, new_session=True, timeout_s=START_TIMEOUT_S)
 
 
 def wait_for(predicate: Any, timeout_s: float = 30.0) -> Any:

@@ -3,20 +3,17 @@ executes exactly once, on one of them."""
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
 import psycopg
 import pytest
 
 from ql3.storage.postgres.adapter import PostgresDatabase
-from tests.acceptance.conftest import CLI, START_TIMEOUT_S, Server, base_env, free_port, stop
+from tests.acceptance.conftest import Server, start_server, stop
 from tests.conftest import _pg_admin_dsn
 
 pytestmark = pytest.mark.slow
@@ -43,25 +40,7 @@ def pg_url() -> Iterator[str]:
 
 
 def start(home: Path, pg_url: str, *extra: str, env: dict[str, str] | None = None) -> Server:
-    port = free_port()
-    log_path = home.parent / f"serve-{home.name}-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [*CLI, "serve", "--listen", f"127.0.0.1:{port}", "--database-url", pg_url, *extra],
-            env={**base_env(home), **(env or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and process.poll() is None:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return Server(home=home, url=url, process=process, log_path=log_path)
-        time.sleep(0.05)
-    stop(process)
-    pytest.fail("ql3 serve did not start:\n" + log_path.read_text(errors="replace"))
+    return start_server(home, "--database-url", pg_url, *extra, env=env)
 
 
 def test_serve_on_postgresql_runs_a_task_end_to_end(tmp_path: Path, pg_url: str) -> None:
