@@ -207,3 +207,38 @@ def _returns_many(name: str) -> bool:
             ):
                 used_with_all.add(node.args[0].value)
     return name in used_with_all
+
+
+def _wakes(listener: Any, notifier: Any, channel: str, tries: int = 40) -> bool:
+    """Commit a notification on ``notifier`` until ``listener`` wakes (its LISTEN may still be connecting)."""
+    for _ in range(tries):
+        notifier.transaction(lambda tx: tx.notify(channel))
+        if listener.wait_for(channel, 0.5):
+            return True
+    return False
+
+
+def test_a_commit_on_one_replica_wakes_another_and_the_listener_survives_a_terminated_backend(
+    pg_harness: Harness,
+) -> None:
+    listener, other = pg_harness.db, pg_harness.second_connection()
+    try:
+        listener.start_listening(["port_test"])
+        assert _wakes(listener, other, "port_test")
+
+        # When the listening backend is terminated (a failover, an operator, idle timeouts)
+        terminated = other.transaction(lambda tx: _terminate_listeners(tx))
+        assert terminated >= 1
+
+        # Then the listener reconnects and other replicas' commits wake it again
+        assert _wakes(listener, other, "port_test")
+    finally:
+        other.close()
+
+
+def _terminate_listeners(tx: Any) -> int:
+    rows = tx._conn.execute(
+        "SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity"
+        " WHERE datname = current_database() AND query LIKE 'LISTEN ql3_%' AND pid <> pg_backend_pid()"
+    ).fetchall()
+    return sum(1 for r in rows if r["ok"])
