@@ -139,3 +139,15 @@ def test_a_replayed_completion_of_a_finished_run_adds_no_event(harness: Harness)
 
     assert len(_events(harness, fence.run_id)) == before
     assert run_of(harness.db, project, fence.run_id).exit_code == 0
+
+
+def test_a_completion_for_a_run_that_already_ended_changes_nothing(harness: Harness) -> None:
+    # Given a run that ended (for example by an operator's repair) while its attempt still runs
+    project, fence = _running(harness)
+    harness.db.raw("UPDATE runs SET status = 'cancelled', finished_at_ms = 1 WHERE id = ?", (fence.run_id,))
+    before = len(_events(harness, fence.run_id))
+
+    assert _complete(harness, fence, code=0) == ("already_terminal", "running")
+
+    assert len(_events(harness, fence.run_id)) == before
+    assert run_of(harness.db, project, fence.run_id).status == "cancelled"

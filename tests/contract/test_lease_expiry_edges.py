@@ -159,6 +159,11 @@ def test_a_retry_is_admitted_at_its_due_instant_with_a_new_attempt_and_an_event(
     new = _events(harness, run.id)[before:]
     assert [(e.type, e.actor_type, e.attempt_id) for e in new] == [("run.queued", "system", attempt_id)]
     assert new[0].payload == {"from": "retry_wait", "to": "queued", "attempt": 2}
+    keys = harness.db.raw(
+        "SELECT dedupe_key FROM run_events WHERE run_id = ? AND type = 'run.queued' AND attempt_id = ?",
+        (run.id, attempt_id),
+    )
+    assert [k["dedupe_key"] for k in keys] == [f"run-transition:{run.version}:queued"]
 
 
 def test_a_cancel_requested_while_waiting_for_the_retry_is_never_admitted(harness: Harness) -> None:
@@ -192,3 +197,14 @@ def test_admission_needs_the_latest_attempt_to_be_lost(harness: Harness) -> None
 
     assert _admit(harness, run.id) is None
     assert count(harness.db, "run_attempts") == 1
+
+
+def test_a_run_that_left_retry_wait_is_never_admitted(harness: Harness) -> None:
+    # Given a run whose retry became due after it had already ended some other way
+    project, run = _retry_wait(harness)
+    harness.db.raw("UPDATE runs SET status = 'failed', finished_at_ms = 1 WHERE id = ?", (run.id,))
+    harness.advance_clock(_due_at(harness, run.id) - harness.now_ms())
+
+    assert _admit(harness, run.id) is None
+    assert count(harness.db, "run_attempts") == 1
+    assert run_of(harness.db, project, run.id).status == "failed"

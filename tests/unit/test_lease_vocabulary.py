@@ -33,8 +33,8 @@ def test_an_empty_or_non_positive_range_cannot_be_declared() -> None:
     for low, high in ((10, 9), (0, 10), (-1, 5)):
         with pytest.raises(ValueError, match=f"broken: empty lease range {low}-{high}"):
             lease_rules.LeaseBounds("broken", low, high)
-    single = lease_rules.LeaseBounds("exact", 7, 7)
-    assert single.validate(7) == 7 and not single.contains(8)
+    single = lease_rules.LeaseBounds("exact", 1, 1)
+    assert single.validate(1) == 1 and not single.contains(2) and not single.contains(0)
 
 
 def test_domain_validators_use_the_vocabulary() -> None:
