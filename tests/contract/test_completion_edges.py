@@ -46,11 +46,23 @@ def test_every_exit_code_up_to_255_fails_the_run_with_exit_nonzero(harness: Harn
 
 def test_exit_zero_succeeds_without_an_error_code(harness: Harness) -> None:
     project, fence = _running(harness)
+    before = len(_events(harness, fence.run_id))
+    now = harness.now_ms()
 
     assert _complete(harness, fence, code=0) == ("applied", "succeeded")
 
     run = run_of(harness.db, project, fence.run_id)
     assert (run.status, run.exit_code, run.error_code) == ("succeeded", 0, None)
+    assert run.finished_at_ms is not None and run.finished_at_ms >= now
+    if harness.dialect == "sqlite":  # the injected clock: exactly the completion's observation time
+        assert run.finished_at_ms == now
+    new = _events(harness, fence.run_id)[before:]
+    assert new and all((e.actor_type, e.actor_id) == ("worker", fence.worker_id) for e in new)
+    attempt = harness.db.raw(
+        "SELECT status, callback_sequence, exit_code FROM run_attempts WHERE id = ?", (fence.attempt_id,)
+    )[0]
+    # the callback sequence moves on, so the same callback again is recognised as a replay
+    assert (attempt["status"], attempt["callback_sequence"], attempt["exit_code"]) == ("succeeded", 2, 0)
 
 
 @pytest.mark.parametrize("code", [256, -1])

@@ -89,6 +89,12 @@ def test_an_expired_claim_releases_its_lease_and_slot_and_requeues_the_run_with_
     new = _events(harness, fence.run_id)[before:]
     assert [(e.type, e.actor_type, e.attempt_id) for e in new] == [("run.queued", "system", fence.attempt_id)]
     assert new[0].payload == {"from": "dispatching", "to": "queued", "reason": "lease_expired"}
+    keys = harness.db.raw(
+        "SELECT dedupe_key FROM run_events WHERE run_id = ? AND type = 'run.queued'", (fence.run_id,)
+    )
+    assert f"run-transition:{_version_before_requeue(harness, fence.run_id)}:queued" in [
+        k["dedupe_key"] for k in keys
+    ]
 
 
 def test_a_leased_row_whose_attempt_already_ended_is_released_without_touching_the_run(
@@ -208,3 +214,34 @@ def test_a_run_that_left_retry_wait_is_never_admitted(harness: Harness) -> None:
     assert _admit(harness, run.id) is None
     assert count(harness.db, "run_attempts") == 1
     assert run_of(harness.db, project, run.id).status == "failed"
+
+
+def _version_before_requeue(harness: Harness, run_id: str) -> int:
+    return int(harness.db.raw("SELECT version FROM runs WHERE id = ?", (run_id,))[0]["version"]) - 1
+
+
+def test_an_attempt_that_only_acknowledged_starting_is_lost_when_its_lease_expires(harness: Harness) -> None:
+    project, fence = _claimed(harness)
+    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+    harness.advance_clock(LEASE_MS)
+
+    assert _expire(harness, fence.attempt_id) == "lost"
+    run = run_of(harness.db, project, fence.run_id)
+    assert (run.status, run.error_code) == ("failed", "LEASE_EXPIRED")
+    assert _active(harness) == 0
+
+
+def test_a_completed_lease_listed_as_expired_is_left_alone(harness: Harness) -> None:
+    project, fence = _claimed(harness)
+    start(harness.db, _as_offer(fence))
+    harness.db.transaction(
+        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+    )
+    harness.advance_clock(LEASE_MS * 2)
+    before = len(_events(harness, fence.run_id))
+
+    assert _expire(harness, fence.attempt_id) == "noop"
+
+    assert _lease(harness, fence.attempt_id)["status"] == "completed"
+    assert run_of(harness.db, project, fence.run_id).status == "succeeded"
+    assert len(_events(harness, fence.run_id)) == before
