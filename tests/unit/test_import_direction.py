@@ -13,7 +13,7 @@ ALLOWED = {
     "application": {"domain", "ports", "application"},
     "storage": {"domain", "ports", "storage"},
     "execution": {"domain", "execution"},
-    "worker": {"domain", "ports", "application", "worker", "execution"},
+    "worker": {"domain", "ports", "worker", "execution"},  # the control plane only through its port
     "http": {"domain", "ports", "application", "http", "console"},
     "console": {"domain", "console"},
     "notify": {"domain", "ports", "notify"},
