@@ -345,6 +345,7 @@ class WorkerAgent:
             receipt_dir=self.config.receipts_dir,
             log_cap_bytes=self.config.log_cap_bytes,
             started_at_ms=self._clock(),
+            project_id=spec.get("projectId"),
         )
         try:
             launched = self._launcher.start(request)
