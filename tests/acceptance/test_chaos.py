@@ -19,17 +19,25 @@ from tests.support.chaos import ChaosConfig, run_chaos
 pytestmark = pytest.mark.slow
 
 # ~60-90 s per database on 2 cores.
-SUITE = {"runs": 150, "server_kills": 5, "task_kills": 10, "cancels": 16}
+RUNS, SERVER_KILLS, TASK_KILLS, CANCELS = 150, 5, 10, 16
 
 
 def _chaos(tmp_path: Path, database_url: str | None) -> None:
-    report = run_chaos(ChaosConfig(**SUITE, database_url=database_url, workdir=tmp_path / "chaos"))
+    config = ChaosConfig(
+        runs=RUNS,
+        server_kills=SERVER_KILLS,
+        task_kills=TASK_KILLS,
+        cancels=CANCELS,
+        database_url=database_url,
+        workdir=tmp_path / "chaos",
+    )
+    report = run_chaos(config)
 
     figures = report.figures
     assert report.violations == [], report.summary()
     # The chaos happened: the server was killed and restarted, task processes died, runs were
     # cancelled, and every kind of outcome was reached.
-    assert figures["server_kills"] == SUITE["server_kills"], report.summary()
+    assert figures["server_kills"] == SERVER_KILLS, report.summary()
     assert figures["task_kills"] >= 1 and figures["cancels"] >= 1, report.summary()
     assert {"succeeded", "failed", "timed_out", "cancelled"} <= set(figures["statuses"]), report.summary()
 

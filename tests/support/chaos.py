@@ -409,12 +409,15 @@ def _drive(
     # Settle: every run terminal within the bound after the last restart.
     final: dict[str, dict[str, Any]] = {}
     pending = {s.run_id for s in submitted}
+    last_settled: dict[str, Any] = {}
+    kinds = {s.run_id: s.kind.name for s in submitted}
     while pending and time.monotonic() - last_restart < config.settle_timeout_s:
         for run_id in sorted(pending):
             run = api.json("GET", f"{base}/runs/{run_id}")
             if run["status"] in TERMINAL:
                 final[run_id] = run
                 pending.discard(run_id)
+                last_settled = run
         if pending:
             time.sleep(0.5)
     settled_after_s = time.monotonic() - last_restart
@@ -471,6 +474,15 @@ def _drive(
             "retried_runs": sum(1 for a in attempts.values() if len(a) > 1),
             "lost_attempts": sum(1 for a in attempts.values() for x in a if x["status"] == "lost"),
             "settled_after_last_restart_s": round(settled_after_s, 1),
+            "last_to_settle": " ".join(
+                str(x)
+                for x in (
+                    kinds.get(last_settled.get("id", ""), "-"),
+                    last_settled.get("status"),
+                    last_settled.get("error_code"),
+                    last_settled.get("attempt"),
+                )
+            ),
             "duration_s": round(time.monotonic() - started, 1),
             "duplicates": sum(1 for v in violations if v.startswith("duplicate")),
             "violations": len(violations),
