@@ -95,7 +95,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         "term_ignorer",
         # A child that ignores TERM: only the KILL after the grace ends it (and it must end).
-        "echo t; (trap '' TERM; sleep 20) & sleep 20; wait; @E",
+        "echo t; (trap '' TERM; sleep 600) & sleep 600; wait; @E",
         6,
         "timed_out",
         None,
