@@ -132,7 +132,7 @@ def build_standalone_runtime(
     from ql3.application.gateway import InProcessControlPlane
     from ql3.application.lifecycle import LifecycleRunner
     from ql3.domain.errors import Conflict
-    from ql3.execution.controller import ProcessController
+    from ql3.execution.controller import ProcessController, finish_stop
     from ql3.execution.launcher import LocalLauncher
     from ql3.worker.agent import WorkerAgent, WorkerConfig
 
@@ -238,9 +238,11 @@ def build_standalone_runtime(
         page = budgets.approvals_page
         return consumed > 0 or len(batch.items) >= page or len(resolved.items) >= page
 
+    stopper = ProcessController()
     supervisor = CancellationSupervisor(
         db,
-        signal=ProcessController().stop,
+        signal=stopper.stop,
+        finish=partial(finish_stop, stopper),
         owner=owner,
         page=budgets.cancel_page,
         pages=budgets.cancel_pages,
