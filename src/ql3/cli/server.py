@@ -222,6 +222,12 @@ def systemd_unit(args: argparse.Namespace, base: Path) -> str:
         serve += ["--slots", str(args.slots)]
     if args.worker_id is not None:
         serve += ["--worker-id", args.worker_id]
+    if args.run_as is not None:
+        serve += ["--run-as", args.run_as]
+    for project, task_user in args.project_run_as or []:
+        serve += ["--project-run-as", f"{project}={task_user}"]
+    if args.allow_server_user:
+        serve += ["--allow-server-user"]
     environment = [f"QL3_HOME={base}"]
     if args.database_url:
         serve += ["--database-url", args.database_url]
