@@ -6,6 +6,7 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -43,6 +44,7 @@ def _crash_inside_the_grace(tmp_path: Path, database_url: str | None) -> None:
     extra = {} if database_url is None else {"QL3_DATABASE_URL": database_url}
     server = start_with_env(home, extra)
     survivors: list[int] = []
+    run_id = ""
     try:
         # Given a running command with a child that ignores TERM, and a long grace before the KILL
         command = "(trap '' TERM; sleep 600) & sleep 600; wait"
@@ -81,8 +83,9 @@ def _crash_inside_the_grace(tmp_path: Path, database_url: str | None) -> None:
             stop(restarted.process)
     finally:
         stop(server.process)
-        for pid in _processes_of(run_id) if survivors else []:
-            os.kill(pid, signal.SIGKILL)
+        for pid in _processes_of(run_id) if run_id else []:  # never leave the stubborn child behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_crash_inside_the_grace_leaves_no_process_behind_on_sqlite(tmp_path: Path) -> None:

@@ -40,33 +40,37 @@ def test_the_raw_lease_token_never_reaches_the_journal_and_recovery_still_comple
     home = tmp_path / "home"
     gate = tmp_path / "gate"
     server = start_with_env(home, {})
-    command = gated_command(gate, "before", "after") + "; exit 4"
-    assert server.cli("task", "add", "held", "--command", command).returncode == 0
-    run_id = server.cli_json("run", "start", "held")["id"]
-    wait_for(lambda: run_json(server, run_id)["status"] == "running")
-    attempt_id, generation, digest = _lease(home, run_id)
-    token = derive_lease_token((home / "lease.secret").read_bytes(), attempt_id, generation)
-    assert lease_digest(token) == digest  # it is the very token the fence checks
-
-    # Then the journal's row exists but the token is nowhere in its files
-    in_flight = _journal_bytes(home)
-    assert attempt_id.encode() in in_flight
-    assert token.encode() not in in_flight and bytes.fromhex(token) not in in_flight
-
-    # When ql3 serve is killed with SIGKILL mid-run and restarted on the same home
-    server.process.send_signal(signal.SIGKILL)
-    server.process.wait(timeout=10)
-    assert token.encode() not in _journal_bytes(home)
-    restarted = start_with_env(home, {})
     try:
-        wait_for(lambda: run_json(restarted, run_id)["status"] == "running")
+        command = gated_command(gate, "before", "after") + "; exit 4"
+        assert server.cli("task", "add", "held", "--command", command).returncode == 0
+        run_id = server.cli_json("run", "start", "held")["id"]
+        wait_for(lambda: run_json(server, run_id)["status"] == "running")
+        attempt_id, generation, digest = _lease(home, run_id)
+        token = derive_lease_token((home / "lease.secret").read_bytes(), attempt_id, generation)
+        assert lease_digest(token) == digest  # it is the very token the fence checks
+
+        # Then the journal's row exists but the token is nowhere in its files
+        in_flight = _journal_bytes(home)
+        assert attempt_id.encode() in in_flight
+        assert token.encode() not in in_flight and bytes.fromhex(token) not in in_flight
+
+        # When ql3 serve is killed with SIGKILL mid-run and restarted on the same home
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait(timeout=10)
         assert token.encode() not in _journal_bytes(home)
-        gate.write_text("go")
-        final = wait_for(
-            lambda: (r := run_json(restarted, run_id))["status"] in ("succeeded", "failed") and r
-        )
+        restarted = start_with_env(home, {})
+        try:
+            wait_for(lambda: run_json(restarted, run_id)["status"] == "running")
+            assert token.encode() not in _journal_bytes(home)
+            gate.write_text("go")
+            final = wait_for(
+                lambda: (r := run_json(restarted, run_id))["status"] in ("succeeded", "failed") and r
+            )
+        finally:
+            stop(restarted.process)
     finally:
-        stop(restarted.process)
+        stop(server.process)  # (a no-op after the kill; a failed assertion must not leak it)
+        gate.write_text("go")
 
     # Then the re-adopted run completed under its original lease, with its real exit code and log
     assert final["status"] == "failed" and final["exit_code"] == 4 and final["attempt"] == 1
