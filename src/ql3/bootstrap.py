@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from ql3.application.settings import ServeSettings, resolve_home
 from ql3.domain.errors import ConfigurationError
 from ql3.execution.run_as import TaskUser as TaskUser  # re-exported for ``ql3 serve --run-as``
+from ql3.execution.run_as import TaskUsers as TaskUsers
 from ql3.execution.run_as import resolve_task_user as resolve_task_user
 from ql3.ports.storage import Database
 from ql3.storage.migrations import MigrationState
@@ -114,10 +115,12 @@ def build_standalone_runtime(
     settings: ServeSettings,
     *,
     run_as: TaskUser | None = None,
+    task_users: TaskUsers | None = None,
     default_cwd: Path | None = None,
 ) -> StandaloneRuntime:
     """Wire the dispatcher, the embedded worker and the control loops with ``settings``' budgets.
-    ``run_as``: a ``TaskUser`` the embedded worker's commands run as (None: the server's own user)."""
+    ``run_as``: a ``TaskUser`` the embedded worker's commands run as (None: the server's own user);
+    ``task_users``: the same per project (wins over ``run_as``)."""
     import socket
     import time
 
@@ -131,7 +134,7 @@ def build_standalone_runtime(
     from ql3.application.gateway import InProcessControlPlane
     from ql3.application.lifecycle import LifecycleRunner
     from ql3.domain.errors import Conflict
-    from ql3.execution.controller import ProcessController
+    from ql3.execution.controller import ProcessController, finish_stop
     from ql3.execution.launcher import LocalLauncher
     from ql3.worker.agent import WorkerAgent, WorkerConfig
 
@@ -169,7 +172,11 @@ def build_standalone_runtime(
         ),
         clock=clock,
         fault=fault_point,
-        launcher=LocalLauncher(run_as=run_as) if run_as is not None else None,
+        launcher=(
+            LocalLauncher(run_as=run_as, task_users=task_users)
+            if run_as is not None or task_users is not None
+            else None
+        ),
     )
     notifier = db.notifier
 
@@ -233,9 +240,11 @@ def build_standalone_runtime(
         page = budgets.approvals_page
         return consumed > 0 or len(batch.items) >= page or len(resolved.items) >= page
 
+    stopper = ProcessController()
     supervisor = CancellationSupervisor(
         db,
-        signal=ProcessController().stop,
+        signal=stopper.stop,
+        finish=partial(finish_stop, stopper),
         owner=owner,
         page=budgets.cancel_page,
         pages=budgets.cancel_pages,

@@ -103,6 +103,20 @@ def test_print_systemd_unit_runs_this_server(tmp_path: Path) -> None:
     assert not home.exists()  # printing the unit writes nothing
 
 
+def test_the_systemd_unit_keeps_the_task_users(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    flags = ["--run-as", "ql3-tasks", "--project-run-as", "billing=ql3-billing", "--allow-server-user"]
+
+    done = run_cli("serve", "--print-systemd-unit", *flags, home=home)
+
+    assert done.returncode == 0, done.stderr
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string(done.stdout)
+    command = shlex.split(unit["Service"]["ExecStart"])
+    assert command[-len(flags) :] == flags
+    assert not home.exists()
+
+
 def test_tasks_run_in_the_scripts_directory_by_default(serve: Server) -> None:
     # Given the README's example: deploy.sh in $QL3_HOME/scripts and a task that runs ./deploy.sh
     scripts = serve.home / "scripts"

@@ -114,3 +114,115 @@ def test_run_as_root_or_an_unknown_user_is_a_usage_error(tmp_path: Path) -> None
 
         assert done.returncode == 64, done.stderr
         assert "error: bad_run_as:" in done.stderr
+
+
+OTHER_USER = "ql3-task-test-b"
+
+
+@pytest.fixture(scope="module")
+def other_user(task_user: str) -> str:
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+            check=True,
+            capture_output=True,
+        )
+    return OTHER_USER
+
+
+def _run_in(server: Server, project: str, name: str, command: str) -> tuple[dict[str, object], str]:
+    server.cli_json("task", "add", name, "-p", project, "--command", command, "--cwd", "/tmp")
+    done = server.cli("run", "start", name, "-p", project, "--wait", "--json")
+    run = json.loads(done.stdout)
+    logs = server.cli("run", "logs", str(run["id"]), "-p", project)
+    assert logs.returncode == 0, logs.stderr
+    return run, logs.stdout
+
+
+def test_each_project_runs_as_its_own_task_user(task_user: str, other_user: str, open_parent: Path) -> None:
+    # Given a server whose projects "default" and "beta" each have their own task user
+    home = open_parent / "home"
+    first = start_server(home)
+    try:
+        assert first.cli("project", "create", "beta").returncode == 0
+    finally:
+        stop(first.process)
+    server = start_server(
+        home, "--project-run-as", f"default={task_user}", "--project-run-as", f"beta={other_user}"
+    )
+    try:
+        # and a run of project beta that wrote its log (and its secret) first
+        beta_run, beta_log = _run_in(server, "beta", "b-first", "echo beta-secret-output; echo uid=$(id -u)")
+        beta_logs = sorted(str(p) for p in (home / "worker" / "logs").rglob("*.log"))
+        targets = [
+            home / "credentials",
+            home / "ql3.db",
+            home / "ql3.db-wal",
+            home / "lease.secret",
+            home / "worker" / "journal.db",
+            home / "worker" / "journal.key",
+            *beta_logs,
+        ]
+        probe = "; ".join(
+            f"if cat '{t}' >/dev/null 2>&1; then echo 'READ {t}'; else echo 'DENIED {t}'; fi" for t in targets
+        )
+        probe += "; echo uid=$(id -u); env"
+
+        # When a task of project default probes them
+        run, log = _run_in(server, "default", "a-probe", probe)
+    finally:
+        stop(server.process)
+
+    # Then each project's command ran as its own user, and default's read nothing of the server or beta
+    assert beta_run["status"] == "succeeded" and f"uid={pwd.getpwnam(other_user).pw_uid}" in beta_log
+    assert beta_logs
+    assert run["status"] == "succeeded", log
+    assert f"uid={pwd.getpwnam(task_user).pw_uid}" in log
+    assert "READ " not in log and log.count("DENIED ") == len(targets)
+    assert "beta-secret-output" not in log
+    assert not [line for line in log.splitlines() if str(home) in line and not line.startswith("DENIED ")]
+    # (no --run-as default: the server said that other projects' tasks run as its own user)
+    assert "warning: tasks run as this server's own user" in server.log()
+
+
+def test_a_bad_project_task_user_is_a_usage_error(task_user: str, tmp_path: Path) -> None:
+    from tests.acceptance.conftest import run_cli
+
+    home = tmp_path / "home"
+    stop(start_server(home).process)
+    own = pwd.getpwuid(os.geteuid()).pw_name
+    cases = [
+        (["--project-run-as", "nosuchproject=" + task_user], "no such project"),
+        (["--project-run-as", "default=no-such-user-ql3"], "no such user"),
+        (["--project-run-as", f"default={own}"], "the server's own user"),
+        (["--project-run-as", "default"], "PROJECT=USER"),
+        (["--project-run-as", f"default={task_user}", "--project-run-as", f"default={task_user}"], "twice"),
+    ]
+    for flags, message in cases:
+        done = run_cli("serve", *flags, "--listen", "127.0.0.1:1", home=home)
+
+        assert done.returncode == 64, (flags, done.stderr)
+        assert message in done.stderr, (flags, done.stderr)
+
+
+def test_the_servers_own_user_is_allowed_for_a_project_only_explicitly(
+    task_user: str, open_parent: Path
+) -> None:
+    own = pwd.getpwuid(os.geteuid())
+    server = start_server(
+        open_parent / "home",
+        "--run-as",
+        task_user,
+        "--project-run-as",
+        f"default={own.pw_name}",
+        "--allow-server-user",
+    )
+    try:
+        run, log = _run(server, "as-server", "echo uid=$(id -u)")
+    finally:
+        stop(server.process)
+
+    assert run["status"] == "succeeded" and f"uid={own.pw_uid}" in log
+    assert "warning: tasks of project default run as this server's own user" in server.log()

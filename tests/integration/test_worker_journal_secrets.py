@@ -55,15 +55,16 @@ def test_no_planted_secret_reaches_the_journal_and_the_settled_row_is_gone(
         }
         on_disk = _journal_bytes(env.home)
         assert on_disk and not [c for c in CANARIES if c.encode() in on_disk]
+        # nor the raw lease token, which the journal keeps only sealed, and unseals for recovery
+        assert offer.fence.lease_token.encode() not in on_disk
+        assert record.lease_token == offer.fence.lease_token
 
-        # And once the run completes, the row (and the lease token in it) is gone
+        # And once the run completes, the row (and the sealed token in it) is gone
         gate.write_text("go")
         _wait(lambda: env.run_status(offer.fence.run_id) == "succeeded")
         _wait(lambda: agent.journal.get(offer.offer_id) is None)
-        assert (
-            offer.fence.lease_token.encode() not in _journal_bytes(env.home)
-            or agent.journal.audit().total == 0
-        )
+        assert offer.fence.lease_token.encode() not in _journal_bytes(env.home)
+        assert agent.journal.audit().total == 0
         assert not [c for c in CANARIES if c.encode() in _journal_bytes(env.home)]
     finally:
         agent.stop()

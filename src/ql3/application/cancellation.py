@@ -499,6 +499,7 @@ class CancellationSupervisor:
         grace_ms: int = rules.DEFAULT_GRACE_MS,
         fault: Callable[[str], None] | None = None,
         local_worker_id: str | None = None,
+        finish: SignalFn | None = None,
     ) -> None:
         if isinstance(page, bool) or not 1 <= page <= rules.MAX_PAGE:
             raise ValidationFailed(f"page must be 1-{rules.MAX_PAGE}", field="page")
@@ -522,6 +523,10 @@ class CancellationSupervisor:
         self._fault = fault or (lambda _point: None)
         # Signal only processes of this host's worker (None: any attempt, e.g. a single server).
         self._local_worker_id = local_worker_id
+        # Finishes a stop a crash cut short (the Run already ended): ``signal`` plus a sweep of what is
+        # left of the group once its leader is gone. Only with a local worker (its processes only).
+        self._finish = finish
+        self._since_ms: int | None = None  # the database time of this supervisor's first cycle
         # Fair paging: a cycle stopped by ``page_limit`` leaves its cursor here and the next cycle
         # continues past it, so intents this supervisor skips (another server's worker, backoff) can
         # never hide its own behind them. A cycle that reaches the end wraps to the first page.
@@ -540,6 +545,7 @@ class CancellationSupervisor:
             self._cursor = cursor if reason == "page_limit" else None
             return CycleReport(stop_reason=reason, pages=pages, results=results, skipped=skipped, **counts)
 
+        self._finish_interrupted(counts, results)
         for _ in range(self._pages):
             found = self._db.transaction(partial(_intent_page, cursor=cursor, limit=self._page), write=False)
             pages += 1
@@ -565,6 +571,67 @@ class CancellationSupervisor:
                 return report("complete")
             cursor = keys[-1]
         return report("page_limit")
+
+    def _finish_interrupted(self, counts: dict[str, int], results: dict[str, int]) -> None:
+        """A stop this server began and a crash cut short: the TERM went out, the shim exited and the Run
+        ended, but the KILL after the grace never came, so a process that ignored the TERM still runs.
+        No intent lists a terminal Run again, so the stale lease is taken over here (one page per
+        cycle), the stop finished on the identity-proven group, and the dispatch settled. The Run is
+        immutable and gets no event."""
+        if self._finish is None or self._local_worker_id is None:
+            return
+        worker_id, finish = self._local_worker_id, self._finish
+        if self._since_ms is None:
+            self._since_ms = self._db.transaction(lambda tx: tx.now_ms(), write=False)
+        since = self._since_ms
+        stale = self._db.transaction(
+            lambda tx: tx.all(
+                "cancel_interrupted_stops",
+                {"worker_id": worker_id, "now": tx.now_ms(), "since": since, "limit": self._page},
+            ),
+            write=False,
+        )
+        for row in stale[: self._page]:
+            run_id, version = str(row["run_id"]), int(row["version"])
+            token = secrets.token_urlsafe(32)
+            taken = self._db.transaction(
+                partial(
+                    _take_over_interrupted,
+                    run_id=run_id,
+                    expected_version=version,
+                    owner=self._owner,
+                    token=token,
+                    lease_ms=self._lease_ms,
+                )
+            )
+            if taken is None:
+                continue  # someone else moved it meanwhile
+            handle, pid = row["executor_handle"], row["pid"]
+            result = "handle_missing"
+            if handle:
+                counts["signals"] += 1
+                try:
+                    outcome = finish(str(handle), None if pid is None else int(pid), grace_ms=self._grace_ms)
+                    result = rules.result_from_stop_status(getattr(outcome, "status", None))
+                except Exception:  # retried from the next cycle: the lease expires
+                    result = "dispatch_error"
+            try:
+                self._db.transaction(
+                    partial(
+                        record_result,
+                        run_id=run_id,
+                        attempt_id=taken[0],
+                        owner=self._owner,
+                        token=token,
+                        expected_version=taken[1],
+                        result=result,
+                        controller_ran=bool(handle),
+                    )
+                )
+            except FenceConflict:
+                counts["fenced"] += 1
+                continue
+            results[result] = results.get(result, 0) + 1
 
     def next_wake_ms(self, tx: Transaction) -> int | None:
         """The earliest database instant at which this supervisor has work: a run deadline, or a
@@ -668,6 +735,35 @@ class CancellationSupervisor:
             return build_spec(get_revision(tx, run.task_id, run.task_revision).spec).grace_ms
         except (NotFound, ValidationFailed):
             return self._grace_ms
+
+
+def _take_over_interrupted(
+    tx: Transaction, *, run_id: str, expected_version: int, owner: str, token: str, lease_ms: int
+) -> tuple[str, int] | None:
+    """Lease a stale dispatch of a terminal Run to this owner (CAS on its version); its attempt id and new
+    version, or None when it moved."""
+    run = lock_run(tx, run_id)
+    dispatch = _lock_dispatch(tx, run_id)
+    if (
+        not is_run_terminal(run.status)
+        or dispatch is None
+        or dispatch.status != "leased"
+        or dispatch.version != expected_version
+    ):
+        return None
+    now = tx.now_ms()
+    changed = tx.run(
+        "cancel_dispatch_lease",
+        {
+            "run_id": run_id,
+            "expected_version": expected_version,
+            "owner": owner,
+            "lease_token_digest": rules.lease_token_digest(token),
+            "lease_expires_at_ms": now + lease_ms,
+            "now": now,
+        },
+    )
+    return (dispatch.attempt_id, expected_version + 1) if changed == 1 else None
 
 
 def _intent_page(tx: Transaction, *, cursor: tuple[int, str] | None, limit: int) -> list[Row]:

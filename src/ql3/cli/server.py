@@ -14,8 +14,9 @@ import stat
 import sys
 import textwrap
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from types import FrameType
+from types import FrameType, MappingProxyType
 from typing import Final, TextIO
 
 from ql3.application import auth
@@ -23,6 +24,7 @@ from ql3.application.settings import ENV_VARS, PROFILES, ServeSettings, Settings
 from ql3.bootstrap import (
     ManagedDatabase,
     TaskUser,
+    TaskUsers,
     build_standalone_runtime,
     open_database,
     resolve_task_user,
@@ -220,6 +222,12 @@ def systemd_unit(args: argparse.Namespace, base: Path) -> str:
         serve += ["--slots", str(args.slots)]
     if args.worker_id is not None:
         serve += ["--worker-id", args.worker_id]
+    if args.run_as is not None:
+        serve += ["--run-as", args.run_as]
+    for project, task_user in args.project_run_as or []:
+        serve += ["--project-run-as", f"{project}={task_user}"]
+    if args.allow_server_user:
+        serve += ["--allow-server-user"]
     environment = [f"QL3_HOME={base}"]
     if args.database_url:
         serve += ["--database-url", args.database_url]
@@ -290,11 +298,15 @@ def _serve(
     # The server's threads mostly wait on I/O (spawn, fsync, SQLite); a short GIL switch interval lets
     # a thread whose I/O finished run again promptly instead of after CPython's default 5 ms.
     sys.setswitchinterval(0.0005)
-    task_user = _task_user(args.run_as)
+    task_user = _task_user(args.run_as, allow_server_user=args.allow_server_user)
+    project_users = _project_users(args.project_run_as or [], allow_server_user=args.allow_server_user)
     prepared = prepare(settings.database_url, client_url(host, port), update_url=True, home=settings.home)
     workdir = scripts_dir(args, settings.home)  # after prepare(): an open QL3_HOME is refused untouched
     try:
-        runtime = build_standalone_runtime(prepared.db, settings, run_as=task_user, default_cwd=workdir)
+        task_users = _task_users(prepared.db, task_user, project_users)
+        runtime = build_standalone_runtime(
+            prepared.db, settings, run_as=task_user, task_users=task_users, default_cwd=workdir
+        )
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(prepared.db, lifecycle=[runtime], logs_root=logs_root)
         config = uvicorn.Config(
@@ -331,19 +343,60 @@ def _serve(
         prepared.db.close()
 
 
-def _task_user(name: str | None) -> TaskUser | None:
+def _task_user(name: str | None, *, allow_server_user: bool) -> TaskUser | None:
     """Resolve ``--run-as``; without it, warn that tasks can read everything this server can."""
-    if name is None:
+    user = None
+    if name is not None:
+        try:
+            user = resolve_task_user(name, allow_server_user=allow_server_user)
+        except ConfigurationError as exc:
+            raise UsageError(exc.message, code="bad_run_as") from None
+    if user is None:
         output.note(
             f"warning: tasks run as this server's own user (uid {os.geteuid()}): whoever may add tasks and"
             " start runs in any project can read $QL3_HOME (the owner's credentials, every project's"
             " secrets); start as root with --run-as USER to run them as another user (docs/security.md)"
         )
+    return user
+
+
+def _project_users(
+    pairs: list[tuple[str, str]], *, allow_server_user: bool
+) -> list[tuple[str, TaskUser | None]]:
+    """Resolve each ``--project-run-as PROJECT=USER``'s user (before anything is opened)."""
+    resolved: list[tuple[str, TaskUser | None]] = []
+    for project, name in pairs:
+        try:
+            user = resolve_task_user(name, flag="--project-run-as", allow_server_user=allow_server_user)
+        except ConfigurationError as exc:
+            raise UsageError(f"{exc.message} ({project}={name})", code="bad_run_as") from None
+        resolved.append((project, user))
+    return resolved
+
+
+def _task_users(
+    db: ManagedDatabase, default: TaskUser | None, project_users: list[tuple[str, TaskUser | None]]
+) -> TaskUsers | None:
+    """Map each ``--project-run-as`` project (name or id) to its id; an unknown project is a usage error."""
+    if not project_users:
         return None
-    try:
-        return resolve_task_user(name)
-    except ConfigurationError as exc:
-        raise UsageError(exc.message, code="bad_run_as") from None
+    from ql3.domain.errors import NotFound
+
+    by_id: dict[str, TaskUser | None] = {}
+    for ref, user in project_users:
+        try:
+            project = db.transaction(partial(auth.resolve_project, ref=ref), write=False)
+        except NotFound:
+            raise UsageError(f"--project-run-as: no such project {ref!r}", code="bad_run_as") from None
+        if project.id in by_id:
+            raise UsageError(f"--project-run-as: project {ref!r} given twice", code="bad_run_as")
+        by_id[project.id] = user
+        if user is None:
+            output.note(
+                f"warning: tasks of project {project.name} run as this server's own user"
+                " (--allow-server-user): its operators can read $QL3_HOME (docs/security.md)"
+            )
+    return TaskUsers(default=default, projects=MappingProxyType(by_id))
 
 
 def _slots(text: str) -> int:
@@ -454,9 +507,31 @@ def register(subparsers: Subparsers) -> None:
         " setpriv): a task then cannot read $QL3_HOME. Without it tasks run as the server's user",
     )
     serve.add_argument(
+        "--project-run-as",
+        type=_project_user,
+        action="append",
+        metavar="PROJECT=USER",
+        help="run the commands of PROJECT (name or id) as USER instead of the --run-as user"
+        " (repeatable; the same rules as --run-as): one task user per project keeps each project's"
+        " tasks out of the others' files",
+    )
+    serve.add_argument(
+        "--allow-server-user",
+        action="store_true",
+        help="let --run-as or --project-run-as name the server's own user (its tasks can then read"
+        " $QL3_HOME; said at start-up)",
+    )
+    serve.add_argument(
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
     )
     database_flag(serve)
+
+
+def _project_user(text: str) -> tuple[str, str]:
+    project, sep, user = text.partition("=")
+    if not sep or not project or not user:
+        raise argparse.ArgumentTypeError("PROJECT=USER")
+    return project, user
 
 
 def _mode(text: str) -> int:

@@ -262,3 +262,21 @@ def _session_id(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
         raw = f.read()
     return int(raw[raw.rindex(b")") + 2 :].split()[3])
+
+
+def finish_stop(
+    controller: ProcessController, handle_text: str, expected_pid: int | None, /, *, grace_ms: int
+) -> StopOutcome:
+    """Finish a stop that a crash cut short, for a Run that already ended: the group's leader still
+    running gets the whole stop; once it is gone (``already_exited``), whatever survived it in its
+    group and session (a child that ignored the TERM) is found by identity and killed
+    (``kill_orphans``). The same outcome statuses as ``stop``."""
+    outcome = controller.stop(handle_text, expected_pid, grace_ms=grace_ms)
+    if outcome.status != "already_exited":
+        return outcome
+    try:
+        handle = ProcessHandle.decode(handle_text)
+    except InvalidHandle:
+        return _outcome("invalid")
+    killed = kill_orphans(handle)
+    return _outcome("already_exited", kill=killed > 0)

@@ -37,7 +37,7 @@ from ql3.execution.receipts import (
     receipt_prefix,
     receipt_temp_path,
 )
-from ql3.execution.run_as import TaskUser
+from ql3.execution.run_as import TaskUser, TaskUsers
 
 ISOLATED_PATH = "/usr/local/bin:/usr/bin:/bin"
 MAX_ID_CHARS = 255
@@ -109,6 +109,7 @@ class LaunchRequest:
     receipt_dir: Path
     log_cap_bytes: int
     started_at_ms: int
+    project_id: str | None = None  # picks the project's task user (TaskUsers)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,10 +137,16 @@ class LocalLauncher:
     """
 
     def __init__(
-        self, *, shell: str = "/bin/sh", durable_receipts: bool = False, run_as: TaskUser | None = None
+        self,
+        *,
+        shell: str = "/bin/sh",
+        durable_receipts: bool = False,
+        run_as: TaskUser | None = None,
+        task_users: TaskUsers | None = None,
     ) -> None:
         self._shell = shell
-        self._run_as = run_as  # the command (not the shim) runs as this user: docs/security.md
+        # The command (not the shim) runs as the project's task user: docs/security.md ("Run as").
+        self._users = task_users if task_users is not None else TaskUsers(default=run_as)
         self._script = resources.files("ql3.execution").joinpath("shim.sh").read_text("utf-8")
         self._boot_id = read_boot_id()
         self._ln = _find_tool("ln")
@@ -155,8 +162,9 @@ class LocalLauncher:
         _validate(request)
         receipt_dir = Path(os.path.abspath(request.receipt_dir))
         log_path = Path(os.path.abspath(request.log_path))
-        env = self._child_environment(request)
-        env.update(self._shim_variables(request, receipt_dir))
+        user = self._users.for_project(request.project_id)
+        env = self._child_environment(request, user)
+        env.update(self._shim_variables(request, receipt_dir, user))
         argv = [self._shell, "-c", self._script, "sh"]
         if isinstance(request.command, ArgvCommand):
             argv += [request.command.file, *request.command.args]
@@ -216,7 +224,7 @@ class LocalLauncher:
             receipt_path=receipt_path(receipt_dir, request.attempt_id),
         )
 
-    def _child_environment(self, request: LaunchRequest) -> dict[str, str]:
+    def _child_environment(self, request: LaunchRequest, user: TaskUser | None) -> dict[str, str]:
         if request.environment_policy == "isolated":
             env = {"PATH": ISOLATED_PATH, "HOME": self._home, "LANG": "C.UTF-8"}
         else:
@@ -225,8 +233,8 @@ class LocalLauncher:
                 for k, v in os.environ.items()
                 if not k.startswith(SHIM_ENV_PREFIX) and k not in SERVER_ONLY_VARS
             }
-        if self._run_as is not None:
-            env.update(self._run_as.environment())
+        if user is not None:
+            env.update(user.environment())
         env.update(request.environment)
         for prefix in ("QL3_", "QL_"):
             env[prefix + "RUN_ID"] = request.run_id
@@ -234,7 +242,9 @@ class LocalLauncher:
             env[prefix + "CALLBACK_TOKEN"] = request.callback_token
         return env
 
-    def _shim_variables(self, request: LaunchRequest, receipt_dir: Path) -> dict[str, str]:
+    def _shim_variables(
+        self, request: LaunchRequest, receipt_dir: Path, user: TaskUser | None
+    ) -> dict[str, str]:
         command = request.command
         return {
             "QL3_SHIM_MODE": "argv" if isinstance(command, ArgvCommand) else "shell",
@@ -251,7 +261,7 @@ class LocalLauncher:
             "QL3_SHIM_BOOT": self._boot_id,
             "QL3_SHIM_UMASK": self._umask,
             "QL3_SHIM_IDENTITY": str(launch_identity_path(receipt_dir, request.attempt_id)),
-            "QL3_SHIM_AS": self._run_as.command_prefix() if self._run_as is not None else "",
+            "QL3_SHIM_AS": user.command_prefix() if user is not None else "",
         }
 
     def _ensure_dir(self, path: Path) -> None:

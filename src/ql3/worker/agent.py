@@ -119,8 +119,15 @@ _JOURNAL_SPEC_KEYS: Final = frozenset(
 
 
 def _journal_offer_json(offer: Offer) -> str:
+    # The lease token travels beside it (``JournalOffer.lease_token``): the journal keeps it sealed.
     spec = {k: v for k, v in offer.spec.items() if k in _JOURNAL_SPEC_KEYS}
-    return replace(offer, spec=spec).to_json()
+    return replace(offer, spec=spec, fence=replace(offer.fence, lease_token="")).to_json()
+
+
+def _journal_offer(record: JournalRecord) -> Offer:
+    """The stored offer with its lease token unsealed by the journal."""
+    offer = Offer.from_json(json.loads(record.offer_json))
+    return replace(offer, fence=replace(offer.fence, lease_token=record.lease_token or ""))
 
 
 def _termination_grace_ms(record: JournalRecord) -> int:
@@ -283,6 +290,7 @@ class WorkerAgent:
                 execution_spec_digest=offer.spec_digest,
                 delivery_kind=offer.delivery_kind,
                 offer_json=_journal_offer_json(offer),
+                lease_token=f.lease_token,
             )
         )
         record = accepted.record
@@ -340,6 +348,7 @@ class WorkerAgent:
             receipt_dir=self.config.receipts_dir,
             log_cap_bytes=self.config.log_cap_bytes,
             started_at_ms=self._clock(),
+            project_id=spec.get("projectId"),
         )
         try:
             launched = self._launcher.start(request)
@@ -426,7 +435,7 @@ class WorkerAgent:
         with self._lock:
             active = self._active.get(record.attempt_id)
             if active is None:
-                offer = Offer.from_json(json.loads(record.offer_json))
+                offer = _journal_offer(record)
                 active = _Active(offer_id=record.offer_id, fence=offer.fence, handle=record.executor_handle)
                 self._active[record.attempt_id] = active
             return active
@@ -641,7 +650,7 @@ class WorkerAgent:
         return counts
 
     def _reconcile_one(self, record: JournalRecord) -> str:
-        offer = Offer.from_json(json.loads(record.offer_json))
+        offer = _journal_offer(record)
         fence = offer.fence
         if fence.session_id != (self.session.session_id if self.session else None):
             return "session_fenced"

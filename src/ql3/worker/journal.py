@@ -6,16 +6,23 @@ The journal is local delivery state, not an authority (docs/contracts.md §3, do
 never spawned again.
 
 The journal keeps only what recovery needs. ``offer_json`` is the offer as the worker stores it: the
-fence (with the lease token, which a restarted worker needs to prove its authority) and the spec's
-identity and stop policy, never the command, the working directory or environment values (the caller
-strips them, see ``worker.agent``). A record is pruned as soon as its attempt settles. The file is
-``0600`` in a ``0700`` directory, and only one owner (an ``flock`` on ``<path>.lock``) may use it at a
-time. The raw completion token is never stored, only its sha256.
+fence without its lease token and the spec's identity and stop policy, never the command, the working
+directory or environment values (the caller strips them, see ``worker.agent``). The lease token, which
+a restarted worker needs to prove its authority, is kept only sealed (``lease_token_sealed``): encrypted
+and authenticated with a worker-local key in ``<path>.key`` (32 random bytes, ``0600``), bound to its
+offer id, so the journal file alone (a copy, a backup, a leaked WAL) holds no usable secret. A record
+is pruned as soon as its attempt settles. The file is ``0600`` in a ``0700`` directory, and only one
+owner (an ``flock`` on ``<path>.lock``) may use it at a time. The raw completion token is never stored,
+only its sha256.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import fcntl
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -118,7 +125,9 @@ MAX_RETENTION_LIMIT: Final = 64
 MIN_RETENTION_AGE_MS: Final = 60_000
 MAX_RETENTION_AGE_MS: Final = 30 * 86_400_000
 MAX_OFFER_JSON_BYTES: Final = 192 * 1024
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+KEY_BYTES: Final = 32
+MAX_LEASE_TOKEN_BYTES: Final = 1024
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
 _DIGEST_RE: Final = re.compile(r"[0-9a-f]{64}")
@@ -199,8 +208,9 @@ class JournalOffer:
     lease_generation: int
     execution_spec_digest: str
     delivery_kind: DeliveryKind
-    # Holds the lease token: never in a repr.
     offer_json: str = field(repr=False)
+    # The lease token: stored sealed, never in ``offer_json`` and never in a repr.
+    lease_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,6 +235,8 @@ class JournalRecord:
     executor_handle: str | None = field(default=None, repr=False)
     recovery_reason: RecoveryReason | None = None
     completion_acknowledged_at_ms: int | None = None
+    # Unsealed on read (the file holds only ``lease_token_sealed``).
+    lease_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,7 +260,7 @@ _COLUMNS: Final = (
     "offer_id, run_id, attempt_id, lease_generation, execution_spec_digest, delivery_kind, state, "
     "revision, offer_json, accepted_at_ms, updated_at_ms, executor_started_at_ms, log_artifact_id, "
     "completion_callback_sequence, completion_token_digest, executor_handle, recovery_reason, "
-    "completion_acknowledged_at_ms"
+    "completion_acknowledged_at_ms, lease_token_sealed"
 )
 _SCHEMA: Final = (
     """
@@ -273,7 +285,8 @@ _SCHEMA: Final = (
         OR (length(completion_token_digest) = 64 AND completion_token_digest NOT GLOB '*[^0-9a-f]*')),
       executor_handle TEXT,
       recovery_reason TEXT,
-      completion_acknowledged_at_ms INTEGER
+      completion_acknowledged_at_ms INTEGER,
+      lease_token_sealed TEXT
     ) STRICT
     """,
     "CREATE INDEX journal_by_attempt ON journal (attempt_id, lease_generation)",
@@ -304,7 +317,7 @@ _COUNT_ACTIVE: Final = (
     "SELECT count(*) FROM journal "
     "WHERE state NOT IN ('completion_acknowledged', 'start_failure_acknowledged')"
 )
-_INSERT: Final = f"INSERT INTO journal ({_COLUMNS}) VALUES ({', '.join('?' * 18)})"
+_INSERT: Final = f"INSERT INTO journal ({_COLUMNS}) VALUES ({', '.join('?' * 19)})"
 _UPDATE: Final = (
     "UPDATE journal SET state = ?, revision = ?, updated_at_ms = ?, executor_started_at_ms = ?, "
     "log_artifact_id = ?, completion_callback_sequence = ?, completion_token_digest = ?, "
@@ -312,7 +325,7 @@ _UPDATE: Final = (
     "WHERE offer_id = ? AND revision = ? AND state = ?"
 )
 _UPDATE_OFFER: Final = (
-    "UPDATE journal SET offer_json = ?, revision = revision + 1, updated_at_ms = ? "
+    "UPDATE journal SET offer_json = ?, lease_token_sealed = ?, revision = revision + 1, updated_at_ms = ? "
     "WHERE offer_id = ? AND revision = ? AND state = ?"
 )
 _SELECT_EXPIRED: Final = (
@@ -325,6 +338,121 @@ _DELETE_SETTLED: Final = (
     "DELETE FROM journal WHERE offer_id = ? "
     "AND state IN ('completion_acknowledged', 'start_failure_acknowledged', 'recovery_required')"
 )
+
+
+_SEAL_VERSION: Final = "s1"
+_SEAL_DOMAIN: Final = b"ql3-journal-lease-token-seal-v1\0"
+
+
+class TokenSeal:
+    """Encrypt-then-MAC of a lease token under the worker-local key, bound to its offer id.
+
+    The keystream is HMAC-SHA256(key, domain | "stream" | offer id | block counter), XORed with the
+    token; the tag is HMAC-SHA256(key, domain | "tag" | offer id | ciphertext). An offer id always
+    carries the same lease (and so the same token): a keystream is never used for two plaintexts.
+    Standard library only (``hmac``, ``hashlib``).
+    """
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != KEY_BYTES:
+            raise JournalUnavailable(reason="key_invalid")
+        self._key = key
+
+    def __repr__(self) -> str:
+        return "TokenSeal(<key>)"
+
+    @classmethod
+    def load(cls, path: Path) -> TokenSeal:
+        """Read the key at ``path``, creating it (``0600``, written then linked into place) if missing."""
+        try:
+            return cls(_read_key(path))
+        except FileNotFoundError:
+            pass
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()  # a crash before the link below left it
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+                os.write(fd, os.urandom(KEY_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)  # never replaces a key that another opener linked first
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+            _fsync_dir(path.parent)
+            return cls(_read_key(path))
+        except OSError as exc:
+            raise JournalUnavailable(reason="key_unavailable") from exc
+
+    def seal(self, offer_id: str, token: str) -> str:
+        plain = token.encode()
+        if not plain or len(plain) > MAX_LEASE_TOKEN_BYTES:
+            raise JournalInvalid(reason="lease_token_invalid")
+        cipher = bytes(a ^ b for a, b in zip(plain, self._stream(offer_id, len(plain)), strict=True))
+        tag = self._tag(offer_id, cipher)
+        return f"{_SEAL_VERSION}.{_b64(cipher)}.{_b64(tag)}"
+
+    def unseal(self, offer_id: str, sealed: str) -> str:
+        """The token, or ``JournalUnavailable(reason="seal_invalid")`` for a wrong key or a tampered seal."""
+        try:
+            version, cipher_text, tag_text = sealed.split(".")
+            cipher, tag = _unb64(cipher_text), _unb64(tag_text)
+        except ValueError:
+            raise JournalUnavailable(reason="seal_invalid") from None
+        if version != _SEAL_VERSION or not hmac.compare_digest(tag, self._tag(offer_id, cipher)):
+            raise JournalUnavailable(reason="seal_invalid")
+        plain = bytes(a ^ b for a, b in zip(cipher, self._stream(offer_id, len(cipher)), strict=True))
+        try:
+            return plain.decode()
+        except UnicodeDecodeError:
+            raise JournalUnavailable(reason="seal_invalid") from None
+
+    def _stream(self, offer_id: str, length: int) -> bytes:
+        prefix = _SEAL_DOMAIN + b"stream\0" + offer_id.encode() + b"\0"
+        blocks = (length + 31) // 32
+        stream = b"".join(
+            hmac.new(self._key, prefix + i.to_bytes(4, "big"), hashlib.sha256).digest() for i in range(blocks)
+        )
+        return stream[:length]
+
+    def _tag(self, offer_id: str, cipher: bytes) -> bytes:
+        message = _SEAL_DOMAIN + b"tag\0" + offer_id.encode() + b"\0" + cipher
+        return hmac.new(self._key, message, hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _read_key(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != KEY_BYTES:
+            raise JournalUnavailable(reason="key_invalid")
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+        return os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def key_path_for(journal_path: Path) -> Path:
+    """Where the journal's sealing key lives: ``journal.db`` -> ``journal.key``, beside it."""
+    key = journal_path.with_suffix(".key")
+    return key if key != journal_path else journal_path.with_name(journal_path.name + ".key")
 
 
 class WorkerJournal:
@@ -346,7 +474,9 @@ class WorkerJournal:
         lock_path: Path,
         clock: Callable[[], int],
         capacity: int,
+        seal: TokenSeal,
     ) -> None:
+        self._seal = seal
         self._conn = conn
         self._lock_fd = lock_fd
         self._lock_path = lock_path
@@ -370,11 +500,12 @@ class WorkerJournal:
         lock_path = path.with_name(path.name + ".lock")
         lock_fd = _acquire_lock(lock_path)
         try:
-            conn = _connect(path)
+            seal = TokenSeal.load(key_path_for(path))
+            conn = _connect(path, seal)
         except BaseException:
             _release_lock(lock_fd)
             raise
-        return cls(conn=conn, lock_fd=lock_fd, lock_path=lock_path, clock=clock, capacity=capacity)
+        return cls(conn=conn, lock_fd=lock_fd, lock_path=lock_path, clock=clock, capacity=capacity, seal=seal)
 
     @property
     def capacity(self) -> int:
@@ -414,7 +545,7 @@ class WorkerJournal:
         with self._transaction(write=True) as conn:
             row = conn.execute(_SELECT_ONE, (offer.offer_id,)).fetchone()
             if row is not None:
-                return AcceptResult(record=self._redelivered(conn, _record(row), offer), created=False)
+                return AcceptResult(record=self._redelivered(conn, self._read(row), offer), created=False)
             (active,) = conn.execute(_COUNT_ACTIVE).fetchone()
             if active >= self._capacity:
                 raise JournalFull()
@@ -431,8 +562,9 @@ class WorkerJournal:
                 offer_json=offer.offer_json,
                 accepted_at_ms=now,
                 updated_at_ms=now,
+                lease_token=offer.lease_token,
             )
-            conn.execute(_INSERT, _row(record))
+            conn.execute(_INSERT, (*_row(record), self._sealed(record.offer_id, record.lease_token)))
             return AcceptResult(record=record, created=True)
 
     def advance(
@@ -495,7 +627,7 @@ class WorkerJournal:
             row = conn.execute(_SELECT_ONE, (offer_id,)).fetchone()
             if row is None:
                 raise JournalConflict(reason="not_found")
-            current = _record(row)
+            current = self._read(row)
             if current.revision != expected_revision:
                 raise JournalConflict(reason="stale_revision")
             if to_state not in _TRANSITIONS[current.state] or not _resumable(current, to_state):
@@ -525,13 +657,13 @@ class WorkerJournal:
         """The record of ``offer_id``, or None."""
         with self._transaction(write=False) as conn:
             row = conn.execute(_SELECT_ONE, (offer_id,)).fetchone()
-            return None if row is None else _record(row)
+            return None if row is None else self._read(row)
 
     def find_by_attempt(self, attempt_id: str) -> JournalRecord | None:
         """The record of ``attempt_id`` with the highest lease generation (latest accepted), or None."""
         with self._transaction(write=False) as conn:
             row = conn.execute(_SELECT_BY_ATTEMPT, (attempt_id,)).fetchone()
-            return None if row is None else _record(row)
+            return None if row is None else self._read(row)
 
     def page(
         self,
@@ -553,7 +685,7 @@ class WorkerJournal:
             rows = conn.execute(
                 _SELECT_PAGE, {"after": after_offer_id, "states": states_json, "limit": limit}
             ).fetchall()
-            return [_record(row) for row in rows]
+            return [self._read(row) for row in rows]
 
     def audit(
         self, *, page_size: int = DEFAULT_AUDIT_PAGE_SIZE, max_pages: int = DEFAULT_AUDIT_MAX_PAGES
@@ -602,7 +734,7 @@ class WorkerJournal:
             after = ""
             for _ in range(max_pages):
                 rows = conn.execute(_SELECT_RECONCILE_PAGE, (after, page_size)).fetchall()
-                found.extend(_record(row) for row in rows)
+                found.extend(self._read(row) for row in rows)
                 if len(rows) < page_size:
                     break
                 after = found[-1].offer_id
@@ -662,18 +794,36 @@ class WorkerJournal:
         if (
             offer.delivery_kind != "lease_recovery"
             or existing.state not in _REFRESHABLE_STATES
-            or existing.offer_json == offer.offer_json
+            or (existing.offer_json, existing.lease_token) == (offer.offer_json, offer.lease_token)
         ):
             return existing
         now = self._now(floor=existing.updated_at_ms)
+        sealed = self._sealed(existing.offer_id, offer.lease_token)
         cursor = conn.execute(
-            _UPDATE_OFFER, (offer.offer_json, now, existing.offer_id, existing.revision, existing.state)
+            _UPDATE_OFFER,
+            (offer.offer_json, sealed, now, existing.offer_id, existing.revision, existing.state),
         )
         if cursor.rowcount != 1:
             raise JournalConflict(reason="stale_revision")
         return replace(
-            existing, offer_json=offer.offer_json, revision=existing.revision + 1, updated_at_ms=now
+            existing,
+            offer_json=offer.offer_json,
+            lease_token=offer.lease_token,
+            revision=existing.revision + 1,
+            updated_at_ms=now,
         )
+
+    def _sealed(self, offer_id: str, token: str | None) -> str | None:
+        return None if token is None else self._seal.seal(offer_id, token)
+
+    def _read(self, row: tuple[Any, ...]) -> JournalRecord:
+        record = _record(row)
+        sealed = row[18]
+        if sealed is None:
+            return record
+        if not isinstance(sealed, str):
+            raise JournalUnavailable(reason="row_invalid")
+        return replace(record, lease_token=self._seal.unseal(record.offer_id, sealed))
 
     def _update(self, conn: sqlite3.Connection, current: JournalRecord, updated: JournalRecord) -> None:
         cursor = conn.execute(
@@ -756,6 +906,11 @@ def _validate_offer(offer: JournalOffer) -> None:
         raise JournalInvalid(reason="spec_digest_invalid")
     if offer.delivery_kind not in DELIVERY_KINDS:
         raise JournalInvalid(reason="delivery_kind_invalid")
+    if offer.lease_token is not None and (
+        not isinstance(offer.lease_token, str)
+        or not 0 < len(offer.lease_token.encode()) <= MAX_LEASE_TOKEN_BYTES
+    ):
+        raise JournalInvalid(reason="lease_token_invalid")
     if not isinstance(offer.offer_json, str) or len(offer.offer_json.encode()) > MAX_OFFER_JSON_BYTES:
         raise JournalInvalid(reason="offer_invalid")
     try:
@@ -890,7 +1045,7 @@ def _release_lock(fd: int) -> None:
         os.close(fd)
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: Path, seal: TokenSeal) -> sqlite3.Connection:
     try:
         created = _create_private_file(path)
         if created:
@@ -906,7 +1061,9 @@ def _connect(path: Path) -> sqlite3.Connection:
         # so it also survives power loss (see _transaction).
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA trusted_schema = OFF")
-        _migrate(conn)
+        # Deleted and rewritten content is zeroed, not left in free pages of the file.
+        conn.execute("PRAGMA secure_delete = ON")
+        _migrate(conn, seal)
         for suffix in ("-wal", "-shm"):
             sidecar = path.with_name(path.name + suffix)
             if sidecar.exists():
@@ -917,6 +1074,30 @@ def _connect(path: Path) -> sqlite3.Connection:
             raise JournalUnavailable() from exc
         raise
     return conn
+
+
+def _seal_version_1_tokens(conn: sqlite3.Connection, seal: TokenSeal) -> None:
+    """Schema 1 kept the raw lease token in ``offer_json`` (``fence.leaseToken``): move each one into
+    ``lease_token_sealed``. The journal holds at most ``MAX_CAPACITY`` active rows, so this is bounded."""
+    conn.execute("ALTER TABLE journal ADD COLUMN lease_token_sealed TEXT")
+    rows = conn.execute("SELECT offer_id, offer_json FROM journal LIMIT ?", (4 * MAX_CAPACITY,)).fetchall()
+    for offer_id, offer_json in rows:
+        try:
+            parsed = json.loads(offer_json)
+            token = parsed["fence"]["leaseToken"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(token, str) or not token:
+            continue
+        parsed["fence"]["leaseToken"] = ""
+        conn.execute(
+            "UPDATE journal SET offer_json = ?, lease_token_sealed = ? WHERE offer_id = ?",
+            (
+                json.dumps(parsed, separators=(",", ":"), ensure_ascii=False),
+                seal.seal(offer_id, token),
+                offer_id,
+            ),
+        )
 
 
 def _create_private_file(path: Path) -> bool:
@@ -944,7 +1125,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
+def _migrate(conn: sqlite3.Connection, seal: TokenSeal) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
@@ -952,9 +1133,15 @@ def _migrate(conn: sqlite3.Connection) -> None:
             for statement in _SCHEMA:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version == 1:
+            _seal_version_1_tokens(conn, seal)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         elif version != SCHEMA_VERSION:
             raise JournalUnavailable(reason="schema_unsupported")
         conn.execute("COMMIT")
+        if version == 1:
+            # The raw tokens may still sit in WAL frames: fold them into the (zeroed) pages now.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     except BaseException:
         _rollback(conn)
         raise

@@ -183,7 +183,7 @@ def test_the_file_is_a_wal_database_and_only_the_launching_barrier_is_fsynced(
     probe = sqlite3.connect(path)
     try:
         assert probe.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert probe.execute("PRAGMA user_version").fetchone() == (1,)
+        assert probe.execute("PRAGMA user_version").fetchone() == (2,)
     finally:
         probe.close()
 
@@ -238,7 +238,7 @@ def test_a_file_that_is_not_a_journal_is_refused_and_the_lock_released(path: Pat
 def test_a_journal_from_a_newer_schema_is_refused(path: Path) -> None:
     WorkerJournal.open(path, clock=_clock).close()
     probe = sqlite3.connect(path)
-    probe.execute("PRAGMA user_version = 2")
+    probe.execute("PRAGMA user_version = 3")
     probe.close()
 
     with pytest.raises(JournalUnavailable) as caught:

@@ -129,3 +129,14 @@ SELECT
    JOIN run_attempts a ON a.id = d.attempt_id
    WHERE d.status = 'leased' AND a.worker_id = :worker_id
      AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')) AS next_lease_ms
+
+-- Stops this server's worker began whose Run has since ended while the dispatch is still leased: a
+-- crash between the TERM and the KILL after the grace (docs/reliability.md). ``since``: the start of
+-- this supervisor, so a lease taken before it belongs to a previous incarnation.
+-- name: cancel_interrupted_stops
+SELECT d.run_id, d.version, a.executor_handle, a.pid FROM cancellation_dispatches d
+JOIN runs r ON r.id = d.run_id
+JOIN run_attempts a ON a.id = d.attempt_id
+WHERE d.status = 'leased' AND r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+  AND a.worker_id = :worker_id AND (d.lease_expires_at_ms <= :now OR d.updated_at_ms < :since)
+ORDER BY d.run_id LIMIT :limit
