@@ -14,6 +14,7 @@ from ql3.cli import (
     approvals,
     cancel,
     completion,
+    control,
     db,
     notify,
     output,
@@ -99,6 +100,7 @@ def build_parser() -> Parser:
     parser.add_argument("--utc", action="store_true", default=False, help="show times in UTC, not local")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     server.register(commands)
+    control.register(commands)
     tasks.register(commands)
     runs.register(commands)
     cancel.register(commands)  # adds cancel, status, blocked, inspect, rearm to the run group

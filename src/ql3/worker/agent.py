@@ -38,7 +38,7 @@ from ql3.execution.receipts import (
     read_launch_identity,
     read_receipt,
 )
-from ql3.ports.control_plane import ControlPlane, SessionInfo
+from ql3.ports.control_plane import ControlPlane, ControlPlaneUnreachable, SessionInfo
 from ql3.worker.journal import JournalConflict, JournalOffer, JournalRecord, RecoveryReason, WorkerJournal
 
 log = logging.getLogger("ql3.worker")
@@ -303,7 +303,8 @@ class WorkerAgent:
         try:
             # The deadline is the control plane's: pinned timeout plus its clock, never ours.
             self._client.ack_starting(offer.fence)
-        except (FenceConflict, Conflict):
+        except (FenceConflict, Conflict, ControlPlaneUnreachable):
+            # Nothing was spawned: without renewals the lease expires and the run is placed again.
             self._forget(record.attempt_id)
             raise
         record = self.journal.advance(
@@ -402,7 +403,9 @@ class WorkerAgent:
                 callback_sequence=record.completion_callback_sequence or CALLBACK_SEQUENCE,
                 callback_token_digest=record.completion_token_digest,
             )
-        except FenceConflict:
+        except (FenceConflict, ControlPlaneUnreachable):
+            # Unreachable past the call's whole retry window (a remote worker): the lease cannot be
+            # proven ours any longer, so the process is stopped like on a lease loss.
             return self._lease_lost(record, active)
         except Conflict:
             return self.journal.advance(
@@ -544,6 +547,44 @@ class WorkerAgent:
         self._forget(record.attempt_id)
         return "lost"
 
+    # -- stop through lease control (a remote worker, docs/cluster.md "Stop") ---------------------
+
+    def control_stop(self, attempt_id: str) -> str:
+        """Ask the control plane about a stop of one started attempt. ``stop_requested`` is answered
+        only once the cancellation dispatch is settled; then the process identity is re-proven and
+        the group signalled with the task's grace (in a thread: TERM -> grace -> KILL)."""
+        with self._lock:
+            active = self._active.get(attempt_id)
+            if active is None:
+                return "unknown"
+            if active.stop_requested:
+                return "stop_requested"
+            fence, pid = active.fence, active.pid
+        record = self.journal.find_by_attempt(attempt_id)
+        if record is None or record.executor_handle is None:
+            return "not_started"  # asked again once the running ACK committed
+        decision = self._client.lease_control(fence)
+        if decision != "stop_requested":
+            return decision
+        with self._lock:
+            if active.stop_requested:
+                return decision
+            active.stop_requested = True
+        threading.Thread(
+            target=self._stop_process,
+            args=(record.executor_handle, pid, _termination_grace_ms(record)),
+            name="ql3-stop",
+            daemon=True,
+        ).start()
+        return decision
+
+    def _stop_process(self, handle: str, pid: int | None, grace_ms: int) -> None:
+        try:
+            outcome = self._controller.stop(handle, pid, grace_ms=grace_ms)
+            log.info("stop signalled", extra={"action": "worker.stop", "status": outcome.status})
+        except Exception as exc:  # the exit (or the lease) settles the run either way
+            log.warning("stop failed", extra={"action": "worker.stop_failed", "error": type(exc).__name__})
+
     # -- lease loss ------------------------------------------------------------------------------
 
     def _lease_lost(self, record: JournalRecord, active: _Active) -> JournalRecord:
@@ -613,6 +654,11 @@ class WorkerAgent:
             if item.adopted or item.exited:
                 self.settle(attempt_id)
         return False
+
+    def session_fenced(self) -> None:
+        """The control plane refused this session (replaced, offline): stop what it held, as a fenced
+        heartbeat does, and take no more work until a new session is registered."""
+        self._fenced_stop_all()
 
     def _fenced_stop_all(self) -> None:
         with self._lock:
