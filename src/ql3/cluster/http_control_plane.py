@@ -118,6 +118,7 @@ class HttpControlPlane:
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=8),
         )
         self._ack_window_s = ack_window_s
+        self._own_timeouts = client is None  # a given client keeps its own
         self._closed = threading.Event()
 
     def close(self) -> None:
@@ -143,7 +144,10 @@ class HttpControlPlane:
         timeout = httpx.Timeout(read_timeout_s or READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         while True:
             try:
-                response = self._client.request(method, path, json=body, timeout=timeout)
+                if self._own_timeouts:
+                    response = self._client.request(method, path, json=body, timeout=timeout)
+                else:
+                    response = self._client.request(method, path, json=body)
                 if response.status_code < 500:
                     data = response.json() if response.content else {}
                     if response.status_code >= 400:
