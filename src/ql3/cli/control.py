@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Final
 
 from ql3.application import auth
@@ -137,7 +138,15 @@ def _control(
             ssl_certfile=args.tls_cert,
             ssl_keyfile=args.tls_key,
         )
-        server = uvicorn.Server(config)
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                # Long-polls in flight answer at once, so the graceful shutdown does not wait on them.
+                for close in runtime.closers:
+                    close()
+                super().handle_exit(sig, frame)
+
+        server = Server(config)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _ignore)
         output.note(f"ql3 control replica {replica_id} serving on {url}")

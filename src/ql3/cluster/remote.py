@@ -137,9 +137,11 @@ class RemoteWorker:
         self._slot_freed.set()
         if self._maintain is not None:
             self._maintain.stop()
-        self.plane.close()  # long-polls in flight end at once
+        self.plane.close()
         for thread in self._threads:
-            thread.join(timeout=5)
+            # A long-poll in flight may hold its thread until the server answers; it is a daemon
+            # thread and holds nothing of the journal, so the process does not wait for it.
+            thread.join(timeout=0.5)
         with self._agent_lock:
             self.agent.stop()
 
