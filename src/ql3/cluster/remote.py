@@ -9,12 +9,16 @@ by a fresh registration. SIGTERM drains: no new pulls, the runs in progress fini
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from ql3.application.lifecycle import LifecycleRunner
@@ -192,8 +196,39 @@ class RemoteWorker:
         token = new_token()
         return _Pair(offer_id=pull_offer_id(self.config.worker_id, token), token=token)
 
+    def _pair_file(self) -> Path:
+        return self.config.home / "pull.json"
+
+    def _save_pair(self, pair: _Pair) -> None:
+        """Before a pull is sent: a worker killed while it waits retries the same pair when it is
+        back, so an offer claimed for a response it never read is received, not left to expire."""
+        path = self._pair_file()
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"offer_id": pair.offer_id, "token": pair.token, "at_ms": time.time_ns() // 10**6}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def _saved_pair(self) -> _Pair | None:
+        try:
+            data = json.loads(self._pair_file().read_text())
+            age_ms = time.time_ns() // 10**6 - int(data["at_ms"])
+            if not 0 <= age_ms < self.config.run_lease_ms // 2:
+                return None  # any offer it claimed has expired or is about to: never reuse it
+            if pull_offer_id(self.config.worker_id, str(data["token"])) != data["offer_id"]:
+                return None
+            return _Pair(offer_id=str(data["offer_id"]), token=str(data["token"]), failed_at=time.monotonic())
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _clear_pair(self) -> None:
+        with contextlib.suppress(OSError):
+            self._pair_file().unlink()
+
     def _pull_loop(self) -> None:
-        pair: _Pair | None = None
+        pair: _Pair | None = self._saved_pair()
         failures = 0
         reuse_s = self.config.run_lease_ms / 3000
         while not self._stopping.is_set() and not self._draining.is_set():
@@ -210,6 +245,7 @@ class RemoteWorker:
                 # offer it may have claimed; after that a fresh one is proposed.
                 pair = self._fresh_pair()
             try:
+                self._save_pair(pair)
                 offer = self.plane.pull(
                     session, offer_id=pair.offer_id, lease_token=pair.token, wait_ms=PULL_WAIT_MS
                 )
@@ -221,6 +257,7 @@ class RemoteWorker:
                 continue
             except FenceConflict:
                 pair = None
+                self._clear_pair()
                 self._fence_lost()
                 continue
             except Ql3Error as exc:  # a refused pull (e.g. a revoked credential): back off, keep going
@@ -231,6 +268,7 @@ class RemoteWorker:
                 continue
             failures = 0
             pair = None
+            self._clear_pair()
             if offer is not None:
                 self.agent.submit(offer)
 
