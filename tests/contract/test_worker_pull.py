@@ -84,6 +84,22 @@ def test_an_identical_retry_returns_the_identical_offer_on_any_replica(harness: 
     assert count(harness.db, "run_events") == events
 
 
+def test_a_retry_finds_its_offer_when_nothing_else_is_queued(harness: Harness) -> None:
+    # Given the only queued run claimed by a pull whose response was lost
+    queued(harness.db, 1)
+    session = register(harness.db, "w1")
+    req = request(session)
+    first = PullService(harness.db).pull_once(req)
+    assert first.offer is not None
+
+    # When the worker retries: no candidate is left to scan
+    again = PullService(harness.db).pull_once(req)
+
+    # Then it still gets its offer back (found by its lease, before any scan)
+    assert again.reason == "replayed" and again.offer is not None
+    assert again.offer.to_json() == first.offer.to_json()
+
+
 def test_the_same_offer_id_with_another_token_is_a_conflict_and_changes_nothing(harness: Harness) -> None:
     # Given a claimed pull and another queued run
     queued(harness.db, 2)
