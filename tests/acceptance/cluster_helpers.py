@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class Cluster:
     db_url: str
     replicas: list[Replica] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
+    verify: ssl.SSLContext | bool = True  # trusts the replicas' CA when they serve HTTPS
 
     @property
     def owner_home(self) -> Path:
@@ -66,13 +68,22 @@ class Cluster:
             base_url=self.replicas[replica].url,
             headers={"Authorization": f"Bearer {self.token()}"},
             timeout=30.0,
+            verify=self.verify,
         )
 
-    def cli(self, *args: str, replica: int = 0) -> subprocess.CompletedProcess[str]:
-        env = {"QL3_URL": self.replicas[replica].url, "QL3_TOKEN": self.token()}
+    def cli(
+        self, *args: str, replica: int = 0, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        env = {"QL3_URL": self.replicas[replica].url, "QL3_TOKEN": self.token(), **(env or {})}
         return run_cli(*args, home=self.owner_home, env=env)
 
-    def start_replica(self, name: str, env: dict[str, str] | None = None) -> Replica:
+    def start_replica(
+        self,
+        name: str,
+        env: dict[str, str] | None = None,
+        extra: tuple[str, ...] = (),
+        ca: str | None = None,
+    ) -> Replica:
         home = self.base / name
         home.mkdir(mode=0o700, exist_ok=True)
         port = free_port()
@@ -88,17 +99,20 @@ class Cluster:
                     self.db_url,
                     "--replica-id",
                     name,
+                    *extra,
                 ],
                 env={**base_env(home), **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        url = f"http://127.0.0.1:{port}"
+        url = f"{'https' if '--tls-cert' in extra else 'http'}://127.0.0.1:{port}"
+        verify: ssl.SSLContext | bool = True if ca is None else ssl.create_default_context(cafile=ca)
+        self.verify = verify
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and process.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                if httpx.get(f"{url}/healthz", timeout=1.0, verify=verify).status_code == 200:
                     replica = Replica(home=home, url=url, process=process, log_path=log_path)
                     self.replicas.append(replica)
                     return replica
@@ -106,8 +120,8 @@ class Cluster:
         stop(process)
         pytest.fail(f"ql3 control {name} did not start:\n{log_path.read_text(errors='replace')}")
 
-    def worker_token(self, worker_id: str) -> Path:
-        done = self.cli("worker", "token", "create", worker_id)
+    def worker_token(self, worker_id: str, env: dict[str, str] | None = None) -> Path:
+        done = self.cli("worker", "token", "create", worker_id, env=env)
         assert done.returncode == 0, done.stderr
         path = self.base / f"{worker_id}.token"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
