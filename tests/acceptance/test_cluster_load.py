@@ -151,3 +151,32 @@ def test_a_worker_drains_on_sigterm(cluster: Cluster, tmp_path: Path) -> None:
         assert done_file.read_text() == "ok\n"
         assert a.get(f"{P}/workers/w1").json()["status"] == "offline"
     stop(w1.process)
+
+
+def test_a_replica_killed_mid_load_loses_nothing_and_its_workers_move_on(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Given two workers that know both replicas, one attached first to each
+    a_url, b_url = cluster.replicas[0].url, cluster.replicas[1].url
+    cluster.start_worker("w1", 0, "--slots", "3", "--server", b_url)
+    cluster.start_worker("w2", 1, "--slots", "3", "--server", a_url)
+    ledger = tmp_path / "ledger"
+    command = f'sleep 0.2; echo "$QL3_RUN_ID $QL3_ATTEMPT_ID" >> {ledger}'
+    with cluster.api(1) as b:
+        add_task(b, "steady", command, max_attempts=3, retry_safe=True)
+        run_ids = start_runs(b, "steady", 40)
+        # When replica A is killed with SIGKILL while the runs are being worked on
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not ledger.exists() or len(ledger.read_text().split()) < 10):
+            time.sleep(0.05)
+        cluster.replicas[0].process.send_signal(signal.SIGKILL)
+        cluster.replicas[0].process.wait(timeout=10)
+
+        # Then replica B and the workers carry on: every run succeeds, each executed exactly once
+        statuses = wait_terminal(b, run_ids)
+        assert Counter(statuses.values()) == {"succeeded": len(run_ids)}, cluster.logs()
+        lines = ledger.read_text().splitlines()
+        assert sorted(line.split()[0] for line in lines) == sorted(run_ids)
+        # And both workers are still online, now through B
+        workers = {w["id"]: w["status"] for w in b.get(f"{P}/workers").json()["items"]}
+        assert workers == {"w1": "online", "w2": "online"}

@@ -65,10 +65,11 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
     from ql3.ports.control_plane import ControlPlaneUnreachable
     from ql3.worker.agent import WorkerConfig
 
-    if args.server is None:
+    if not args.server:
         raise UsageError("give an ACTION (list, show, drain, token) or --server URL --token-file FILE")
-    if not args.server.startswith(("http://", "https://")):
-        raise UsageError("--server must be an http:// or https:// URL")
+    for url in args.server:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError("--server must be an http:// or https:// URL")
     if args.token_file is None:
         raise UsageError("--server needs --token-file FILE (ql3 worker token create NAME)")
     if args.ca is not None and not Path(args.ca).is_file():
@@ -100,7 +101,7 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
         try:
             worker_id = plane.identity(window_s=5.0)
         except ControlPlaneUnreachable:
-            output.note(f"ql3 worker: {args.server} unreachable, retrying")
+            output.note(f"ql3 worker: {', '.join(args.server)} unreachable, retrying")
             drain.wait(delay)
             delay = min(10.0, delay * 2)
         except Ql3Error as exc:
@@ -125,7 +126,7 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
     if not remote.start():
         remote.stop(offline=False)
         return EXIT_OK
-    output.note(f"ql3 worker {worker_id} pulling from {args.server} with {args.slots} slots; home {home}")
+    output.note(f"ql3 worker {worker_id} pulling from {plane.server} with {args.slots} slots; home {home}")
     drain.wait()
     remote.drain()
     output.note(f"ql3 worker {worker_id}: draining ({remote.agent.active_count} runs in progress)")
@@ -186,7 +187,12 @@ def register(group: Parser, actions: Subparsers) -> None:
     group.formatter_class = argparse.RawDescriptionHelpFormatter
     group.set_defaults(handler=cmd_remote_worker, parser=group)
     group.add_argument(
-        "--server", metavar="URL", default=None, help="run a remote worker of this control plane"
+        "--server",
+        metavar="URL",
+        action="append",
+        default=None,
+        help="run a remote worker of this control plane; repeat it with other replicas' URLs to move"
+        " on to the next one when a replica cannot be reached",
     )
     group.add_argument("--token-file", metavar="FILE", default=None, help="the worker credential (mode 0600)")
     group.add_argument(

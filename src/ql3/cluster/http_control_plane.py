@@ -97,21 +97,26 @@ class HttpControlPlane:
 
     def __init__(
         self,
-        server: str,
+        server: str | list[str],
         token: str,
         *,
         ca: str | None = None,
         ack_window_s: float = 60.0,
         client: httpx.Client | None = None,
     ) -> None:
-        """``client``: an already configured client (tests pass the app's TestClient)."""
+        """``server``: one replica's URL, or several: a call that cannot reach one (connection
+        refused, timeout, 5xx) moves on to the next, so a worker outlives the loss of its replica.
+        ``client``: an already configured client (tests pass the app's TestClient)."""
+        self._servers = [u.rstrip("/") for u in ([server] if isinstance(server, str) else server)]
+        if not self._servers:
+            raise ValueError("at least one server")
+        self._current = 0
         verify: ssl.SSLContext | bool = True
         if ca is not None:
             verify = ssl.create_default_context(cafile=ca)
         if client is not None:
             client.headers["Authorization"] = f"Bearer {token}"
         self._client = client or httpx.Client(
-            base_url=server.rstrip("/"),
             headers={"Authorization": f"Bearer {token}", "User-Agent": "ql3-worker"},
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             verify=verify,
@@ -120,6 +125,15 @@ class HttpControlPlane:
         self._ack_window_s = ack_window_s
         self._own_timeouts = client is None  # a given client keeps its own
         self._closed = threading.Event()
+
+    @property
+    def server(self) -> str:
+        return self._servers[self._current]
+
+    def _next_server(self, failed: str) -> None:
+        if len(self._servers) > 1 and self._servers[self._current] == failed:
+            self._current = (self._current + 1) % len(self._servers)
+            log.warning("moving to another replica", extra={"action": "worker.failover"})
 
     def close(self) -> None:
         self._closed.set()
@@ -143,11 +157,13 @@ class HttpControlPlane:
         delay = BACKOFF_FIRST_S
         timeout = httpx.Timeout(read_timeout_s or READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         while True:
+            server = self.server
+            url = server + path
             try:
                 if self._own_timeouts:
-                    response = self._client.request(method, path, json=body, timeout=timeout)
+                    response = self._client.request(method, url, json=body, timeout=timeout)
                 else:
-                    response = self._client.request(method, path, json=body)
+                    response = self._client.request(method, url, json=body)
                 if response.status_code < 500:
                     data = response.json() if response.content else {}
                     if response.status_code >= 400:
@@ -158,6 +174,7 @@ class HttpControlPlane:
                 failure = type(exc).__name__
             except RuntimeError:  # the client was closed underneath us (shutdown)
                 raise ControlPlaneUnreachable("the worker is shutting down") from None
+            self._next_server(server)
             if time.monotonic() + delay > deadline or self._closed.is_set():
                 raise ControlPlaneUnreachable(reason=failure)
             log.info(

@@ -18,6 +18,9 @@ from ql3.cluster.pull import PullBudget, PullService
 from ql3.cluster.stops import NO_LOCAL_WORKER, StopWatch
 
 CANCELLATION_STUCK_AFTER_S = 300.0
+# Each attached worker holds up to two long-polls (pull and stops), each in a worker thread of the
+# HTTP server for up to 20 s: the pool is sized so that 100 workers still leave room for the API.
+HTTP_THREADS = 256
 
 
 @dataclass
@@ -52,6 +55,10 @@ class ControlRuntime:
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def start(self) -> None:
+        with contextlib.suppress(RuntimeError):  # outside an event loop (tests): nothing to size
+            import anyio.to_thread
+
+            anyio.to_thread.current_default_thread_limiter().total_tokens = HTTP_THREADS
         listen = getattr(self.db, "start_listening", None)
         if listen is not None:
             listen(list(WAKE_CHANNELS))  # other replicas' commits wake our loops and long-polls
