@@ -21,7 +21,9 @@ from ql3.domain.digests import new_token
 from ql3.domain.errors import FenceConflict, PermissionDenied
 from ql3.domain.ids import new_id
 from ql3.domain.offers import Offer
+from ql3.execution.identity import ProcessHandle, probe
 from ql3.http.app import create_app
+from ql3.ports.control_plane import ControlPlaneUnreachable
 from ql3.storage.sqlite.adapter import SqliteDatabase
 from ql3.worker.agent import WorkerAgent, WorkerConfig
 from tests.integration.conftest import TestClient, bearer
@@ -257,3 +259,60 @@ def test_late_acks_of_a_replaced_session_are_refused(api_client: TestClient, own
     ):
         with pytest.raises(FenceConflict):
             call()
+
+
+class CutOff:
+    """The HTTP control plane behind a link the test can cut: every call of the protocol fails."""
+
+    def __init__(self, inner: HttpControlPlane) -> None:
+        self.inner = inner
+        self.cut = False
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if callable(attr) and name not in ("register", "close"):
+
+            def guarded(*args: Any, **kwargs: Any) -> Any:
+                if self.cut:
+                    raise ControlPlaneUnreachable(reason="cut")
+                return attr(*args, **kwargs)
+
+            return guarded
+        return attr
+
+
+def test_a_worker_cut_off_stops_its_process_before_its_lease_can_expire(
+    api_client: TestClient, owner: dict[str, str], tmp_path: Path
+) -> None:
+    # Given a remote agent running a long task, on a clock the test moves
+    link = CutOff(plane(api_client, worker_token(api_client, owner, "w1")))
+    now = [1_000_000]
+    config = WorkerConfig(worker_id="w1", home=tmp_path / "w1")
+    agent = WorkerAgent(link, config, clock=lambda: now[0])  # type: ignore[arg-type]
+    agent.start()
+    try:
+        task_and_run(api_client, owner, "sleeper", "sleep 60")
+        assert agent.session is not None
+        offer = pull(link.inner, agent.session)
+        assert agent.receive(offer) == "running_acknowledged"
+        record = agent.journal.get(offer.offer_id)
+        assert record is not None and record.executor_handle is not None
+        handle = ProcessHandle.decode(record.executor_handle)
+
+        # When the link is cut and one renewal period passes, the process keeps running
+        link.cut = True
+        now[0] += config.run_lease_ms // 3
+        with pytest.raises(ControlPlaneUnreachable):
+            agent.maintain()
+        assert probe(handle) == "running"
+
+        # Then after two renewal periods without a renewal it is stopped, before the lease can expire
+        now[0] += config.run_lease_ms // 3
+        with pytest.raises(ControlPlaneUnreachable):
+            agent.maintain()
+        assert probe(handle) == "exited"
+        after = agent.journal.get(offer.offer_id)
+        assert after is not None and after.state == "recovery_required"
+        assert after.recovery_reason == "lease_lost_local_execution_stopped"
+    finally:
+        agent.stop()

@@ -106,6 +106,7 @@ class _Active:
     stop_requested: bool = False
     acked: bool = False  # running ACK committed: completion may be submitted
     exited: bool = False  # the process exited; completion pending or to be retried
+    renewed_at_ms: int | None = None  # the worker clock at the last successful renewal
 
 
 # What the journal keeps of a spec: identity and stop policy. The command, working directory and
@@ -286,7 +287,10 @@ class WorkerAgent:
         with self._lock:
             if record.attempt_id in self._active and not accepted.created:
                 return record.state  # in-process duplicate: coalesced
-            self._active[record.attempt_id] = _Active(offer_id=record.offer_id, fence=f)
+            # The lease was checked live just now (lease_status) or claimed moments ago.
+            self._active[record.attempt_id] = _Active(
+                offer_id=record.offer_id, fence=f, renewed_at_ms=self._clock()
+            )
         self._fault("after_accept")
         if record.state == "accepted":
             record = self._ack_starting(record, offer)
@@ -600,8 +604,9 @@ class WorkerAgent:
             except Exception:
                 return record
         current = self.journal.get(record.offer_id)
-        assert current is not None
         self._forget(record.attempt_id)
+        if current is None:  # the exit watcher settled and pruned it meanwhile
+            return record
         if current.state in ("completion_acknowledged", "recovery_required"):
             return current
         return self.journal.advance(
@@ -615,12 +620,18 @@ class WorkerAgent:
 
     def maintain(self) -> bool:
         """One bounded pass: when due, heartbeat and renew every active lease; always settle
-        processes that exited (re-adopted ones are not our children, so they are polled here)."""
+        processes that exited (re-adopted ones are not our children, so they are polled here).
+
+        A lease that could not be renewed for two renewal periods (two thirds of its duration: the
+        control plane or its database unreachable) can no longer be proven ours: its process is
+        stopped, as on a fenced renewal, before the server's expiry may hand the run to another
+        worker."""
         session = self.session
         if session is None:
             return False
         now = self._clock()
         renew_due = now - self._last_renewal_ms >= self.config.run_lease_ms // 3
+        unreachable: Ql3Error | None = None
         if renew_due:
             try:
                 self.session = replace(self._client.heartbeat(session), outcome=session.outcome)
@@ -630,29 +641,48 @@ class WorkerAgent:
                 log.warning("session fenced", extra={"action": "worker.session_fenced"})
                 self._fenced_stop_all()
                 return False
-            self._last_renewal_ms = now
-            # Settled journal rows (receipts already deleted at acknowledgement) are pruned in
-            # bounded batches, so the journal does not grow with the number of runs.
-            self.journal.retention(older_than_ms=self.config.journal_retention_ms, limit=64)
+            except Ql3Error as exc:  # transient: renewals are still tried, leases still guarded
+                unreachable = exc
+            else:
+                self._last_renewal_ms = now
+                # Settled journal rows (receipts already deleted at acknowledgement) are pruned in
+                # bounded batches, so the journal does not grow with the number of runs.
+                self.journal.retention(older_than_ms=self.config.journal_retention_ms, limit=64)
         with self._lock:
             active = list(self._active.items())[:MAX_SLOTS]
         for attempt_id, item in active:
+            if item.renewed_at_ms is None:
+                item.renewed_at_ms = now
             if renew_due:
                 try:
                     info = self._client.renew(item.fence, self.config.run_lease_ms)
                     with self._lock:
                         if attempt_id in self._active:
                             self._active[attempt_id].fence = replace(item.fence, lease_version=info.version)
+                            self._active[attempt_id].renewed_at_ms = now
                 except FenceConflict as exc:
-                    if exc.details.get("reason") in ("not_leased",):
-                        self.settle(attempt_id)
-                        continue
                     record = self.journal.find_by_attempt(attempt_id)
+                    if exc.details.get("reason") in ("not_leased",):
+                        # The attempt ended on the server (completed, or lost by expiry): a process
+                        # that still runs is no longer ours to run.
+                        if self.settle(attempt_id) == "running" and record is not None:
+                            self._lease_lost(record, item)
+                        continue
                     if record is not None:
                         self._lease_lost(record, item)
                     continue
+                except Ql3Error as exc:
+                    unreachable = unreachable or exc
+                    if now - item.renewed_at_ms >= 2 * (self.config.run_lease_ms // 3):
+                        record = self.journal.find_by_attempt(attempt_id)
+                        if record is not None:
+                            log.warning("lease unrenewable", extra={"action": "worker.self_fence"})
+                            self._lease_lost(record, item)
+                    continue
             if item.adopted or item.exited:
                 self.settle(attempt_id)
+        if unreachable is not None:
+            raise unreachable  # the loop runner records the failure and backs off
         return False
 
     def session_fenced(self) -> None:
@@ -701,7 +731,12 @@ class WorkerAgent:
             return self._launch_unknown(record, fence)
         with self._lock:
             self._active[record.attempt_id] = _Active(
-                offer_id=record.offer_id, fence=fence, handle=record.executor_handle, adopted=True, acked=True
+                offer_id=record.offer_id,
+                fence=fence,
+                handle=record.executor_handle,
+                adopted=True,
+                acked=True,
+                renewed_at_ms=self._clock(),  # renewed just above
             )
         if record.state == "started":
             # The running ACK may never have been committed: the control plane needs the handle (to
