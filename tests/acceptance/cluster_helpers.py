@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import ssl
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,12 +132,18 @@ class Cluster:
         return path
 
     def start_worker(
-        self, worker_id: str, replica: int, *extra: str, token_file: Path | None = None
+        self,
+        worker_id: str,
+        replica: int,
+        *extra: str,
+        token_file: Path | None = None,
+        server: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Worker:
         token_file = token_file or self.worker_token(worker_id)
         home = self.base / f"worker-{worker_id}"
         home.mkdir(mode=0o700, exist_ok=True)
-        server = self.replicas[replica].url
+        server = server or self.replicas[replica].url
         log_path = self.base / f"worker-{worker_id}-{time.monotonic_ns()}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
@@ -150,7 +158,7 @@ class Cluster:
                     str(home / "state"),
                     *extra,
                 ],
-                env=base_env(home),
+                env={**base_env(home), **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -221,3 +229,66 @@ def wait_terminal(api: httpx.Client, run_ids: list[str], timeout_s: float = SETT
         if pending:
             time.sleep(0.2)
     return statuses
+
+
+class TcpProxy:
+    """A TCP forwarder the test controls: ``cut()`` drops every connection and refuses new ones (a
+    worker cut off from its replica), ``restore()`` listens again on the same port."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.restore()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def restore(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed by cut()
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for sock in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()

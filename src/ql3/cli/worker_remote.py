@@ -24,6 +24,8 @@ a remote worker (no database credentials; docs/cluster.md):
   ql3 worker --server http://cp-a:5700 --token-file w1.token --slots 4 --label zone=a
   SIGTERM drains (no new runs, the runs in progress finish); a second SIGTERM stops at once (the
   runs keep going and are re-adopted by the next start with the same --home)
+  QL3_RUN_LEASE_MS (5000-600000, default 30000): the run and session leases this worker renews; a
+  run it cannot renew for half of it is stopped on this host
 """
 
 
@@ -74,6 +76,13 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
         raise UsageError("--server needs --token-file FILE (ql3 worker token create NAME)")
     if args.ca is not None and not Path(args.ca).is_file():
         raise UsageError(f"--ca {args.ca}: no such file")
+    from ql3.application.settings import RUN_LEASE, SettingsError
+
+    try:
+        # The leases this worker asks for when it renews, and its session lease (5 s - 10 min).
+        lease_ms = RUN_LEASE.parse(os.environ)
+    except SettingsError as exc:
+        raise UsageError(exc.message, code=exc.code) from None
     token = read_token_file(args.token_file)
     labels = _labels(args.label)
     home = Path(args.home) if args.home else resolve_home(os.environ) / "remote-worker"
@@ -118,6 +127,8 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
             slots=args.slots,
             labels=labels,
             journal_capacity=max(64, args.slots),
+            run_lease_ms=lease_ms,
+            session_lease_ms=lease_ms,
         )
     except ValidationFailed as exc:
         plane.close()

@@ -35,6 +35,9 @@ from ql3.ports.control_plane import ControlPlaneUnreachable, LeaseInfo, SessionI
 
 log = logging.getLogger("ql3.worker.http")
 SHORT_WINDOW_S: Final = 3.0
+# Heartbeats and renewals are periodic: a short window, so that a worker cut off notices within a
+# fraction of its lease (its agent stops what it can no longer renew).
+RENEW_WINDOW_S: Final = 1.0
 BACKOFF_FIRST_S: Final = 0.1
 BACKOFF_MAX_S: Final = 2.0
 CONNECT_TIMEOUT_S: Final = 5.0
@@ -214,7 +217,7 @@ class HttpControlPlane:
 
     def heartbeat(self, session: SessionInfo) -> SessionInfo:
         body = {"sessionId": session.session_id, "generation": session.generation}
-        return _session(self._post("/api/v1/worker/heartbeat", body, window_s=SHORT_WINDOW_S))
+        return _session(self._post("/api/v1/worker/heartbeat", body, window_s=RENEW_WINDOW_S))
 
     def set_status(self, session: SessionInfo, status: str) -> SessionInfo:
         body = {"sessionId": session.session_id, "generation": session.generation, "status": status}
@@ -301,7 +304,7 @@ class HttpControlPlane:
         except ControlPlaneUnreachable:
             pass  # the renewal may have committed: retry, and accept a version that moved on
         try:
-            return _lease(self._post("/api/v1/worker/renew", body, window_s=SHORT_WINDOW_S))
+            return _lease(self._post("/api/v1/worker/renew", body, window_s=RENEW_WINDOW_S))
         except FenceConflict as exc:
             if exc.details.get("reason") != "version_mismatch":
                 raise

@@ -622,10 +622,10 @@ class WorkerAgent:
         """One bounded pass: when due, heartbeat and renew every active lease; always settle
         processes that exited (re-adopted ones are not our children, so they are polled here).
 
-        A lease that could not be renewed for two renewal periods (two thirds of its duration: the
-        control plane or its database unreachable) can no longer be proven ours: its process is
+        A lease that could not be renewed for half its duration (the control plane or its database
+        unreachable: renewals are due every third) can no longer be proven ours: its process is
         stopped, as on a fenced renewal, before the server's expiry may hand the run to another
-        worker."""
+        worker. The age is read after the failed call, which may itself have taken a while."""
         session = self.session
         if session is None:
             return False
@@ -673,7 +673,7 @@ class WorkerAgent:
                     continue
                 except Ql3Error as exc:
                     unreachable = unreachable or exc
-                    if now - item.renewed_at_ms >= 2 * (self.config.run_lease_ms // 3):
+                    if self._clock() - item.renewed_at_ms >= self.config.run_lease_ms // 2:
                         record = self.journal.find_by_attempt(attempt_id)
                         if record is not None:
                             log.warning("lease unrenewable", extra={"action": "worker.self_fence"})
