@@ -291,7 +291,7 @@ def test_a_worker_cut_off_stops_its_process_before_its_lease_can_expire(
     agent = WorkerAgent(link, config, clock=lambda: now[0])  # type: ignore[arg-type]
     agent.start()
     try:
-        task_and_run(api_client, owner, "sleeper", "sleep 60")
+        task_and_run(api_client, owner, "sleeper", "sleep 300")
         assert agent.session is not None
         offer = pull(link.inner, agent.session)
         assert agent.receive(offer) == "running_acknowledged"
@@ -310,6 +310,10 @@ def test_a_worker_cut_off_stops_its_process_before_its_lease_can_expire(
         now[0] += config.run_lease_ms // 3
         with pytest.raises(ControlPlaneUnreachable):
             agent.maintain()
+        # (the stop returns once the group is signalled; the exit watcher reaps the shim)
+        deadline = time.monotonic() + 20
+        while probe(handle) != "exited" and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert probe(handle) == "exited"
         after = agent.journal.get(offer.offer_id)
         assert after is not None and after.state == "recovery_required"
