@@ -294,3 +294,21 @@ def test_a_waiting_pull_is_woken_by_a_new_run(harness: Harness) -> None:
 
     # Then the pull returned with it
     assert found and found[0].offer is not None and found[0].reason == "claimed"
+
+
+def test_a_replay_only_pull_re_delivers_a_live_lease_and_never_claims(harness: Harness) -> None:
+    # Given a claimed pull, and another queued run
+    queued(harness.db, 2)
+    session = register(harness.db, "w1")
+    req = request(session)
+    first = PullService(harness.db).pull_once(req)
+    assert first.offer is not None
+
+    # When a restarted worker replays that pair only
+    again = PullService(harness.db).pull(req, wait_ms=0, replay_only=True)
+
+    # Then it gets the same offer; and a pair with no live lease gets nothing, and claims nothing
+    assert again.offer is not None and again.offer.to_json() == first.offer.to_json()
+    nothing = PullService(harness.db).pull(request(session), wait_ms=0, replay_only=True)
+    assert nothing.offer is None and nothing.reason == "not_live"
+    assert live_leases(harness.db) == 1

@@ -15,6 +15,7 @@ import pytest
 from ql3.application.gateway import InProcessControlPlane
 from ql3.cluster.http_control_plane import HttpControlPlane
 from ql3.cluster.pull import PullService, pull_offer_id
+from ql3.cluster.remote import RemoteWorker
 from ql3.cluster.runtime import WorkerApi
 from ql3.cluster.stops import StopWatch
 from ql3.domain.digests import new_token
@@ -320,3 +321,42 @@ def test_a_worker_cut_off_stops_its_process_before_its_lease_can_expire(
         assert after.recovery_reason == "lease_lost_local_execution_stopped"
     finally:
         agent.stop()
+
+
+class Crash(Exception):
+    """The worker dies at a fault point."""
+
+
+def test_a_restarted_remote_worker_resumes_an_offer_it_journaled_but_never_spawned(
+    api_client: TestClient, owner: dict[str, str], db: SqliteDatabase, tmp_path: Path
+) -> None:
+    # Given a worker that died right after journaling an offer (before its starting ACK)
+    token = worker_token(api_client, owner, "w1")
+    config = WorkerConfig(worker_id="w1", home=tmp_path / "w1")
+
+    def die(point: str) -> None:
+        if point == "after_accept":
+            raise Crash(point)
+
+    first = WorkerAgent(plane(api_client, token), config, clock=lambda: 0, fault=die)
+    first.start()
+    marker = tmp_path / "ran"
+    run = task_and_run(api_client, owner, "resumed", f"echo once >> {marker}")
+    assert first.session is not None
+    offer = pull(first._client, first.session)  # type: ignore[arg-type]
+    with pytest.raises(Crash):
+        first.receive(offer)
+    first.stop()
+
+    # When it starts again on the same home
+    remote = RemoteWorker(plane(api_client, token), config)
+    assert remote.start()
+    try:
+        # Then the journaled offer is re-delivered by a replay-only pull and runs, once
+        done = wait_status(api_client, owner, run["id"], {"succeeded", "failed"})
+        assert done["status"] == "succeeded"
+        assert marker.read_text() == "once\n"
+        # under the lease it was first claimed with, not after that lease expired and a re-claim
+        assert [r["lease_generation"] for r in db.raw("SELECT lease_generation FROM run_leases")] == [1]
+    finally:
+        remote.stop(offline=True)

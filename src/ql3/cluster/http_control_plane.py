@@ -225,7 +225,15 @@ class HttpControlPlane:
 
     # -- pull and stops -----------------------------------------------------------------------------
 
-    def pull(self, session: SessionInfo, *, offer_id: str, lease_token: str, wait_ms: int) -> Offer | None:
+    def pull(
+        self,
+        session: SessionInfo,
+        *,
+        offer_id: str,
+        lease_token: str,
+        wait_ms: int,
+        replay_only: bool = False,
+    ) -> Offer | None:
         """One long-poll; raises ``ControlPlaneUnreachable`` at once on a transport failure (the
         caller retries with the same pair, and so gets the same offer if the first one was claimed)."""
         data = self._post(
@@ -236,6 +244,7 @@ class HttpControlPlane:
                 "offerId": offer_id,
                 "leaseToken": lease_token,
                 "waitMs": wait_ms,
+                "replayOnly": replay_only,
             },
             window_s=0.0,
             read_timeout_s=wait_ms / 1000 + READ_TIMEOUT_S,

@@ -229,8 +229,12 @@ class PullService:
 
     # -- one bounded pass --------------------------------------------------------------------------
 
-    def pull_once(self, req: PullRequest, cursor: Candidate | None = None) -> PullResult:
-        """One bounded pass from ``cursor`` (None: the head of the queue)."""
+    def pull_once(
+        self, req: PullRequest, cursor: Candidate | None = None, *, replay_only: bool = False
+    ) -> PullResult:
+        """One bounded pass from ``cursor`` (None: the head of the queue). ``replay_only``: only
+        re-deliver the live lease of this pair, never claim (a restarted worker resuming what it
+        journaled); nothing live answers ``not_live``."""
         validate_request(req)
         digest = leases.lease_digest(req.lease_token)
 
@@ -239,6 +243,8 @@ class PullService:
             live = _find_live(tx, req.worker_id, digest)
             if live is not None:
                 return _rebuild(tx, live, req), None, "replayed"
+            if replay_only:
+                return None, None, "not_live"
             snap = workers.snapshot_one(tx, worker_id=req.worker_id)
             if not snap:
                 return None, None, "draining"  # online is required for new claims
@@ -329,9 +335,11 @@ class PullService:
 
     # -- the long-poll -----------------------------------------------------------------------------
 
-    def pull(self, req: PullRequest, *, wait_ms: int) -> PullResult:
+    def pull(self, req: PullRequest, *, wait_ms: int, replay_only: bool = False) -> PullResult:
         if isinstance(wait_ms, bool) or not 0 <= wait_ms <= MAX_WAIT_MS:
             raise ValidationFailed(f"waitMs must be 0-{MAX_WAIT_MS}", field="waitMs")
+        if replay_only:
+            return self.pull_once(req, replay_only=True)
         deadline = time.monotonic() + wait_ms / 1000
         immediate = 0
         cursor: Candidate | None = None

@@ -26,6 +26,7 @@ from ql3.cluster.http_control_plane import HttpControlPlane
 from ql3.cluster.pull import pull_offer_id
 from ql3.domain.digests import new_token
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error
+from ql3.domain.offers import Offer
 from ql3.execution.launcher import LocalLauncher
 from ql3.ports.control_plane import ControlPlaneUnreachable
 from ql3.worker.agent import WorkerAgent, WorkerConfig
@@ -96,6 +97,7 @@ class RemoteWorker:
                 attempt += 1
         if self._stopping.is_set():
             return False
+        self._resume_unstarted()
         self._maintain = LifecycleRunner(
             "worker-maintain",
             self._maintain_cycle,
@@ -109,6 +111,39 @@ class RemoteWorker:
             thread.start()
             self._threads.append(thread)
         return True
+
+    def _resume_unstarted(self) -> None:
+        """Offers journaled but never spawned (the worker was killed before its spawn) cannot be
+        resumed from the journal alone, which never holds a command. A replay-only pull of the
+        journaled pair re-delivers each one, with its spec, while its lease lives; receive then
+        resumes from the journaled state (nothing was spawned, so spawning now is safe). A pair whose
+        lease ended is answered with nothing: that run was released or lost on the server."""
+        session = self.agent.session
+        if session is None:
+            return
+        try:
+            records = self.agent.journal.page(states={"accepted", "starting_acknowledged"}, limit=64)
+        except Ql3Error:
+            return
+        for record in records:
+            try:
+                fence = Offer.from_json(json.loads(record.offer_json)).fence
+            except (ValueError, KeyError, TypeError):
+                continue
+            token = fence.lease_token
+            if fence.session_id != session.session_id or not token:
+                continue
+            if pull_offer_id(self.config.worker_id, token) != record.offer_id:
+                continue  # not an offer of this worker's pulls
+            try:
+                offer = self.plane.pull(
+                    session, offer_id=record.offer_id, lease_token=token, wait_ms=0, replay_only=True
+                )
+            except Ql3Error:
+                continue  # the lease expires on the server; the run is placed again
+            if offer is not None and offer.fence.attempt_id == record.attempt_id:
+                log.info("resuming a journaled offer", extra={"action": "worker.resume_offer"})
+                self.agent.submit(offer)
 
     def drain(self) -> None:
         """No new runs; the runs in progress finish (``wait_drained``)."""

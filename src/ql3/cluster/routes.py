@@ -109,6 +109,7 @@ class PullIn(SessionIn):
     offerId: str = Field(min_length=1, max_length=64)
     leaseToken: str = _TOKEN
     waitMs: int = Field(default=0, ge=0, le=20_000)
+    replayOnly: bool = False  # only re-deliver this pair's live lease, never claim
 
 
 class StopsIn(SessionIn):
@@ -229,6 +230,7 @@ def pull(body: PullIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]
             lease_token=body.leaseToken,
         ),
         wait_ms=body.waitMs,
+        replay_only=body.replayOnly,
     )
     offer = None if result.offer is None else json.loads(result.offer.to_json())
     return {"reason": result.reason, "offer": offer}
