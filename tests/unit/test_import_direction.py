@@ -17,7 +17,10 @@ ALLOWED = {
     "http": {"domain", "ports", "application", "http", "console"},
     "console": {"domain", "console"},
     "notify": {"domain", "ports", "notify"},
-    "cli": {"domain", "ports", "application", "cli", "http", "bootstrap", "worker", "console"},
+    # Cluster mode (docs/cluster.md): the worker API (an HTTP edge), its HTTP client (a worker-side
+    # ControlPlane adapter) and the runtimes wiring both; like bootstrap, it composes the layers.
+    "cluster": {"domain", "ports", "application", "http", "worker", "execution", "bootstrap", "cluster"},
+    "cli": {"domain", "ports", "application", "cli", "http", "bootstrap", "worker", "console", "cluster"},
 }
 
 

@@ -14,6 +14,7 @@ from ql3.cli import (
     approvals,
     cancel,
     completion,
+    control,
     db,
     notify,
     output,
@@ -35,7 +36,7 @@ environment:
   QL3_HOME           state directory: credentials, ql3.db (default ~/.ql3)
   QL3_URL            API URL; wins over $QL3_HOME/credentials
   QL3_TOKEN          bearer token; wins over $QL3_HOME/credentials
-  QL3_DATABASE_URL   database of init, serve and db (default sqlite:///$QL3_HOME/ql3.db)
+  QL3_DATABASE_URL   database of init, serve, control and db (default sqlite:///$QL3_HOME/ql3.db)
   NO_COLOR           set to anything: no status colours (they are shown only on a terminal)
 
 output:
@@ -80,6 +81,8 @@ examples:
   ql3 approval approve ID --reason change_window
   ql3 run list --task backup --json
   ql3 worker list
+  ql3 control --database-url postgresql://... --replica-id cp-a   # a cluster replica (docs/cluster.md)
+  ql3 worker token create w1 > w1.token; ql3 worker --server URL --token-file w1.token
   ql3 token create --role viewer --name dashboard
   ql3 token list; ql3 token revoke ID; ql3 whoami
   ql3 db status
@@ -99,6 +102,7 @@ def build_parser() -> Parser:
     parser.add_argument("--utc", action="store_true", default=False, help="show times in UTC, not local")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     server.register(commands)
+    control.register(commands)
     tasks.register(commands)
     runs.register(commands)
     cancel.register(commands)  # adds cancel, status, blocked, inspect, rearm to the run group

@@ -90,8 +90,13 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Subparsers) -> None:
-    group: Parser = subparsers.add_parser("worker", help="inspect and drain workers", description="Workers.")
-    actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
+    from ql3.cli import worker_remote
+
+    group: Parser = subparsers.add_parser(
+        "worker", help="inspect and drain workers, or run a remote worker", description="Workers."
+    )
+    actions = group.add_subparsers(dest="action", metavar="ACTION", required=False)
+    worker_remote.register(group, actions)
     lst = add_command(actions, "list", cmd_list, "list the registered workers (one page)", project_flag())
     lst.add_argument("--after", default=None, metavar="ID", help="the next_after of the previous page")
     quiet_flag(lst)

@@ -84,8 +84,18 @@ def _readiness(db: Database, loops: Sequence[Any]) -> Readiness | JSONResponse:
     return Readiness(status="ready", loops=report)
 
 
+class Extension(Protocol):
+    """Routes and state a runtime adds to the API (``ql3 control``'s worker API, docs/cluster.md)."""
+
+    def install(self, app: FastAPI) -> None: ...
+
+
 def create_app(
-    db: Database, *, lifecycle: Sequence[Lifecycle] = (), logs_root: Path | None = None
+    db: Database,
+    *,
+    lifecycle: Sequence[Lifecycle] = (),
+    logs_root: Path | None = None,
+    extensions: Sequence[Extension] = (),
 ) -> FastAPI:
     """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
 
@@ -149,5 +159,7 @@ def create_app(
         notification_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
+    for extension in extensions:
+        extension.install(app)
     app.include_router(console.router)
     return app

@@ -8,6 +8,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ql3.application import auth
+from ql3.domain.errors import PermissionDenied
 from ql3.domain.model import Principal
 from ql3.ports.storage import Database
 
@@ -32,6 +33,9 @@ def current_principal(
     """The authenticated caller; a missing, malformed or unknown token is ``unauthenticated``."""
     token = credentials.credentials if credentials else None
     found = db.transaction(lambda tx: auth.authenticate_use(tx, token), write=False)
+    if found.principal.kind == "worker":
+        # A worker credential speaks only the worker API (docs/cluster.md), never the management one.
+        raise PermissionDenied("a worker credential cannot use the management API")
     if found.needs_touch:
         # last_used_at_ms, at most once a minute per principal (so reads stay reads otherwise)
         db.transaction(lambda tx: auth.touch(tx, found.principal.id))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ql3.domain.errors import Ql3Error
 from ql3.domain.offers import LeaseFence
 
 
@@ -89,3 +90,11 @@ class ControlPlane(Protocol):
     def lease_control(self, fence: LeaseFence) -> str:
         """Probe for stop requests: ``run`` (keep going), ``stop_requested`` or ``terminal``."""
         ...
+
+
+class ControlPlaneUnreachable(Ql3Error):
+    """The control plane could not be reached; retry shortly."""
+
+    code = "control_plane_unreachable"
+    http_status = 503
+    retryable = True

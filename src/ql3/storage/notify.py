@@ -30,3 +30,17 @@ class LocalNotifier:
             for c in channels:
                 self._counters[f"__seen__{c}"] = self._counters.get(c, 0)
             return ok
+
+    def counters(self, channels: tuple[str, ...]) -> dict[str, int]:
+        """How many notifications each channel has had: a waiter's own mark for ``wait_past``."""
+        with self._cond:
+            return {c: self._counters.get(c, 0) for c in channels}
+
+    def wait_past(self, marks: dict[str, int], timeout_s: float) -> bool:
+        """Wait until a channel in ``marks`` was notified past its mark (taken with ``counters``
+        before the caller last looked at the database), so no wake-up in between is lost, whatever
+        other waiters on the same channels do."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: any(self._counters.get(c, 0) > n for c, n in marks.items()), timeout_s
+            )

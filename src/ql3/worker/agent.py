@@ -39,7 +39,7 @@ from ql3.execution.receipts import (
     read_launch_identity,
     read_receipt,
 )
-from ql3.ports.control_plane import ControlPlane, SessionInfo
+from ql3.ports.control_plane import ControlPlane, ControlPlaneUnreachable, SessionInfo
 from ql3.worker.journal import JournalConflict, JournalOffer, JournalRecord, RecoveryReason, WorkerJournal
 
 log = logging.getLogger("ql3.worker")
@@ -109,6 +109,7 @@ class _Active:
     stop_requested: bool = False
     acked: bool = False  # running ACK committed: completion may be submitted
     exited: bool = False  # the process exited; completion pending or to be retried
+    renewed_at_ms: int | None = None  # the worker clock at the last successful renewal
 
 
 # What the journal keeps of a spec: identity and stop policy. The command, working directory and
@@ -297,7 +298,10 @@ class WorkerAgent:
         with self._lock:
             if record.attempt_id in self._active and not accepted.created:
                 return record.state  # in-process duplicate: coalesced
-            self._active[record.attempt_id] = _Active(offer_id=record.offer_id, fence=f)
+            # The lease was checked live just now (lease_status) or claimed moments ago.
+            self._active[record.attempt_id] = _Active(
+                offer_id=record.offer_id, fence=f, renewed_at_ms=self._clock()
+            )
         self._fault("after_accept")
         if record.state == "accepted":
             record = self._ack_starting(record, offer)
@@ -314,7 +318,8 @@ class WorkerAgent:
         try:
             # The deadline is the control plane's: pinned timeout plus its clock, never ours.
             self._client.ack_starting(offer.fence)
-        except (FenceConflict, Conflict):
+        except (FenceConflict, Conflict, ControlPlaneUnreachable):
+            # Nothing was spawned: without renewals the lease expires and the run is placed again.
             self._forget(record.attempt_id)
             raise
         record = self.journal.advance(
@@ -414,7 +419,9 @@ class WorkerAgent:
                 callback_sequence=record.completion_callback_sequence or CALLBACK_SEQUENCE,
                 callback_token_digest=record.completion_token_digest,
             )
-        except FenceConflict:
+        except (FenceConflict, ControlPlaneUnreachable):
+            # Unreachable past the call's whole retry window (a remote worker): the lease cannot be
+            # proven ours any longer, so the process is stopped like on a lease loss.
             return self._lease_lost(record, active)
         except Conflict:
             return self.journal.advance(
@@ -556,6 +563,44 @@ class WorkerAgent:
         self._forget(record.attempt_id)
         return "lost"
 
+    # -- stop through lease control (a remote worker, docs/cluster.md "Stop") ---------------------
+
+    def control_stop(self, attempt_id: str) -> str:
+        """Ask the control plane about a stop of one started attempt. ``stop_requested`` is answered
+        only once the cancellation dispatch is settled; then the process identity is re-proven and
+        the group signalled with the task's grace (in a thread: TERM -> grace -> KILL)."""
+        with self._lock:
+            active = self._active.get(attempt_id)
+            if active is None:
+                return "unknown"
+            if active.stop_requested:
+                return "stop_requested"
+            fence, pid = active.fence, active.pid
+        record = self.journal.find_by_attempt(attempt_id)
+        if record is None or record.executor_handle is None:
+            return "not_started"  # asked again once the running ACK committed
+        decision = self._client.lease_control(fence)
+        if decision != "stop_requested":
+            return decision
+        with self._lock:
+            if active.stop_requested:
+                return decision
+            active.stop_requested = True
+        threading.Thread(
+            target=self._stop_process,
+            args=(record.executor_handle, pid, _termination_grace_ms(record)),
+            name="ql3-stop",
+            daemon=True,
+        ).start()
+        return decision
+
+    def _stop_process(self, handle: str, pid: int | None, grace_ms: int) -> None:
+        try:
+            outcome = self._controller.stop(handle, pid, grace_ms=grace_ms)
+            log.info("stop signalled", extra={"action": "worker.stop", "status": outcome.status})
+        except Exception as exc:  # the exit (or the lease) settles the run either way
+            log.warning("stop failed", extra={"action": "worker.stop_failed", "error": type(exc).__name__})
+
     # -- lease loss ------------------------------------------------------------------------------
 
     def _lease_lost(self, record: JournalRecord, active: _Active) -> JournalRecord:
@@ -575,8 +620,9 @@ class WorkerAgent:
                 )
                 return record
         current = self.journal.get(record.offer_id)
-        assert current is not None
         self._forget(record.attempt_id)
+        if current is None:  # the exit watcher settled and pruned it meanwhile
+            return record
         if current.state in ("completion_acknowledged", "recovery_required"):
             return current
         return self.journal.advance(
@@ -590,12 +636,18 @@ class WorkerAgent:
 
     def maintain(self) -> bool:
         """One bounded pass: when due, heartbeat and renew every active lease; always settle
-        processes that exited (re-adopted ones are not our children, so they are polled here)."""
+        processes that exited (re-adopted ones are not our children, so they are polled here).
+
+        A lease that could not be renewed for half its duration (the control plane or its database
+        unreachable: renewals are due every third) can no longer be proven ours: its process is
+        stopped, as on a fenced renewal, before the server's expiry may hand the run to another
+        worker. The age is read after the failed call, which may itself have taken a while."""
         session = self.session
         if session is None:
             return False
         now = self._clock()
         renew_due = now - self._last_renewal_ms >= self.config.run_lease_ms // 3
+        unreachable: Ql3Error | None = None
         if renew_due:
             try:
                 self.session = replace(self._client.heartbeat(session), outcome=session.outcome)
@@ -605,30 +657,54 @@ class WorkerAgent:
                 log.warning("session fenced", extra={"action": "worker.session_fenced"})
                 self._fenced_stop_all()
                 return False
-            self._last_renewal_ms = now
-            # Settled journal rows (receipts already deleted at acknowledgement) are pruned in
-            # bounded batches, so the journal does not grow with the number of runs.
-            self.journal.retention(older_than_ms=self.config.journal_retention_ms, limit=64)
+            except Ql3Error as exc:  # transient: renewals are still tried, leases still guarded
+                unreachable = exc
+            else:
+                self._last_renewal_ms = now
+                # Settled journal rows (receipts already deleted at acknowledgement) are pruned in
+                # bounded batches, so the journal does not grow with the number of runs.
+                self.journal.retention(older_than_ms=self.config.journal_retention_ms, limit=64)
         with self._lock:
             active = list(self._active.items())[:MAX_SLOTS]
         for attempt_id, item in active:
+            if item.renewed_at_ms is None:
+                item.renewed_at_ms = now
             if renew_due:
                 try:
                     info = self._client.renew(item.fence, self.config.run_lease_ms)
                     with self._lock:
                         if attempt_id in self._active:
                             self._active[attempt_id].fence = replace(item.fence, lease_version=info.version)
+                            self._active[attempt_id].renewed_at_ms = now
                 except FenceConflict as exc:
-                    if exc.details.get("reason") in ("not_leased",):
-                        self.settle(attempt_id)
-                        continue
                     record = self.journal.find_by_attempt(attempt_id)
+                    if exc.details.get("reason") in ("not_leased",):
+                        # The attempt ended on the server (completed, or lost by expiry): a process
+                        # that still runs is no longer ours to run.
+                        if self.settle(attempt_id) == "running" and record is not None:
+                            self._lease_lost(record, item)
+                        continue
                     if record is not None:
                         self._lease_lost(record, item)
                     continue
+                except Ql3Error as exc:
+                    unreachable = unreachable or exc
+                    if self._clock() - item.renewed_at_ms >= self.config.run_lease_ms // 2:
+                        record = self.journal.find_by_attempt(attempt_id)
+                        if record is not None:
+                            log.warning("lease unrenewable", extra={"action": "worker.self_fence"})
+                            self._lease_lost(record, item)
+                    continue
             if item.adopted or item.exited:
                 self.settle(attempt_id)
+        if unreachable is not None:
+            raise unreachable  # the loop runner records the failure and backs off
         return False
+
+    def session_fenced(self) -> None:
+        """The control plane refused this session (replaced, offline): stop what it held, as a fenced
+        heartbeat does, and take no more work until a new session is registered."""
+        self._fenced_stop_all()
 
     def _fenced_stop_all(self) -> None:
         with self._lock:
@@ -671,7 +747,12 @@ class WorkerAgent:
             return self._launch_unknown(record, fence)
         with self._lock:
             self._active[record.attempt_id] = _Active(
-                offer_id=record.offer_id, fence=fence, handle=record.executor_handle, adopted=True, acked=True
+                offer_id=record.offer_id,
+                fence=fence,
+                handle=record.executor_handle,
+                adopted=True,
+                acked=True,
+                renewed_at_ms=self._clock(),  # renewed just above
             )
         if record.state == "started":
             # The running ACK may never have been committed: the control plane needs the handle (to

@@ -1,0 +1,240 @@
+"""``ql3 worker --server URL --token-file F``: a remote worker of a cluster (docs/cluster.md), and
+``ql3 worker token create|list|revoke``: its credentials (owner, or admin of the default project)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import stat
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Final
+
+from ql3.cli import output
+from ql3.cli.client import ApiClient, seg
+from ql3.cli.common import Parser, Subparsers, add_command, wants_json
+from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
+
+WORKER_EPILOG: Final = """\
+a remote worker (no database credentials; docs/cluster.md):
+  ql3 worker token create w1 > w1.token && chmod 600 w1.token     # on a machine with owner credentials
+  ql3 worker --server http://cp-a:5700 --token-file w1.token --slots 4 --label zone=a
+  SIGTERM drains (no new runs, the runs in progress finish); a second SIGTERM stops at once (the
+  runs keep going and are re-adopted by the next start with the same --home)
+  QL3_RUN_LEASE_MS (5000-600000, default 30000): the run and session leases this worker renews; a
+  run it cannot renew for half of it is stopped on this host
+"""
+
+
+def _slots(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be an integer") from None
+    if not 1 <= value <= 1024:
+        raise argparse.ArgumentTypeError("must be 1-1024")
+    return value
+
+
+def read_token_file(path: str) -> str:
+    """The worker token, from a file only its owner can read (exit 64 otherwise)."""
+    try:
+        info = os.stat(path)
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        raise UsageError(f"--token-file {path}: cannot be read", code="bad_token_file") from None
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise UsageError(
+            f"--token-file {path}: readable by others (chmod 600 it)", code="token_file_not_private"
+        )
+    if not text or len(text) > 256 or not text.isascii() or any(c.isspace() for c in text):
+        raise UsageError(f"--token-file {path}: not a token", code="bad_token_file")
+    return text
+
+
+def cmd_remote_worker(args: argparse.Namespace) -> int:
+    from ql3.application.settings import resolve_home
+    from ql3.bootstrap import fault_injector
+    from ql3.cli import logformat
+    from ql3.cli.private import private_umask
+    from ql3.cli.server import _labels
+    from ql3.cluster.http_control_plane import HttpControlPlane
+    from ql3.cluster.remote import RemoteWorker
+    from ql3.domain.errors import Ql3Error, ValidationFailed
+    from ql3.ports.control_plane import ControlPlaneUnreachable
+    from ql3.worker.agent import WorkerConfig
+
+    if not args.server:
+        raise UsageError("give an ACTION (list, show, drain, token) or --server URL --token-file FILE")
+    for url in args.server:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError("--server must be an http:// or https:// URL")
+    if args.token_file is None:
+        raise UsageError("--server needs --token-file FILE (ql3 worker token create NAME)")
+    if args.ca is not None and not Path(args.ca).is_file():
+        raise UsageError(f"--ca {args.ca}: no such file")
+    from ql3.application.settings import RUN_LEASE, SettingsError
+
+    try:
+        # The leases this worker asks for when it renews, and its session lease (5 s - 10 min).
+        lease_ms = RUN_LEASE.parse(os.environ)
+    except SettingsError as exc:
+        raise UsageError(exc.message, code=exc.code) from None
+    token = read_token_file(args.token_file)
+    labels = _labels(args.label)
+    home = Path(args.home) if args.home else resolve_home(os.environ) / "remote-worker"
+    if not home.is_absolute():
+        raise UsageError("--home must be an absolute path")
+    private_umask()
+    logformat.configure(sys.stderr)
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per long-poll is noise
+    stop_now = threading.Event()
+    drain = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if drain.is_set():
+            stop_now.set()
+        drain.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    plane = HttpControlPlane(args.server, token, ca=args.ca)
+    worker_id = None
+    delay = 0.2
+    while worker_id is None and not drain.is_set():
+        try:
+            worker_id = plane.identity(window_s=5.0)
+        except ControlPlaneUnreachable:
+            output.note(f"ql3 worker: {', '.join(args.server)} unreachable, retrying")
+            drain.wait(delay)
+            delay = min(10.0, delay * 2)
+        except Ql3Error as exc:
+            plane.close()
+            output.note(f"ql3 worker: the server refused the credential ({exc.code})")
+            return EXIT_ERROR
+    if worker_id is None:
+        plane.close()
+        return EXIT_OK
+    try:
+        config = WorkerConfig(
+            worker_id=worker_id,
+            home=home,
+            slots=args.slots,
+            labels=labels,
+            journal_capacity=max(64, args.slots),
+            run_lease_ms=lease_ms,
+            session_lease_ms=lease_ms,
+        )
+    except ValidationFailed as exc:
+        plane.close()
+        raise UsageError(exc.message) from None
+    remote = RemoteWorker(plane, config, fault=fault_injector(os.environ.get("QL3_FAULT") or None))
+    if not remote.start():
+        remote.stop(offline=False)
+        return EXIT_OK
+    output.note(f"ql3 worker {worker_id} pulling from {plane.server} with {args.slots} slots; home {home}")
+    drain.wait()
+    remote.drain()
+    output.note(f"ql3 worker {worker_id}: draining ({remote.agent.active_count} runs in progress)")
+    while not stop_now.is_set() and not remote.wait_drained(timeout_s=1.0):
+        pass
+    remote.stop(offline=not stop_now.is_set())
+    return EXIT_OK
+
+
+# -- credentials ---------------------------------------------------------------------------------------
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    body: dict[str, object] = {"workerId": args.worker}
+    if args.expires_in is not None:
+        body["expiresInS"] = args.expires_in
+    with ApiClient.from_environment() as api:
+        _, issued = api.call("POST", "/worker-tokens", json=body)
+    if wants_json(args):
+        output.emit_json(issued)
+    else:
+        output.note(
+            f"worker token {issued['id']} for worker {issued['worker_id']} (shown once; keep it 0600)"
+        )
+        output.line(str(issued["token"]))
+    return EXIT_OK
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, page = api.call("GET", "/worker-tokens", params={"after": args.after or ""})
+    if wants_json(args):
+        output.emit_json(page)
+        return EXIT_OK
+    output.table(
+        ("ID", "WORKER", "REVOKED"),
+        [(t["id"], t["worker_id"], "yes" if t["revoked_at_ms"] else "no") for t in page["items"]],
+    )
+    return EXIT_OK
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, record = api.call("POST", f"/worker-tokens/{seg(args.id)}/revoke")
+    if wants_json(args):
+        output.emit_json(record)
+    else:
+        output.line(f"worker token {record['id']} ({record['worker_id']}) revoked")
+    return EXIT_OK
+
+
+def register(group: Parser, actions: Subparsers) -> None:
+    """Adds the remote-worker flags to the ``worker`` group and its ``token`` actions."""
+    from ql3.cli.server import _label
+
+    group.description = "Workers: inspect and drain them, or run this machine as a remote worker."
+    group.epilog = WORKER_EPILOG
+    group.formatter_class = argparse.RawDescriptionHelpFormatter
+    group.set_defaults(handler=cmd_remote_worker, parser=group)
+    group.add_argument(
+        "--server",
+        metavar="URL",
+        action="append",
+        default=None,
+        help="run a remote worker of this control plane; repeat it with other replicas' URLs to move"
+        " on to the next one when a replica cannot be reached",
+    )
+    group.add_argument("--token-file", metavar="FILE", default=None, help="the worker credential (mode 0600)")
+    group.add_argument(
+        "--label",
+        type=_label,
+        action="append",
+        metavar="KEY=VALUE",
+        help="a label tasks can require (repeatable)",
+    )
+    group.add_argument(
+        "--slots", type=_slots, default=4, metavar="N", help="concurrent runs (1-1024, default 4)"
+    )
+    group.add_argument(
+        "--home",
+        metavar="DIR",
+        default=None,
+        help="journal, logs and receipts (default $QL3_HOME/remote-worker)",
+    )
+    group.add_argument(
+        "--ca", metavar="FILE", default=None, help="CA bundle that signs the server's certificate"
+    )
+    tokens: Parser = actions.add_parser("token", help="worker credentials", description="Worker credentials.")
+    token_actions = tokens.add_subparsers(dest="token_action", metavar="ACTION", required=True)
+    create = add_command(
+        token_actions, "create", cmd_token_create, "a credential bound to one worker id (owner/admin)"
+    )
+    create.add_argument("worker", metavar="WORKER_ID", help="the worker id it may act for")
+    create.add_argument(
+        "--expires-in", type=int, metavar="SECONDS", default=None, help="lifetime (60 s - 10 years)"
+    )
+    lst = add_command(token_actions, "list", cmd_token_list, "list worker credentials (revoked ones too)")
+    lst.add_argument("--after", metavar="ID", default=None, help="the next_after of the previous page")
+    revoke = add_command(token_actions, "revoke", cmd_token_revoke, "revoke a worker credential")
+    revoke.add_argument("id", metavar="ID", help="the credential id (ql3 worker token list)")

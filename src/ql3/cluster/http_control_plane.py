@@ -1,0 +1,352 @@
+"""``HttpControlPlane``: the ``ControlPlane`` port over the worker API of ``ql3 control``.
+
+Errors come back as the same domain exceptions the in-process plane raises (``FenceConflict`` with
+its reason, ``Conflict``, ``ValidationFailed``...), so the worker agent behaves identically. A
+transport failure or a 5xx is retried with backoff within the call's window (every call of this
+protocol is replay-safe: ACKs answer ``already_*``, completion ``already_terminal``, a pull returns
+the same offer); past the window it raises ``ControlPlaneUnreachable``. A renewal whose first
+response was lost is resolved with ``lease_status`` (its version moved on: the renewal committed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import ssl
+import threading
+import time
+from typing import Any, Final
+
+import httpx
+
+from ql3.cluster.pull import OfferConflict
+from ql3.domain.errors import (
+    Conflict,
+    FenceConflict,
+    NotFound,
+    PermissionDenied,
+    Ql3Error,
+    Unauthenticated,
+    ValidationFailed,
+)
+from ql3.domain.offers import LeaseFence, Offer
+from ql3.ports.control_plane import ControlPlaneUnreachable, LeaseInfo, SessionInfo
+
+log = logging.getLogger("ql3.worker.http")
+SHORT_WINDOW_S: Final = 3.0
+# Heartbeats and renewals are periodic: a short window, so that a worker cut off notices within a
+# fraction of its lease (its agent stops what it can no longer renew).
+RENEW_WINDOW_S: Final = 1.0
+BACKOFF_FIRST_S: Final = 0.1
+BACKOFF_MAX_S: Final = 2.0
+CONNECT_TIMEOUT_S: Final = 5.0
+READ_TIMEOUT_S: Final = 15.0
+_CONFLICTS: Final[dict[str, type[Conflict]]] = {
+    FenceConflict.code: FenceConflict,
+    OfferConflict.code: OfferConflict,
+}
+
+
+def _fence(f: LeaseFence) -> dict[str, Any]:
+    return {
+        "workerId": f.worker_id,
+        "runId": f.run_id,
+        "attemptId": f.attempt_id,
+        "sessionId": f.session_id,
+        "workerGeneration": f.worker_generation,
+        "leaseGeneration": f.lease_generation,
+        "leaseToken": f.lease_token,
+        "leaseVersion": f.lease_version,
+    }
+
+
+def _session(data: dict[str, Any]) -> SessionInfo:
+    return SessionInfo(
+        worker_id=str(data["workerId"]),
+        session_id=str(data["sessionId"]),
+        generation=int(data["generation"]),
+        status=str(data["status"]),
+        outcome=str(data["outcome"]),
+    )
+
+
+def _lease(data: dict[str, Any]) -> LeaseInfo:
+    return LeaseInfo(version=int(data["leaseVersion"]), expires_at_ms=int(data["leaseExpiresAtMs"]))
+
+
+def raise_for(status: int, body: Any) -> None:
+    """Map an error response of the worker API to its domain exception."""
+    error = body.get("error", {}) if isinstance(body, dict) else {}
+    code = str(error.get("code", ""))
+    message = str(error.get("message", "")) or None
+    raw = error.get("details")
+    details: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    if status == 409:
+        raise _CONFLICTS.get(code, Conflict)(message, **details)
+    if status == 422:
+        raise ValidationFailed(message, **details)
+    if status == 401:
+        raise Unauthenticated(message)
+    if status == 403:
+        raise PermissionDenied(message, code=code)
+    if status == 404:
+        raise NotFound(message)
+    raise Ql3Error(message, status=status, code=code)
+
+
+class HttpControlPlane:
+    """Thread-safe (one ``httpx.Client`` with a connection pool)."""
+
+    def __init__(
+        self,
+        server: str | list[str],
+        token: str,
+        *,
+        ca: str | None = None,
+        ack_window_s: float = 60.0,
+        client: httpx.Client | None = None,
+    ) -> None:
+        """``server``: one replica's URL, or several: a call that cannot reach one (connection
+        refused, timeout, 5xx) moves on to the next, so a worker outlives the loss of its replica.
+        ``client``: an already configured client (tests pass the app's TestClient)."""
+        self._servers = [u.rstrip("/") for u in ([server] if isinstance(server, str) else server)]
+        if not self._servers:
+            raise ValueError("at least one server")
+        self._current = 0
+        verify: ssl.SSLContext | bool = True
+        if ca is not None:
+            verify = ssl.create_default_context(cafile=ca)
+        if client is not None:
+            client.headers["Authorization"] = f"Bearer {token}"
+        self._client = client or httpx.Client(
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "ql3-worker"},
+            timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            verify=verify,
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=8),
+        )
+        self._ack_window_s = ack_window_s
+        self._own_timeouts = client is None  # a given client keeps its own
+        self._closed = threading.Event()
+
+    @property
+    def server(self) -> str:
+        return self._servers[self._current]
+
+    def _next_server(self, failed: str) -> None:
+        if len(self._servers) > 1 and self._servers[self._current] == failed:
+            self._current = (self._current + 1) % len(self._servers)
+            log.warning("moving to another replica", extra={"action": "worker.failover"})
+
+    def close(self) -> None:
+        self._closed.set()
+        self._client.close()
+
+    def _post(
+        self, path: str, body: dict[str, Any] | None, *, window_s: float, read_timeout_s: float | None = None
+    ) -> Any:
+        return self._call("POST", path, body, window_s=window_s, read_timeout_s=read_timeout_s)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        *,
+        window_s: float,
+        read_timeout_s: float | None = None,
+    ) -> Any:
+        deadline = time.monotonic() + window_s
+        delay = BACKOFF_FIRST_S
+        timeout = httpx.Timeout(read_timeout_s or READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        while True:
+            server = self.server
+            url = server + path
+            try:
+                if self._own_timeouts:
+                    response = self._client.request(method, url, json=body, timeout=timeout)
+                else:
+                    response = self._client.request(method, url, json=body)
+                if response.status_code < 500:
+                    data = response.json() if response.content else {}
+                    if response.status_code >= 400:
+                        raise_for(response.status_code, data)
+                    return data
+                failure = f"http_{response.status_code}"
+            except (httpx.TransportError, json.JSONDecodeError) as exc:
+                failure = type(exc).__name__
+            except RuntimeError:  # the client was closed underneath us (shutdown)
+                raise ControlPlaneUnreachable("the worker is shutting down") from None
+            self._next_server(server)
+            if time.monotonic() + delay > deadline or self._closed.is_set():
+                raise ControlPlaneUnreachable(reason=failure)
+            log.info(
+                "control plane unreachable, retrying", extra={"action": "worker.retry", "error": failure}
+            )
+            self._closed.wait(delay * (0.5 + random.random()))
+            delay = min(BACKOFF_MAX_S, delay * 2)
+
+    # -- identity and session -----------------------------------------------------------------------
+
+    def identity(self, *, window_s: float = SHORT_WINDOW_S) -> str:
+        return str(self._call("GET", "/api/v1/worker/identity", None, window_s=window_s)["workerId"])
+
+    def register(
+        self,
+        *,
+        worker_id: str,
+        session_id: str,
+        capabilities: dict[str, Any],
+        max_concurrent_runs: int,
+        session_lease_ms: int,
+    ) -> SessionInfo:
+        data = self._post(
+            "/api/v1/worker/register",
+            {
+                "sessionId": session_id,
+                "capabilities": capabilities,
+                "maxConcurrentRuns": max_concurrent_runs,
+                "sessionLeaseMs": session_lease_ms,
+            },
+            window_s=SHORT_WINDOW_S,
+        )
+        info = _session(data)
+        if info.worker_id != worker_id:
+            raise PermissionDenied("the credential belongs to another worker id", code="worker_mismatch")
+        return info
+
+    def heartbeat(self, session: SessionInfo) -> SessionInfo:
+        body = {"sessionId": session.session_id, "generation": session.generation}
+        return _session(self._post("/api/v1/worker/heartbeat", body, window_s=RENEW_WINDOW_S))
+
+    def set_status(self, session: SessionInfo, status: str) -> SessionInfo:
+        body = {"sessionId": session.session_id, "generation": session.generation, "status": status}
+        return _session(self._post("/api/v1/worker/status", body, window_s=SHORT_WINDOW_S))
+
+    # -- pull and stops -----------------------------------------------------------------------------
+
+    def pull(
+        self,
+        session: SessionInfo,
+        *,
+        offer_id: str,
+        lease_token: str,
+        wait_ms: int,
+        replay_only: bool = False,
+    ) -> Offer | None:
+        """One long-poll; raises ``ControlPlaneUnreachable`` at once on a transport failure (the
+        caller retries with the same pair, and so gets the same offer if the first one was claimed)."""
+        data = self._post(
+            "/api/v1/worker/pull",
+            {
+                "sessionId": session.session_id,
+                "generation": session.generation,
+                "offerId": offer_id,
+                "leaseToken": lease_token,
+                "waitMs": wait_ms,
+                "replayOnly": replay_only,
+            },
+            window_s=0.0,
+            read_timeout_s=wait_ms / 1000 + READ_TIMEOUT_S,
+        )
+        offer = data.get("offer")
+        return None if offer is None else Offer.from_json(offer)
+
+    def stops(self, session: SessionInfo, *, wait_ms: int, known: list[str]) -> list[str]:
+        data = self._post(
+            "/api/v1/worker/stops",
+            {
+                "sessionId": session.session_id,
+                "generation": session.generation,
+                "waitMs": wait_ms,
+                "known": known[:1024],
+            },
+            window_s=0.0,
+            read_timeout_s=wait_ms / 1000 + READ_TIMEOUT_S,
+        )
+        return [str(a) for a in data.get("attemptIds", [])]
+
+    # -- the lease protocol -------------------------------------------------------------------------
+
+    def ack_starting(self, fence: LeaseFence) -> tuple[str, LeaseInfo]:
+        data = self._post(
+            "/api/v1/worker/ack/starting", {"fence": _fence(fence)}, window_s=self._ack_window_s
+        )
+        return str(data["result"]), _lease(data)
+
+    def ack_running(
+        self,
+        fence: LeaseFence,
+        *,
+        pid: int,
+        handle: str,
+        log_artifact_id: str,
+        callback_sequence: int,
+        callback_token_digest: str,
+    ) -> tuple[str, LeaseInfo]:
+        data = self._post(
+            "/api/v1/worker/ack/running",
+            {
+                "fence": _fence(fence),
+                "pid": pid,
+                "handle": handle,
+                "logArtifactId": log_artifact_id,
+                "callbackSequence": callback_sequence,
+                "callbackTokenDigest": callback_token_digest,
+            },
+            window_s=self._ack_window_s,
+        )
+        return str(data["result"]), _lease(data)
+
+    def ack_start_failure(self, fence: LeaseFence, *, error_code: str) -> str:
+        data = self._post(
+            "/api/v1/worker/ack/start-failure",
+            {"fence": _fence(fence), "errorCode": error_code},
+            window_s=self._ack_window_s,
+        )
+        return str(data["outcome"])
+
+    def renew(self, fence: LeaseFence, lease_ms: int) -> LeaseInfo:
+        body = {"fence": _fence(fence), "leaseMs": lease_ms}
+        try:
+            return _lease(self._post("/api/v1/worker/renew", body, window_s=0.0))
+        except ControlPlaneUnreachable:
+            pass  # the renewal may have committed: retry, and accept a version that moved on
+        try:
+            return _lease(self._post("/api/v1/worker/renew", body, window_s=RENEW_WINDOW_S))
+        except FenceConflict as exc:
+            if exc.details.get("reason") != "version_mismatch":
+                raise
+            return self.lease_status(fence)
+
+    def complete(
+        self, fence: LeaseFence, *, callback_sequence: int, callback_token: str, exit_code: int
+    ) -> tuple[str, str]:
+        data = self._post(
+            "/api/v1/worker/complete",
+            {
+                "fence": _fence(fence),
+                "callbackSequence": callback_sequence,
+                "callbackToken": callback_token,
+                "exitCode": exit_code,
+            },
+            window_s=self._ack_window_s,
+        )
+        return str(data["result"]), str(data["outcome"])
+
+    def report_lost(self, fence: LeaseFence, *, error_code: str) -> bool:
+        data = self._post(
+            "/api/v1/worker/lost",
+            {"fence": _fence(fence), "errorCode": error_code},
+            window_s=self._ack_window_s,
+        )
+        return bool(data["lost"])
+
+    def lease_status(self, fence: LeaseFence) -> LeaseInfo:
+        return _lease(
+            self._post("/api/v1/worker/lease-status", {"fence": _fence(fence)}, window_s=SHORT_WINDOW_S)
+        )
+
+    def lease_control(self, fence: LeaseFence) -> str:
+        data = self._post("/api/v1/worker/lease-control", {"fence": _fence(fence)}, window_s=SHORT_WINDOW_S)
+        return str(data["decision"])

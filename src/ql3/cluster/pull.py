@@ -1,0 +1,362 @@
+"""The worker pull (docs/cluster.md "Pull"): place and claim one run for one authenticated session.
+
+The worker proposes a lease token (256 bits, URL-safe) and the offer id bound to it
+(``pull_offer_id``); the server places with the database clock and bounded keyset pages, claims only
+for the session the registry holds, and stores only the token's digest. A retry after a lost response
+presents the same pair and gets the same offer back, rebuilt from the live lease and the pinned
+revision (constant-time digest compare). Pulls of one worker serialise on its registry row, so two
+replicas answering the same retry never create two leases for one token.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Final
+
+from ql3.application import leases, workers
+from ql3.application.dispatcher import Candidate, build_plan, plan_from_spec
+from ql3.application.tasks import get_revision
+from ql3.domain.digests import digest_equals, domain_digest
+from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
+from ql3.domain.offers import LeaseFence, Offer, spec_digest
+from ql3.domain.tasks import TaskSpec, build_spec
+from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
+from ql3.ports.storage import Database, Row, Transaction
+
+PULL_OFFER_DOMAIN: Final = "ql3.pull-offer.v1"
+LEASE_TOKEN_RE: Final = re.compile(r"^[A-Za-z0-9_-]{43,128}$")
+OFFER_ID_RE: Final = re.compile(r"^[0-9a-f]{64}$")
+MAX_WAIT_MS: Final = 20_000
+LIVE_LEASE_PAGE: Final = 64
+LIVE_LEASE_PAGES: Final = 16  # 1,024 = the largest worker capacity
+SPEC_CACHE_SIZE: Final = 256
+MAX_IMMEDIATE_RETRIES: Final = 4
+WAKE_CHANNELS: Final = ("runs",)
+
+
+class OfferConflict(Conflict):
+    """The offer id was already used with another lease token or another session."""
+
+    code = "offer_conflict"
+
+
+def pull_offer_id(worker_id: str, lease_token: str) -> str:
+    """The offer id a worker proposes with ``lease_token``: a retry presents the same pair, and no
+    other token can ever be presented under this id."""
+    return domain_digest(PULL_OFFER_DOMAIN, f"{worker_id}\0{lease_token}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PullBudget:
+    candidate_page: int = 16
+    candidate_pages: int = 4
+    lease_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.candidate_page <= 64:
+            raise ValidationFailed("candidate_page must be 1-64", field="candidate_page")
+        if not 1 <= self.candidate_pages <= 16:
+            raise ValidationFailed("candidate_pages must be 1-16", field="candidate_pages")
+        if not leases.MIN_LEASE_MS <= self.lease_ms <= leases.MAX_LEASE_MS:
+            raise ValidationFailed("lease_ms out of range", field="lease_ms")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PullRequest:
+    worker_id: str  # from the credential, never from the body
+    session_id: str  # what the worker believes; checked against the registry
+    generation: int
+    offer_id: str
+    lease_token: str
+
+    def __repr__(self) -> str:  # the token never reaches a log line
+        return f"PullRequest(worker_id={self.worker_id}, offer_id={self.offer_id[:12]}…)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PullResult:
+    reason: str  # claimed | replayed | no_candidates | no_match | no_capacity | draining | ...
+    offer: Offer | None = None
+    truncated: bool = False
+    cursor: Candidate | None = None  # where the next pass resumes after a truncated one
+
+
+IDLE_REASONS: Final = frozenset({"no_candidates", "no_match", "no_capacity", "claim_raced", "draining"})
+
+
+def validate_request(req: PullRequest) -> None:
+    if not LEASE_TOKEN_RE.match(req.lease_token):
+        raise ValidationFailed("the lease token must be 43-128 URL-safe characters", field="leaseToken")
+    if not OFFER_ID_RE.match(req.offer_id):
+        raise ValidationFailed("invalid offer id", field="offerId")
+    if not digest_equals(req.offer_id, pull_offer_id(req.worker_id, req.lease_token)):
+        # The same offer id can only ever carry one token: anything else is drift.
+        raise OfferConflict(reason="offer_token_mismatch")
+
+
+def _find_live(tx: Transaction, worker_id: str, digest: str) -> leases.Lease | None:
+    """The worker's live lease under ``digest``, if any (bounded index pages; every digest is
+    compared, so the time does not depend on where a match is)."""
+    found: leases.Lease | None = None
+    after = ""
+    for _ in range(LIVE_LEASE_PAGES):
+        page = tx.all(
+            "worker_live_leases", {"worker_id": worker_id, "after": after, "limit": LIVE_LEASE_PAGE}
+        )
+        for row in page:
+            if digest_equals(str(row["lease_token_digest"]), digest) and found is None:
+                found = leases.get_lease(tx, str(row["attempt_id"]))
+        if len(page) < LIVE_LEASE_PAGE:
+            break
+        after = str(page[-1]["attempt_id"])
+    return found
+
+
+def _check_session(tx: Transaction, req: PullRequest) -> Row:
+    row = tx.one("worker_get", {"worker_id": req.worker_id})
+    if row is None:
+        raise FenceConflict("the worker is not registered", reason="worker_unavailable")
+    if row["session_id"] != req.session_id:
+        raise FenceConflict(reason="worker_session_mismatch")
+    if int(row["generation"]) != req.generation:
+        raise FenceConflict(reason="worker_generation_mismatch")
+    if row["status"] == "offline" or int(row["lease_expires_at_ms"]) <= tx.now_ms():
+        raise FenceConflict("the session is offline or expired", reason="worker_unavailable")
+    return row
+
+
+def _offer(lease: leases.Lease, req: PullRequest, spec: dict[str, Any]) -> Offer:
+    return Offer(
+        offer_id=req.offer_id,
+        delivery_kind="new_claim",
+        fence=LeaseFence(
+            run_id=lease.run_id,
+            attempt_id=lease.attempt_id,
+            worker_id=lease.worker_id,
+            session_id=lease.worker_session_id,
+            worker_generation=lease.worker_generation,
+            lease_generation=lease.lease_generation,
+            lease_token=req.lease_token,
+            lease_version=lease.version,
+        ),
+        lease_expires_at_ms=lease.expires_at_ms,
+        spec=spec,
+        spec_digest=spec_digest(spec),
+        placement_score=None,
+    )
+
+
+def _rebuild(tx: Transaction, lease: leases.Lease, req: PullRequest) -> Offer:
+    """The identical offer of a live lease, for a retry whose first response was lost."""
+    if (lease.worker_session_id, lease.worker_generation) != (req.session_id, req.generation):
+        raise OfferConflict(reason="offer_session_mismatch")
+    row = tx.one("run_get", {"id": lease.run_id})
+    if row is None:
+        raise OfferConflict(reason="offer_run_missing")
+    spec, _ = build_plan(
+        tx,
+        lease.run_id,
+        lease.attempt_id,
+        str(row["project_id"]),
+        str(row["task_id"]),
+        int(row["task_revision"]),
+    )
+    return _offer(lease, req, spec)
+
+
+def _candidate(row: Row) -> Candidate:
+    return Candidate(
+        run_id=row["run_id"],
+        project_id=row["project_id"],
+        task_id=row["task_id"],
+        task_revision=int(row["task_revision"]),
+        priority=int(row["priority"]),
+        queued_at_ms=int(row["queued_at_ms"]),
+        attempt_id=row["attempt_id"],
+        attempt_status=row["attempt_status"],
+    )
+
+
+class PullService:
+    """Thread-safe; one per replica. ``pull`` long-polls up to ``wait_ms`` (at most 20 s), woken by
+    commits on ``runs`` (new runs, freed slots) from this replica or, through LISTEN/NOTIFY, others."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        budget: PullBudget | None = None,
+        counters: Callable[[tuple[str, ...]], dict[str, int]] | None = None,
+        wait_past: Callable[[dict[str, int], float], bool] | None = None,
+    ) -> None:
+        self._db = db
+        self.budget = budget or PullBudget()
+        notifier = getattr(db, "notifier", None)
+        self._counters = counters or (notifier.counters if notifier is not None else None)
+        self._wait_past = wait_past or (notifier.wait_past if notifier is not None else None)
+        self._specs: OrderedDict[tuple[str, int], TaskSpec] = OrderedDict()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+
+    def close(self) -> None:
+        """Long-polls in flight answer at once (graceful shutdown)."""
+        self._closing.set()
+        notifier = getattr(self._db, "notifier", None)
+        if notifier is not None:
+            notifier.notify(WAKE_CHANNELS[0])
+
+    def _spec(self, task_id: str, revision: int) -> TaskSpec:
+        key = (task_id, revision)
+        with self._lock:
+            cached = self._specs.get(key)
+            if cached is not None:
+                self._specs.move_to_end(key)
+                return cached
+        spec = self._db.transaction(
+            lambda tx: build_spec(get_revision(tx, task_id, revision).spec), write=False
+        )
+        with self._lock:
+            self._specs[key] = spec
+            while len(self._specs) > SPEC_CACHE_SIZE:
+                self._specs.popitem(last=False)
+        return spec
+
+    # -- one bounded pass --------------------------------------------------------------------------
+
+    def pull_once(
+        self, req: PullRequest, cursor: Candidate | None = None, *, replay_only: bool = False
+    ) -> PullResult:
+        """One bounded pass from ``cursor`` (None: the head of the queue). ``replay_only``: only
+        re-deliver the live lease of this pair, never claim (a restarted worker resuming what it
+        journaled); nothing live answers ``not_live``."""
+        validate_request(req)
+        digest = leases.lease_digest(req.lease_token)
+
+        def start(tx: Transaction) -> tuple[Offer | None, WorkerSnapshot | None, str]:
+            _check_session(tx, req)
+            live = _find_live(tx, req.worker_id, digest)
+            if live is not None:
+                return _rebuild(tx, live, req), None, "replayed"
+            if replay_only:
+                return None, None, "not_live"
+            snap = workers.snapshot_one(tx, worker_id=req.worker_id)
+            if not snap:
+                return None, None, "draining"  # online is required for new claims
+            if snap[0].session_id != req.session_id or snap[0].generation != req.generation:
+                raise FenceConflict(reason="worker_session_mismatch")
+            return None, snap[0], "ok" if snap[0].free_slots > 0 else "no_capacity"
+
+        replayed, snapshot, state = self._db.transaction(start, write=False)
+        if replayed is not None:
+            return PullResult(reason="replayed", offer=replayed)
+        if snapshot is None or state != "ok":
+            return PullResult(reason=state)
+        return self._scan(req, snapshot, digest, cursor)
+
+    def _scan(
+        self, req: PullRequest, snapshot: WorkerSnapshot, digest: str, cursor: Candidate | None
+    ) -> PullResult:
+        reason = "no_candidates"
+        for page_no in range(self.budget.candidate_pages):
+            page = self._db.transaction(partial(self._candidates, cursor=cursor), write=False)
+            for cand in page:
+                cursor = cand
+                if cand.attempt_id is None or cand.attempt_status != "claimed":
+                    reason = "claim_raced"
+                    continue
+                try:
+                    task_spec = self._spec(cand.task_id, cand.task_revision)
+                    placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
+                    spec = plan_from_spec(
+                        task_spec,
+                        cand.run_id,
+                        cand.attempt_id,
+                        cand.project_id,
+                        cand.task_id,
+                        cand.task_revision,
+                    )
+                except Ql3Error:
+                    reason = "plans_unavailable"
+                    continue
+                if not rank(placement, [snapshot]):
+                    reason = "no_match"
+                    continue
+                outcome = self._db.transaction(
+                    partial(self._claim, req=req, cand=cand, attempt_id=cand.attempt_id, digest=digest)
+                )
+                if isinstance(outcome, Offer):
+                    return PullResult(reason="replayed", offer=outcome)
+                if outcome.status == "claimed" and outcome.lease is not None:
+                    return PullResult(reason="claimed", offer=_offer(outcome.lease, req, spec))
+                if outcome.status in ("worker_unavailable", "capacity_exhausted"):
+                    return PullResult(
+                        reason="no_capacity" if outcome.status == "capacity_exhausted" else "draining"
+                    )
+                reason = "claim_raced"
+            if len(page) < self.budget.candidate_page:
+                return PullResult(reason=reason)
+            if page_no == self.budget.candidate_pages - 1:
+                return PullResult(reason="scan_budget_exhausted", truncated=True, cursor=cursor)
+        return PullResult(reason=reason)
+
+    def _candidates(self, tx: Transaction, cursor: Candidate | None) -> list[Candidate]:
+        params: dict[str, Any] = {"limit": self.budget.candidate_page}
+        if cursor is None:
+            return [_candidate(r) for r in tx.all("candidate_first", params)]
+        params.update(c_priority=cursor.priority, c_queued=cursor.queued_at_ms, c_id=cursor.run_id)
+        return [_candidate(r) for r in tx.all("candidate_after", params)]
+
+    def _claim(
+        self, tx: Transaction, *, req: PullRequest, cand: Candidate, attempt_id: str, digest: str
+    ) -> leases.ClaimResult | Offer:
+        # The worker's registry row is locked first: every pull of this worker, on any replica,
+        # serialises here, and the second of two identical retries finds the first one's lease.
+        if tx.one("worker_lock", {"worker_id": req.worker_id}) is None:
+            return leases.ClaimResult(status="worker_unavailable")
+        live = _find_live(tx, req.worker_id, digest)
+        if live is not None:
+            return _rebuild(tx, live, req)
+        return leases.claim(
+            tx,
+            run_id=cand.run_id,
+            attempt_id=attempt_id,
+            worker_id=req.worker_id,
+            session_id=req.session_id,
+            worker_generation=req.generation,
+            token_for_generation=lambda generation: req.lease_token,
+            lease_ms=self.budget.lease_ms,
+        )
+
+    # -- the long-poll -----------------------------------------------------------------------------
+
+    def pull(self, req: PullRequest, *, wait_ms: int, replay_only: bool = False) -> PullResult:
+        if isinstance(wait_ms, bool) or not 0 <= wait_ms <= MAX_WAIT_MS:
+            raise ValidationFailed(f"waitMs must be 0-{MAX_WAIT_MS}", field="waitMs")
+        if replay_only:
+            return self.pull_once(req, replay_only=True)
+        deadline = time.monotonic() + wait_ms / 1000
+        immediate = 0
+        cursor: Candidate | None = None
+        while True:
+            marks = self._counters(WAKE_CHANNELS) if self._counters is not None else {}
+            result = self.pull_once(req, cursor)
+            if result.offer is not None:
+                return result
+            if result.truncated and immediate < MAX_IMMEDIATE_RETRIES:
+                immediate += 1
+                cursor = result.cursor  # a budget stopped the scan: continue behind it at once
+                continue
+            cursor = None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closing.is_set() or self._wait_past is None:
+                return result
+            immediate = 0
+            self._wait_past(marks, remaining)
+            if self._closing.is_set():
+                return result

@@ -1,0 +1,381 @@
+"""The worker API of ``ql3 control`` (docs/cluster.md) and the admin routes of worker credentials.
+
+Every ``/api/v1/worker/...`` call is authenticated with a worker credential and acts for that one
+worker id: a fence naming another worker is refused (403 ``worker_mismatch``) before anything is
+read. Session and generation are the registry's; what the body carries is checked against them.
+Each call is one call of the same application services as the embedded worker's in-process path,
+with the same fences.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import Field
+
+from ql3.application import auth, workers
+from ql3.application.gateway import InProcessControlPlane
+from ql3.cluster import credentials
+from ql3.cluster.pull import PullRequest, PullService
+from ql3.cluster.stops import StopWatch, lease_control
+from ql3.domain.auth import role_allows
+from ql3.domain.errors import NotFound, PermissionDenied
+from ql3.domain.model import Principal
+from ql3.domain.offers import LeaseFence
+from ql3.http.auth import DbDep, PrincipalDep
+from ql3.http.dto import Body
+from ql3.ports.control_plane import SessionInfo
+from ql3.ports.storage import Transaction
+
+router = APIRouter(tags=["worker"])
+admin_router = APIRouter(tags=["worker tokens"])
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <worker token>`")
+
+
+class WorkerMismatch(PermissionDenied):
+    """A worker credential acts for its own worker id only."""
+
+    code = "worker_mismatch"
+
+
+def current_worker(db: DbDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
+    """The worker id of the presented worker credential (401 without one, 403 for other tokens)."""
+    token = creds.credentials if creds else None
+    found = db.transaction(lambda tx: auth.authenticate_use(tx, token), write=False)
+    worker_id = credentials.worker_id_of(found.principal)
+    if found.needs_touch:
+        db.transaction(lambda tx: auth.touch(tx, found.principal.id))
+    return worker_id
+
+
+WorkerDep = Annotated[str, Depends(current_worker)]
+
+
+def _state(request: Request) -> Any:
+    return request.app.state
+
+
+# -- bodies ------------------------------------------------------------------------------------------
+
+_ID = Field(min_length=1, max_length=255)
+_TOKEN = Field(min_length=1, max_length=256)
+
+
+class FenceIn(Body):
+    workerId: str = Field(min_length=1, max_length=128)
+    runId: str = _ID
+    attemptId: str = _ID
+    sessionId: str = _ID
+    workerGeneration: int = Field(ge=1)
+    leaseGeneration: int = Field(ge=1)
+    leaseToken: str = _TOKEN
+    leaseVersion: int = Field(ge=0)
+
+    def fence(self, worker_id: str) -> LeaseFence:
+        if self.workerId != worker_id:
+            raise WorkerMismatch()
+        return LeaseFence(
+            run_id=self.runId,
+            attempt_id=self.attemptId,
+            worker_id=worker_id,
+            session_id=self.sessionId,
+            worker_generation=self.workerGeneration,
+            lease_generation=self.leaseGeneration,
+            lease_token=self.leaseToken,
+            lease_version=self.leaseVersion,
+        )
+
+
+class RegisterIn(Body):
+    sessionId: str = _ID
+    capabilities: dict[str, Any]
+    maxConcurrentRuns: int
+    sessionLeaseMs: int
+
+
+class SessionIn(Body):
+    sessionId: str = _ID
+    generation: int = Field(ge=1)
+
+
+class StatusIn(SessionIn):
+    status: Literal["draining", "offline"]
+
+
+class PullIn(SessionIn):
+    offerId: str = Field(min_length=1, max_length=64)
+    leaseToken: str = _TOKEN
+    waitMs: int = Field(default=0, ge=0, le=20_000)
+    replayOnly: bool = False  # only re-deliver this pair's live lease, never claim
+
+
+class StopsIn(SessionIn):
+    waitMs: int = Field(default=0, ge=0, le=20_000)
+    known: list[str] = Field(default_factory=list, max_length=1024)
+
+
+class FenceOnly(Body):
+    fence: FenceIn
+
+
+class RunningIn(Body):
+    fence: FenceIn
+    pid: int
+    handle: str = Field(min_length=1, max_length=512)
+    logArtifactId: str = _ID
+    callbackSequence: int
+    callbackTokenDigest: str = Field(min_length=64, max_length=64)
+
+
+class StartFailureIn(Body):
+    fence: FenceIn
+    errorCode: str = Field(min_length=1, max_length=64)
+
+
+class RenewIn(Body):
+    fence: FenceIn
+    leaseMs: int
+
+
+class CompleteIn(Body):
+    fence: FenceIn
+    callbackSequence: int
+    callbackToken: str = _TOKEN
+    exitCode: int
+
+
+class LostIn(Body):
+    fence: FenceIn
+    errorCode: str = Field(min_length=1, max_length=64)
+
+
+def _session_out(info: Any) -> dict[str, Any]:
+    return {
+        "workerId": info.worker_id,
+        "sessionId": info.session_id,
+        "generation": info.generation,
+        "status": info.status,
+        "outcome": info.outcome,
+    }
+
+
+def _lease_out(result: str, version: int, expires_at_ms: int) -> dict[str, Any]:
+    return {"result": result, "leaseVersion": version, "leaseExpiresAtMs": expires_at_ms}
+
+
+def _plane(request: Request) -> InProcessControlPlane:
+    plane: InProcessControlPlane = _state(request).control_plane
+    return plane
+
+
+# -- the worker API ----------------------------------------------------------------------------------
+
+
+@router.get("/api/v1/worker/identity")
+def identity(worker_id: WorkerDep) -> dict[str, Any]:
+    """The worker id this credential is bound to."""
+    return {"workerId": worker_id}
+
+
+@router.post("/api/v1/worker/register")
+def register(body: RegisterIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    """Register or resume a session; the generation comes from the registry."""
+    info = _plane(request).register(
+        worker_id=worker_id,
+        session_id=body.sessionId,
+        capabilities=body.capabilities,
+        max_concurrent_runs=body.maxConcurrentRuns,
+        session_lease_ms=body.sessionLeaseMs,
+    )
+    return _session_out(info)
+
+
+def _session(db: Any, worker_id: str, body: SessionIn) -> SessionInfo:
+    current = db.transaction(
+        lambda tx: workers.current_session(tx, worker_id, body.sessionId, body.generation), write=False
+    )
+    return SessionInfo(
+        worker_id=worker_id,
+        session_id=current.session_id,
+        generation=current.generation,
+        status=current.status,
+        outcome="current",
+    )
+
+
+@router.post("/api/v1/worker/heartbeat")
+def heartbeat(body: SessionIn, worker_id: WorkerDep, db: DbDep, request: Request) -> dict[str, Any]:
+    return _session_out(_plane(request).heartbeat(_session(db, worker_id, body)))
+
+
+@router.post("/api/v1/worker/status")
+def set_status(body: StatusIn, worker_id: WorkerDep, db: DbDep, request: Request) -> dict[str, Any]:
+    return _session_out(_plane(request).set_status(_session(db, worker_id, body), body.status))
+
+
+@router.post("/api/v1/worker/pull")
+def pull(body: PullIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    """Place and claim one run for this session (long-poll up to ``waitMs``). ``offer`` is null when
+    nothing could be placed; an identical retry returns the identical offer."""
+    service: PullService = _state(request).pull_service
+    result = service.pull(
+        PullRequest(
+            worker_id=worker_id,
+            session_id=body.sessionId,
+            generation=body.generation,
+            offer_id=body.offerId,
+            lease_token=body.leaseToken,
+        ),
+        wait_ms=body.waitMs,
+        replay_only=body.replayOnly,
+    )
+    offer = None if result.offer is None else json.loads(result.offer.to_json())
+    return {"reason": result.reason, "offer": offer}
+
+
+@router.post("/api/v1/worker/stops")
+def stops(body: StopsIn, worker_id: WorkerDep, db: DbDep, request: Request) -> dict[str, Any]:
+    """Long-poll: the attempts of this session whose run has a stop intent (beyond ``known``)."""
+    db.transaction(
+        lambda tx: workers.current_session(tx, worker_id, body.sessionId, body.generation), write=False
+    )
+    watch: StopWatch = _state(request).stop_watch
+    found = watch.wait(worker_id, body.sessionId, wait_ms=body.waitMs, known=frozenset(body.known))
+    return {"attemptIds": found}
+
+
+@router.post("/api/v1/worker/ack/starting")
+def ack_starting(body: FenceOnly, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    result, lease = _plane(request).ack_starting(body.fence.fence(worker_id))
+    return _lease_out(result, lease.version, lease.expires_at_ms)
+
+
+@router.post("/api/v1/worker/ack/running")
+def ack_running(body: RunningIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    result, lease = _plane(request).ack_running(
+        body.fence.fence(worker_id),
+        pid=body.pid,
+        handle=body.handle,
+        log_artifact_id=body.logArtifactId,
+        callback_sequence=body.callbackSequence,
+        callback_token_digest=body.callbackTokenDigest,
+    )
+    return _lease_out(result, lease.version, lease.expires_at_ms)
+
+
+@router.post("/api/v1/worker/ack/start-failure")
+def ack_start_failure(body: StartFailureIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    outcome = _plane(request).ack_start_failure(body.fence.fence(worker_id), error_code=body.errorCode)
+    return {"outcome": outcome}
+
+
+@router.post("/api/v1/worker/renew")
+def renew(body: RenewIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    lease = _plane(request).renew(body.fence.fence(worker_id), body.leaseMs)
+    return _lease_out("renewed", lease.version, lease.expires_at_ms)
+
+
+@router.post("/api/v1/worker/complete")
+def complete(body: CompleteIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    result, outcome = _plane(request).complete(
+        body.fence.fence(worker_id),
+        callback_sequence=body.callbackSequence,
+        callback_token=body.callbackToken,
+        exit_code=body.exitCode,
+    )
+    return {"result": result, "outcome": outcome}
+
+
+@router.post("/api/v1/worker/lost")
+def report_lost(body: LostIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    return {"lost": _plane(request).report_lost(body.fence.fence(worker_id), error_code=body.errorCode)}
+
+
+@router.post("/api/v1/worker/lease-status")
+def lease_status(body: FenceOnly, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    lease = _plane(request).lease_status(body.fence.fence(worker_id))
+    return _lease_out("leased", lease.version, lease.expires_at_ms)
+
+
+@router.post("/api/v1/worker/lease-control")
+def control(body: FenceOnly, worker_id: WorkerDep, db: DbDep, request: Request) -> dict[str, Any]:
+    """``run``, ``terminal``, ``pending`` (a stop whose dispatch cannot be settled yet: ask again) or
+    ``stop_requested`` - answered only once the cancellation dispatch is committed as dispatched."""
+    fence = body.fence.fence(worker_id)
+    state = _state(request)
+    answer = db.transaction(
+        lambda tx: lease_control(tx, fence, owner=state.control_owner, lease_ms=state.cancel_lease_ms)
+    )
+    return {"decision": answer.decision, "graceMs": answer.grace_ms}
+
+
+# -- worker credentials (owner, or admin of the default project) --------------------------------------
+
+
+class WorkerTokenIn(Body):
+    workerId: str = Field(min_length=1, max_length=128)
+    expiresInS: int | None = None
+
+
+def _require_manage(tx: Transaction, principal: Principal) -> None:
+    if principal.is_owner:
+        return
+    try:
+        project = auth.resolve_project(tx, auth.DEFAULT_PROJECT)
+    except NotFound:
+        raise PermissionDenied(permission="worker.manage") from None
+    role = auth.role_in(tx, principal, project)
+    if role is None or not role_allows(role, "worker.manage"):
+        raise PermissionDenied(permission="worker.manage")
+
+
+def _token_out(record: credentials.WorkerToken) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "worker_id": record.worker_id,
+        "created_at_ms": record.created_at_ms,
+        "expires_at_ms": record.expires_at_ms,
+        "revoked_at_ms": record.revoked_at_ms,
+        "last_used_at_ms": record.last_used_at_ms,
+    }
+
+
+@admin_router.post("/api/v1/worker-tokens", status_code=status.HTTP_201_CREATED)
+def create_worker_token(body: WorkerTokenIn, db: DbDep, principal: PrincipalDep) -> dict[str, Any]:
+    """A credential bound to one worker id; the token is shown in this response only."""
+
+    def unit(tx: Transaction) -> dict[str, Any]:
+        _require_manage(tx, principal)
+        issued = credentials.issue(tx, body.workerId, expires_in_s=body.expiresInS)
+        return {**_token_out(issued.record), "token": issued.token}
+
+    return db.transaction(unit)
+
+
+@admin_router.get("/api/v1/worker-tokens")
+def list_worker_tokens(
+    db: DbDep,
+    principal: PrincipalDep,
+    after: Annotated[str, Query(max_length=128)] = "",
+) -> dict[str, Any]:
+    def unit(tx: Transaction) -> dict[str, Any]:
+        _require_manage(tx, principal)
+        page = credentials.list_page(tx, after=after)
+        nxt = page[-1].id if len(page) == credentials.MAX_PAGE else None
+        return {"items": [_token_out(r) for r in page], "next_after": nxt}
+
+    return db.transaction(unit, write=False)
+
+
+@admin_router.post("/api/v1/worker-tokens/{token_id}/revoke")
+def revoke_worker_token(token_id: str, db: DbDep, principal: PrincipalDep) -> dict[str, Any]:
+    """Refused from the next request on; repeating it changes nothing."""
+
+    def unit(tx: Transaction) -> dict[str, Any]:
+        _require_manage(tx, principal)
+        return _token_out(credentials.revoke(tx, token_id))
+
+    return db.transaction(unit)
