@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from ql3.application.control_loops import WAKE_CHANNELS as WAKE_CHANNELS
 from ql3.application.settings import ServeSettings, resolve_home
 from ql3.domain.errors import ConfigurationError
 from ql3.execution.run_as import TaskUser as TaskUser  # re-exported for ``ql3 serve --run-as``
@@ -51,9 +51,6 @@ def open_database(url: str) -> ManagedDatabase:
 
 
 # -- the standalone runtime: dispatcher, embedded worker, scanners ------------------------------------
-
-CANCELLATION_STUCK_AFTER_S = 300.0
-WAKE_CHANNELS = ("runs", "schedules", "cancellations", "attempts", "approved_actions", "retries")
 
 
 def lease_secret(home: Path) -> bytes:
@@ -124,18 +121,13 @@ def build_standalone_runtime(
     import socket
     import time
 
-    from ql3.application import approvals, cancellation, leases, schedules
-    from ql3.application.approved_action_handlers import RunCreateHandler
-    from ql3.application.approved_action_recovery import RecoveryResolver
-    from ql3.application.approved_action_runner import ApprovedActionDispatcher
-    from ql3.application.cancellation import CancellationSupervisor
-    from ql3.application.cron import CronScheduler
+    from ql3.application.control_loops import Adapters, control_loops, loop_factory
     from ql3.application.dispatcher import DispatchBudget, RunDispatcher
     from ql3.application.gateway import InProcessControlPlane
-    from ql3.application.lifecycle import LifecycleRunner
-    from ql3.domain.errors import Conflict
     from ql3.execution.controller import ProcessController, finish_stop
     from ql3.execution.launcher import LocalLauncher
+    from ql3.execution.log_retention import LogDirectory
+    from ql3.notify.senders import ChannelSender
     from ql3.worker.agent import WorkerAgent, WorkerConfig
 
     budgets = settings.budgets
@@ -179,6 +171,7 @@ def build_standalone_runtime(
         ),
     )
     notifier = db.notifier
+    worker.on_settled = lambda attempt_id: notifier.notify("runs")
 
     def dispatch_cycle() -> bool:
         if worker.active_count >= worker.config.slots:
@@ -190,106 +183,12 @@ def build_standalone_runtime(
         worker.submit(result.offer)
         return True
 
-    def expiry_cycle() -> bool:
-        did = False
-        page = budgets.expiry_page
-        for attempt_id in db.transaction(lambda tx: leases.expired_page(tx, page), write=False):
-            db.transaction(partial(leases.expire_lease, attempt_id=attempt_id))
-            did = True
-        for run_id in db.transaction(lambda tx: leases.retry_due_page(tx, page), write=False):
-            db.transaction(partial(leases.admit_retry, run_id=run_id))
-            did = True
-        return did
-
-    scheduler = CronScheduler(db, page=budgets.cron_page)
-
-    def cron_cycle() -> bool:
-        return len(scheduler.schedule_once().decisions) >= budgets.cron_page
-
-    def cron_wait(backstop_s: float) -> bool:
-        # Sleep until the earliest occurrence (or a task change), never longer than the backstop. The
-        # delay is measured on the database's clock, the one the scheduler decides due-ness with.
-        earliest, now = db.transaction(lambda tx: (schedules.earliest_fire_at(tx), tx.now_ms()), write=False)
-        delay = backstop_s if earliest is None else max(0.0, (earliest - now) / 1000)
-        return db.wait_for("schedules", min(backstop_s, delay + 0.001))
-
-    owner = f"{wid}-control"[:128]  # this process's identity as lease owner of control-plane work
-    action_dispatcher = ApprovedActionDispatcher(
-        db,
-        [RunCreateHandler()],
-        owner,
-        page=budgets.approvals_page,
-        lease_ms=settings.action_lease_ms,
-        fault=fault_point,
-    )
-    resolver = RecoveryResolver(db, [RunCreateHandler()], owner, page=budgets.approvals_page)
-
-    def actions_cycle() -> bool:
-        """Consume approved requests, run due approved actions, resolve crashed ones from evidence."""
-        consumed = 0
-        for approval_id in db.transaction(
-            lambda tx: approvals.unconsumed_approved(tx, limit=budgets.approvals_page), write=False
-        ):
-            with contextlib.suppress(Conflict):  # a concurrent consumer won; nothing to do
-                db.transaction(
-                    partial(approvals.consume, approval_id=approval_id, consumption_id=f"auto.{approval_id}")
-                )
-                consumed += 1
-        batch = action_dispatcher.dispatch_batch()
-        resolved = resolver.resolve_batch()
-        page = budgets.approvals_page
-        return consumed > 0 or len(batch.items) >= page or len(resolved.items) >= page
-
-    stopper = ProcessController()
-    supervisor = CancellationSupervisor(
-        db,
-        signal=stopper.stop,
-        finish=partial(finish_stop, stopper),
-        owner=owner,
-        page=budgets.cancel_page,
-        pages=budgets.cancel_pages,
-        lease_ms=settings.cancel_lease_ms,
-        fault=fault_point,
-        local_worker_id=wid,
-    )
-
-    def cancellation_cycle() -> bool:
-        timeouts = cancellation.timeout_cycle(db, page=budgets.timeout_page)
-        report = supervisor.run_cycle()
-        return timeouts.truncated or report.stop_reason == "page_limit"
-
-    def cancellation_wait(backstop_s: float) -> bool:
-        # Sleep until the next deadline, backoff or lease expiry, within the backstop, measured on the
-        # database's clock (the timeout scan compares deadlines with it). A new intent wakes us on
-        # "cancellations"; a new deadline (the starting ACK) on "attempts", so we re-plan at once.
-        due, now = db.transaction(lambda tx: (supervisor.next_wake_ms(tx), tx.now_ms()), write=False)
-        delay = backstop_s if due is None else max(0.0, (due - now) / 1000)
-        return notifier.wait_any(("cancellations", "attempts"), min(backstop_s, delay + 0.001))
-
-    worker.on_settled = lambda attempt_id: notifier.notify("runs")
-
-    def loop(
-        name: str,
-        cycle: Callable[[], bool],
-        channel: str,
-        backstop_s: float,
-        wait: Callable[[float], bool] | None = None,
-        stuck_after_s: float | None = None,
-    ) -> LifecycleRunner:
-        """A loop woken by commits on ``channel`` (or its own ``wait``), with a slow backstop."""
-        return LifecycleRunner(
-            name,
-            cycle,
-            wake=wait or (lambda t: db.wait_for(channel, t)),
-            backstop_s=backstop_s,
-            interrupt=lambda: notifier.notify(channel),
-            stuck_after_s=stuck_after_s,
-        )
-
     def maintain_wait(backstop_s: float) -> bool:
         # Re-adopted processes (from a previous incarnation) are not our children: poll them.
         return db.wait_for("maintain", min(backstop_s, 0.5) if worker.has_adopted() else backstop_s)
 
+    loop = loop_factory(db, notifier)
+    stopper = ProcessController()
     loops = [
         loop("dispatcher", dispatch_cycle, "runs", budgets.dispatch_backstop_s),
         loop(
@@ -299,57 +198,20 @@ def build_standalone_runtime(
             budgets.maintain_backstop_s,
             maintain_wait,
         ),
-        loop("lease-expiry", expiry_cycle, "retries", budgets.expiry_backstop_s),
-        loop(
-            "cancellation",
-            cancellation_cycle,
-            "cancellations",
-            budgets.cancellation_backstop_s,
-            cancellation_wait,
-            # One cycle waits out the TERM -> KILL grace of every stop it sends, so a busy cycle may
-            # legitimately last minutes; only a longer silence counts as stuck.
-            stuck_after_s=CANCELLATION_STUCK_AFTER_S,
+        *control_loops(
+            db,
+            notifier,
+            settings,
+            owner=f"{wid}-control"[:128],  # this process's identity as lease owner of control-plane work
+            clock=clock,
+            fault=fault_point,
+            adapters=Adapters(
+                sender=ChannelSender(),
+                logs=LogDirectory(home / "worker" / "logs"),
+                signal=stopper.stop,
+                finish=partial(finish_stop, stopper),
+                local_worker_id=wid,
+            ),
         ),
-        loop("approved-actions", actions_cycle, "approved_actions", budgets.actions_backstop_s),
-        loop("cron", cron_cycle, "schedules", budgets.cron_backstop_s, cron_wait),
     ]
-    loops.extend(_outcome_loops(db, settings, owner, clock, loop, fault_point))
     return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops, db=db)
-
-
-# -- notifications and retention (docs/notifications.md, docs/retention.md) ---------------------------
-
-
-def _outcome_loops(
-    db: ManagedDatabase,
-    settings: ServeSettings,
-    owner: str,
-    clock: Callable[[], int],
-    loop: Callable[..., Any],
-    fault_point: Callable[[str], None],
-) -> list[Any]:
-    """The notification delivery loop and the retention loop, built with the runtime's loop helper."""
-    from ql3.application import notifications, retention
-    from ql3.execution.log_retention import LogDirectory
-    from ql3.notify.senders import ChannelSender
-
-    budget = notifications.DeliveryBudget(lease_ms=settings.notify_lease_ms)
-    deliverer = notifications.NotificationDeliverer(
-        db, ChannelSender(), owner, budget=budget, fault=fault_point
-    )
-
-    def notify_cycle() -> bool:
-        return deliverer.deliver_batch().claimed >= budget.page
-
-    def notify_wait(backstop_s: float) -> bool:
-        # Sleep until the next retry or lease expiry (or a new outcome), within the backstop.
-        due = deliverer.next_due_ms()
-        delay = backstop_s if due is None else max(0.0, (due - clock()) / 1000)
-        return db.wait_for(notifications.CHANNEL, min(backstop_s, delay + 0.001))
-
-    pruner = retention.RetentionPruner(db, LogDirectory(settings.home / "worker" / "logs"))
-    budgets = settings.budgets
-    return [
-        loop("notifications", notify_cycle, notifications.CHANNEL, budgets.notify_backstop_s, notify_wait),
-        loop("retention", lambda: pruner.prune_once().more, retention.CHANNEL, budgets.retention_backstop_s),
-    ]

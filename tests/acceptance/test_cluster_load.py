@@ -59,7 +59,7 @@ def test_two_replicas_and_two_workers_run_every_run_exactly_once(cluster: Cluste
     # And both workers took part
     with psycopg.connect(cluster.db_url) as conn:
         rows = conn.execute("SELECT worker_id, count(*) FROM run_attempts GROUP BY worker_id").fetchall()
-    by_worker = dict(rows)
+    by_worker: dict[str, int] = {str(w): int(n) for w, n in rows}
     assert set(by_worker) == {"w1", "w2"} and sum(by_worker.values()) == RUNS
 
 

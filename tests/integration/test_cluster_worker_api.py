@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from ql3.application.gateway import InProcessControlPlane
 from ql3.cluster.http_control_plane import HttpControlPlane
@@ -27,7 +28,7 @@ from ql3.http.app import create_app
 from ql3.ports.control_plane import ControlPlaneUnreachable
 from ql3.storage.sqlite.adapter import SqliteDatabase
 from ql3.worker.agent import WorkerAgent, WorkerConfig
-from tests.integration.conftest import TestClient, bearer
+from tests.integration.conftest import bearer
 
 P = "/api/v1/projects/default"
 SETTLE_S = 60.0
@@ -289,7 +290,7 @@ def test_a_worker_cut_off_stops_its_process_before_its_lease_can_expire(
     link = CutOff(plane(api_client, worker_token(api_client, owner, "w1")))
     now = [1_000_000]
     config = WorkerConfig(worker_id="w1", home=tmp_path / "w1")
-    agent = WorkerAgent(link, config, clock=lambda: now[0])  # type: ignore[arg-type]
+    agent = WorkerAgent(link, config, clock=lambda: now[0])
     agent.start()
     try:
         task_and_run(api_client, owner, "sleeper", "sleep 300")

@@ -22,6 +22,7 @@ from typing import Any, Final
 from ql3.application import leases, workers
 from ql3.application.dispatcher import Candidate, build_plan, plan_from_spec
 from ql3.application.tasks import get_revision
+from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, domain_digest
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
 from ql3.domain.offers import LeaseFence, Offer, spec_digest
@@ -63,8 +64,7 @@ class PullBudget:
             raise ValidationFailed("candidate_page must be 1-64", field="candidate_page")
         if not 1 <= self.candidate_pages <= 16:
             raise ValidationFailed("candidate_pages must be 1-16", field="candidate_pages")
-        if not leases.MIN_LEASE_MS <= self.lease_ms <= leases.MAX_LEASE_MS:
-            raise ValidationFailed("lease_ms out of range", field="lease_ms")
+        lease_rules.RUN.validate(self.lease_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -130,7 +130,7 @@ class RemoteWorker:
                 fence = Offer.from_json(json.loads(record.offer_json)).fence
             except (ValueError, KeyError, TypeError):
                 continue
-            token = fence.lease_token
+            token = record.lease_token  # the journal keeps it sealed and unseals it on read
             if fence.session_id != session.session_id or not token:
                 continue
             if pull_offer_id(self.config.worker_id, token) != record.offer_id:

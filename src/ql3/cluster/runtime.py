@@ -7,17 +7,15 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
 
 from ql3.application.settings import ServeSettings
-from ql3.bootstrap import WAKE_CHANNELS, ManagedDatabase, _outcome_loops, fault_injector
+from ql3.bootstrap import WAKE_CHANNELS, ManagedDatabase, fault_injector
 from ql3.cluster.pull import PullBudget, PullService
 from ql3.cluster.stops import NO_LOCAL_WORKER, StopWatch
 
-CANCELLATION_STUCK_AFTER_S = 300.0
 # Each attached worker holds up to two long-polls (pull and stops), each in a worker thread of the
 # HTTP server for up to 20 s: the pool is sized so that 100 workers still leave room for the API.
 HTTP_THREADS = 256
@@ -77,119 +75,25 @@ def build_control_runtime(db: ManagedDatabase, settings: ServeSettings, *, repli
     lease expiry and lost retry, timeouts and the cancellation supervisor (which signals nothing
     itself: remote workers stop through lease control), approved actions, cron, notifications and
     retention. Correct with any number of replicas: each step is a fenced, locked transaction."""
-    from ql3.application import approvals, cancellation, leases, schedules
-    from ql3.application.approved_actions import ApprovedActionDispatcher, RecoveryResolver, RunCreateHandler
-    from ql3.application.cancellation import CancellationSupervisor
-    from ql3.application.cron import CronScheduler
+    from ql3.application.control_loops import Adapters, control_loops
     from ql3.application.gateway import InProcessControlPlane
-    from ql3.application.lifecycle import LifecycleRunner
-    from ql3.domain.errors import Conflict
+    from ql3.notify.senders import ChannelSender
 
-    budgets = settings.budgets
-    fault_point = fault_injector(settings.fault)
     notifier = db.notifier
-    owner = replica_id
-
     clock: Callable[[], int] = getattr(db, "clock", None) or (lambda: time.time_ns() // 1_000_000)
-
-    def expiry_cycle() -> bool:
-        did = False
-        page = budgets.expiry_page
-        for attempt_id in db.transaction(lambda tx: leases.expired_page(tx, page), write=False):
-            db.transaction(partial(leases.expire_lease, attempt_id=attempt_id))
-            did = True
-        for run_id in db.transaction(lambda tx: leases.retry_due_page(tx, page), write=False):
-            db.transaction(partial(leases.admit_retry, run_id=run_id))
-            did = True
-        return did
-
-    scheduler = CronScheduler(db, page=budgets.cron_page)
-
-    def cron_cycle() -> bool:
-        return len(scheduler.schedule_once().decisions) >= budgets.cron_page
-
-    def cron_wait(backstop_s: float) -> bool:
-        earliest, now = db.transaction(lambda tx: (schedules.earliest_fire_at(tx), tx.now_ms()), write=False)
-        delay = backstop_s if earliest is None else max(0.0, (earliest - now) / 1000)
-        return db.wait_for("schedules", min(backstop_s, delay + 0.001))
-
-    action_dispatcher = ApprovedActionDispatcher(
+    loops = control_loops(
         db,
-        [RunCreateHandler()],
-        owner,
-        page=budgets.approvals_page,
-        lease_ms=settings.action_lease_ms,
-        fault=fault_point,
-    )
-    resolver = RecoveryResolver(db, [RunCreateHandler()], owner, page=budgets.approvals_page)
-
-    def actions_cycle() -> bool:
-        consumed = 0
-        for approval_id in db.transaction(
-            lambda tx: approvals.unconsumed_approved(tx, limit=budgets.approvals_page), write=False
-        ):
-            with contextlib.suppress(Conflict):  # a concurrent consumer (another replica) won
-                db.transaction(
-                    partial(approvals.consume, approval_id=approval_id, consumption_id=f"auto.{approval_id}")
-                )
-                consumed += 1
-        batch = action_dispatcher.dispatch_batch()
-        resolved = resolver.resolve_batch()
-        page = budgets.approvals_page
-        return consumed > 0 or len(batch.items) >= page or len(resolved.items) >= page
-
-    supervisor = CancellationSupervisor(
-        db,
-        signal=None,
-        owner=owner,
-        page=budgets.cancel_page,
-        pages=budgets.cancel_pages,
-        lease_ms=settings.cancel_lease_ms,
-        fault=fault_point,
-        local_worker_id=NO_LOCAL_WORKER,
-    )
-
-    def cancellation_cycle() -> bool:
-        timeouts = cancellation.timeout_cycle(db, page=budgets.timeout_page)
-        report = supervisor.run_cycle()
-        return timeouts.truncated or report.stop_reason == "page_limit"
-
-    def cancellation_wait(backstop_s: float) -> bool:
-        due, now = db.transaction(lambda tx: (supervisor.next_wake_ms(tx), tx.now_ms()), write=False)
-        delay = backstop_s if due is None else max(0.0, (due - now) / 1000)
-        return notifier.wait_any(("cancellations", "attempts"), min(backstop_s, delay + 0.001))
-
-    def loop(
-        name: str,
-        cycle: Callable[[], bool],
-        channel: str,
-        backstop_s: float,
-        wait: Callable[[float], bool] | None = None,
-        stuck_after_s: float | None = None,
-    ) -> LifecycleRunner:
-        return LifecycleRunner(
-            name,
-            cycle,
-            wake=wait or (lambda t: db.wait_for(channel, t)),
-            backstop_s=backstop_s,
-            interrupt=lambda: notifier.notify(channel),
-            stuck_after_s=stuck_after_s,
-        )
-
-    loops = [
-        loop("lease-expiry", expiry_cycle, "retries", budgets.expiry_backstop_s),
-        loop(
-            "cancellation",
-            cancellation_cycle,
-            "cancellations",
-            budgets.cancellation_backstop_s,
-            cancellation_wait,
-            stuck_after_s=CANCELLATION_STUCK_AFTER_S,
+        notifier,
+        settings,
+        owner=replica_id,
+        clock=clock,
+        fault=fault_injector(settings.fault),
+        # A replica has no worker and no log files: remote workers stop their own processes through
+        # lease control, and their logs stay on their hosts.
+        adapters=Adapters(
+            sender=ChannelSender(), logs=None, signal=None, finish=None, local_worker_id=NO_LOCAL_WORKER
         ),
-        loop("approved-actions", actions_cycle, "approved_actions", budgets.actions_backstop_s),
-        loop("cron", cron_cycle, "schedules", budgets.cron_backstop_s, cron_wait),
-    ]
-    loops.extend(_outcome_loops(db, settings, owner, clock, loop, fault_point))
+    )
     pull_service = PullService(db, budget=PullBudget(lease_ms=settings.run_lease_ms))
     stop_watch = StopWatch(
         db, counters=notifier.counters, wait_past=notifier.wait_past, notify=notifier.notify
@@ -198,7 +102,7 @@ def build_control_runtime(db: ManagedDatabase, settings: ServeSettings, *, repli
         control_plane=InProcessControlPlane(db),
         pull_service=pull_service,
         stop_watch=stop_watch,
-        control_owner=owner,
+        control_owner=replica_id,
         cancel_lease_ms=settings.cancel_lease_ms,
     )
     return ControlRuntime(db=db, loops=loops, api=api, closers=[pull_service.close, stop_watch.close])

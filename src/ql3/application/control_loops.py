@@ -1,0 +1,202 @@
+"""The control plane's loops, built once for ``ql3 serve`` and ``ql3 control`` (docs/architecture.md).
+
+Every loop is a ``LifecycleRunner``: woken by commits on its channel (or by its own wait, which sleeps
+until the next due time measured on the database's clock), with a slow backstop, bounded pages and a
+health record. The adapters they need (the stop signal, the notification sender, the log files) are
+passed in, so this module stays inside the application layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Final, Protocol
+
+from ql3.application import approvals, cancellation, leases, notifications, retention, schedules
+from ql3.application.approved_action_handlers import RunCreateHandler
+from ql3.application.approved_action_recovery import RecoveryResolver
+from ql3.application.approved_action_runner import ApprovedActionDispatcher
+from ql3.application.cancellation import CancellationSupervisor, SignalFn
+from ql3.application.cron import CronScheduler
+from ql3.application.lifecycle import LifecycleRunner
+from ql3.application.settings import ServeSettings
+from ql3.domain.errors import Conflict
+from ql3.ports.logs import LogFiles
+from ql3.ports.notifications import NotificationSender
+from ql3.ports.storage import Database
+
+# One cancellation cycle waits out the TERM -> KILL grace of every stop it sends, so a busy cycle may
+# legitimately last minutes; only a longer silence counts as stuck.
+CANCELLATION_STUCK_AFTER_S: Final = 300.0
+# The channels a replica relays from other replicas' commits (PostgreSQL LISTEN/NOTIFY).
+WAKE_CHANNELS: Final = ("runs", "schedules", "cancellations", "attempts", "approved_actions", "retries")
+
+
+class Wakeups(Protocol):
+    """The process-local wake-up board the database adapters post commits to."""
+
+    def notify(self, channel: str) -> None: ...
+
+    def wait_any(self, channels: tuple[str, ...], timeout_s: float) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Adapters:
+    """What the loops reach outside the application: ``signal``/``finish`` stop a local process group
+    (None on a replica without a worker: remote workers stop through lease control)."""
+
+    sender: NotificationSender
+    logs: LogFiles | None
+    signal: SignalFn | None
+    finish: SignalFn | None
+    local_worker_id: str
+
+
+LoopFactory = Callable[..., LifecycleRunner]
+
+
+def loop_factory(db: Database, wakeups: Wakeups) -> LoopFactory:
+    """``loop(name, cycle, channel, backstop_s, wait=None, stuck_after_s=None)``: a loop woken by commits
+    on ``channel`` (or by its own ``wait``), with a slow backstop."""
+
+    def loop(
+        name: str,
+        cycle: Callable[[], bool],
+        channel: str,
+        backstop_s: float,
+        wait: Callable[[float], bool] | None = None,
+        stuck_after_s: float | None = None,
+    ) -> LifecycleRunner:
+        return LifecycleRunner(
+            name,
+            cycle,
+            wake=wait or (lambda t: db.wait_for(channel, t)),
+            backstop_s=backstop_s,
+            interrupt=lambda: wakeups.notify(channel),
+            stuck_after_s=stuck_after_s,
+        )
+
+    return loop
+
+
+def _delay_s(due_ms: int | None, now_ms: int, backstop_s: float) -> float:
+    """How long to sleep: until ``due_ms`` (1 ms past it), never longer than the backstop."""
+    delay = backstop_s if due_ms is None else max(0.0, (due_ms - now_ms) / 1000)
+    return min(backstop_s, delay + 0.001)
+
+
+def control_loops(
+    db: Database,
+    wakeups: Wakeups,
+    settings: ServeSettings,
+    *,
+    owner: str,
+    clock: Callable[[], int],
+    fault: Callable[[str], None],
+    adapters: Adapters,
+) -> list[LifecycleRunner]:
+    """Lease expiry and lost retry, timeouts and cancellation, approved actions, cron, notifications
+    and retention, in that order. ``owner`` names this process as lease owner of control-plane work.
+    Correct with any number of processes on one database: each step is a fenced, locked transaction."""
+    budgets = settings.budgets
+    loop = loop_factory(db, wakeups)
+
+    def expiry_cycle() -> bool:
+        did = False
+        page = budgets.expiry_page
+        for attempt_id in db.transaction(lambda tx: leases.expired_page(tx, page), write=False):
+            db.transaction(partial(leases.expire_lease, attempt_id=attempt_id))
+            did = True
+        for run_id in db.transaction(lambda tx: leases.retry_due_page(tx, page), write=False):
+            db.transaction(partial(leases.admit_retry, run_id=run_id))
+            did = True
+        return did
+
+    scheduler = CronScheduler(db, page=budgets.cron_page)
+
+    def cron_cycle() -> bool:
+        return len(scheduler.schedule_once().decisions) >= budgets.cron_page
+
+    def cron_wait(backstop_s: float) -> bool:
+        # Until the earliest occurrence (or a task change), on the clock the scheduler decides with.
+        earliest, now = db.transaction(lambda tx: (schedules.earliest_fire_at(tx), tx.now_ms()), write=False)
+        return db.wait_for("schedules", _delay_s(earliest, now, backstop_s))
+
+    action_dispatcher = ApprovedActionDispatcher(
+        db,
+        [RunCreateHandler()],
+        owner,
+        page=budgets.approvals_page,
+        lease_ms=settings.action_lease_ms,
+        fault=fault,
+    )
+    resolver = RecoveryResolver(db, [RunCreateHandler()], owner, page=budgets.approvals_page)
+
+    def actions_cycle() -> bool:
+        """Consume approved requests, run due approved actions, resolve crashed ones from evidence."""
+        consumed = 0
+        for approval_id in db.transaction(
+            lambda tx: approvals.unconsumed_approved(tx, limit=budgets.approvals_page), write=False
+        ):
+            with contextlib.suppress(Conflict):  # a concurrent consumer (another process) won
+                db.transaction(
+                    partial(approvals.consume, approval_id=approval_id, consumption_id=f"auto.{approval_id}")
+                )
+                consumed += 1
+        batch = action_dispatcher.dispatch_batch()
+        resolved = resolver.resolve_batch()
+        page = budgets.approvals_page
+        return consumed > 0 or len(batch.items) >= page or len(resolved.items) >= page
+
+    supervisor = CancellationSupervisor(
+        db,
+        signal=adapters.signal,
+        finish=adapters.finish,
+        owner=owner,
+        page=budgets.cancel_page,
+        pages=budgets.cancel_pages,
+        lease_ms=settings.cancel_lease_ms,
+        fault=fault,
+        local_worker_id=adapters.local_worker_id,
+    )
+
+    def cancellation_cycle() -> bool:
+        timeouts = cancellation.timeout_cycle(db, page=budgets.timeout_page)
+        report = supervisor.run_cycle()
+        return timeouts.truncated or report.stop_reason == "page_limit"
+
+    def cancellation_wait(backstop_s: float) -> bool:
+        # Until the next deadline, backoff or lease expiry, on the database's clock. A new intent wakes
+        # us on "cancellations"; a new deadline (the starting ACK) on "attempts", so we re-plan at once.
+        due, now = db.transaction(lambda tx: (supervisor.next_wake_ms(tx), tx.now_ms()), write=False)
+        return wakeups.wait_any(("cancellations", "attempts"), _delay_s(due, now, backstop_s))
+
+    delivery = notifications.DeliveryBudget(lease_ms=settings.notify_lease_ms)
+    deliverer = notifications.NotificationDeliverer(db, adapters.sender, owner, budget=delivery, fault=fault)
+
+    def notify_cycle() -> bool:
+        return deliverer.deliver_batch().claimed >= delivery.page
+
+    def notify_wait(backstop_s: float) -> bool:
+        # Until the next retry or lease expiry (or a new outcome), within the backstop.
+        return db.wait_for(notifications.CHANNEL, _delay_s(deliverer.next_due_ms(), clock(), backstop_s))
+
+    pruner = retention.RetentionPruner(db, adapters.logs)
+
+    return [
+        loop("lease-expiry", expiry_cycle, "retries", budgets.expiry_backstop_s),
+        loop(
+            "cancellation",
+            cancellation_cycle,
+            "cancellations",
+            budgets.cancellation_backstop_s,
+            cancellation_wait,
+            stuck_after_s=CANCELLATION_STUCK_AFTER_S,
+        ),
+        loop("approved-actions", actions_cycle, "approved_actions", budgets.actions_backstop_s),
+        loop("cron", cron_cycle, "schedules", budgets.cron_backstop_s, cron_wait),
+        loop("notifications", notify_cycle, notifications.CHANNEL, budgets.notify_backstop_s, notify_wait),
+        loop("retention", lambda: pruner.prune_once().more, retention.CHANNEL, budgets.retention_backstop_s),
+    ]
