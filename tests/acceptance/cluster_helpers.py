@@ -281,6 +281,7 @@ class TcpProxy:
             for sock in (src, dst):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+                sock.close()  # both pumps of a pair close both sockets: closing twice is harmless
 
     def cut(self) -> None:
         if self._listener is not None:

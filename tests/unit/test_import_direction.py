@@ -19,7 +19,17 @@ ALLOWED = {
     "notify": {"domain", "ports", "notify"},
     # Cluster mode (docs/cluster.md): the worker API (an HTTP edge), its HTTP client (a worker-side
     # ControlPlane adapter) and the runtimes wiring both; like bootstrap, it composes the layers.
-    "cluster": {"domain", "ports", "application", "http", "worker", "execution", "bootstrap", "cluster"},
+    "cluster": {
+        "domain",
+        "ports",
+        "application",
+        "http",
+        "worker",
+        "execution",
+        "bootstrap",
+        "cluster",
+        "notify",
+    },
     "cli": {"domain", "ports", "application", "cli", "http", "bootstrap", "worker", "console", "cluster"},
 }
 

@@ -613,7 +613,11 @@ class CancellationSupervisor:
                 try:
                     outcome = finish(str(handle), None if pid is None else int(pid), grace_ms=self._grace_ms)
                     result = rules.result_from_stop_status(getattr(outcome, "status", None))
-                except Exception:  # retried from the next cycle: the lease expires
+                except Exception as exc:  # retried from the next cycle: the lease expires
+                    log.warning(
+                        "finishing a stop failed",
+                        extra={"action": "cancel.finish_failed", "error": type(exc).__name__},
+                    )
                     result = "dispatch_error"
             try:
                 self._db.transaction(
