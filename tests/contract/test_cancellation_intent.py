@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, leases
+from ql3.application import cancellation, cancellation_supervisor, leases
 from ql3.domain.errors import NotFound, ValidationFailed
 from tests.conftest import Harness
 from tests.contract.execution_helpers import dispatcher, queued, register
@@ -40,7 +40,9 @@ def _complete(harness: Harness, fence: Any, exit_code: int = 0) -> Any:
 
 
 def _supervise(harness: Harness, signal: FakeSignal) -> Any:
-    return cancellation.CancellationSupervisor(harness.db, signal=signal, owner="sup-a").run_cycle()
+    return cancellation_supervisor.CancellationSupervisor(
+        harness.db, signal=signal, owner="sup-a"
+    ).run_cycle()
 
 
 def test_an_intent_on_a_running_run_is_one_cas_and_one_event_with_statuses_unchanged(
@@ -199,7 +201,9 @@ def test_finalize_stopped_after_the_completion_changes_nothing(harness: Harness)
 def test_finalize_stopped_refuses_a_dispatch_that_was_not_dispatched(harness: Harness) -> None:
     project, (fence,) = running_runs(harness.db)
     request(harness.db, project, fence.run_id)
-    cancellation.CancellationSupervisor(harness.db, signal=None, owner="sup-a").run_cycle()  # retry_wait
+    cancellation_supervisor.CancellationSupervisor(
+        harness.db, signal=None, owner="sup-a"
+    ).run_cycle()  # retry_wait
 
     result = harness.db.transaction(lambda tx: cancellation.finalize_stopped(tx, fence.run_id))
 

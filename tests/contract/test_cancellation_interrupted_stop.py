@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ql3.application import cancellation, leases
+from ql3.application import cancellation_supervisor, leases
 from ql3.domain.offers import LeaseFence
 from tests.conftest import Harness
 from tests.contract.test_cancellation_support import (
@@ -24,7 +24,7 @@ WORKER = "w1"  # the worker of running_runs()
 
 
 def _supervisor(db: Any, finish: Any, *, worker: str | None = WORKER, owner: str = "sup-new") -> Any:
-    return cancellation.CancellationSupervisor(
+    return cancellation_supervisor.CancellationSupervisor(
         db, signal=FakeSignal(), finish=finish, owner=owner, local_worker_id=worker
     )
 
@@ -93,7 +93,7 @@ def test_another_workers_attempt_and_a_live_run_are_not_touched(harness: Harness
 
     # When a supervisor of another worker runs, and then one without a finisher
     _supervisor(harness.db, finish, worker="other-worker").run_cycle()
-    cancellation.CancellationSupervisor(
+    cancellation_supervisor.CancellationSupervisor(
         harness.db, signal=FakeSignal(), owner="sup-new", local_worker_id=WORKER
     ).run_cycle()
 

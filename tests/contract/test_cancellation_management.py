@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, leases
+from ql3.application import cancellation_management, cancellation_supervisor, leases
 from ql3.domain.cancellation import BlockedCursor, encode_blocked_cursor
 from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFailed
 from ql3.domain.ids import new_id
@@ -31,7 +31,9 @@ PRINCIPAL = "01a00000-0000-7000-8000-0000000000aa"
 
 
 def _cycle(harness: Harness, signal: FakeSignal) -> Any:
-    return cancellation.CancellationSupervisor(harness.db, signal=signal, owner="sup-a", page=64).run_cycle()
+    return cancellation_supervisor.CancellationSupervisor(
+        harness.db, signal=signal, owner="sup-a", page=64
+    ).run_cycle()
 
 
 def _blocked(
@@ -46,7 +48,7 @@ def _blocked(
 
 def _inspect(harness: Harness, project: Project, run_id: str) -> dict[str, Any]:
     result: dict[str, Any] = harness.db.transaction(
-        lambda tx: cancellation.inspect(tx, project.id, run_id), write=False
+        lambda tx: cancellation_management.inspect(tx, project.id, run_id), write=False
     )
     return result
 
@@ -60,21 +62,21 @@ def _rearm(harness: Harness, project: Project, run_id: str, **kw: Any) -> dict[s
         "retry_delay_ms": 60_000,
     } | kw
     result: dict[str, Any] = harness.db.transaction(
-        lambda tx: cancellation.rearm(tx, project.id, run_id, **args)
+        lambda tx: cancellation_management.rearm(tx, project.id, run_id, **args)
     )
     return result
 
 
 def _summary(harness: Harness, project: Project) -> dict[str, Any]:
     result: dict[str, Any] = harness.db.transaction(
-        lambda tx: cancellation.summary(tx, project.id), write=False
+        lambda tx: cancellation_management.summary(tx, project.id), write=False
     )
     return result
 
 
 def _page(harness: Harness, project: Project, cursor: str | None = None) -> dict[str, Any]:
     result: dict[str, Any] = harness.db.transaction(
-        lambda tx: cancellation.blocked_page(tx, project.id, cursor), write=False
+        lambda tx: cancellation_management.blocked_page(tx, project.id, cursor), write=False
     )
     return result
 
@@ -283,7 +285,7 @@ def test_a_failed_audit_write_rolls_back_the_dispatch_and_the_event(
         " created_at_ms, payload_json) VALUES (?, ?, ?, 'p', 'cancellation.rearm', 'older', 0, '{}')",
         (taken, project.id, fence.run_id),
     )
-    monkeypatch.setattr(cancellation, "new_id", lambda: taken)
+    monkeypatch.setattr(cancellation_management, "new_id", lambda: taken)
     before = dispatch_row(harness.db, fence.run_id)
     n_events = len(events(harness.db, fence.run_id))
     run_version = _run_version(harness, fence.run_id)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, leases
+from ql3.application import cancellation, cancellation_supervisor, leases
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from tests.conftest import Harness
@@ -28,8 +28,8 @@ from tests.contract.test_cancellation_support import (
 
 def _supervisor(
     db: Any, signal: Any, owner: str = "sup-a", **budget: Any
-) -> cancellation.CancellationSupervisor:
-    return cancellation.CancellationSupervisor(db, signal=signal, owner=owner, **budget)
+) -> cancellation_supervisor.CancellationSupervisor:
+    return cancellation_supervisor.CancellationSupervisor(db, signal=signal, owner=owner, **budget)
 
 
 def test_only_a_run_with_an_intent_is_signalled_once_and_recorded_dispatched(harness: Harness) -> None:
@@ -242,13 +242,13 @@ def test_a_cursor_that_does_not_advance_fails_the_cycle_closed(
 ) -> None:
     project, (fence,) = running_runs(harness.db)
     request(harness.db, project, fence.run_id)
-    real = cancellation._intent_page
+    real = cancellation_supervisor._intent_page
 
     def stuck(tx: Any, *, cursor: Any, limit: int) -> list[Any]:
         found = real(tx, cursor=None, limit=limit)
         return found * limit  # the same key over and over
 
-    monkeypatch.setattr(cancellation, "_intent_page", stuck)
+    monkeypatch.setattr(cancellation_supervisor, "_intent_page", stuck)
     signal = FakeSignal()
 
     report = _supervisor(harness.db, signal, page=2).run_cycle()
@@ -269,11 +269,11 @@ def test_events_and_reports_hold_no_handle_pid_or_secret(harness: Harness) -> No
         tokens.append(kw["token"])
         return original(tx, **kw)
 
-    cancellation.claim = spy
+    cancellation_supervisor.claim = spy  # type: ignore[attr-defined]  # the supervisor's own reference
     try:
         report = _supervisor(harness.db, signal).run_cycle()
     finally:
-        cancellation.claim = original
+        cancellation_supervisor.claim = original  # type: ignore[attr-defined]
     digests = [r["lease_token_digest"] for r in harness.db.raw("SELECT * FROM cancellation_dispatches")]
 
     # Then nothing secret or identifying reached the event log or the report

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation
+from ql3.application import cancellation_supervisor
 from tests.conftest import Harness
 from tests.contract.execution_helpers import dispatcher, register
 from tests.contract.helpers import count, seed_task, start_run
@@ -20,8 +20,8 @@ from tests.contract.test_cancellation_support import (
 )
 
 
-def _supervisor(db: Any, signal: Any, **budget: Any) -> cancellation.CancellationSupervisor:
-    return cancellation.CancellationSupervisor(db, signal=signal, owner="sup-me", **budget)
+def _supervisor(db: Any, signal: Any, **budget: Any) -> cancellation_supervisor.CancellationSupervisor:
+    return cancellation_supervisor.CancellationSupervisor(db, signal=signal, owner="sup-me", **budget)
 
 
 def test_foreign_intents_ahead_never_starve_this_servers_own(harness: Harness) -> None:
@@ -62,12 +62,12 @@ def test_an_oversized_intent_page_fails_the_cycle_closed(
     for fence in fences:
         request(harness.db, project, fence.run_id)
         harness.advance_clock(1)
-    real = cancellation._intent_page
+    real = cancellation_supervisor._intent_page
 
     def oversized(tx: Any, *, cursor: Any, limit: int) -> list[Any]:
         return real(tx, cursor=cursor, limit=limit + 1)
 
-    monkeypatch.setattr(cancellation, "_intent_page", oversized)
+    monkeypatch.setattr(cancellation_supervisor, "_intent_page", oversized)
     signal = FakeSignal()
 
     # When a cycle runs with pages of two
@@ -89,7 +89,7 @@ def test_another_servers_due_dispatch_does_not_wake_this_supervisor(harness: Har
     assert offer is not None and offer.fence.worker_id == "me"
     start_fence(harness.db, offer.fence, 9)
     request(harness.db, project, foreign.run_id)
-    theirs = cancellation.CancellationSupervisor(
+    theirs = cancellation_supervisor.CancellationSupervisor(
         harness.db, signal=None, owner="sup-w1", local_worker_id="w1"
     )
     assert theirs.run_cycle().results == {"controller_missing": 1}
@@ -98,7 +98,7 @@ def test_another_servers_due_dispatch_does_not_wake_this_supervisor(harness: Har
     anyone = _supervisor(harness.db, FakeSignal())
     now = harness.now_ms()
 
-    def wake(sup: cancellation.CancellationSupervisor) -> int | None:
+    def wake(sup: cancellation_supervisor.CancellationSupervisor) -> int | None:
         found: int | None = harness.db.transaction(sup.next_wake_ms, write=False)
         return found
 
@@ -109,7 +109,7 @@ def test_another_servers_due_dispatch_does_not_wake_this_supervisor(harness: Har
 
     # And our own dispatch's backoff does wake ours, at its time
     request(harness.db, project, offer.fence.run_id)
-    no_controller = cancellation.CancellationSupervisor(
+    no_controller = cancellation_supervisor.CancellationSupervisor(
         harness.db, signal=None, owner="sup-me", local_worker_id="me"
     )
     assert no_controller.run_cycle().results == {"controller_missing": 1}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation
+from ql3.application import cancellation_supervisor
 from tests.conftest import Harness
 from tests.contract.test_cancellation_support import (
     PID_BASE,
@@ -53,7 +53,9 @@ def test_the_signal_gets_the_tasks_grace_and_the_claim_lease_outlasts_it(
     signal.run_id = fence.run_id
 
     # When a cycle runs (the supervisor's own default is 5 s, with a 30 s claim lease)
-    cancellation.CancellationSupervisor(harness.db, signal=signal, owner="sup-a", lease_ms=30_000).run_cycle()
+    cancellation_supervisor.CancellationSupervisor(
+        harness.db, signal=signal, owner="sup-a", lease_ms=30_000
+    ).run_cycle()
 
     # Then the controller was asked for exactly the task's grace, under a lease that outlasts it
     assert signal.calls == [(handle_of(0), PID_BASE, grace_ms)]

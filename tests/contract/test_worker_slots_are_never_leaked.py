@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, leases
+from ql3.application import cancellation, cancellation_supervisor, leases
 from ql3.domain.offers import LeaseFence
 from tests.conftest import Harness
 from tests.contract.execution_helpers import dispatcher, queued, register
@@ -41,7 +41,7 @@ def _complete(harness: Harness, fence: LeaseFence, exit_code: int = 0) -> Any:
 
 
 def _supervise(harness: Harness) -> None:
-    cancellation.CancellationSupervisor(harness.db, signal=FakeSignal(), owner="sup-a").run_cycle()
+    cancellation_supervisor.CancellationSupervisor(harness.db, signal=FakeSignal(), owner="sup-a").run_cycle()
 
 
 def _completion(h: Harness, project: Any, fence: LeaseFence) -> None:

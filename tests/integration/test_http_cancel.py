@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation
+from ql3.application import cancellation, cancellation_supervisor
 from ql3.domain.cancellation import BlockedCursor, encode_blocked_cursor
 from ql3.domain.ids import new_id
 from ql3.domain.offers import LeaseFence
@@ -42,7 +42,7 @@ def _blocked(db: Any, n: int = 1, result: str = "identity_mismatch", **spec: Any
             )
         )
         assert outcome == "requested"
-    supervisor = cancellation.CancellationSupervisor(
+    supervisor = cancellation_supervisor.CancellationSupervisor(
         db, signal=FakeSignal(default=result), owner=LEASE_OWNER, page=64
     )
     supervisor.run_cycle()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation
+from ql3.application import cancellation, cancellation_supervisor
 from ql3.domain.offers import LeaseFence
 from tests.contract.test_cancellation_support import FakeSignal, running_runs
 
@@ -25,7 +25,7 @@ def _blocked(db: Any, n: int = 1) -> list[LeaseFence]:
                 tx, project.id, f.run_id, reason="user", actor_type="user", actor_id="u"
             )
         )
-    cancellation.CancellationSupervisor(
+    cancellation_supervisor.CancellationSupervisor(
         db, signal=FakeSignal(default="identity_mismatch"), owner="sup", page=64
     ).run_cycle()
     return fences

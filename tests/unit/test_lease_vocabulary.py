@@ -63,7 +63,7 @@ def test_settings_ranges_are_the_vocabulary() -> None:
 
 
 def test_no_module_declares_its_own_lease_range() -> None:
-    """A second ``MIN_*LEASE*_MS``/``MAX_*LEASE*_MS`` constant outside domain/leases.py is a second vocabulary."""
+    """A second ``MIN_*LEASE*_MS``/``MAX_*LEASE*_MS`` outside domain/leases.py is a second vocabulary."""
     offenders = []
     for path in SRC.rglob("*.py"):
         if path == SRC / "domain" / "leases.py":

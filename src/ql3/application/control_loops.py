@@ -18,7 +18,7 @@ from ql3.application import approvals, cancellation, leases, notifications, rete
 from ql3.application.approved_action_handlers import RunCreateHandler
 from ql3.application.approved_action_recovery import RecoveryResolver
 from ql3.application.approved_action_runner import ApprovedActionDispatcher
-from ql3.application.cancellation import CancellationSupervisor, SignalFn
+from ql3.application.cancellation_supervisor import CancellationSupervisor, SignalFn
 from ql3.application.cron import CronScheduler
 from ql3.application.lifecycle import LifecycleRunner
 from ql3.application.settings import ServeSettings

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from ql3.application import auth, cancellation, runs
+from ql3.application import auth, cancellation, cancellation_management, runs
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
 from ql3.http.auth import DbDep, PrincipalDep
@@ -148,7 +148,7 @@ def inspect_cancellation(project: str, run_id: str, db: DbDep, principal: Princi
 
     def unit(tx: Transaction) -> InspectOut:
         found = auth.authorize(tx, principal, project, "run.read")
-        return InspectOut(**cancellation.inspect(tx, found.id, _run_id(run_id)))
+        return InspectOut(**cancellation_management.inspect(tx, found.id, _run_id(run_id)))
 
     return db.transaction(unit, write=False)
 
@@ -163,7 +163,7 @@ def rearm_cancellation(
 
     def unit(tx: Transaction) -> RearmOut:
         found = auth.authorize(tx, principal, project, "run.stop")
-        receipt = cancellation.rearm(
+        receipt = cancellation_management.rearm(
             tx,
             found.id,
             _run_id(run_id),
@@ -184,7 +184,7 @@ def cancellation_summary(project: str, db: DbDep, principal: PrincipalDep) -> Su
 
     def unit(tx: Transaction) -> SummaryOut:
         found = auth.authorize(tx, principal, project, "run.read")
-        return SummaryOut(**cancellation.summary(tx, found.id))
+        return SummaryOut(**cancellation_management.summary(tx, found.id))
 
     return db.transaction(unit, write=False)
 
@@ -203,6 +203,6 @@ def cancellation_blocked(
 
     def unit(tx: Transaction) -> BlockedPage:
         found = auth.authorize(tx, principal, project, "run.read")
-        return BlockedPage(**cancellation.blocked_page(tx, found.id, cursor))
+        return BlockedPage(**cancellation_management.blocked_page(tx, found.id, cursor))
 
     return db.transaction(unit, write=False)
