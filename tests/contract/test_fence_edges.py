@@ -1,0 +1,147 @@
+"""The edges of the run-lease fence (``leases.check_fence``) and of the claim's eligibility: each
+refusal with its exact reason, the expiry instants of the lease and of the worker's session, and the
+draining worker that may still renew what it holds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ql3.application import leases, runs, workers
+from ql3.domain.errors import FenceConflict
+from ql3.domain.offers import LeaseFence
+from tests.conftest import Harness
+from tests.contract.execution_helpers import SECRET, dispatcher, queued, register, run_of
+from tests.contract.helpers import count
+
+RUN_LEASE_MS = 30_000
+
+
+def _claimed(harness: Harness, *, session_ms: int = 600_000) -> tuple[Any, LeaseFence]:
+    register(harness.db, lease_ms=session_ms)
+    project, _, _ = queued(harness.db)
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None
+    return project, offer.fence
+
+
+def _renew_reason(harness: Harness, fence: LeaseFence) -> str:
+    with pytest.raises(FenceConflict) as caught:
+        harness.db.transaction(lambda tx: leases.renew(tx, fence, RUN_LEASE_MS))
+    return str(caught.value.details["reason"])
+
+
+def test_an_unknown_attempt_is_missing(harness: Harness) -> None:
+    _, fence = _claimed(harness)
+    assert (
+        _renew_reason(harness, replace(fence, attempt_id="01a00000-0000-7000-8000-0000000000aa")) == "missing"
+    )
+
+
+def test_a_released_lease_is_not_leased(harness: Harness) -> None:
+    _, fence = _claimed(harness)
+    harness.advance_clock(RUN_LEASE_MS)
+    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "released"
+    assert _renew_reason(harness, fence) == "not_leased"
+
+
+def test_a_lease_is_expired_at_its_expiry_instant(harness: Harness) -> None:
+    _, fence = _claimed(harness)
+    if harness.dialect == "sqlite":  # the injected clock stands still: one millisecond before, it renews
+        harness.advance_clock(RUN_LEASE_MS - 1)
+        fence = replace(
+            fence, lease_version=harness.db.transaction(lambda tx: leases.renew(tx, fence, 5_000)).version
+        )
+        harness.advance_clock(5_000)
+    else:
+        harness.advance_clock(RUN_LEASE_MS)
+    assert _renew_reason(harness, fence) == "lease_expired"
+
+
+def test_a_draining_worker_still_renews_what_it_holds(harness: Harness) -> None:
+    _, fence = _claimed(harness)
+    harness.db.transaction(lambda tx: workers.drain(tx, "w1"))
+
+    renewed = harness.db.transaction(lambda tx: leases.renew(tx, fence, RUN_LEASE_MS))
+    assert renewed.version == fence.lease_version + 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "UPDATE workers SET status = 'offline' WHERE worker_id = 'w1'",
+        "UPDATE workers SET generation = generation + 1 WHERE worker_id = 'w1'",
+        "UPDATE workers SET session_id = '01a00000-0000-7000-8000-0000000000bb' WHERE worker_id = 'w1'",
+    ],
+    ids=["offline", "generation", "session"],
+)
+def test_a_worker_that_is_no_longer_the_one_that_claimed_cannot_renew(harness: Harness, change: str) -> None:
+    _, fence = _claimed(harness)
+    harness.db.raw(change)
+    assert _renew_reason(harness, fence) == "worker_unavailable"
+
+
+def test_a_worker_whose_session_lease_ended_cannot_renew_at_that_instant(harness: Harness) -> None:
+    # Given a session lease shorter than the run lease
+    _, fence = _claimed(harness, session_ms=5_000)
+    harness.advance_clock(5_000)  # the session's expiry instant; the run lease still has 25 s
+    assert _renew_reason(harness, fence) == "worker_unavailable"
+
+
+def _claim(harness: Harness, run_id: str, attempt_id: str) -> str:
+    row = harness.db.raw("SELECT session_id, generation FROM workers WHERE worker_id = 'w1'")[0]
+    result = harness.db.transaction(
+        lambda tx: leases.claim(
+            tx,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            worker_id="w1",
+            session_id=str(row["session_id"]),
+            worker_generation=int(row["generation"]),
+            token_for_generation=lambda g: f"token-{g}-" + SECRET.hex(),
+            lease_ms=RUN_LEASE_MS,
+        )
+    )
+    return str(result.status)
+
+
+def _queued(harness: Harness) -> tuple[Any, str, str]:
+    register(harness.db)
+    project, _, (run,) = queued(harness.db)
+    attempt = harness.db.transaction(lambda tx: runs.latest_attempt(tx, run.id), write=False)
+    return project, run.id, attempt.id
+
+
+def test_a_queued_run_is_claimed_once_and_then_not_eligible(harness: Harness) -> None:
+    project, run_id, attempt_id = _queued(harness)
+    assert _claim(harness, run_id, attempt_id) == "claimed"
+    assert _claim(harness, run_id, attempt_id) == "not_eligible"  # dispatching now
+    assert run_of(harness.db, project, run_id).status == "dispatching"
+
+
+def test_a_queued_run_with_a_cancel_request_is_not_eligible(harness: Harness) -> None:
+    _project, run_id, attempt_id = _queued(harness)
+    harness.db.raw(
+        "UPDATE runs SET cancel_requested_at_ms = 1, cancel_reason = 'user' WHERE id = ?", (run_id,)
+    )
+    assert _claim(harness, run_id, attempt_id) == "not_eligible"
+    assert count(harness.db, "run_leases") == 0
+
+
+@pytest.mark.parametrize("change", ["status", "superseded"])
+def test_only_the_latest_claimed_attempt_is_eligible(harness: Harness, change: str) -> None:
+    project, run_id, attempt_id = _queued(harness)
+    if change == "status":
+        harness.db.raw("UPDATE run_attempts SET status = 'lost' WHERE id = ?", (attempt_id,))
+    else:  # a newer attempt exists: the old one may never be claimed again
+        harness.db.raw(
+            "INSERT INTO run_attempts (id, run_id, attempt, status, executor_type, created_at_ms)"
+            " SELECT ?, run_id, attempt + 1, 'claimed', executor_type, created_at_ms"
+            " FROM run_attempts WHERE id = ?",
+            ("01a00000-0000-7000-8000-0000000000cc", attempt_id),
+        )
+    assert _claim(harness, run_id, attempt_id) == "not_eligible"
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id).status == "queued"
