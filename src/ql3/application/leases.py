@@ -130,7 +130,6 @@ def claim(
     # The counter is a column of the worker row just locked: no second read.
     if int(worker["active_leases"]) >= int(worker["max_concurrent_runs"]):
         return ClaimResult(status="capacity_exhausted")
-    existing = get_lease(tx, attempt_id, lock=True)
     params = {
         "attempt_id": attempt_id,
         "run_id": run_id,
@@ -139,12 +138,16 @@ def claim(
         "worker_generation": worker_generation,
         "expires_at_ms": now + lease_ms,
         "now": now,
+        "lease_token_digest": lease_digest(token_for_generation(1)),
     }
-    if existing is None:
-        generation = 1
-        params["lease_token_digest"] = lease_digest(token_for_generation(generation))
-        written = tx.one("lease_insert_claim", params)
-    else:
+    # The first lease of the attempt: inserted directly (no row to lock yet); when the attempt
+    # already has one, nothing is written and its row is locked and reacquired instead.
+    generation = 1
+    written = tx.one("lease_insert_claim", params)
+    if written is None:
+        existing = get_lease(tx, attempt_id, lock=True)
+        if existing is None:
+            return ClaimResult(status="leased")  # the conflicting row vanished: a concurrent writer
         if existing.status == "completed" or (existing.status == "leased" and existing.expires_at_ms > now):
             return ClaimResult(status="leased" if existing.status == "leased" else "not_eligible")
         generation = existing.lease_generation + 1

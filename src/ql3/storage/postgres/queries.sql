@@ -16,7 +16,8 @@ SELECT * FROM workers WHERE worker_id = :worker_id FOR UPDATE
 SELECT * FROM task_schedules WHERE task_id = :task_id FOR UPDATE
 
 -- The claim path in fewer round trips, with the same locks in the same order: the attempt row lock
--- (after the Run's) answers whether it is the latest attempt too; the lease row and the worker's
+-- (after the Run's) answers whether it is the latest attempt too; a first lease is inserted without a
+-- separate lock of its (absent) row, ON CONFLICT falling back to lock-and-reacquire; the lease row and the worker's
 -- active-lease counter (whose row the claim already holds locked) move in one statement, and the
 -- counter moves only when the lease row was written.
 
@@ -31,6 +32,7 @@ WITH l AS (
     worker_generation, lease_token_digest, acquired_at_ms, renewed_at_ms, expires_at_ms, updated_at_ms)
   VALUES (:attempt_id, :run_id, 'leased', 0, 1, :worker_id, :worker_session_id, :worker_generation,
     :lease_token_digest, :now, :now, :expires_at_ms, :now)
+  ON CONFLICT (attempt_id) DO NOTHING
   RETURNING *
 ), w AS (
   UPDATE workers SET active_leases = active_leases + 1

@@ -135,13 +135,15 @@ SELECT a.*, (SELECT b.id FROM run_attempts b WHERE b.run_id = a.run_id ORDER BY 
   AS latest_attempt_id
 FROM run_attempts a WHERE a.id = :id
 
--- A new claim's lease row. ``slot_counted`` says whether the statement also moved the worker's
+-- A new claim's lease row, or no row when the attempt already has one (the caller then locks and
+-- reacquires it); ``slot_counted`` says whether the statement also moved the worker's
 -- active-lease counter (PostgreSQL does it in the same statement); when it is 0 the caller does.
 -- name: lease_insert_claim
 INSERT INTO run_leases (attempt_id, run_id, status, version, lease_generation, worker_id, worker_session_id,
   worker_generation, lease_token_digest, acquired_at_ms, renewed_at_ms, expires_at_ms, updated_at_ms)
 VALUES (:attempt_id, :run_id, 'leased', 0, 1, :worker_id, :worker_session_id, :worker_generation,
   :lease_token_digest, :now, :now, :expires_at_ms, :now)
+ON CONFLICT (attempt_id) DO NOTHING
 RETURNING *, 0 AS slot_counted
 
 -- name: lease_reacquire_claim
