@@ -1,7 +1,8 @@
 """ql3 benchmarks, run by hand (never from the test suite): ``.venv/bin/python bench/ql3_bench.py``.
 
 Measures, on this machine in one run (medians of --repeat repetitions where it says so):
-  1. dispatch throughput: offers/s from 10,000 queued runs to 16 workers (SQLite and PostgreSQL)
+  1. dispatch throughput: offers/s from 10,000 queued runs to 16 workers (SQLite and PostgreSQL,
+     repetitions interleaved), and PostgreSQL round trips per offer (``--dispatch-only``: just these)
   2. end to end: runs/s of a task whose command is ``true`` through a real ``ql3 serve``
   3. idle latency from ``run start`` (HTTP request sent) to the command starting: p50 / p99
   4. cost of one dispatch_once() with 1,000 and with 100,000 queued runs, and their ratio
