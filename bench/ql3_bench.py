@@ -1,7 +1,8 @@
 """ql3 benchmarks, run by hand (never from the test suite): ``.venv/bin/python bench/ql3_bench.py``.
 
 Measures, on this machine in one run (medians of --repeat repetitions where it says so):
-  1. dispatch throughput: offers/s from 10,000 queued runs to 16 workers (SQLite and PostgreSQL)
+  1. dispatch throughput: offers/s from 10,000 queued runs to 16 workers (SQLite and PostgreSQL,
+     repetitions interleaved), and PostgreSQL round trips per offer (``--dispatch-only``: just these)
   2. end to end: runs/s of a task whose command is ``true`` through a real ``ql3 serve``
   3. idle latency from ``run start`` (HTTP request sent) to the command starting: p50 / p99
   4. cost of one dispatch_once() with 1,000 and with 100,000 queued runs, and their ratio
@@ -115,6 +116,61 @@ def bench_dispatch_throughput(kind: str, queued: int, claims: int) -> float:
             if d.dispatch_once().offer is not None:
                 done += 1
         return done / (time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def count_round_trips() -> Iterator[list[int]]:
+    """Count client/server round trips on PostgreSQL as psycopg makes them: outside a pipeline every
+    exchange (statement, BEGIN/COMMIT, pool check) is one ``Connection.wait`` whose generator does
+    I/O (the pool's commit of an idle connection does none); inside a pipeline the queued statements
+    travel together and one round trip is one Sync."""
+    from psycopg._pipeline_base import BasePipeline
+
+    counter = [0]
+    wait, sync = psycopg.Connection.wait, BasePipeline._enqueue_sync
+
+    def counted_wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is not None:
+            return wait(self, gen, *args, **kwargs)
+
+        def io(gen: Any = gen) -> Any:
+            first = True
+            try:
+                state = next(gen)
+                while True:
+                    if first:
+                        counter[0] += 1
+                        first = False
+                    state = gen.send((yield state))
+            except StopIteration as stop:
+                return stop.value
+
+        return wait(self, io(), *args, **kwargs)
+
+    def counted_sync(self: Any) -> None:
+        counter[0] += 1
+        sync(self)
+
+    psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
+    BasePipeline._enqueue_sync = counted_sync  # type: ignore[method-assign]
+    try:
+        yield counter
+    finally:
+        psycopg.Connection.wait = wait  # type: ignore[method-assign]
+        BasePipeline._enqueue_sync = sync  # type: ignore[method-assign]
+
+
+def bench_round_trips(queued: int, claims: int) -> float:
+    """Mean PostgreSQL round trips (pool checks included) per dispatch_once() that makes an offer."""
+    with database("postgres") as db:
+        seed(db, queued)
+        d = RunDispatcher(
+            db, lease_secret=b"b" * 32, budget=DispatchBudget(lease_ms=600_000), incarnation_started_ms=0
+        )
+        d.dispatch_once()  # warm the spec cache and the recovery walk
+        with count_round_trips() as counter:
+            offers = sum(1 for _ in range(claims) if d.dispatch_once().offer is not None)
+        return counter[0] / max(1, offers)
 
 
 def bench_dispatch_cost(kind: str, queued: int, calls: int) -> float:
@@ -403,12 +459,29 @@ def main() -> int:
     parser.add_argument("--latency-samples", type=int, default=50)
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--dispatch-only",
+        action="store_true",
+        help="only the dispatch parts (throughput, round trips per offer on PostgreSQL, dispatch_once cost)",
+    )
+    parser.add_argument("--claims", type=int, default=2000, help="offers per throughput repetition")
     args = parser.parse_args()
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count()}
+    for _ in range(args.repeat):
+        for kind in ("sqlite", "postgres"):  # interleaved, so both see the same load
+            out.setdefault(f"dispatch_offers_per_s_{kind}_runs", []).append(
+                round(bench_dispatch_throughput(kind, args.queued, args.claims), 1)
+            )
     for kind in ("sqlite", "postgres"):
-        figures = [bench_dispatch_throughput(kind, args.queued, 2000) for _ in range(args.repeat)]
-        out[f"dispatch_offers_per_s_{kind}"] = round(statistics.median(figures), 1)
+        out[f"dispatch_offers_per_s_{kind}"] = statistics.median(out[f"dispatch_offers_per_s_{kind}_runs"])
         print(f"dispatch throughput {kind}: {out[f'dispatch_offers_per_s_{kind}']} offers/s", flush=True)
+    out["pg_round_trips_per_offer"] = round(bench_round_trips(min(args.queued, 1000), 200), 2)
+    print(f"PostgreSQL round trips per offer: {out['pg_round_trips_per_offer']}", flush=True)
+    if args.dispatch_only:
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(out, indent=2))
+        return 0
     for kind in ("sqlite", "postgres"):
         small = statistics.median(bench_dispatch_cost(kind, 1_000, 200) for _ in range(args.repeat))
         large = bench_dispatch_cost(kind, args.backlog, 200)

@@ -66,8 +66,8 @@ def test_losing_the_capacity_race_on_the_best_worker_moves_on_to_the_next(harnes
     # fills "a" with the second run
     real_workers = d._workers
 
-    def snapshot_then_rival_claims(counters: Any) -> list[WorkerSnapshot]:
-        snapshot = real_workers(counters)
+    def snapshot_then_rival_claims(tx: Any) -> tuple[list[WorkerSnapshot], int]:
+        snapshot = real_workers(tx)
         rival._scan_cursor = None
         rival_result = rival.dispatch_once()
         assert rival_result.offer is not None and rival_result.offer.fence.worker_id == "a"

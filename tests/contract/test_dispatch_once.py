@@ -10,7 +10,7 @@ import pytest
 
 from ql3.application import cancellation, leases, runs, tasks, workers
 from ql3.application import dispatcher as dispatcher_module
-from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher, _Counters
+from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.workers import WorkerSnapshot
 from tests.conftest import Harness
@@ -114,8 +114,9 @@ def test_claim_budget_exhaustion_is_truncated_with_the_reason(harness: Harness) 
     queued(harness.db, n=3)
     d = dispatcher(harness.db, claims=1)
     assert d.dispatch_once().offer is not None
-    stale = [replace(w, free_slots=1) for w in d._workers(_Counters())]
-    d._workers = lambda counters: list(stale)  # type: ignore[method-assign]
+    current, _ = harness.db.transaction(d._workers, write=False)
+    stale = [replace(w, free_slots=1) for w in current]
+    d._workers = lambda tx: (list(stale), 1)  # type: ignore[method-assign]
 
     # When the cycle spends its only claim on the capacity race
     result = d.dispatch_once()

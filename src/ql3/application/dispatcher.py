@@ -316,22 +316,28 @@ class RunDispatcher:
         params.update(c_priority=cursor.priority, c_queued=cursor.queued_at_ms, c_id=cursor.run_id)
         return [_candidate(r) for r in tx.all("candidate_after", params)]
 
-    def _workers(self, counters: _Counters) -> list[WorkerSnapshot]:
+    def _page(
+        self, tx: Transaction, cursor: Candidate | None, with_workers: bool
+    ) -> tuple[list[Candidate], list[WorkerSnapshot] | None, int]:
+        """One candidate page and, when it is not empty and asked for, the worker snapshot in the
+        same read transaction (one round trip fewer per cycle on PostgreSQL). The snapshot is only a
+        placement hint either way: every claim re-checks the worker under its row lock."""
+        page = self._candidates(tx, cursor)
+        if not page or not with_workers:
+            return page, None, 0
+        snapshot, calls = self._workers(tx)
+        return page, snapshot, calls
+
+    def _workers(self, tx: Transaction) -> tuple[list[WorkerSnapshot], int]:
+        """The eligible workers (bounded pages, keyset by id) and the number of pages read."""
         if self._local_worker_id is not None:
-            counters.worker_calls += 1
-            return list(
-                self._db.transaction(
-                    partial(workers.snapshot_one, worker_id=self._local_worker_id), write=False
-                )
-            )
+            return workers.snapshot_one(tx, worker_id=self._local_worker_id), 1
         out: list[WorkerSnapshot] = []
         after = ""
+        calls = 0
         for _ in range(self.budget.worker_pages):
-            counters.worker_calls += 1
-            page = self._db.transaction(
-                partial(workers.snapshot_page, after=after, limit=self.budget.worker_page),
-                write=False,
-            )
+            calls += 1
+            page = workers.snapshot_page(tx, after=after, limit=self.budget.worker_page)
             if len(page) > self.budget.worker_page:
                 raise DispatchCycleError("oversized worker page")
             for w in page:
@@ -341,7 +347,7 @@ class RunDispatcher:
             out.extend(page)
             if len(page) < self.budget.worker_page:
                 break
-        return out
+        return out, calls
 
     def dispatch_once(self) -> DispatchResult:
         counters = _Counters()
@@ -352,9 +358,15 @@ class RunDispatcher:
         cursor: Candidate | None = self._scan_cursor
         seen: set[str] = set()
         snapshot: list[WorkerSnapshot] | None = None
+        checked_capacity = False
         outcome = "no_candidates"
         for page_no in range(self.budget.candidate_pages):
-            page = self._db.transaction(partial(self._candidates, cursor=cursor), write=False)
+            page, fetched, calls = self._db.transaction(
+                partial(self._page, cursor=cursor, with_workers=snapshot is None), write=False
+            )
+            if fetched is not None:
+                snapshot = fetched
+                counters.worker_calls += calls
             if len(page) > self.budget.candidate_page:
                 raise DispatchCycleError("oversized candidate page")
             for cand in page:
@@ -364,8 +376,9 @@ class RunDispatcher:
                 ):
                     raise DispatchCycleError("candidate cursor stalled or repeated")
                 seen.add(cand.run_id)
-                if snapshot is None:
-                    snapshot = self._workers(counters)
+                if not checked_capacity:
+                    checked_capacity = True
+                    assert snapshot is not None  # read with the first non-empty page
                     if snapshot and all(w.free_slots < 1 for w in snapshot):
                         # Every eligible worker is full: no candidate can be placed this cycle. The
                         # scan cursor stays where it was; a freed slot wakes the loop.

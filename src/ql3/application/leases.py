@@ -17,7 +17,7 @@ from ql3.application.runs import (
 )
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, sha256_hex
-from ql3.domain.errors import Conflict, FenceConflict, ValidationFailed
+from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run
 from ql3.domain.offers import LeaseFence
@@ -111,9 +111,11 @@ def claim(
     run = lock_run(tx, run_id)
     if run.status != "queued" or run.cancel_requested_at_ms is not None:
         return ClaimResult(status="not_eligible")
-    attempt = lock_attempt(tx, attempt_id)
-    latest = latest_attempt(tx, run_id)
-    if attempt.status != "claimed" or latest is None or latest.id != attempt.id:
+    attempt_row = tx.one("attempt_lock_with_latest", {"id": attempt_id})
+    if attempt_row is None:
+        raise NotFound("attempt not found")
+    attempt = rows.attempt(attempt_row)
+    if attempt.status != "claimed" or attempt_row["latest_attempt_id"] != attempt.id:
         return ClaimResult(status="not_eligible")
     worker = tx.one("worker_lock", {"worker_id": worker_id})
     now = tx.now_ms()
@@ -125,10 +127,9 @@ def claim(
         or int(worker["lease_expires_at_ms"]) <= now
     ):
         return ClaimResult(status="worker_unavailable")
-    active = int((tx.one("worker_active_leases", {"worker_id": worker_id}) or {"n": 0})["n"])
-    if active >= int(worker["max_concurrent_runs"]):
+    # The counter is a column of the worker row just locked: no second read.
+    if int(worker["active_leases"]) >= int(worker["max_concurrent_runs"]):
         return ClaimResult(status="capacity_exhausted")
-    existing = get_lease(tx, attempt_id, lock=True)
     params = {
         "attempt_id": attempt_id,
         "run_id": run_id,
@@ -137,21 +138,28 @@ def claim(
         "worker_generation": worker_generation,
         "expires_at_ms": now + lease_ms,
         "now": now,
+        "lease_token_digest": lease_digest(token_for_generation(1)),
     }
-    if existing is None:
-        generation = 1
-        params["lease_token_digest"] = lease_digest(token_for_generation(generation))
-        tx.run("lease_insert", params)
-        _adjust(tx, worker_id, +1)
-    else:
+    # The first lease of the attempt: inserted directly (no row to lock yet); when the attempt
+    # already has one, nothing is written and its row is locked and reacquired instead.
+    generation = 1
+    written = tx.one("lease_insert_claim", params)
+    if written is None:
+        existing = get_lease(tx, attempt_id, lock=True)
+        if existing is None:
+            return ClaimResult(status="leased")  # the conflicting row vanished: a concurrent writer
         if existing.status == "completed" or (existing.status == "leased" and existing.expires_at_ms > now):
             return ClaimResult(status="leased" if existing.status == "leased" else "not_eligible")
         generation = existing.lease_generation + 1
         params["lease_token_digest"] = lease_digest(token_for_generation(generation))
         params["expected_version"] = existing.version
-        if tx.run("lease_reacquire", params) != 1:
+        written = tx.one("lease_reacquire_claim", params)
+        if written is None:
             return ClaimResult(status="leased")
+    assert written is not None
+    if not int(written["slot_counted"]):
         _adjust(tx, worker_id, +1)
+    lease = _lease(written)
     write_run(
         tx,
         run,
@@ -172,8 +180,6 @@ def claim(
         ],
         AttemptChange(attempt=attempt, new=replace(attempt, worker_id=worker_id)),
     )
-    lease = get_lease(tx, attempt_id)
-    assert lease is not None
     return ClaimResult(status="claimed", lease=lease)
 
 

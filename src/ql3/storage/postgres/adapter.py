@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -24,26 +25,58 @@ MAX_TX_RETRIES = 5
 # Statement 5 s, lock 1 s, idle-in-transaction 10 s (docs/contracts.md §7).
 _OPTIONS = "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=10000"
 _MIGRATION_LOCK = 7_301_114_003
+_NOW = b"SELECT ql3_now_ms() AS now"
+_NOTIFY = b"SELECT pg_notify(%s, '')"
 
 
 class PostgresTransaction:
+    """One unit of work on a pooled autocommit connection, with the fewest round trips.
+
+    The transaction is opened lazily: ``BEGIN`` (``READ ONLY`` for a read unit), the database clock
+    (``ql3_now_ms()``, which reads ``transaction_timestamp()`` and so is the same whenever it is taken
+    within the transaction) and the first statement travel in one pipeline, i.e. one round trip.
+    The notifications and ``COMMIT`` travel in one more. Statements in between are one round trip
+    each and run with psycopg's automatic server-side preparation (``prepare_threshold``).
+    """
+
     dialect = "postgres"
 
-    def __init__(self, conn: psycopg.Connection[Row], queries: dict[str, str]) -> None:
+    def __init__(self, conn: psycopg.Connection[Row], queries: dict[str, str], *, write: bool) -> None:
         self._conn = conn
         self._queries = queries
+        self._begin = b"BEGIN" if write else b"BEGIN READ ONLY"
         self._now: int | None = None
+        self.begun = False
+        self.round_trips = 0
+        self.commit_sent = False
         self.channels: set[str] = set()
+
+    def _open(self, query: str | None, params: Params | None) -> psycopg.Cursor[Row] | None:
+        """BEGIN, the clock and (optionally) the first statement, in one round trip."""
+        self.round_trips += 1
+        with self._conn.pipeline():
+            self._conn.execute(self._begin)
+            self.begun = True
+            clock = self._conn.execute(_NOW)
+            cur = None if query is None else self._conn.execute(self._queries[query], dict(params or {}))
+        row = clock.fetchone()
+        assert row is not None
+        self._now = int(row["now"])
+        return cur
 
     def now_ms(self) -> int:
         if self._now is None:
-            row = self._conn.execute("SELECT ql3_now_ms() AS now").fetchone()
-            assert row is not None
-            self._now = int(row["now"])
+            self._open(None, None)
+        assert self._now is not None
         return self._now
 
     def _exec(self, query: str, params: Params | None) -> psycopg.Cursor[Row]:
         try:
+            if not self.begun:
+                cur = self._open(query, params)
+                assert cur is not None
+                return cur
+            self.round_trips += 1
             return self._conn.execute(self._queries[query], dict(params or {}))
         except pg_errors.IntegrityError as exc:
             raise Conflict("a uniqueness or integrity rule rejected the write", query=query) from exc
@@ -63,6 +96,31 @@ class PostgresTransaction:
     def notify(self, channel: str) -> None:
         self.channels.add(channel)
 
+    def commit(self) -> None:
+        """The notifications (delivered by PostgreSQL only at commit) and COMMIT, in one round trip.
+        A unit that ran no statement and notifies nothing has nothing to commit."""
+        if not self.begun:
+            if not self.channels:
+                return
+            self.now_ms()
+        self.round_trips += 1
+        with self._conn.pipeline():
+            for channel in sorted(self.channels):
+                self._conn.execute(_NOTIFY, (f"ql3_{channel}",))
+            self.commit_sent = True
+            self._conn.execute(b"COMMIT")
+
+    @property
+    def broken(self) -> bool:
+        return self._conn.broken
+
+    def rollback(self) -> None:
+        """Best effort: a broken connection is discarded by the pool, which also rolls back any
+        connection returned inside a transaction."""
+        if self.begun and not self._conn.broken:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.execute(b"ROLLBACK")
+
 
 class PostgresDatabase:
     """The cluster engine: replicas coordinate only through row locks, CAS and LISTEN/NOTIFY."""
@@ -75,6 +133,7 @@ class PostgresDatabase:
         self.notifier = LocalNotifier()
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
+        self._max_size = max_size
         try:
             self.pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
                 dsn,
@@ -83,36 +142,45 @@ class PostgresDatabase:
                 kwargs={"row_factory": dict_row, "autocommit": True, "options": _OPTIONS},
                 open=True,
                 timeout=10.0,
-                # A pooled connection whose backend was terminated is replaced on checkout, instead
-                # of failing the next unit of work that happens to draw it.
-                check=ConnectionPool.check_connection,
             )
         except psycopg.Error as exc:
             raise StorageUnavailable() from exc
 
     def transaction(self, fn: Callable[[Transaction], T], *, write: bool = True) -> T:
-        for attempt in range(MAX_TX_RETRIES):
+        # No round trip to check a pooled connection on checkout: a connection whose backend was
+        # terminated fails on the unit's first exchange, before anything of the unit reached the
+        # server, and the unit then runs again from scratch on another connection (the pool
+        # discards the broken one). Once a statement was answered, a lost connection is
+        # StorageUnavailable: the unit may or may not have committed, so it is never re-run.
+        busy_retries = 0
+        stale_retries = 0
+        while True:
+            tx: PostgresTransaction | None = None
             try:
                 with self.pool.connection() as conn:
-                    tx = PostgresTransaction(conn, self._queries)
-                    with conn.transaction():
-                        if not write:
-                            conn.execute("SET TRANSACTION READ ONLY")
+                    tx = PostgresTransaction(conn, self._queries, write=write)
+                    try:
                         result = fn(tx)
-                        for channel in sorted(tx.channels):
-                            conn.execute("SELECT pg_notify(%s, '')", (f"ql3_{channel}",))
+                        tx.commit()
+                    except BaseException:
+                        tx.rollback()
+                        raise
                 for channel in tx.channels:
                     self.notifier.notify(channel)
                 return result
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as exc:
-                if attempt + 1 >= MAX_TX_RETRIES:
+                busy_retries += 1
+                if busy_retries >= MAX_TX_RETRIES:
                     raise StorageBusy() from exc
-                time.sleep(min(0.2, 0.005 * 2**attempt) * (0.5 + random.random()))
+                time.sleep(min(0.2, 0.005 * 2 ** (busy_retries - 1)) * (0.5 + random.random()))
             except (pg_errors.LockNotAvailable, pg_errors.QueryCanceled) as exc:
                 raise StorageBusy() from exc
             except psycopg.OperationalError as exc:
+                stale = tx is not None and tx.broken and tx.round_trips <= 1 and not tx.commit_sent
+                if stale and stale_retries < self._max_size:
+                    stale_retries += 1
+                    continue
                 raise StorageUnavailable() from exc
-        raise StorageBusy()
 
     def start_listening(self, channels: list[str]) -> None:
         """Relay NOTIFYs from other replicas into the local notifier (one thread, blocking)."""

@@ -14,3 +14,45 @@ SELECT * FROM workers WHERE worker_id = :worker_id FOR UPDATE
 
 -- name: schedule_lock
 SELECT * FROM task_schedules WHERE task_id = :task_id FOR UPDATE
+
+-- The claim path in fewer round trips, with the same locks in the same order: the attempt row lock
+-- (after the Run's) answers whether it is the latest attempt too; a first lease is inserted without a
+-- separate lock of its (absent) row, ON CONFLICT falling back to lock-and-reacquire; the lease row and the worker's
+-- active-lease counter (whose row the claim already holds locked) move in one statement, and the
+-- counter moves only when the lease row was written.
+
+-- name: attempt_lock_with_latest
+SELECT a.*, (SELECT b.id FROM run_attempts b WHERE b.run_id = a.run_id ORDER BY b.attempt DESC LIMIT 1)
+  AS latest_attempt_id
+FROM run_attempts a WHERE a.id = :id FOR UPDATE OF a
+
+-- name: lease_insert_claim
+WITH l AS (
+  INSERT INTO run_leases (attempt_id, run_id, status, version, lease_generation, worker_id, worker_session_id,
+    worker_generation, lease_token_digest, acquired_at_ms, renewed_at_ms, expires_at_ms, updated_at_ms)
+  VALUES (:attempt_id, :run_id, 'leased', 0, 1, :worker_id, :worker_session_id, :worker_generation,
+    :lease_token_digest, :now, :now, :expires_at_ms, :now)
+  ON CONFLICT (attempt_id) DO NOTHING
+  RETURNING *
+), w AS (
+  UPDATE workers SET active_leases = active_leases + 1
+  WHERE worker_id = :worker_id AND EXISTS (SELECT 1 FROM l)
+  RETURNING 1
+)
+SELECT l.*, (SELECT count(*) FROM w) AS slot_counted FROM l
+
+-- name: lease_reacquire_claim
+WITH l AS (
+  UPDATE run_leases SET status = 'leased', version = version + 1, lease_generation = lease_generation + 1,
+    worker_id = :worker_id, worker_session_id = :worker_session_id, worker_generation = :worker_generation,
+    lease_token_digest = :lease_token_digest, acquired_at_ms = :now, renewed_at_ms = :now,
+    expires_at_ms = :expires_at_ms, released_at_ms = NULL, release_reason = NULL, completed_at_ms = NULL,
+    updated_at_ms = :now
+  WHERE attempt_id = :attempt_id AND version = :expected_version
+  RETURNING *
+), w AS (
+  UPDATE workers SET active_leases = active_leases + 1
+  WHERE worker_id = :worker_id AND EXISTS (SELECT 1 FROM l)
+  RETURNING 1
+)
+SELECT l.*, (SELECT count(*) FROM w) AS slot_counted FROM l

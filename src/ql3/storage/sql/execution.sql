@@ -126,3 +126,31 @@ ORDER BY p.next_retry_at_ms, p.run_id LIMIT :limit
 SELECT l.attempt_id, l.run_id FROM run_leases l
 WHERE l.worker_id = :worker_id AND l.status = 'leased' AND l.attempt_id > :after
 ORDER BY l.attempt_id LIMIT :limit
+
+-- The claim path (docs/dispatch.md): the attempt with the id of the run's latest attempt, so one
+-- statement both locks the attempt (the dialect override adds the row lock) and tells whether it is
+-- still the latest.
+-- name: attempt_lock_with_latest
+SELECT a.*, (SELECT b.id FROM run_attempts b WHERE b.run_id = a.run_id ORDER BY b.attempt DESC LIMIT 1)
+  AS latest_attempt_id
+FROM run_attempts a WHERE a.id = :id
+
+-- A new claim's lease row, or no row when the attempt already has one (the caller then locks and
+-- reacquires it); ``slot_counted`` says whether the statement also moved the worker's
+-- active-lease counter (PostgreSQL does it in the same statement); when it is 0 the caller does.
+-- name: lease_insert_claim
+INSERT INTO run_leases (attempt_id, run_id, status, version, lease_generation, worker_id, worker_session_id,
+  worker_generation, lease_token_digest, acquired_at_ms, renewed_at_ms, expires_at_ms, updated_at_ms)
+VALUES (:attempt_id, :run_id, 'leased', 0, 1, :worker_id, :worker_session_id, :worker_generation,
+  :lease_token_digest, :now, :now, :expires_at_ms, :now)
+ON CONFLICT (attempt_id) DO NOTHING
+RETURNING *, 0 AS slot_counted
+
+-- name: lease_reacquire_claim
+UPDATE run_leases SET status = 'leased', version = version + 1, lease_generation = lease_generation + 1,
+  worker_id = :worker_id, worker_session_id = :worker_session_id, worker_generation = :worker_generation,
+  lease_token_digest = :lease_token_digest, acquired_at_ms = :now, renewed_at_ms = :now,
+  expires_at_ms = :expires_at_ms, released_at_ms = NULL, release_reason = NULL, completed_at_ms = NULL,
+  updated_at_ms = :now
+WHERE attempt_id = :attempt_id AND version = :expected_version
+RETURNING *, 0 AS slot_counted
