@@ -150,4 +150,32 @@ def create_app(
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     app.include_router(console.router)
+    _document_body_errors(app)
     return app
+
+
+def _document_body_errors(app: FastAPI) -> None:
+    """Every operation that reads a JSON body also answers 400 ``malformed_json`` (stated once here,
+    in the generated document, rather than on each route)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                if isinstance(operation, dict) and "requestBody" in operation:
+                    operation.setdefault("responses", {}).setdefault(
+                        "400",
+                        {
+                            "description": errors.MALFORMED_JSON_DESCRIPTION,
+                            "content": {
+                                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}
+                            },
+                        },
+                    )
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
