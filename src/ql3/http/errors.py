@@ -25,7 +25,6 @@ log = logging.getLogger("ql3.http")
 # Framework-level statuses that do not come from a Ql3Error, with their stable codes.
 FRAMEWORK_CODES: Final[dict[int, tuple[str, str]]] = {
     400: ("bad_request", "The request is malformed."),
-    # A request body that is not JSON at all (syntax error, not UTF-8): 400, never a 422.
     401: ("unauthenticated", "A valid bearer token is required."),
     403: ("permission_denied", "The caller's role does not allow this."),
     404: ("not_found", "The resource does not exist."),
@@ -35,6 +34,7 @@ FRAMEWORK_CODES: Final[dict[int, tuple[str, str]]] = {
     422: (ValidationFailed.code, "The input is invalid."),
 }
 INTERNAL: Final = ("internal_error", "ql3 failed.")
+# A request body that is not JSON at all (bad syntax, not UTF-8): 400 with this code, never a 422.
 MALFORMED_JSON: Final = ("malformed_json", "The request body is not valid JSON.")
 # FastAPI's detail when the body could not even be decoded (e.g. not UTF-8).
 _BODY_PARSE_DETAIL: Final = "There was an error parsing the body"
