@@ -1,8 +1,9 @@
 """A full disk under ``ql3 serve``: a small tmpfs is ``QL3_HOME``, and a task fills it.
 
 While the disk is full: no run is reported ``succeeded`` that did not succeed, the server stays up,
-reads keep working, ``/readyz`` says ``disk_full`` (naming the directory), and a new run is refused
-with 503 ``storage_unavailable`` and nothing written. After space returns every run reaches a
+reads keep working, ``/readyz`` says ``disk_full`` (naming the directory), and a new run is either
+refused with 503 ``storage_unavailable`` and nothing written (SQLite, whose database is on the full
+disk) or accepted (PostgreSQL) and settled like any other. After space returns every run reaches a
 terminal state, ``/readyz`` is ready again and new runs succeed with their whole log.
 
 Mounting a tmpfs needs root: the test skips with that reason otherwise, and fails under ``CI=true``.
@@ -48,9 +49,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
 
 
-@pytest.fixture
-def full_disk_server(small_disk: Path) -> Iterator[Server]:
-    server = start_server(small_disk / "home", "--slots", "2")
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def full_disk_server(request: pytest.FixtureRequest, small_disk: Path) -> Iterator[Server]:
+    """SQLite keeps its database on the full disk too; with PostgreSQL only the journal, receipts and
+    logs are there (the database keeps taking writes)."""
+    extra: tuple[str, ...] = ()
+    if request.param == "postgresql":
+        database = request.getfixturevalue("pg_database")
+        extra = ("--database-url", database.url)
+    server = start_server(small_disk / "home", "--slots", "2", *extra)
     try:
         yield server
     finally:
@@ -143,6 +150,11 @@ def test_a_full_disk_gives_no_false_success_and_the_server_recovers(
         assert by_id[first.json()["id"]]["status"] == "succeeded"
         assert by_id[filler_id]["status"] in ("failed", "lost"), by_id[filler_id]
         assert by_id[filler_id]["exit_code"] != 0
+        # Every success is a real one: exit code 0 and the whole log of the command.
+        for run in settled:
+            if run["status"] == "succeeded":
+                assert run["exit_code"] == 0 and run["task_name"] == "hello", run
+                assert api.get(f"/runs/{run['id']}/logs/raw").text == "hello\n", run
 
         again = api.post("/tasks/hello/runs", json={})
         assert again.status_code == 201, again.text
