@@ -15,6 +15,7 @@ host; the delivery and rule operations are still exercised.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -75,14 +76,47 @@ def task_user() -> str:
     return TASK_USER
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, task_user: str) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, task_user: str
+) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("schemathesis") / "home"
-    served = start_server(home, "--run-as", task_user, "--slots", "2")
-    try:
+    with contextlib.ExitStack() as cleanup:
+        extra: tuple[str, ...] = ()
+        if request.param == "postgresql":
+            extra = ("--database-url", cleanup.enter_context(_pg_database()))
+        served = start_server(home, "--run-as", task_user, "--slots", "2", *extra)
+        cleanup.callback(stop, served.process)
         yield served
+
+
+@contextlib.contextmanager
+def _pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for the module's server (skips without QL3_TEST_PG_DSN)."""
+    import uuid
+    from urllib.parse import quote
+
+    import psycopg
+
+    from tests.conftest import _pg_admin_dsn
+
+    admin = _pg_admin_dsn()
+    if admin is None:
+        pytest.skip("PostgreSQL not configured (QL3_TEST_PG_DSN)")
+    name = f"ql3_st_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    info = psycopg.conninfo.conninfo_to_dict(admin)
+    user, host, port = (
+        info.get("user") or "postgres",
+        info.get("host") or "127.0.0.1",
+        info.get("port") or 5432,
+    )
+    try:
+        yield f"postgresql://{quote(str(user))}@{quote(str(host), safe='')}:{port}/{name}"
     finally:
-        stop(served.process)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
 def _seed_data(server: Server, token: str) -> dict[str, list[str]]:
