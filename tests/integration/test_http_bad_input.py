@@ -221,8 +221,8 @@ def test_malformed_json_is_refused(client: Any, owner: Any, before: Any, counts:
         TASKS, content=b'{"name": "x", "command": ', headers={**owner, "Content-Type": "application/json"}
     )
 
-    assert resp.status_code == 422
-    assert _error_code(resp) == "validation_failed"
+    assert resp.status_code == 400
+    assert _error_code(resp) == "malformed_json"
     assert counts() == before
 
 

@@ -56,7 +56,8 @@ MAX_GRACE_MS: Final = 60_000
 
 _TOKEN_RE: Final = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
 _OWNER_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$")
-_MUTATION_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+MUTATION_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_MUTATION_RE: Final = re.compile(MUTATION_ID_PATTERN)
 _B64URL_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 _CURSOR_PREFIX: Final = "v1."
 _MAX_CURSOR_CHARS: Final = 256

@@ -8,7 +8,8 @@ import threading
 import time
 import uuid
 
-_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+_UUID_RE = re.compile(UUID_PATTERN)
 _lock = threading.Lock()
 _last = [0, 0]
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -18,7 +19,7 @@ from ql3.console import routes as console
 from ql3.domain.errors import Ql3Error
 from ql3.http import errors, metrics
 from ql3.http.auth import DbDep
-from ql3.http.dto import Status
+from ql3.http.dto import ErrorOut, Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
 from ql3.http.routes import notifications as notification_routes
@@ -57,7 +58,25 @@ class Readiness(BaseModel):
     loops: dict[str, LoopReadiness] = {}
 
 
-def _readiness(db: Database, loops: Sequence[Any]) -> Readiness | JSONResponse:
+# Below this much free space a directory the server writes to counts as full (docs/operations.md).
+MIN_FREE_BYTES: Final = 1 << 20
+
+
+def _full_disks(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The directories among ``paths`` with less than MIN_FREE_BYTES free (for the server's user)."""
+    full = []
+    for path in paths:
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        free = st.f_bavail * st.f_frsize
+        if free < MIN_FREE_BYTES:
+            full.append({"path": str(path), "free_bytes": free})
+    return full
+
+
+def _readiness(db: Database, loops: Sequence[Any], disk_paths: Sequence[Path]) -> Readiness | JSONResponse:
     def probe(tx: Transaction) -> int:
         return tx.now_ms()
 
@@ -65,6 +84,16 @@ def _readiness(db: Database, loops: Sequence[Any]) -> Readiness | JSONResponse:
         db.transaction(probe, write=False)
     except Ql3Error as exc:
         return JSONResponse(errors.error_body(exc.code, exc.message), status_code=503)
+    full = _full_disks(disk_paths)
+    if full:
+        return JSONResponse(
+            errors.error_body(
+                "disk_full",
+                "no space left where the server writes: runs cannot be recorded or logged",
+                {"disks": full},
+            ),
+            status_code=503,
+        )
     report: dict[str, LoopReadiness] = {}
     for health in (loop.health() for loop in loops):
         age = round(health.age_s, 3) if math.isfinite(health.age_s) else None
@@ -134,17 +163,26 @@ def create_app(
 
     loops = [loop for component in components for loop in getattr(component, "loops", [])]
     metrics.install(app, db, loops)
+    # Where the server writes: the SQLite database's directory and the run logs.
+    disk_paths = [Path(p) for p in (getattr(db, "path", None), logs_root) if p is not None]
+    disk_paths = [p.parent if p.is_file() else p for p in disk_paths]
 
     @app.get("/healthz", response_model=Status, tags=["health"])
     def healthz() -> Status:
         """The process is up (no authentication, no database)."""
         return Status(status="ok")
 
-    @app.get("/readyz", response_model=Readiness, tags=["health"], responses={503: {}})
+    @app.get(
+        "/readyz",
+        response_model=Readiness,
+        tags=["health"],
+        responses={503: {"model": ErrorOut, "description": "storage_unavailable, disk_full or loops_stuck"}},
+    )
     def readyz(db: DbDep) -> Readiness | JSONResponse:
-        """The database answers a read transaction and no control loop is stuck: each loop's age is
-        the time since its last successful cycle (``null`` when its thread has ended)."""
-        return _readiness(db, loops)
+        """The database answers a read transaction, the disks it and the run logs live on have space
+        left (``disk_full`` below 1 MiB free) and no control loop is stuck: each loop's age is the
+        time since its last successful cycle (``null`` when its thread has ended)."""
+        return _readiness(db, loops, disk_paths)
 
     for router in (
         projects.router,
@@ -162,4 +200,32 @@ def create_app(
     for extension in extensions:
         extension.install(app)
     app.include_router(console.router)
+    _document_body_errors(app)
     return app
+
+
+def _document_body_errors(app: FastAPI) -> None:
+    """Every operation that reads a JSON body also answers 400 ``malformed_json`` (stated once here,
+    in the generated document, rather than on each route)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                if isinstance(operation, dict) and "requestBody" in operation:
+                    operation.setdefault("responses", {}).setdefault(
+                        "400",
+                        {
+                            "description": errors.MALFORMED_JSON_DESCRIPTION,
+                            "content": {
+                                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}
+                            },
+                        },
+                    )
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

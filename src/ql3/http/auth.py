@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ql3.application import auth
-from ql3.domain.errors import PermissionDenied
+from ql3.domain.errors import PermissionDenied, StorageBusy, StorageUnavailable
 from ql3.domain.model import Principal
 from ql3.ports.storage import Database
+
+log = logging.getLogger("ql3.http")
 
 
 def get_db(request: Request) -> Database:
@@ -37,8 +40,13 @@ def current_principal(
         # A worker credential speaks only the worker API (docs/cluster.md), never the management one.
         raise PermissionDenied("a worker credential cannot use the management API")
     if found.needs_touch:
-        # last_used_at_ms, at most once a minute per principal (so reads stay reads otherwise)
-        db.transaction(lambda tx: auth.touch(tx, found.principal.id))
+        # last_used_at_ms, at most once a minute per principal (so reads stay reads otherwise). Best
+        # effort: when the database cannot take a write (a full disk, a busy writer) the request
+        # still goes on, so that reads keep working; the next request tries again.
+        try:
+            db.transaction(lambda tx: auth.touch(tx, found.principal.id))
+        except (StorageUnavailable, StorageBusy):
+            log.warning("token use not recorded", extra={"action": "auth.touch_failed"})
     return found.principal
 
 

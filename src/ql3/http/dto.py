@@ -7,17 +7,56 @@ command, working directory or env values.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
-from ql3.application.auth import IssuedToken
+from ql3.application.auth import MAX_EXPIRES_IN_S, MIN_EXPIRES_IN_S, IssuedToken
 from ql3.application.run_queries import RunRow, trigger_of
 from ql3.application.tasks import TaskView
+from ql3.domain.ids import UUID_PATTERN
 from ql3.domain.model import Project, Run, RunEvent
-from ql3.domain.tasks import public_spec
+from ql3.domain.tasks import NAME_RE, public_spec
 
 # -- requests -------------------------------------------------------------------------------------
+
+# Rules the domain enforces, stated in the OpenAPI document only (the domain stays the one validator,
+# so its 422s keep their ``details.field``). A rule JSON Schema cannot state (cron syntax...) is named
+# in the 422 description instead.
+NAME_SCHEMA: Final[dict[str, Any]] = {"pattern": NAME_RE.pattern}
+COMMAND_SCHEMA: Final[dict[str, Any]] = {"pattern": r"\S"}
+
+
+def integer_schema(minimum: int, maximum: int) -> WithJsonSchema:
+    """An integer's range in the document (on the integer itself, not beside a ``null`` branch)."""
+    return WithJsonSchema({"type": "integer", "minimum": minimum, "maximum": maximum})
+
+
+ExpiresIn = Annotated[int, integer_schema(MIN_EXPIRES_IN_S, MAX_EXPIRES_IN_S)]
+
+
+MAX_EXACT_INTEGER: Final = 2**53
+
+
+def _integral_floats_to_int(data: Any) -> Any:
+    """JSON has one number type: ``5.0`` is the integer 5 (as JSON Schema says), so a number without
+    a fraction is handed to the strict models as an int. Strings and booleans are never coerced.
+    Iterative, in place on the freshly decoded body."""
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            items: Any = value.items()
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            continue
+        for key, item in list(items):
+            if isinstance(item, float) and item.is_integer() and abs(item) <= MAX_EXACT_INTEGER:
+                value[key] = int(item)
+            elif isinstance(item, dict | list):
+                stack.append(item)
+    return data
 
 
 def _has_lone_surrogate(data: Any) -> bool:
@@ -51,7 +90,7 @@ class Body(BaseModel):
         # Every client string must be valid Unicode text: refused with 422 before anything is written.
         if _has_lone_surrogate(data):
             raise ValueError("text must be valid UTF-8")
-        return data
+        return _integral_floats_to_int(data)
 
 
 class PreferenceIn(Body):
@@ -76,8 +115,8 @@ class TaskSpecFields(Body):
 
 
 class TaskCreate(TaskSpecFields):
-    name: str
-    command: str
+    name: str = Field(json_schema_extra=NAME_SCHEMA)
+    command: str = Field(json_schema_extra=COMMAND_SCHEMA)
     enabled: bool = True
 
     def spec(self) -> dict[str, Any]:
@@ -86,7 +125,7 @@ class TaskCreate(TaskSpecFields):
 
 
 class TaskEdit(TaskSpecFields):
-    command: str | None = None
+    command: str | None = Field(default=None, json_schema_extra=COMMAND_SCHEMA)
 
     def changes(self) -> dict[str, Any]:
         """Fields the client sent; an explicit null clears an optional field (cron, cwd, env...)."""
@@ -94,23 +133,28 @@ class TaskEdit(TaskSpecFields):
 
 
 class RunCreate(Body):
-    idempotency_key: str | None = None
+    idempotency_key: str | None = Field(
+        default=None, json_schema_extra={"minLength": 1, "maxLength": 255, "pattern": r"^[^\x00-\x1f]*$"}
+    )
     priority: int = 0
-    rerun_of: str | None = None  # an earlier run of the same task this one repeats (trigger "retry")
+    # an earlier run of the same task this one repeats (trigger "retry")
+    rerun_of: str | None = Field(default=None, json_schema_extra={"pattern": UUID_PATTERN})
 
 
 class ProjectCreate(Body):
-    name: str
+    name: str = Field(json_schema_extra=NAME_SCHEMA)
 
 
 class TokenCreate(Body):
     role: Literal["viewer", "operator", "approver", "admin"]
-    name: str = "token"
-    expires_in_s: int | None = None  # 60 s to 10 years; without it the token never expires
+    name: str = Field(default="token", json_schema_extra=NAME_SCHEMA)
+    # 60 s to 10 years; without it the token never expires
+    expires_in_s: ExpiresIn | None = None
 
 
 class TokenRotate(Body):
-    expires_in_s: int | None = None  # without it a token with a lifetime gets the same one again
+    # without it a token with a lifetime gets the same one again
+    expires_in_s: ExpiresIn | None = None
 
 
 # -- responses ------------------------------------------------------------------------------------

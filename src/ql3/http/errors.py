@@ -8,6 +8,7 @@ never leak through an error.
 from __future__ import annotations
 
 import logging
+import re
 import traceback
 from typing import Any, Final
 
@@ -33,6 +34,10 @@ FRAMEWORK_CODES: Final[dict[int, tuple[str, str]]] = {
     422: (ValidationFailed.code, "The input is invalid."),
 }
 INTERNAL: Final = ("internal_error", "ql3 failed.")
+# A request body that is not JSON at all (bad syntax, not UTF-8): 400 with this code, never a 422.
+MALFORMED_JSON: Final = ("malformed_json", "The request body is not valid JSON.")
+# FastAPI's detail when the body could not even be decoded (e.g. not UTF-8).
+_BODY_PARSE_DETAIL: Final = "There was an error parsing the body"
 
 # Documented on every API route (OpenAPI), in the one shape every error has.
 API_ERROR_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
@@ -41,7 +46,13 @@ API_ERROR_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
     404: {"model": ErrorOut, "description": "not_found"},
     409: {"model": ErrorOut, "description": "conflict (name_taken, idempotency_conflict, ...)"},
     413: {"model": ErrorOut, "description": "payload_too_large"},
-    422: {"model": ErrorOut, "description": "validation_failed"},
+    422: {
+        "model": ErrorOut,
+        "description": "validation_failed: a parameter or the body breaks a rule this document states"
+        " (types, enums, lengths, ranges, patterns; unknown body fields are refused), or one it cannot"
+        " state: a cron expression's syntax, a cursor this server did not issue, text that is not"
+        " valid Unicode (lone surrogates). `details.field` names the field when it is known.",
+    },
 }
 
 
@@ -92,16 +103,53 @@ def _on_ql3_error(request: Request, exc: Exception) -> JSONResponse:
     return ql3_error_response(exc)
 
 
+# Documented on every operation that takes a request body.
+MALFORMED_JSON_DESCRIPTION: Final = "malformed_json: the body is not valid JSON (bad syntax, or not UTF-8)"
+
+
 def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    if any(err.get("type") == "json_invalid" for err in exc.errors()):
+        return JSONResponse(error_body(*MALFORMED_JSON), status_code=400)
     code, message = FRAMEWORK_CODES[422]
     return JSONResponse(error_body(code, message, _validation_details(exc)), status_code=422)
 
 
+def _path_methods(app: Any) -> list[tuple[re.Pattern[str], frozenset[str]]]:
+    """(path pattern, methods) of every documented path, built once from the OpenAPI document."""
+    cached: list[tuple[re.Pattern[str], frozenset[str]]] | None = getattr(app.state, "path_methods", None)
+    if cached is None:
+        cached = []
+        for template, operations in app.openapi().get("paths", {}).items():
+            parts = re.split(r"(\{[^}]+\})", template)
+            pattern = "".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts)
+            cached.append((re.compile(pattern), frozenset(m.upper() for m in operations)))
+        app.state.path_methods = cached
+    return cached
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the API serves on this path. A path is served by one route per method, and the
+    router's own 405 names only the route it tried first; the document lists them all."""
+    path = request.scope.get("path", "")
+    methods: set[str] = set()
+    for pattern, served in _path_methods(request.app):
+        if pattern.fullmatch(path):
+            methods |= served
+    return sorted(methods)
+
+
 def _on_http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == _BODY_PARSE_DETAIL:
+        return JSONResponse(error_body(*MALFORMED_JSON), status_code=400)
     code, message = FRAMEWORK_CODES.get(exc.status_code, INTERNAL)
-    return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        allowed = allowed_methods(request)
+        if allowed:
+            headers["Allow"] = ", ".join(allowed)
+    return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=headers or None)
 
 
 def log_unhandled(exc: BaseException) -> None:

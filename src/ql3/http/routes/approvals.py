@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from ql3.application import approvals, auth
-from ql3.domain.approvals import CLIENT_ID_RE, MAX_DECISION_NOTE, MAX_LIST_PAGE
+from ql3.domain.approvals import APPROVAL_STATES, CLIENT_ID_RE, CODE_RE, MAX_DECISION_NOTE, MAX_LIST_PAGE
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import new_id
@@ -73,17 +73,18 @@ _NOTE = Field(
     max_length=MAX_DECISION_NOTE,
     description=f"optional free text stored with the decision (at most {MAX_DECISION_NOTE} characters, "
     "no control characters)",
+    json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f-\x9f]*$"},
 )
 
 
 class ApproveIn(Body):
-    reason_code: str = DEFAULT_APPROVE_REASON
+    reason_code: str = Field(default=DEFAULT_APPROVE_REASON, json_schema_extra={"pattern": CODE_RE.pattern})
     note: str | None = _NOTE
     decision_id: str | None = None
 
 
 class RejectIn(Body):
-    reason_code: str
+    reason_code: str = Field(json_schema_extra={"pattern": CODE_RE.pattern})
     note: str | None = _NOTE
     decision_id: str | None = None
 
@@ -126,7 +127,12 @@ def list_approvals(
     db: DbDep,
     principal: PrincipalDep,
     state: Annotated[
-        str | None, Query(max_length=16, description="pending, approved, rejected or consumed")
+        str | None,
+        Query(
+            max_length=16,
+            description="pending, approved, rejected or consumed",
+            json_schema_extra={"enum": list(APPROVAL_STATES)},
+        ),
     ] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = approvals.DEFAULT_LIST_PAGE,

@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ql3.application import auth, cancellation, cancellation_management, runs
+from ql3.domain.cancellation import MAX_REARM_DELAY_MS, MIN_REARM_DELAY_MS, MUTATION_ID_PATTERN
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
 from ql3.http.auth import DbDep, PrincipalDep
-from ql3.http.dto import Body, RunOut, run_out
+from ql3.http.dto import Body, RunOut, integer_schema, run_out
 from ql3.ports.storage import Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}", tags=["cancellation"])
@@ -56,10 +57,10 @@ class InspectOut(BaseModel):
 
 
 class RearmIn(Body):
-    mutation_id: str
+    mutation_id: str = Field(json_schema_extra={"pattern": MUTATION_ID_PATTERN})
     expected_dispatch_version: int
     expected_last_result: str
-    retry_delay_ms: int
+    retry_delay_ms: Annotated[int, integer_schema(MIN_REARM_DELAY_MS, MAX_REARM_DELAY_MS)]
 
 
 class RearmOut(BaseModel):

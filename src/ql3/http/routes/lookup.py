@@ -32,7 +32,9 @@ class PrincipalOut(BaseModel):
 def resolve_prefix(
     project: str,
     kind: Literal["run", "approval", "action", "task"],
-    prefix: Annotated[str, Path(max_length=128)],
+    prefix: Annotated[
+        str, Path(max_length=128, json_schema_extra={"pattern": "^[0-9A-Za-z][0-9A-Za-z.:-]{3,127}$"})
+    ],
     db: DbDep,
     principal: PrincipalDep,
 ) -> Resolved:

@@ -6,7 +6,7 @@ server generated, shown once in the create response (docs/notifications.md, docs
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Response, status
 from pydantic import BaseModel, Field
@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from ql3.application import auth, notifications, retention, tasks
 from ql3.application.notifications import ChannelView, Delivery, RuleView
 from ql3.http.auth import DbDep, PrincipalDep
-from ql3.http.dto import Body
+from ql3.http.dto import Body, integer_schema
 from ql3.ports.storage import Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}", tags=["notifications"])
@@ -70,9 +70,11 @@ class DeliveryOut(BaseModel):
 
 
 class RetentionIn(Body):
-    keep_days: int | None = None
-    runs_per_task: int | None = None
-    log_bytes_per_run: int | None = None
+    keep_days: Annotated[int, integer_schema(1, retention.MAX_KEEP_DAYS)] | None = None
+    runs_per_task: Annotated[int, integer_schema(1, retention.MAX_RUNS_PER_TASK)] | None = None
+    log_bytes_per_run: (
+        Annotated[int, integer_schema(retention.MIN_LOG_BYTES, retention.MAX_LOG_BYTES)] | None
+    ) = None
 
 
 class RetentionOut(BaseModel):

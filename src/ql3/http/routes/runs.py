@@ -20,6 +20,10 @@ from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import EventPage, LogPage, RunOut, RunPage, event_out, run_row_out
 from ql3.ports.storage import Transaction
 
+# The status filter as the OpenAPI document states it: known statuses, comma-separated.
+_ONE_STATUS = f" *({'|'.join(run_queries.RUN_STATUSES)}) *"
+_STATUS_LIST = f"^{_ONE_STATUS}(,{_ONE_STATUS})*$"
+
 router = APIRouter(prefix="/api/v1/projects/{project}/runs", tags=["runs"])
 
 MAX_EVENT_PAGE = 500
@@ -47,10 +51,20 @@ def list_runs(
     principal: PrincipalDep,
     task: Annotated[str | None, Query(max_length=128, description="a task name or id")] = None,
     status: Annotated[
-        str | None, Query(max_length=200, description="comma-separated run statuses, e.g. failed,timed_out")
+        str | None,
+        Query(
+            max_length=200,
+            description="comma-separated run statuses, e.g. failed,timed_out",
+            json_schema_extra={"pattern": _STATUS_LIST},
+        ),
     ] = None,
     trigger: Annotated[
-        str | None, Query(max_length=16, description="manual, cron, approval or retry (a re-run)")
+        str | None,
+        Query(
+            max_length=16,
+            description="manual, cron, approval or retry (a re-run)",
+            json_schema_extra={"enum": list(run_queries.TRIGGERS)},
+        ),
     ] = None,
     since: Annotated[
         int | None, Query(ge=0, le=run_queries.MAX_TIME_MS, description="created at or after (epoch ms)")

@@ -219,11 +219,12 @@ def start_run(
         found = auth.authorize(tx, principal, project, "run.create")
         found_task = tasks.find_task(tx, found.id, task)
         key = runs.validate_idempotency_key(request.idempotency_key)
+        # Validated before the approval branch too: bad input is refused whichever path it takes.
+        rerun_of = _rerun_of(tx, found.id, found_task.id, request.rerun_of)
         if tasks.view(tx, found_task).spec.approval == "required":
             return request_approval(
                 tx, found, found_task, principal, priority=request.priority, idempotency_key=key
             )
-        rerun_of = _rerun_of(tx, found.id, found_task.id, request.rerun_of)
         cmd = runs.CreateRun(
             project_id=found.id,
             task=found_task,
