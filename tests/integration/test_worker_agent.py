@@ -17,6 +17,7 @@ from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.offers import Offer
 from ql3.domain.workers import parse_capabilities
+from ql3.execution.receipts import receipt_path
 from ql3.storage.sqlite.adapter import SqliteDatabase
 from ql3.worker.agent import WorkerAgent, WorkerConfig
 from ql3.worker.journal import JournalConflict
@@ -236,3 +237,35 @@ def test_a_journal_row_is_pruned_as_soon_as_its_attempt_settles(env: Env) -> Non
         assert agent.journal.audit().total == 0
     finally:
         agent.stop()
+
+
+def test_a_database_restored_from_before_a_run_does_not_stop_the_worker_from_starting(env: Env) -> None:
+    # Given a worker that died after spawning a run whose receipt is now on disk
+    crashing = env.agent(fault="after_spawn")
+    crashing.start()
+    offer = env.queue_and_claim(crashing)
+    with pytest.raises(Crash):
+        crashing.receive(offer)
+    crashing.stop()
+    receipt = receipt_path(env.home / "worker" / "receipts", offer.fence.attempt_id)
+    _wait(receipt.exists)
+    # and a database restored from a backup taken before that run existed
+    run_id = offer.fence.run_id
+    for table, column in (
+        ("run_leases", "run_id"),
+        ("run_events", "run_id"),
+        ("run_retry_policies", "run_id"),
+        ("run_attempts", "run_id"),
+        ("runs", "id"),
+    ):
+        env.db.raw(f"DELETE FROM {table} WHERE {column} = ?", (run_id,))
+
+    # When the worker starts again, then it starts, and the unknown run's record does not stay active
+    restarted = env.agent()
+    restarted.start()
+    try:
+        assert restarted.active_count == 0
+        record = restarted.journal.get(offer.offer_id)
+        assert record is None or record.state in ("recovery_required", "completion_acknowledged")
+    finally:
+        restarted.stop()

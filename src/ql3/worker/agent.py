@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import new_token, sha256_hex
-from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
+from ql3.domain.errors import Conflict, FenceConflict, NotFound, Ql3Error, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.offers import LeaseFence, Offer, spec_digest
 from ql3.domain.workers import validate_worker_id
@@ -721,7 +721,14 @@ class WorkerAgent:
         """After a restart: launching is never re-spawned; receipts first; live processes re-adopted."""
         counts: dict[str, int] = {}
         for record in self.journal.startup_recovery():
-            outcome = self._reconcile_one(record)
+            try:
+                outcome = self._reconcile_one(record)
+            except Ql3Error as exc:  # one record the control plane cannot settle must not stop the start
+                log.warning(
+                    "startup recovery of one attempt failed",
+                    extra={"action": "worker.reconcile_failed", "error": exc.code},
+                )
+                outcome = "reconcile_failed"
             counts[outcome] = counts.get(outcome, 0) + 1
         return counts
 
@@ -797,7 +804,7 @@ class WorkerAgent:
             self._active[record.attempt_id] = active
         try:
             state = self.settle(record.attempt_id)
-        except FenceConflict:
+        except (FenceConflict, NotFound):  # NotFound: a database restored from before this run
             state = "stale"
         if record.executor_handle is not None and state in ("running", "stale"):
             # The lease is gone, so the run is no longer ours: what still runs of it must stop.
