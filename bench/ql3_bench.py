@@ -40,6 +40,9 @@ from ql3.storage.postgres.adapter import PostgresDatabase
 from ql3.storage.sqlite.adapter import SqliteDatabase
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the round-trip counter is shared with the test suite
+from tests.support.round_trips import count_round_trips  # noqa: E402
+
 PHASE_TIMEOUT_S = 300.0
 
 
@@ -116,48 +119,6 @@ def bench_dispatch_throughput(kind: str, queued: int, claims: int) -> float:
             if d.dispatch_once().offer is not None:
                 done += 1
         return done / (time.perf_counter() - start)
-
-
-@contextlib.contextmanager
-def count_round_trips() -> Iterator[list[int]]:
-    """Count client/server round trips on PostgreSQL as psycopg makes them: outside a pipeline every
-    exchange (statement, BEGIN/COMMIT, pool check) is one ``Connection.wait`` whose generator does
-    I/O (the pool's commit of an idle connection does none); inside a pipeline the queued statements
-    travel together and one round trip is one Sync."""
-    from psycopg._pipeline_base import BasePipeline
-
-    counter = [0]
-    wait, sync = psycopg.Connection.wait, BasePipeline._enqueue_sync
-
-    def counted_wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._pipeline is not None:
-            return wait(self, gen, *args, **kwargs)
-
-        def io(gen: Any = gen) -> Any:
-            first = True
-            try:
-                state = next(gen)
-                while True:
-                    if first:
-                        counter[0] += 1
-                        first = False
-                    state = gen.send((yield state))
-            except StopIteration as stop:
-                return stop.value
-
-        return wait(self, io(), *args, **kwargs)
-
-    def counted_sync(self: Any) -> None:
-        counter[0] += 1
-        sync(self)
-
-    psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
-    BasePipeline._enqueue_sync = counted_sync  # type: ignore[method-assign]
-    try:
-        yield counter
-    finally:
-        psycopg.Connection.wait = wait  # type: ignore[method-assign]
-        BasePipeline._enqueue_sync = sync  # type: ignore[method-assign]
 
 
 def bench_round_trips(queued: int, claims: int) -> float:

@@ -12,7 +12,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg._pipeline_base import BasePipeline
 
 from ql3.application import leases
 from ql3.domain.errors import StorageBusy, StorageUnavailable
@@ -22,6 +21,7 @@ from ql3.storage.postgres.adapter import PostgresDatabase
 from tests.conftest import Harness
 from tests.contract.execution_helpers import SECRET, dispatcher, queued, register
 from tests.contract.helpers import count
+from tests.support.round_trips import count_round_trips
 
 # BEGIN + clock + candidate page, two worker pages, COMMIT; BEGIN + clock + Run lock, Attempt lock,
 # worker lock, lease insert with the counter, Run CAS, Attempt CAS, event, COMMIT (was 33).
@@ -168,40 +168,8 @@ def test_the_claim_locks_the_run_then_the_attempt_before_writing(
 
 @pytest.fixture
 def round_trips() -> Iterator[list[int]]:
-    """Client/server exchanges as psycopg makes them: one ``Connection.wait`` that does I/O outside a
-    pipeline, one Sync inside one (the same counter as ``bench/ql3_bench.py``)."""
-    counter = [0]
-    wait, sync = psycopg.Connection.wait, BasePipeline._enqueue_sync
-
-    def counted_wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._pipeline is not None:
-            return wait(self, gen, *args, **kwargs)
-
-        def io(gen: Any = gen) -> Any:
-            first = True
-            try:
-                state = next(gen)
-                while True:
-                    if first:
-                        counter[0] += 1
-                        first = False
-                    state = gen.send((yield state))
-            except StopIteration as stop:
-                return stop.value
-
-        return wait(self, io(), *args, **kwargs)
-
-    def counted_sync(self: Any) -> None:
-        counter[0] += 1
-        sync(self)
-
-    psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
-    BasePipeline._enqueue_sync = counted_sync  # type: ignore[method-assign]
-    try:
+    with count_round_trips() as counter:
         yield counter
-    finally:
-        psycopg.Connection.wait = wait  # type: ignore[method-assign]
-        BasePipeline._enqueue_sync = sync  # type: ignore[method-assign]
 
 
 def test_one_offer_costs_a_bounded_number_of_round_trips(pg: Harness, round_trips: list[int]) -> None:
