@@ -75,3 +75,39 @@ def start(db: Any, offer: Offer, *, seq: int = 1, token: str = "cb-token") -> Le
 def run_of(db: Any, project: Project, run_id: str) -> Run:
     result: Run = db.transaction(lambda tx: runs.get_run(tx, project.id, run_id))
     return result
+
+
+def race_two_dispatchers(harness: Any) -> list[str]:
+    """Two dispatchers on two real connections claim until both find nothing three times; returns the
+    attempt ids offered by either (a claim error in either thread fails the test)."""
+    import threading
+
+    other = harness.second_connection()
+    offers: list[list[str]] = [[], []]
+    errors: list[BaseException] = []
+
+    def drive(db: Any, sink: list[str]) -> None:
+        d = dispatcher(db, lease_ms=600_000)
+        try:
+            idle = 0
+            while idle < 3:
+                result = d.dispatch_once()
+                if result.offer is None:
+                    idle += 1
+                    continue
+                idle = 0
+                sink.append(result.offer.fence.attempt_id)
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=drive, args=(db, s))
+        for db, s in zip([harness.db, other], offers, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    other.close()
+    assert not errors, errors
+    return offers[0] + offers[1]

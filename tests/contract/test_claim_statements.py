@@ -5,14 +5,13 @@ runs leave every worker's counter equal to its live leases."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from ql3.application import leases
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
 from tests.conftest import Harness
-from tests.contract.execution_helpers import SECRET, dispatcher, queued, register
+from tests.contract.execution_helpers import SECRET, dispatcher, queued, race_two_dispatchers, register
 
 RACE_RUNS = 200
 
@@ -130,38 +129,10 @@ def test_two_dispatchers_racing_leave_every_counter_equal_to_its_live_leases(har
     register(harness.db, "w1", slots=1024, lease_ms=600_000)
     register(harness.db, "w2", slots=1024, lease_ms=600_000)
     queued(harness.db, n=RACE_RUNS)
-    other = harness.second_connection()
-    offers: list[list[str]] = [[], []]
-    errors: list[BaseException] = []
-
-    def drive(db: Any, sink: list[str]) -> None:
-        d = dispatcher(db, lease_ms=600_000)
-        try:
-            idle = 0
-            while idle < 3:
-                result = d.dispatch_once()
-                if result.offer is None:
-                    idle += 1
-                    continue
-                idle = 0
-                sink.append(result.offer.fence.attempt_id)
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
-
     # When two dispatchers on two real connections claim concurrently
-    threads = [
-        threading.Thread(target=drive, args=(db, s))
-        for db, s in zip([harness.db, other], offers, strict=True)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    other.close()
+    claimed = race_two_dispatchers(harness)
 
     # Then every run was claimed once and each worker's counter equals its live leases
-    assert not errors
-    claimed = offers[0] + offers[1]
     assert len(claimed) == RACE_RUNS == len(set(claimed))
     counters = _counters(harness)
     assert counters == _live_leases(harness) and sum(counters.values()) == RACE_RUNS

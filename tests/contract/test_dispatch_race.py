@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, register
+from tests.contract.execution_helpers import race_two_dispatchers, register
 from tests.contract.helpers import seed_project, seed_task
 
 RUNS = 1000
@@ -26,38 +25,10 @@ def test_two_dispatchers_claim_every_attempt_exactly_once(harness: Harness) -> N
             runs.create_run(tx, runs.CreateRun(project_id=project.id, task=task))
 
     harness.db.transaction(create_all)
-    other = harness.second_connection()
-    offers: list[list[str]] = [[], []]
-    errors: list[BaseException] = []
-
-    def drive(db: Any, sink: list[str]) -> None:
-        d = dispatcher(db, lease_ms=600_000)
-        try:
-            idle = 0
-            while idle < 3:
-                result = d.dispatch_once()
-                if result.offer is None:
-                    idle += 1
-                    continue
-                idle = 0
-                sink.append(result.offer.fence.attempt_id)
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
-
     # When two dispatchers on two real connections race over them
-    threads = [
-        threading.Thread(target=drive, args=(db, sink))
-        for db, sink in zip([harness.db, other], offers, strict=False)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    other.close()
+    claimed = race_two_dispatchers(harness)
 
     # Then every attempt was claimed once, by exactly one of them
-    assert not errors
-    claimed = offers[0] + offers[1]
     assert len(claimed) == RUNS and len(set(claimed)) == RUNS
     leases = harness.db.raw("SELECT count(*) AS n, max(lease_generation) AS g FROM run_leases")[0]
     assert leases["n"] == RUNS and leases["g"] == 1
