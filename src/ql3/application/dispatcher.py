@@ -16,7 +16,7 @@ from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals
 from ql3.domain.errors import Ql3Error, ValidationFailed
-from ql3.domain.offers import LeaseFence, Offer, derive_lease_token, normalize_spec, offer_id, spec_digest
+from ql3.domain.offers import Offer, derive_lease_token, normalize_spec, offer_id, spec_digest
 from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
 from ql3.ports.storage import Database, Row, Transaction
@@ -291,16 +291,7 @@ class RunDispatcher:
                 lease.worker_generation,
             ),
             delivery_kind=kind,
-            fence=LeaseFence(
-                run_id=lease.run_id,
-                attempt_id=lease.attempt_id,
-                worker_id=lease.worker_id,
-                session_id=lease.worker_session_id,
-                worker_generation=lease.worker_generation,
-                lease_generation=lease.lease_generation,
-                lease_token=token,
-                lease_version=lease.version,
-            ),
+            fence=leases.fence_of(lease, token),
             lease_expires_at_ms=lease.expires_at_ms,
             spec=spec,
             spec_digest=spec_digest(spec),

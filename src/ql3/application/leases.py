@@ -76,6 +76,20 @@ def _release(tx: Transaction, lease: Lease, reason: str, now: int) -> None:
         _adjust(tx, lease.worker_id, -1)
 
 
+def fence_of(lease: Lease, token: str) -> LeaseFence:
+    """The full fence of ``lease`` for the holder of ``token`` (the raw token is never stored)."""
+    return LeaseFence(
+        run_id=lease.run_id,
+        attempt_id=lease.attempt_id,
+        worker_id=lease.worker_id,
+        session_id=lease.worker_session_id,
+        worker_generation=lease.worker_generation,
+        lease_generation=lease.lease_generation,
+        lease_token=token,
+        lease_version=lease.version,
+    )
+
+
 def lease_digest(token: str) -> str:
     return sha256_hex(token)
 

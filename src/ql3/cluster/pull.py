@@ -25,7 +25,7 @@ from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, domain_digest
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
-from ql3.domain.offers import LeaseFence, Offer, spec_digest
+from ql3.domain.offers import Offer, spec_digest
 from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
 from ql3.ports.storage import Database, Row, Transaction
@@ -135,16 +135,7 @@ def _offer(lease: leases.Lease, req: PullRequest, spec: dict[str, Any]) -> Offer
     return Offer(
         offer_id=req.offer_id,
         delivery_kind="new_claim",
-        fence=LeaseFence(
-            run_id=lease.run_id,
-            attempt_id=lease.attempt_id,
-            worker_id=lease.worker_id,
-            session_id=lease.worker_session_id,
-            worker_generation=lease.worker_generation,
-            lease_generation=lease.lease_generation,
-            lease_token=req.lease_token,
-            lease_version=lease.version,
-        ),
+        fence=leases.fence_of(lease, req.lease_token),
         lease_expires_at_ms=lease.expires_at_ms,
         spec=spec,
         spec_digest=spec_digest(spec),
