@@ -18,8 +18,8 @@ from tests.support.chaos import ChaosConfig, run_chaos
 
 pytestmark = pytest.mark.slow
 
-# ~60-90 s per database on 2 cores.
-RUNS, SERVER_KILLS, TASK_KILLS, CANCELS = 150, 5, 10, 16
+# "A few hundred runs" per database: about 90-120 s each on 2 cores.
+RUNS, SERVER_KILLS, TASK_KILLS, CANCELS = 200, 6, 12, 20
 
 
 def _chaos(tmp_path: Path, database_url: str | None) -> None:

@@ -18,7 +18,8 @@ At the end (after the last restart, every run terminal within a bound) the drive
 - 0 runs lost without a record: every run terminal, a failure has an exit code or an error code, a
   cancelled run a cancel request, ``timed_out`` only for the tasks with a timeout;
 - 0 stuck: every run terminal within ``settle_timeout_s`` after the last restart;
-- 0 orphans: no process carrying this chaos run's tag in its environment is alive at the end;
+- 0 orphans: no process carrying this chaos run's tag in its environment is alive at the end, except
+  the background children of a command that ended by itself (left alone by contract);
 - exact outcomes: a run nothing but server crashes touched ends as its task dictates (exit code and
   whole log, 1 MiB of output included), or, only if its command never started, failed with a reason.
 """
@@ -448,12 +449,26 @@ def _drive(
         if run["status"] == "succeeded":
             logs[run["id"]] = api.call("GET", f"{base}/runs/{run['id']}/logs/raw").content
 
-    # Orphans: nothing of any run alive once all are terminal (the stop of a group is asynchronous).
+    # Orphans: nothing of a run that ended lost, cancelled or timed out (or whose process ql3 had to
+    # give up on) is alive once all are terminal; the stop of a group is asynchronous. A command that
+    # ended by itself with a receipt (its shell killed by this driver included: exit 137) leaves the
+    # background children it started alone, by contract (tests/unit/execution/
+    # test_shim_death_takes_its_group.py); the cleanup below kills those.
+    def must_be_gone(run_id: str) -> bool:
+        run = final.get(run_id, {})
+        ended_by_itself = run.get("status") == "succeeded" or (
+            run.get("status") == "failed" and run.get("error_code") == "EXIT_NONZERO"
+        )
+        return not ended_by_itself
+
+    def orphans_now() -> dict[int, str]:
+        return {pid: run_id for pid, run_id in tagged_processes(tag).items() if must_be_gone(run_id)}
+
     deadline = time.monotonic() + 20
-    orphans = tagged_processes(tag)
+    orphans = orphans_now()
     while orphans and time.monotonic() < deadline:
         time.sleep(0.5)
-        orphans = tagged_processes(tag)
+        orphans = orphans_now()
     for pid, run_id in sorted(orphans.items()):
         status = final.get(run_id, {}).get("status", "?")
         violations.append(f"orphan: pid {pid} of run {run_id} ({status}) alive at the end")
