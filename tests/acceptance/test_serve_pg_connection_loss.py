@@ -4,6 +4,7 @@ afterwards every control loop cycles, ``/readyz`` is ready, and cancel, timeout 
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from typing import Any
@@ -38,14 +39,14 @@ def _run(server: Server, run_id: str) -> dict[str, Any]:
     return data
 
 
-def _until(predicate: Any, timeout_s: float, what: str) -> Any:
+def _until(predicate: Any, timeout_s: float, what: str, detail: Any = None) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.2)
-    pytest.fail(f"{what} within {timeout_s} s")
+    pytest.fail(f"{what} within {timeout_s} s" + (f"; {detail()}" if detail is not None else ""))
 
 
 def _readiness(server: Server) -> tuple[int, dict[str, Any]]:
@@ -58,8 +59,8 @@ def _readiness(server: Server) -> tuple[int, dict[str, Any]]:
 
 
 def test_loops_survive_repeated_backend_terminations(tmp_path: Any, pg_database: PgDatabase) -> None:
-    seed = random.randrange(2**32)
-    print(f"seed={seed}")
+    seed = int(os.environ.get("QL3_TEST_SEED") or random.randrange(2**32))
+    print(f"seed={seed} (repeat with QL3_TEST_SEED={seed})")
     rng = random.Random(seed)
     server = start_server(tmp_path / "home", "--database-url", pg_database.url)
     try:
@@ -92,8 +93,11 @@ def test_loops_survive_repeated_backend_terminations(tmp_path: Any, pg_database:
         assert terminated >= 6
 
         # Then every loop completes a cycle after the last termination, and /readyz says ready
+        last_seen: dict[str, Any] = {}
+
         def all_loops_cycled() -> dict[str, Any] | None:
             status, body = _readiness(server)
+            last_seen.update(status=status, body=body)
             elapsed = time.monotonic() - last_termination
             loops = body.get("loops", {})
             # Retention sleeps 10 min between idle cycles by design: it must not be stuck, but it
@@ -105,7 +109,12 @@ def test_loops_survive_repeated_backend_terminations(tmp_path: Any, pg_database:
             calm = all(not v["stuck"] for v in loops.values())
             return body if status == 200 and fresh and calm else None
 
-        ready = _until(all_loops_cycled, 60, "every loop did not cycle after the terminations")
+        ready = _until(
+            all_loops_cycled,
+            60,
+            "every loop did not cycle after the terminations",
+            lambda: f"last /readyz: {json.dumps(last_seen)}",
+        )
         assert {"cancellation", "cron", "dispatcher", "lease-expiry"} <= set(ready["loops"])
         assert "ql3_loop_last_success_age_seconds" in httpx.get(f"{server.url}/metrics").text
 

@@ -108,6 +108,7 @@ class _Active:
     adopted: bool = False
     stop_requested: bool = False
     acked: bool = False  # running ACK committed: completion may be submitted
+    ack_pending: bool = False  # the running ACK failed transiently: maintain() sends it again
     exited: bool = False  # the process exited; completion pending or to be retried
     renewed_at_ms: int | None = None  # the worker clock at the last successful renewal
 
@@ -318,8 +319,10 @@ class WorkerAgent:
         try:
             # The deadline is the control plane's: pinned timeout plus its clock, never ours.
             self._client.ack_starting(offer.fence)
-        except (FenceConflict, Conflict, ControlPlaneUnreachable):
-            # Nothing was spawned: without renewals the lease expires and the run is placed again.
+        except Ql3Error:
+            # Nothing was spawned, whatever failed (a fence, a conflict, an unreachable control plane,
+            # a lost database connection): without renewals the lease expires and the run is placed
+            # again. Kept in the active set, the lease would be renewed forever and never run.
             self._forget(record.attempt_id)
             raise
         record = self.journal.advance(
@@ -396,6 +399,8 @@ class WorkerAgent:
         record = self._ack_running(record)
         with self._lock:
             active = self._active.get(record.attempt_id)
+            if active is not None and active.ack_pending:
+                return record  # maintain() confirms it, then completes an exited process
             exited = active is not None and active.exited
             if active is not None:
                 active.acked = True
@@ -430,6 +435,20 @@ class WorkerAgent:
                 to_state="recovery_required",
                 recovery_reason="control_plane_terminal",
             )
+        except Ql3Error as exc:
+            # Transient (a lost database connection): the ACK may or may not have committed. The
+            # record stays `started` and maintain() sends it again (an identical replay is
+            # idempotent); until it is confirmed no completion is submitted, which would be refused.
+            log.warning(
+                "running ACK failed; retried by maintenance",
+                extra={"action": "worker.running_ack_retry", "error": exc.code},
+            )
+            with self._lock:
+                active.acked = False
+                active.ack_pending = True
+            return record
+        with self._lock:
+            active.ack_pending = False
         current = self.journal.get(record.offer_id)
         assert current is not None
         if current.state != "started":
@@ -695,11 +714,33 @@ class WorkerAgent:
                             log.warning("lease unrenewable", extra={"action": "worker.self_fence"})
                             self._lease_lost(record, item)
                     continue
-            if item.adopted or item.exited:
+            if item.ack_pending:
+                self._retry_running_ack(attempt_id, item)
+            elif item.adopted or item.exited:
                 self.settle(attempt_id)
         if unreachable is not None:
             raise unreachable  # the loop runner records the failure and backs off
         return False
+
+    def _retry_running_ack(self, attempt_id: str, item: _Active) -> None:
+        """Send a running ACK that failed transiently again; once confirmed, an exited (or
+        re-adopted) process is settled. Without it the completion would be refused forever: the
+        control plane accepts a receipt only after it holds the callback digest."""
+        record = self.journal.find_by_attempt(attempt_id)
+        if record is None or record.state != "started":
+            with self._lock:
+                item.ack_pending = False
+            return
+        record = self._ack_running(record)
+        if item.ack_pending:
+            return  # still failing: the next pass tries again (the lease is renewed meanwhile)
+        if record.state not in ("started", "running_acknowledged"):
+            self._forget(attempt_id)  # lost (stopped) or handed to recovery
+            return
+        with self._lock:
+            item.acked = True
+        if item.adopted or item.exited:
+            self.settle(attempt_id)
 
     def session_fenced(self) -> None:
         """The control plane refused this session (replaced, offline): stop what it held, as a fenced
@@ -768,6 +809,9 @@ class WorkerAgent:
             if record.state not in ("started", "running_acknowledged"):
                 self._forget(record.attempt_id)
                 return record.recovery_reason or record.state
+            with self._lock:
+                if self._active[record.attempt_id].ack_pending:
+                    return "running_ack_pending"  # maintain() sends it again, then settles
         return self.settle(record.attempt_id)
 
     def _resolve_launch(self, record: JournalRecord) -> JournalRecord:
