@@ -6,6 +6,11 @@ for the session the registry holds, and stores only the token's digest. A retry 
 presents the same pair and gets the same offer back, rebuilt from the live lease and the pinned
 revision (constant-time digest compare). Pulls of one worker serialise on its registry row, so two
 replicas answering the same retry never create two leases for one token.
+
+Each replica keeps, per worker session, where that worker's walk of the queue stopped (a bounded
+table, oldest evicted): a head of runs this worker cannot take never starves the ones behind them,
+as the dispatcher's fair scan. The cursor is only a hint - every claim is still fenced and locked -
+so several replicas serving one worker, an evicted entry or a restart cost a rescan, nothing more.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ LIVE_LEASE_PAGE: Final = 64
 LIVE_LEASE_PAGES: Final = 16  # 1,024 = the largest worker capacity
 SPEC_CACHE_SIZE: Final = 256
 MAX_IMMEDIATE_RETRIES: Final = 4
+MAX_SCAN_CURSORS: Final = 4096  # per replica; past it the oldest walk starts again at the head
 WAKE_CHANNELS: Final = ("runs",)
 
 
@@ -85,6 +91,7 @@ class PullResult:
     offer: Offer | None = None
     truncated: bool = False
     cursor: Candidate | None = None  # where the next pass resumes after a truncated one
+    walked_to_end: bool = False  # the pass reached the end of the queue: the next starts at the head
 
 
 IDLE_REASONS: Final = frozenset({"no_candidates", "no_match", "no_capacity", "claim_raced", "draining"})
@@ -192,6 +199,8 @@ class PullService:
         self._counters = counters or (notifier.counters if notifier is not None else None)
         self._wait_past = wait_past or (notifier.wait_past if notifier is not None else None)
         self._specs: OrderedDict[tuple[str, int], TaskSpec] = OrderedDict()
+        # worker id -> (session id, generation, where its walk resumes); oldest first
+        self._cursors: OrderedDict[str, tuple[str, int, Candidate]] = OrderedDict()
         self._lock = threading.Lock()
         self._closing = threading.Event()
 
@@ -217,6 +226,29 @@ class PullService:
             while len(self._specs) > SPEC_CACHE_SIZE:
                 self._specs.popitem(last=False)
         return spec
+
+    # -- the per-session fair scan cursor ----------------------------------------------------------
+
+    def resume_cursor(self, req: PullRequest) -> Candidate | None:
+        """Where this session's walk stopped on this replica (None: the head of the queue)."""
+        with self._lock:
+            entry = self._cursors.get(req.worker_id)
+        if entry is None or entry[:2] != (req.session_id, req.generation):
+            return None  # another session of this worker walks from the head
+        return entry[2]
+
+    def _remember(self, req: PullRequest, result: PullResult) -> None:
+        """A budget-stopped pass saves where it stopped; an offer, or a pass that reached the end of
+        the queue, sends the next one back to the head (priority order first). Anything else (no
+        free slot, draining) leaves the walk where it was."""
+        with self._lock:
+            if result.truncated and result.cursor is not None:
+                self._cursors[req.worker_id] = (req.session_id, req.generation, result.cursor)
+                self._cursors.move_to_end(req.worker_id)
+                while len(self._cursors) > MAX_SCAN_CURSORS:
+                    self._cursors.popitem(last=False)
+            elif result.offer is not None or result.walked_to_end:
+                self._cursors.pop(req.worker_id, None)
 
     # -- one bounded pass --------------------------------------------------------------------------
 
@@ -291,10 +323,10 @@ class PullService:
                     )
                 reason = "claim_raced"
             if len(page) < self.budget.candidate_page:
-                return PullResult(reason=reason)
+                return PullResult(reason=reason, walked_to_end=True)
             if page_no == self.budget.candidate_pages - 1:
                 return PullResult(reason="scan_budget_exhausted", truncated=True, cursor=cursor)
-        return PullResult(reason=reason)
+        return PullResult(reason=reason, walked_to_end=True)
 
     def _candidates(self, tx: Transaction, cursor: Candidate | None) -> list[Candidate]:
         params: dict[str, Any] = {"limit": self.budget.candidate_page}
@@ -327,25 +359,26 @@ class PullService:
     # -- the long-poll -----------------------------------------------------------------------------
 
     def pull(self, req: PullRequest, *, wait_ms: int, replay_only: bool = False) -> PullResult:
+        """Passes from where this session's walk stopped, at most ``1 + MAX_IMMEDIATE_RETRIES`` in a
+        row; a walk still not at the end answers at once (the worker's next pull continues it), one
+        that reached the end of the queue waits for a wake-up and looks again from the head."""
         if isinstance(wait_ms, bool) or not 0 <= wait_ms <= MAX_WAIT_MS:
             raise ValidationFailed(f"waitMs must be 0-{MAX_WAIT_MS}", field="waitMs")
         if replay_only:
             return self.pull_once(req, replay_only=True)
         deadline = time.monotonic() + wait_ms / 1000
         immediate = 0
-        cursor: Candidate | None = None
         while True:
             marks = self._counters(WAKE_CHANNELS) if self._counters is not None else {}
-            result = self.pull_once(req, cursor)
+            result = self.pull_once(req, self.resume_cursor(req))
+            self._remember(req, result)
             if result.offer is not None:
                 return result
             if result.truncated and immediate < MAX_IMMEDIATE_RETRIES:
-                immediate += 1
-                cursor = result.cursor  # a budget stopped the scan: continue behind it at once
+                immediate += 1  # a budget stopped the scan: continue behind it at once
                 continue
-            cursor = None
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._closing.is_set() or self._wait_past is None:
+            if result.truncated or remaining <= 0 or self._closing.is_set() or self._wait_past is None:
                 return result
             immediate = 0
             self._wait_past(marks, remaining)
