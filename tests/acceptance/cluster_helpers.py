@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from tests.acceptance.conftest import CLI, START_TIMEOUT_S, base_env, free_port, run_cli, stop
@@ -210,6 +211,57 @@ def start_runs(api: httpx.Client, task: str, n: int) -> list[str]:
         assert resp.status_code == 201, resp.text
         ids.append(str(resp.json()["id"]))
     return ids
+
+
+def start_runs_concurrently(
+    cluster: Cluster, replicas: list[int], task: str, n: int, *, threads_per_replica: int = 2
+) -> list[str]:
+    """``n`` runs of ``task`` started through the API of ``replicas``, several requests in flight at
+    once (the API has no bulk create), so submission keeps ahead of the workers."""
+    clients = [cluster.api(r) for r in replicas for _ in range(threads_per_replica)]
+    share = [n // len(clients) + (1 if i < n % len(clients) else 0) for i in range(len(clients))]
+    ids: list[list[str]] = [[] for _ in clients]
+    errors: list[BaseException] = []
+
+    def submit(i: int) -> None:
+        try:
+            ids[i] = start_runs(clients[i], task, share[i])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(clients))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    finally:
+        for client in clients:
+            client.close()
+    assert not errors, errors
+    return [run_id for part in ids for run_id in part]
+
+
+def run_status_counts(db_url: str) -> dict[str, int]:
+    """How many runs are in each status (one grouped query, straight from the database)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall()
+    return {str(status): int(n) for status, n in rows}
+
+
+def wait_settled(db_url: str, n: int, timeout_s: float, *, at_least: int | None = None) -> dict[str, int]:
+    """Poll the database (every 0.25 s) until ``n`` runs exist and all are terminal - or, with
+    ``at_least``, until that many are terminal; the status counts when it stops (or time is up)."""
+    terminal = {"succeeded", "failed", "cancelled", "timed_out"}
+    deadline = time.monotonic() + timeout_s
+    counts: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        counts = run_status_counts(db_url)
+        done = sum(v for k, v in counts.items() if k in terminal)
+        if done >= (n if at_least is None else at_least):
+            break
+        time.sleep(0.25)
+    return counts
 
 
 def wait_terminal(api: httpx.Client, run_ids: list[str], timeout_s: float = SETTLE_S) -> dict[str, str]:
