@@ -434,6 +434,9 @@ class ThroughputRun:
     duplicates: int
     peak_rss_kib: int
     load_1m_after: float
+    # PostgreSQL peers: the database's committed transactions from before the enqueue until the
+    # worker stopped (pg_stat_database.xact_commit, everything included), per job
+    db_transactions_per_job: float | None = None
 
 
 @dataclass
@@ -480,12 +483,28 @@ async def wait_for_records(
         await asyncio.sleep(poll_s)
 
 
+def xact_commits(dsn: str) -> int:
+    """The committed transactions of ``dsn``'s database so far (statistics of exited backends and
+    of this connection's snapshot included; a live backend flushes its own within a second)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 async def throughput_rep(
     name: str, settings: Settings, jobs: int, rep: int, timeout_s: float, result: PeerResult
 ) -> ThroughputRun:
     record_file = settings.workdir / f"{name}_tp{rep}.rec"
     deadline = time.monotonic() + timeout_s
+    per_job: float | None = None
     async with SESSIONS[name](settings, record_file) as session:
+        dsn: str | None = getattr(session, "dsn", None)
+        commits_before = xact_commits(dsn) if dsn else 0
         t0 = time.perf_counter()
         await session.enqueue_many(list(range(jobs)))
         enqueue_s = time.perf_counter() - t0
@@ -498,6 +517,9 @@ async def throughput_rep(
         finally:
             await worker.stop()
         records = read_records(str(record_file))
+        if dsn:
+            await asyncio.sleep(1.0)  # the producer's still-open backend flushes its statistics
+            per_job = (xact_commits(dsn) - commits_before) / jobs
     tags = {r.tag for r in records}
     missing = set(range(jobs)) - tags
     if missing:
@@ -516,6 +538,7 @@ async def throughput_rep(
         duplicates=len(records) - len(tags),
         peak_rss_kib=worker.rss.peak_kib if worker.rss else 0,
         load_1m_after=_load(),
+        db_transactions_per_job=None if per_job is None else round(per_job, 2),
     )
 
 
@@ -589,7 +612,9 @@ async def run_throughput(result: PeerResult, settings: Settings, args: argparse.
     log(
         f"[{name}]   {run.jobs_per_s:8.1f} jobs/s end-to-end (wall {run.wall_s:.2f} s, "
         f"startup {run.startup_s:.2f} s, steady {run.steady_jobs_per_s:.1f} jobs/s, "
-        f"enqueue {run.enqueue_s:.2f} s, peak RSS {run.peak_rss_kib / 1024:.1f} MiB)"
+        f"enqueue {run.enqueue_s:.2f} s, peak RSS {run.peak_rss_kib / 1024:.1f} MiB"
+        + ("" if run.db_transactions_per_job is None else f", {run.db_transactions_per_job} db tx/job")
+        + ")"
     )
 
 
