@@ -18,7 +18,7 @@ from typing import Final
 
 from ql3.application import auth
 from ql3.application.settings import PROFILES, ServeSettings, SettingsError, load_serve_settings
-from ql3.bootstrap import open_database
+from ql3.bootstrap import expected_schema_version, open_database
 from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command
 from ql3.cli.config import DEFAULT_LISTEN, Credentials, credentials_path, parse_listen, write_credentials_file
@@ -121,7 +121,12 @@ def _control(
         if issued is not None:
             write_credentials_file(creds, Credentials(url=url, token=issued.token))
         runtime = build_control_runtime(db, settings, replica_id=replica_id)
-        app = create_app(db, lifecycle=[runtime], extensions=[runtime.api])
+        app = create_app(
+            db,
+            lifecycle=[runtime],
+            extensions=[runtime.api],
+            schema_version=expected_schema_version(db.dialect),
+        )
         config = uvicorn.Config(
             app,
             host=host,
