@@ -202,12 +202,13 @@ def test_bad_input_is_refused_before_anything_is_written(harness: Harness) -> No
     session, fence = leased(harness.db)
     too_big = b"x" * (attempt_logs.MAX_CHUNK_BYTES + 1)
 
-    for kwargs in (
+    cases: list[dict[str, Any]] = [
         {"offset": 0, "data": too_big},
         {"offset": -1, "data": b"x"},
         {"offset": 0, "data": b"x", "cap": 10},
         {"offset": 0, "data": b"x", "cap": (1 << 40) + 1},
-    ):
+    ]
+    for kwargs in cases:
         with pytest.raises(ValidationFailed):
             ship(harness.db, session, fence.attempt_id, **kwargs)
     with pytest.raises(ValidationFailed):
