@@ -36,6 +36,9 @@ a cluster by hand (docs/cluster.md):
   ql3 worker token create w1 > w1.token     # owner or admin of default; the token is shown once
   ql3 worker --server http://cp-a:5700 --token-file w1.token --slots 4
 
+environment: the QL3_* variables of `ql3 serve --help`; QL3_LOG_CAP_BYTES is also the quota of each
+  attempt's log shipped by remote workers (past it one truncation marker, the rest dropped)
+
 exit status:
   0    stopped by SIGINT/SIGTERM after a clean shutdown
   1    error (database, start-up)
