@@ -261,7 +261,9 @@ def test_a_symlinked_log_is_refused_without_following_it(
     assert "not a log" not in resp.text
 
 
-def test_without_a_logs_root_the_route_serves_only_shipped_logs(client: Any, owner: Any, make_task: Any) -> None:
+def test_without_a_logs_root_the_route_serves_only_shipped_logs(
+    client: Any, owner: Any, make_task: Any
+) -> None:
     # A server without log files (a ql3 control replica) serves what remote workers shipped to the
     # database (docs/cluster.md "Log shipping"): nothing yet is an empty page, never a file read.
     make_task("job")
