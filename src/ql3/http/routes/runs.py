@@ -166,10 +166,10 @@ def read_logs(
     terminal, chosen, stored = db.transaction(unit, write=False)
     if stored is not None:
         return stored
-    if logs_root is None:
-        raise logs.LogsUnavailable()
-    if chosen is None:
+    if chosen is None:  # no attempt yet (queued, or cancelled before one): an empty log
         return LogPage(attempt=None, offset=offset, next_offset=offset, data="", eof=True, complete=terminal)
+    if logs_root is None:  # not reached: without log files every attempt's log is the stored one
+        raise logs.LogsUnavailable()
     chunk = logs.read_chunk(logs_root, chosen.log_artifact_id or chosen.id, offset, max_bytes)
     text, next_offset = logs.split_text(chunk, final=terminal and chunk.eof)
     return LogPage(
@@ -241,11 +241,9 @@ def read_raw_log(
     if chosen is not None:
         attempt_id = chosen.id
         shipped = db.transaction(lambda tx: attempt_logs.head(tx, attempt_id), write=False)
-    if shipped is not None or (logs_root is None and chosen is not None):
-        body: Iterator[bytes] = _stored_body(db, shipped)
+    if shipped is not None or logs_root is None:
+        body: Iterator[bytes] = _stored_body(db, shipped)  # None (nothing shipped yet): empty
     else:
-        if logs_root is None:
-            raise logs.LogsUnavailable()
         body = _file_body(logs_root, chosen)
     return StreamingResponse(
         body,
