@@ -223,3 +223,43 @@ def test_a_remote_worker_ships_its_process_output_to_the_replica(
         assert page["data"] == "".join(f"line {i}\n" for i in range(1, 6))
     finally:
         remote.stop(offline=True)
+
+
+def _until(predicate: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_a_restarted_worker_resumes_shipping_a_readopted_process_without_duplicating_a_byte(
+    api_client: TestClient, owner: dict[str, str], tmp_path: Path
+) -> None:
+    # Given a remote worker running a task that prints, then waits for the test at two gates
+    token = worker_token(api_client, owner, "w1")
+    config = WorkerConfig(worker_id="w1", home=tmp_path / "w1")
+    first = RemoteWorker(plane(api_client, token), config)
+    assert first.start()
+    one, two = tmp_path / "gate1", tmp_path / "gate2"
+    wait = "while [ ! -f {} ]; do sleep 0.05; done"
+    command = f"echo before; {wait.format(one)}; echo after; {wait.format(two)}; echo end"
+    run = task_and_run(api_client, owner, "gated", command)
+    _until(lambda: logs(api_client, owner, run["id"])["data"] == "before\n")
+
+    # When it stops at once (the process goes on) and starts again on the same home
+    first.stop(offline=False)
+    second = RemoteWorker(plane(api_client, token), config)
+    assert second.start()
+    try:
+        # Then what the re-adopted process writes reaches the replica while it still runs
+        one.touch()
+        _until(lambda: logs(api_client, owner, run["id"])["data"] == "before\nafter\n")
+        assert api_client.get(f"{P}/runs/{run['id']}", headers=owner).json()["status"] == "running"
+        two.touch()
+        assert wait_status(api_client, owner, run["id"], {"succeeded", "failed"})["status"] == "succeeded"
+
+        # And the replica holds the whole output once, in order, and the log was closed
+        _until(lambda: logs(api_client, owner, run["id"])["complete"])
+        assert logs(api_client, owner, run["id"])["data"] == "before\nafter\nend\n"
+    finally:
+        second.stop(offline=True)
