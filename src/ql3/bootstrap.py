@@ -16,7 +16,7 @@ from ql3.execution.run_as import TaskUser as TaskUser  # re-exported for ``ql3 s
 from ql3.execution.run_as import TaskUsers as TaskUsers
 from ql3.execution.run_as import resolve_task_user as resolve_task_user
 from ql3.ports.storage import Database
-from ql3.storage.migrations import MigrationState
+from ql3.storage.migrations import MigrationState, chain
 from ql3.storage.notify import LocalNotifier
 
 
@@ -25,6 +25,11 @@ class ManagedDatabase(Database, Protocol):
 
     def migrate(self) -> list[int]: ...
     def migration_status(self) -> list[MigrationState]: ...
+
+
+def expected_schema_version(dialect: str) -> int:
+    """The schema version this binary expects: the last migration of its chain (for /readyz)."""
+    return chain(dialect)[-1].version
 
 
 def ql3_home() -> Path:
@@ -159,6 +164,7 @@ def build_standalone_runtime(
             slots=settings.slots,
             labels=dict(settings.labels),
             run_lease_ms=settings.run_lease_ms,
+            log_cap_bytes=settings.log_cap_bytes,
             journal_capacity=max(64, settings.slots),
             default_cwd=None if default_cwd is None else str(default_cwd),
         ),

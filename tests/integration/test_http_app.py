@@ -22,7 +22,10 @@ def test_healthz_needs_no_token(client: Any) -> None:
 def test_readyz_is_ready_when_the_database_answers(client: Any) -> None:
     resp = client.get("/readyz")
 
-    assert (resp.status_code, resp.json()) == (200, {"status": "ready", "loops": {}})
+    assert (resp.status_code, resp.json()) == (
+        200,
+        {"status": "ready", "loops": {}, "schema_version": None},  # None: no expected version given
+    )
 
 
 class _BrokenDatabase:

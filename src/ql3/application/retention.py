@@ -1,7 +1,8 @@
 """Retention: per-project policies and the bounded pruner of runs, their rows and their log files.
 
 Each step deletes at most one page of terminal runs (with their attempts, events, leases, retry and
-cancellation rows) in one short write transaction, so a prune never holds the write lock for long and
+cancellation rows, and the shipped log chunks of their attempts first, in bounded batches) in one short
+write transaction, so a prune never holds the write lock for long and
 other writers interleave between pages. Log files of a page are removed before its rows: a crash in
 between leaves rows whose logs are gone (the next step deletes them), never orphaned files.
 See docs/retention.md.
@@ -27,6 +28,8 @@ MIN_LOG_BYTES: Final = 1024
 MAX_LOG_BYTES: Final = 1 << 40
 OUTBOX_KEEP_MS: Final = 7 * DAY_MS
 DEFAULT_PAGE: Final = 200
+CHUNK_BATCH: Final = 1000  # shipped log chunks deleted per transaction (64 MiB at most)
+MAX_CHUNK_BATCHES: Final = 1000  # per page of runs; a page left with chunks fails and is retried
 # Rows of a run besides its leases (deleted by attempt id first), children before parents.
 _CHILD_DELETES: Final = (
     "retention_delete_cancellation_audit",
@@ -141,8 +144,23 @@ class RetentionPruner:
             for attempt_id in attempts:
                 freed += self._logs.remove(attempt_id)
 
+        attempt_ids = json.dumps(self._db.transaction(partial(_attempt_ids, ids=ids), write=False))
+        for _ in range(MAX_CHUNK_BATCHES):
+            # Shipped log chunks (docs/cluster.md) in bounded batches before the rows that own them.
+            deleted = self._db.transaction(
+                lambda tx: tx.run(
+                    "retention_delete_log_chunks", {"attempt_ids": attempt_ids, "limit": CHUNK_BATCH}
+                )
+            )
+            if deleted < CHUNK_BATCH:
+                break
+
         def unit(tx: Transaction) -> int:
-            tx.run("retention_delete_run_leases", {"attempt_ids": json.dumps(_attempt_ids(tx, ids=ids))})
+            attempts = json.dumps(_attempt_ids(tx, ids=ids))
+            # A chunk shipped after the batches above (a worker's last flush) goes with its head.
+            tx.run("retention_delete_log_chunks", {"attempt_ids": attempts, "limit": CHUNK_BATCH})
+            tx.run("retention_delete_attempt_logs", {"attempt_ids": attempts})
+            tx.run("retention_delete_run_leases", {"attempt_ids": attempts})
             for query in _CHILD_DELETES:
                 tx.run(query, {"ids": ids})
             return tx.run("retention_delete_runs", {"ids": ids})

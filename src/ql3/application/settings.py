@@ -188,7 +188,15 @@ NOTIFY_LEASE = EnvVar(
     high=lease_rules.NOTIFICATION.max_ms,
     help="notification delivery lease in ms: a delivery whose sender died is retried after it",
 )
-ENV_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE)
+LOG_CAP = EnvVar(
+    name="QL3_LOG_CAP_BYTES",
+    default=16 * 1024 * 1024,
+    low=1024,
+    high=1 << 40,
+    help="the cap of one attempt's log: a worker's log file, and the quota of a shipped log on ql3"
+    " control (give both the same value); past it a truncation marker stands in for the rest",
+)
+ENV_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE, LOG_CAP)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,6 +213,7 @@ class ServeSettings:
     cancel_lease_ms: int = CANCEL_LEASE.default
     action_lease_ms: int = ACTION_LEASE.default
     notify_lease_ms: int = NOTIFY_LEASE.default
+    log_cap_bytes: int = LOG_CAP.default
     fault: str | None = None  # QL3_FAULT: crash injection for the fault tests only
 
     @property
@@ -255,7 +264,9 @@ def load_serve_settings(
         url = check_database_url(environ["QL3_DATABASE_URL"], "QL3_DATABASE_URL")
     else:
         url = f"sqlite:///{home / 'ql3.db'}"
-    run_lease_ms, cancel_lease_ms, action_lease_ms, notify_lease_ms = (var.parse(environ) for var in ENV_VARS)
+    run_lease_ms, cancel_lease_ms, action_lease_ms, notify_lease_ms, log_cap_bytes = (
+        var.parse(environ) for var in ENV_VARS
+    )
     if cancel_lease_ms <= cancel_rules.DEFAULT_GRACE_MS * 2:
         # The lease must outlast a TERM -> KILL window, or a live signaller could be taken over.
         raise SettingsError(
@@ -272,5 +283,6 @@ def load_serve_settings(
         cancel_lease_ms=cancel_lease_ms,
         action_lease_ms=action_lease_ms,
         notify_lease_ms=notify_lease_ms,
+        log_cap_bytes=log_cap_bytes,
         fault=environ.get("QL3_FAULT") or None,
     )

@@ -18,7 +18,7 @@ from typing import Final
 
 from ql3.application import auth
 from ql3.application.settings import PROFILES, ServeSettings, SettingsError, load_serve_settings
-from ql3.bootstrap import open_database
+from ql3.bootstrap import expected_schema_version, open_database
 from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command
 from ql3.cli.config import DEFAULT_LISTEN, Credentials, credentials_path, parse_listen, write_credentials_file
@@ -35,6 +35,9 @@ a cluster by hand (docs/cluster.md):
   ql3 control --database-url postgresql://ql3@db/ql3 --listen 0.0.0.0:5701 --replica-id cp-b
   ql3 worker token create w1 > w1.token     # owner or admin of default; the token is shown once
   ql3 worker --server http://cp-a:5700 --token-file w1.token --slots 4
+
+environment: the QL3_* variables of `ql3 serve --help`; QL3_LOG_CAP_BYTES is also the quota of each
+  attempt's log shipped by remote workers (past it one truncation marker, the rest dropped)
 
 exit status:
   0    stopped by SIGINT/SIGTERM after a clean shutdown
@@ -121,7 +124,12 @@ def _control(
         if issued is not None:
             write_credentials_file(creds, Credentials(url=url, token=issued.token))
         runtime = build_control_runtime(db, settings, replica_id=replica_id)
-        app = create_app(db, lifecycle=[runtime], extensions=[runtime.api])
+        app = create_app(
+            db,
+            lifecycle=[runtime],
+            extensions=[runtime.api],
+            schema_version=expected_schema_version(db.dialect),
+        )
         config = uvicorn.Config(
             app,
             host=host,

@@ -26,6 +26,7 @@ from ql3.bootstrap import (
     TaskUser,
     TaskUsers,
     build_standalone_runtime,
+    expected_schema_version,
     open_database,
     resolve_task_user,
 )
@@ -308,7 +309,12 @@ def _serve(
             prepared.db, settings, run_as=task_user, task_users=task_users, default_cwd=workdir
         )
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
-        app = create_app(prepared.db, lifecycle=[runtime], logs_root=logs_root)
+        app = create_app(
+            prepared.db,
+            lifecycle=[runtime],
+            logs_root=logs_root,
+            schema_version=expected_schema_version(prepared.db.dialect),
+        )
         config = uvicorn.Config(
             app,
             host=host,

@@ -26,6 +26,9 @@ a remote worker (no database credentials; docs/cluster.md):
   runs keep going and are re-adopted by the next start with the same --home)
   QL3_RUN_LEASE_MS (5000-600000, default 30000): the run and session leases this worker renews; a
   run it cannot renew for half of it is stopped on this host
+  QL3_LOG_CAP_BYTES (1024-1099511627776, default 16 MiB): the cap of each attempt's log on this host;
+  the log is shipped to the server, which keeps as much as its own QL3_LOG_CAP_BYTES (give both the
+  same value), so `ql3 run logs` works from any replica
 """
 
 
@@ -76,11 +79,12 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
         raise UsageError("--server needs --token-file FILE (ql3 worker token create NAME)")
     if args.ca is not None and not Path(args.ca).is_file():
         raise UsageError(f"--ca {args.ca}: no such file")
-    from ql3.application.settings import RUN_LEASE, SettingsError
+    from ql3.application.settings import LOG_CAP, RUN_LEASE, SettingsError
 
     try:
         # The leases this worker asks for when it renews, and its session lease (5 s - 10 min).
         lease_ms = RUN_LEASE.parse(os.environ)
+        log_cap_bytes = LOG_CAP.parse(os.environ)
     except SettingsError as exc:
         raise UsageError(exc.message, code=exc.code) from None
     token = read_token_file(args.token_file)
@@ -129,6 +133,7 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
             journal_capacity=max(64, args.slots),
             run_lease_ms=lease_ms,
             session_lease_ms=lease_ms,
+            log_cap_bytes=log_cap_bytes,
         )
     except ValidationFailed as exc:
         plane.close()

@@ -10,16 +10,19 @@ response was lost is resolved with ``lease_status`` (its version moved on: the r
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import random
 import ssl
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
 
+from ql3.application.attempt_logs import LogGap, LogOverlap
 from ql3.cluster.pull import OfferConflict
 from ql3.domain.errors import (
     Conflict,
@@ -45,7 +48,19 @@ READ_TIMEOUT_S: Final = 15.0
 _CONFLICTS: Final[dict[str, type[Conflict]]] = {
     FenceConflict.code: FenceConflict,
     OfferConflict.code: OfferConflict,
+    LogGap.code: LogGap,
+    LogOverlap.code: LogOverlap,
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogAck:
+    """The server's answer to one shipped log chunk."""
+
+    result: str  # appended | replayed | truncated | dropped
+    stored_bytes: int
+    truncated: bool
+    closed: bool
 
 
 def _fence(f: LeaseFence) -> dict[str, Any]:
@@ -350,3 +365,25 @@ class HttpControlPlane:
     def lease_control(self, fence: LeaseFence) -> str:
         data = self._post("/api/v1/worker/lease-control", {"fence": _fence(fence)}, window_s=SHORT_WINDOW_S)
         return str(data["decision"])
+
+    # -- log shipping ---------------------------------------------------------------------------------
+
+    def ship_log(
+        self, session: SessionInfo, *, attempt_id: str, offset: int, data: bytes, final: bool
+    ) -> LogAck:
+        """One chunk, one try (the shipper retries on its next tick with the same bytes)."""
+        body = {
+            "sessionId": session.session_id,
+            "generation": session.generation,
+            "attemptId": attempt_id,
+            "offset": offset,
+            "data": base64.b64encode(data).decode("ascii"),
+            "final": final,
+        }
+        reply = self._post("/api/v1/worker/logs", body, window_s=0.0)
+        return LogAck(
+            result=str(reply["result"]),
+            stored_bytes=int(reply["storedBytes"]),
+            truncated=bool(reply["truncated"]),
+            closed=bool(reply["closed"]),
+        )

@@ -1,8 +1,9 @@
 """The remote worker process (``ql3 worker --server URL``): the embedded worker's agent, journal,
 launcher and process controller, driven through ``HttpControlPlane`` (docs/cluster.md "Worker").
 
-Three threads besides the agent's own: the pull long-poll, the stop long-poll (lease control) and
-maintenance (renewals, heartbeats, adopted processes). Losing the server is survived: calls retry
+Four threads besides the agent's own: the pull long-poll, the stop long-poll (lease control),
+maintenance (renewals, heartbeats, adopted processes) and the log shipper (each attempt's log to the
+server, cluster/log_shipper.py). Losing the server is survived: calls retry
 with backoff, the agent's fences refuse what its lost session held, and a fenced session is replaced
 by a fresh registration. SIGTERM drains: no new pulls, the runs in progress finish, then offline.
 """
@@ -23,6 +24,7 @@ from typing import Final
 
 from ql3.application.lifecycle import LifecycleRunner
 from ql3.cluster.http_control_plane import HttpControlPlane
+from ql3.cluster.log_shipper import LogShipper
 from ql3.cluster.pull import pull_offer_id
 from ql3.domain.digests import new_token
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error
@@ -38,6 +40,7 @@ BACKOFF_FIRST_S: Final = 0.2
 BACKOFF_MAX_S: Final = 10.0
 PENDING_STOP_RETRY_S: Final = 1.0
 MAINTAIN_BACKSTOP_S: Final = 2.0
+LOG_FLUSH_S: Final = 5.0  # a draining worker's last logs, at most this long before it goes offline
 
 
 @dataclass(slots=True)
@@ -70,9 +73,36 @@ class RemoteWorker:
         self._draining = threading.Event()
         self._slot_freed = threading.Event()
         self._agent_lock = threading.RLock()  # re-registration vs. the loops' use of the agent
-        self.agent.on_settled = lambda attempt_id: self._slot_freed.set()
+        # Each attempt's log goes to the database through the server (docs/cluster.md "Log shipping").
+        self.logs = LogShipper(plane, config.logs_dir, lambda: self.agent.session)
+        self.agent.on_settled = self._settled
         self._threads: list[threading.Thread] = []
         self._maintain: LifecycleRunner | None = None
+
+    def _settled(self, attempt_id: str) -> None:
+        self._slot_freed.set()
+        self.logs.settled(attempt_id)  # the final flush; never blocks the agent
+
+    def _submit(self, offer: Offer) -> None:
+        self.logs.track(offer.fence.attempt_id)
+        self.agent.submit(offer)
+
+    def _track_in_flight(self) -> None:
+        """After a restart: the attempts the journal still runs (re-adopted processes) are tailed
+        again; the server's answers resume each from what it already stored."""
+        after = ""
+        for _ in range(self.config.journal_capacity // 64 + 1):
+            try:
+                records = self.agent.journal.page(
+                    states={"launching", "started", "running_acknowledged"}, after_offer_id=after, limit=64
+                )
+            except Ql3Error:
+                return
+            for record in records:
+                self.logs.track(record.attempt_id)
+            if len(records) < 64:
+                return
+            after = records[-1].offer_id
 
     # -- start / stop -------------------------------------------------------------------------------
 
@@ -97,6 +127,8 @@ class RemoteWorker:
                 attempt += 1
         if self._stopping.is_set():
             return False
+        self._track_in_flight()
+        self.logs.start()
         self._resume_unstarted()
         self._maintain = LifecycleRunner(
             "worker-maintain",
@@ -143,7 +175,7 @@ class RemoteWorker:
                 continue  # the lease expires on the server; the run is placed again
             if offer is not None and offer.fence.attempt_id == record.attempt_id:
                 log.info("resuming a journaled offer", extra={"action": "worker.resume_offer"})
-                self.agent.submit(offer)
+                self._submit(offer)
 
     def drain(self) -> None:
         """No new runs; the runs in progress finish (``wait_drained``)."""
@@ -166,6 +198,8 @@ class RemoteWorker:
         return self.agent.active_count == 0
 
     def stop(self, *, offline: bool) -> None:
+        if offline:
+            self.logs.wait_closed(timeout_s=LOG_FLUSH_S)
         session = self.agent.session
         if offline and session is not None and self.agent.active_count == 0:
             try:
@@ -176,6 +210,7 @@ class RemoteWorker:
         self._slot_freed.set()
         if self._maintain is not None:
             self._maintain.stop()
+        self.logs.stop()
         self.plane.close()
         for thread in self._threads:
             # A long-poll in flight may hold its thread until the server answers; it is a daemon
@@ -305,7 +340,7 @@ class RemoteWorker:
             pair = None
             self._clear_pair()
             if offer is not None:
-                self.agent.submit(offer)
+                self._submit(offer)
 
     def _fence_lost(self) -> None:
         """The registry no longer holds our session: let maintenance find it (heartbeat) now."""

@@ -9,6 +9,8 @@ with the same fences.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Annotated, Any, Literal
 
@@ -16,13 +18,13 @@ from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field
 
-from ql3.application import auth, workers
+from ql3.application import attempt_logs, auth, workers
 from ql3.application.gateway import InProcessControlPlane
 from ql3.cluster import credentials
 from ql3.cluster.pull import PullRequest, PullService
 from ql3.cluster.stops import StopWatch, lease_control
 from ql3.domain.auth import role_allows
-from ql3.domain.errors import NotFound, PermissionDenied
+from ql3.domain.errors import NotFound, PermissionDenied, ValidationFailed
 from ql3.domain.model import Principal
 from ql3.domain.offers import LeaseFence
 from ql3.http.auth import DbDep, PrincipalDep
@@ -115,6 +117,14 @@ class PullIn(SessionIn):
 class StopsIn(SessionIn):
     waitMs: int = Field(default=0, ge=0, le=20_000)
     known: list[str] = Field(default_factory=list, max_length=1024)
+
+
+class LogChunkIn(SessionIn):
+    attemptId: str = _ID
+    offset: int = Field(ge=0, le=attempt_logs.MAX_OFFSET)
+    # base64 of at most MAX_CHUNK_BYTES bytes (checked again once decoded)
+    data: str = Field(default="", max_length=(attempt_logs.MAX_CHUNK_BYTES + 2) // 3 * 4)
+    final: bool = False  # the attempt settled and everything up to the end of this chunk was shipped
 
 
 class FenceOnly(Body):
@@ -245,6 +255,38 @@ def stops(body: StopsIn, worker_id: WorkerDep, db: DbDep, request: Request) -> d
     watch: StopWatch = _state(request).stop_watch
     found = watch.wait(worker_id, body.sessionId, wait_ms=body.waitMs, known=frozenset(body.known))
     return {"attemptIds": found}
+
+
+@router.post("/api/v1/worker/logs")
+def ship_log(body: LogChunkIn, worker_id: WorkerDep, db: DbDep, request: Request) -> dict[str, Any]:
+    """Store one chunk of an attempt's log at ``offset`` (docs/cluster.md "Log shipping"). The same
+    chunk again is a replay; a chunk past the stored end is 409 ``log_gap``, one that differs from
+    the stored log 409 ``log_overlap`` (both with ``stored_bytes``); an attempt not leased to this
+    session is 409 ``fence_conflict``. Past the quota chunks are ``dropped`` (``truncated`` true)."""
+    try:
+        data = base64.b64decode(body.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValidationFailed("data must be base64", field="data") from None
+    cap: int = _state(request).log_cap_bytes
+    result = db.transaction(
+        lambda tx: attempt_logs.append(
+            tx,
+            worker_id=worker_id,
+            session_id=body.sessionId,
+            generation=body.generation,
+            attempt_id=body.attemptId,
+            offset=body.offset,
+            data=data,
+            final=body.final,
+            cap_bytes=cap,
+        )
+    )
+    return {
+        "result": result.outcome,
+        "storedBytes": result.head.stored_bytes,
+        "truncated": result.head.truncated,
+        "closed": result.head.closed,
+    }
 
 
 @router.post("/api/v1/worker/ack/starting")

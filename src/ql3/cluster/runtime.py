@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from ql3.application import attempt_logs
 from ql3.application.settings import ServeSettings
 from ql3.bootstrap import WAKE_CHANNELS, ManagedDatabase, fault_injector
 from ql3.cluster.pull import PullBudget, PullService
@@ -30,6 +31,7 @@ class WorkerApi:
     stop_watch: StopWatch
     control_owner: str
     cancel_lease_ms: int
+    log_cap_bytes: int = attempt_logs.DEFAULT_CAP_BYTES  # the quota of a shipped log
 
     def install(self, app: FastAPI) -> None:
         from ql3.cluster import routes
@@ -39,6 +41,7 @@ class WorkerApi:
         app.state.stop_watch = self.stop_watch
         app.state.control_owner = self.control_owner
         app.state.cancel_lease_ms = self.cancel_lease_ms
+        app.state.log_cap_bytes = attempt_logs.check_cap(self.log_cap_bytes)
         app.include_router(routes.router)
         app.include_router(routes.admin_router)
 
@@ -89,7 +92,7 @@ def build_control_runtime(db: ManagedDatabase, settings: ServeSettings, *, repli
         clock=clock,
         fault=fault_injector(settings.fault),
         # A replica has no worker and no log files: remote workers stop their own processes through
-        # lease control, and their logs stay on their hosts.
+        # lease control, and ship their logs to the database (docs/cluster.md "Log shipping").
         adapters=Adapters(
             sender=ChannelSender(), logs=None, signal=None, finish=None, local_worker_id=NO_LOCAL_WORKER
         ),
@@ -104,5 +107,6 @@ def build_control_runtime(db: ManagedDatabase, settings: ServeSettings, *, repli
         stop_watch=stop_watch,
         control_owner=replica_id,
         cancel_lease_ms=settings.cancel_lease_ms,
+        log_cap_bytes=settings.log_cap_bytes,
     )
     return ControlRuntime(db=db, loops=loops, api=api, closers=[pull_service.close, stop_watch.close])

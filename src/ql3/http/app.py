@@ -53,9 +53,15 @@ class LoopReadiness(BaseModel):
     stuck: bool
 
 
+class SchemaReadiness(BaseModel):
+    applied: int  # the highest migration applied to the database
+    expected: int  # the last migration of this binary's chain
+
+
 class Readiness(BaseModel):
     status: str
     loops: dict[str, LoopReadiness] = {}
+    schema_version: SchemaReadiness | None = None
 
 
 # Below this much free space a directory the server writes to counts as full (docs/operations.md).
@@ -76,14 +82,34 @@ def _full_disks(paths: Sequence[Path]) -> list[dict[str, Any]]:
     return full
 
 
-def _readiness(db: Database, loops: Sequence[Any], disk_paths: Sequence[Path]) -> Readiness | JSONResponse:
+def _readiness(
+    db: Database, loops: Sequence[Any], disk_paths: Sequence[Path], schema_version: int | None
+) -> Readiness | JSONResponse:
     def probe(tx: Transaction) -> int:
-        return tx.now_ms()
+        tx.now_ms()
+        row = tx.one("schema_applied_version")
+        return int(row["version"]) if row else 0
 
     try:
-        db.transaction(probe, write=False)
+        applied = db.transaction(probe, write=False)
     except Ql3Error as exc:
         return JSONResponse(errors.error_body(exc.code, exc.message), status_code=503)
+    schema = None
+    if schema_version is not None:
+        schema = SchemaReadiness(applied=applied, expected=schema_version)
+        if applied != schema_version:
+            # Behind: this binary needs migrations nobody applied. Ahead: a newer binary migrated the
+            # database past what this one knows. Either way this replica must not take traffic.
+            return JSONResponse(
+                errors.error_body(
+                    "schema_mismatch",
+                    "the database schema is "
+                    + ("behind" if applied < schema_version else "ahead of")
+                    + " the version this server expects",
+                    {"applied": applied, "expected": schema_version},
+                ),
+                status_code=503,
+            )
     full = _full_disks(disk_paths)
     if full:
         return JSONResponse(
@@ -110,7 +136,7 @@ def _readiness(db: Database, loops: Sequence[Any], disk_paths: Sequence[Path]) -
             ),
             status_code=503,
         )
-    return Readiness(status="ready", loops=report)
+    return Readiness(status="ready", loops=report, schema_version=schema)
 
 
 class Extension(Protocol):
@@ -125,11 +151,14 @@ def create_app(
     lifecycle: Sequence[Lifecycle] = (),
     logs_root: Path | None = None,
     extensions: Sequence[Extension] = (),
+    schema_version: int | None = None,
 ) -> FastAPI:
     """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
 
     ``logs_root`` is the directory of the per-attempt log files this server can read (the embedded
-    worker's); without it the logs route answers ``logs_unavailable``.
+    worker's); without it the logs route serves only logs shipped to the database by remote workers.
+    ``schema_version``: the migration this binary expects; /readyz is 503 ``schema_mismatch`` while
+    the database's applied version differs (None: not checked).
     """
     components = tuple(lifecycle)
 
@@ -176,13 +205,19 @@ def create_app(
         "/readyz",
         response_model=Readiness,
         tags=["health"],
-        responses={503: {"model": ErrorOut, "description": "storage_unavailable, disk_full or loops_stuck"}},
+        responses={
+            503: {
+                "model": ErrorOut,
+                "description": "storage_unavailable, schema_mismatch, disk_full or loops_stuck",
+            }
+        },
     )
     def readyz(db: DbDep) -> Readiness | JSONResponse:
-        """The database answers a read transaction, the disks it and the run logs live on have space
-        left (``disk_full`` below 1 MiB free) and no control loop is stuck: each loop's age is the
-        time since its last successful cycle (``null`` when its thread has ended)."""
-        return _readiness(db, loops, disk_paths)
+        """The database answers a read transaction and its schema is at the version this server
+        expects (``schema_mismatch`` when it is behind or ahead), the disks it and the run logs live
+        on have space left (``disk_full`` below 1 MiB free) and no control loop is stuck: each loop's
+        age is the time since its last successful cycle (``null`` when its thread has ended)."""
+        return _readiness(db, loops, disk_paths, schema_version)
 
     for router in (
         projects.router,

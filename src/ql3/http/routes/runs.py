@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from ql3.application import auth, rows, run_queries, runs, tasks, workers
+from ql3.application import attempt_logs, auth, rows, run_queries, runs, tasks, workers
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
 from ql3.domain.model import Attempt
@@ -18,7 +19,7 @@ from ql3.domain.states import is_run_terminal
 from ql3.http import logs
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import EventPage, LogPage, RunOut, RunPage, event_out, run_row_out
-from ql3.ports.storage import Transaction
+from ql3.ports.storage import Database, Transaction
 
 # The status filter as the OpenAPI document states it: known statuses, comma-separated.
 _ONE_STATUS = f" *({'|'.join(run_queries.RUN_STATUSES)}) *"
@@ -151,17 +152,24 @@ def read_logs(
     """A page of the attempt's output (UTF-8, invalid bytes replaced). Poll with ``offset=next_offset``;
     ``complete`` means the run is terminal and no more bytes follow."""
 
-    def unit(tx: Transaction) -> tuple[bool, Attempt | None]:
+    def unit(tx: Transaction) -> tuple[bool, Attempt | None, LogPage | None]:
         found = auth.authorize(tx, principal, project, "run.read")
         run = runs.get_run(tx, found.id, _run_id(run_id))
-        return is_run_terminal(run.status), _attempt(tx, run.id, attempt)
+        terminal = is_run_terminal(run.status)
+        chosen = _attempt(tx, run.id, attempt)
+        page = None
+        if chosen is not None:
+            page = _stored_page(tx, chosen, terminal, offset, max_bytes, local=logs_root is not None)
+        return terminal, chosen, page
 
-    # The status is read before the file: when the run was terminal then, the log was already whole.
-    terminal, chosen = db.transaction(unit, write=False)
-    if logs_root is None:
-        raise logs.LogsUnavailable()
-    if chosen is None:
+    # The status is read before the log: when the run was terminal then, the log was already whole.
+    terminal, chosen, stored = db.transaction(unit, write=False)
+    if stored is not None:
+        return stored
+    if chosen is None:  # no attempt yet (queued, or cancelled before one): an empty log
         return LogPage(attempt=None, offset=offset, next_offset=offset, data="", eof=True, complete=terminal)
+    if logs_root is None:  # not reached: without log files every attempt's log is the stored one
+        raise logs.LogsUnavailable()
     chunk = logs.read_chunk(logs_root, chosen.log_artifact_id or chosen.id, offset, max_bytes)
     text, next_offset = logs.split_text(chunk, final=terminal and chunk.eof)
     return LogPage(
@@ -171,6 +179,35 @@ def read_logs(
         data=text,
         eof=chunk.eof,  # a character still being written is held back, but nothing else follows yet
         complete=terminal and chunk.eof,  # a terminal run's last page is never held back
+    )
+
+
+def _stored_page(
+    tx: Transaction, chosen: Attempt, terminal: bool, offset: int, max_bytes: int, *, local: bool
+) -> LogPage | None:
+    """The page of a log a remote worker shipped to the database (docs/cluster.md "Log shipping"),
+    or None when the log is a local file (a server with an embedded worker and nothing shipped).
+    A terminal run's log is complete once the worker closed it after the attempt settled, or once
+    the quota ended it, or (a worker that died before closing it) a while after the attempt ended."""
+    head = attempt_logs.head(tx, chosen.id)
+    if head is None and local:
+        return None
+    if head is None:
+        stored = attempt_logs.StoredPage(data=b"", next_offset=offset, eof=True, closed=False)
+    else:
+        stored = attempt_logs.read(tx, head, offset, max_bytes)
+    ended_at = chosen.finished_at_ms or chosen.created_at_ms
+    closed = stored.closed or tx.now_ms() - ended_at >= attempt_logs.UNCLOSED_COMPLETE_AFTER_MS
+    whole = terminal and stored.eof and closed
+    chunk = logs.LogChunk(data=stored.data, next_offset=stored.next_offset, eof=stored.eof)
+    text, next_offset = logs.split_text(chunk, final=whole)
+    return LogPage(
+        attempt=chosen.attempt,
+        offset=offset,
+        next_offset=next_offset,
+        data=text,
+        eof=stored.eof,
+        complete=whole,
     )
 
 
@@ -200,24 +237,50 @@ def read_raw_log(
         return run.id, _attempt(tx, run.id, attempt)
 
     found_id, chosen = db.transaction(unit, write=False)
-    if logs_root is None:
-        raise logs.LogsUnavailable()
-    root = logs_root
-    artifact = chosen.log_artifact_id or chosen.id if chosen is not None else None
-    first = logs.read_chunk(root, artifact, 0, logs.MAX_LOG_PAGE) if artifact else None
-
-    def body() -> Iterator[bytes]:
-        chunk = first
-        for _ in range(MAX_RAW_LOG_PAGES):
-            if chunk is None or not chunk.data:
-                return
-            yield chunk.data
-            if chunk.eof or artifact is None:
-                return
-            chunk = logs.read_chunk(root, artifact, chunk.next_offset, logs.MAX_LOG_PAGE)
-
+    shipped = None
+    if chosen is not None:
+        attempt_id = chosen.id
+        shipped = db.transaction(lambda tx: attempt_logs.head(tx, attempt_id), write=False)
+    if shipped is not None or logs_root is None:
+        body: Iterator[bytes] = _stored_body(db, shipped)  # None (nothing shipped yet): empty
+    else:
+        body = _file_body(logs_root, chosen)
     return StreamingResponse(
-        body(),
+        body,
         media_type="text/plain; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="run-{found_id}.log"'},
     )
+
+
+def _file_body(root: Path, chosen: Attempt | None) -> Iterator[bytes]:
+    """A local log file; its first page is read before the response starts (a failure is a 404)."""
+    artifact = chosen.log_artifact_id or chosen.id if chosen is not None else None
+    first = logs.read_chunk(root, artifact, 0, logs.MAX_LOG_PAGE) if artifact else None
+    return _file_pages(root, artifact, first)
+
+
+def _file_pages(root: Path, artifact: str | None, chunk: logs.LogChunk | None) -> Iterator[bytes]:
+    for _ in range(MAX_RAW_LOG_PAGES):
+        if chunk is None or not chunk.data:
+            return
+        yield chunk.data
+        if chunk.eof or artifact is None:
+            return
+        chunk = logs.read_chunk(root, artifact, chunk.next_offset, logs.MAX_LOG_PAGE)
+
+
+def _stored_body(db: Database, head: attempt_logs.LogHead | None) -> Iterator[bytes]:
+    """A shipped log, one bounded read transaction per page."""
+    if head is None:
+        return
+    offset = 0
+    for _ in range(MAX_RAW_LOG_PAGES):
+        page = db.transaction(
+            partial(attempt_logs.read, log=head, offset=offset, max_bytes=logs.MAX_LOG_PAGE), write=False
+        )
+        if not page.data:
+            return
+        yield page.data
+        offset = page.next_offset
+        if page.eof:
+            return

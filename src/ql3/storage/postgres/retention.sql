@@ -23,3 +23,12 @@ DELETE FROM run_attempts WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(
 
 -- name: retention_delete_runs
 DELETE FROM runs WHERE id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))) AND status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+
+-- name: retention_delete_log_chunks
+DELETE FROM attempt_log_chunks WHERE (attempt_id, start_offset) IN (
+  SELECT attempt_id, start_offset FROM attempt_log_chunks
+  WHERE attempt_id IN (SELECT jsonb_array_elements_text(CAST(:attempt_ids AS jsonb)))
+  ORDER BY attempt_id, start_offset LIMIT :limit)
+
+-- name: retention_delete_attempt_logs
+DELETE FROM attempt_logs WHERE attempt_id IN (SELECT jsonb_array_elements_text(CAST(:attempt_ids AS jsonb)))

@@ -108,6 +108,17 @@ COLUMN approved_run_action_receipts.resource_id text null=NO default=None
 COLUMN approved_run_action_receipts.finished_at_ms bigint null=NO default=None
 COLUMN approved_run_action_receipts.created_at_ms bigint null=NO default=None
 COLUMN approved_run_action_receipts.evidence_digest text null=NO default=None
+COLUMN attempt_log_chunks.attempt_id text null=NO default=None
+COLUMN attempt_log_chunks.start_offset bigint null=NO default=None
+COLUMN attempt_log_chunks.data bytea null=NO default=None
+COLUMN attempt_log_chunks.created_at_ms bigint null=NO default=None
+COLUMN attempt_logs.attempt_id text null=NO default=None
+COLUMN attempt_logs.stored_bytes bigint null=NO default=None
+COLUMN attempt_logs.cap_bytes bigint null=NO default=None
+COLUMN attempt_logs.truncated_at_ms bigint null=YES default=None
+COLUMN attempt_logs.closed_at_ms bigint null=YES default=None
+COLUMN attempt_logs.created_at_ms bigint null=NO default=None
+COLUMN attempt_logs.updated_at_ms bigint null=NO default=None
 COLUMN cancellation_audit.id text null=NO default=None
 COLUMN cancellation_audit.project_id text null=NO default=None
 COLUMN cancellation_audit.run_id text null=NO default=None
@@ -318,6 +329,8 @@ INDEX CREATE UNIQUE INDEX approved_action_resolutions_pkey ON public.approved_ac
 INDEX CREATE UNIQUE INDEX approved_run_action_receipts_pkey ON public.approved_run_action_receipts USING btree (dispatch_id)
 INDEX CREATE INDEX approved_run_action_receipts_project_run ON public.approved_run_action_receipts USING btree (project_id, resource_id)
 INDEX CREATE UNIQUE INDEX approved_run_action_receipts_resource_type_resource_id_key ON public.approved_run_action_receipts USING btree (resource_type, resource_id)
+INDEX CREATE UNIQUE INDEX attempt_log_chunks_pkey ON public.attempt_log_chunks USING btree (attempt_id, start_offset)
+INDEX CREATE UNIQUE INDEX attempt_logs_pkey ON public.attempt_logs USING btree (attempt_id)
 INDEX CREATE UNIQUE INDEX cancellation_audit_pkey ON public.cancellation_audit USING btree (id)
 INDEX CREATE UNIQUE INDEX cancellation_audit_project_id_operation_mutation_id_key ON public.cancellation_audit USING btree (project_id, operation, mutation_id)
 INDEX CREATE INDEX cancellation_audit_project_run ON public.cancellation_audit USING btree (project_id, run_id)
@@ -485,6 +498,16 @@ CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_resource_ty
 CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_resource_type_resource_id_key UNIQUE (resource_type, resource_id)
 CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_result_code_check CHECK ((result_code = 'approved_run_created'::text))
 CONSTRAINT approved_run_action_receipts.approved_run_action_receipts_schema_version_check CHECK ((schema_version = 1))
+CONSTRAINT attempt_log_chunks.attempt_log_chunks_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES attempt_logs(attempt_id)
+CONSTRAINT attempt_log_chunks.attempt_log_chunks_data_check CHECK (((octet_length(data) >= 1) AND (octet_length(data) <= 65536)))
+CONSTRAINT attempt_log_chunks.attempt_log_chunks_pkey PRIMARY KEY (attempt_id, start_offset)
+CONSTRAINT attempt_log_chunks.attempt_log_chunks_start_offset_check CHECK ((start_offset >= 0))
+CONSTRAINT attempt_logs.attempt_logs_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES run_attempts(id)
+CONSTRAINT attempt_logs.attempt_logs_cap_bytes_check CHECK ((cap_bytes >= 1))
+CONSTRAINT attempt_logs.attempt_logs_check CHECK ((stored_bytes <= cap_bytes))
+CONSTRAINT attempt_logs.attempt_logs_check1 CHECK (((truncated_at_ms IS NULL) OR (stored_bytes = cap_bytes)))
+CONSTRAINT attempt_logs.attempt_logs_pkey PRIMARY KEY (attempt_id)
+CONSTRAINT attempt_logs.attempt_logs_stored_bytes_check CHECK ((stored_bytes >= 0))
 CONSTRAINT cancellation_audit.cancellation_audit_operation_check CHECK ((operation = 'cancellation.rearm'::text))
 CONSTRAINT cancellation_audit.cancellation_audit_pkey PRIMARY KEY (id)
 CONSTRAINT cancellation_audit.cancellation_audit_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
