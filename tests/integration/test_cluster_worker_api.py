@@ -63,8 +63,10 @@ def plane(client: TestClient, token: str) -> HttpControlPlane:
     return HttpControlPlane("http://testserver", token, client=own)
 
 
-def task_and_run(client: TestClient, owner: dict[str, str], name: str, command: str) -> dict[str, Any]:
-    made = client.post(f"{P}/tasks", json={"name": name, "command": command}, headers=owner)
+def task_and_run(
+    client: TestClient, owner: dict[str, str], name: str, command: str, **fields: Any
+) -> dict[str, Any]:
+    made = client.post(f"{P}/tasks", json={"name": name, "command": command, **fields}, headers=owner)
     assert made.status_code == 201, made.text
     resp = client.post(f"{P}/tasks/{name}/runs", json={}, headers=owner)
     assert resp.status_code == 201, resp.text
@@ -204,12 +206,13 @@ def test_a_remote_agent_runs_a_real_process_and_completes_it(
 def test_a_stop_is_released_only_after_its_dispatch_is_settled(
     api_client: TestClient, owner: dict[str, str], db: SqliteDatabase, tmp_path: Path
 ) -> None:
-    # Given a remote agent running a long task
+    # Given a remote agent running a long task that ignores TERM (so it is still running, and its
+    # lease still live, when the stop is asked for again: KILL follows after the 3 s grace)
     p = plane(api_client, worker_token(api_client, owner, "w1"))
     agent = WorkerAgent(p, WorkerConfig(worker_id="w1", home=tmp_path / "w1"), clock=lambda: 0)
     agent.start()
     try:
-        run = task_and_run(api_client, owner, "sleeper", "sleep 60")
+        run = task_and_run(api_client, owner, "sleeper", "trap '' TERM; sleep 60", grace_ms=3000)
         assert agent.session is not None
         offer = pull(p, agent.session)
         assert agent.receive(offer) == "running_acknowledged"
