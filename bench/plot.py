@@ -110,7 +110,7 @@ def table(ql3: dict[str, Any], peers: dict[str, Any]) -> str:
         f" {ql3.get('dispatch_offers_per_s_postgres', '-')} PostgreSQL"
         f" ({ql3.get('pg_round_trips_per_offer', '-')} round trips per offer)."
         f" Load average (1 min): {ql3.get('load_1m_start', '?')} at the start,"
-        f" {peers.get('loadavg_after', ['?'])[0]} at the end."
+        f" {round(float(peers.get('loadavg_after', [0])[0]), 1)} at the end."
     )
     return "\n".join(lines)
 
@@ -150,19 +150,25 @@ def main() -> int:
             continue
         for slots in ("1", "8", "64"):
             if slots in e2e.get("slots", {}):
-                labels.append(f"{kind[:2]}\nslots {slots}")
+                labels.append(f"{slots}\nslots")
                 values.append(e2e["slots"][slots]["runs_per_s"])
                 colors.append(color)
         for queued, run in e2e.get("flat", {}).items():
             if queued != "ratio":
-                labels.append(f"{kind[:2]}\n{int(queued) // 1000}k queued")
+                labels.append(f"{int(queued) / 1000:g}k\nqueued")
                 values.append(run["runs_per_s"])
                 colors.append(color)
     bars = right.bar(range(len(values)), values, color=colors)
     right.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=8)
     right.set_xticks(range(len(values)), labels, fontsize=8)
-    right.set_title("ql3: --slots, and backlog size (sq = SQLite, po = PostgreSQL)")
-    load = peers.get("loadavg_after", [ql3.get("load_1m_end", "?")])[0]
+    right.set_title("ql3 serve: --slots; runs/s with a small and a large backlog")
+    from matplotlib.patches import Patch
+
+    right.legend(
+        handles=[Patch(color="#55a868", label="SQLite"), Patch(color="#8172b2", label="PostgreSQL")],
+        fontsize=9,
+    )
+    load = round(float(peers.get("loadavg_after", [ql3.get("load_1m_end", 0)])[0]), 1)
     fig.suptitle(f"ql3 and peers, one bench/run-all session ({ql3.get('date', '')}; 2 shared vCPUs,"
                  f" load average about {load})", fontsize=10)  # fmt: skip
     fig.tight_layout()

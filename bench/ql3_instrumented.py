@@ -71,7 +71,7 @@ def _connect(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
     return conn
 
 
-def _install_counters() -> None:
+def _install_counters(postgres: bool) -> None:
     sqlite3.connect = _connect  # type: ignore[assignment]
     real_fsync = os.fsync
 
@@ -81,10 +81,14 @@ def _install_counters() -> None:
 
     os.fsync = fsync
 
-    from ql3.storage.postgres.adapter import PostgresDatabase
     from ql3.storage.sqlite.adapter import SqliteDatabase
 
-    for cls, prefix in ((SqliteDatabase, "sqlite"), (PostgresDatabase, "postgres")):
+    classes: list[tuple[Any, str]] = [(SqliteDatabase, "sqlite")]
+    if postgres:  # imported only then: psycopg and libpq would add about 10 MB to a SQLite server's RSS
+        from ql3.storage.postgres.adapter import PostgresDatabase
+
+        classes.append((PostgresDatabase, "postgres"))
+    for cls, prefix in classes:
         real = cls.transaction
 
         def transaction(
@@ -106,7 +110,7 @@ def main() -> int:
         profile_path = Path(argv.pop(0))
     if argv and argv[0] == "--":
         argv.pop(0)
-    _install_counters()
+    _install_counters(any(a.startswith("postgres") for a in argv))
     profiles: list[cProfile.Profile] = []
     if profile_path is not None:
 
