@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -28,6 +29,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import psycopg
@@ -410,6 +412,426 @@ def bench_cancel_writes(repeat: int) -> tuple[float, float]:
     return statistics.median(f[0] for f in figures), statistics.median(f[1] for f in figures)
 
 
+# -- end to end through an instrumented ``ql3 serve``, on SQLite and PostgreSQL ----------------------
+
+INSTRUMENTED = ROOT / "bench" / "ql3_instrumented.py"
+TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
+TERMINAL_SQL = (
+    "SELECT count(*) AS n FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled', 'timed_out')"
+)
+
+
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """(utime + stime of the process itself, cutime + cstime of its reaped children) in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return utime + stime, cutime + cstime
+
+
+def proc_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return -1
+
+
+def load_1m() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+class Store:
+    """A fresh ql3 database (SQLite file in the home, or a PostgreSQL database of its own), migrated,
+    with the owner, a task ``t`` whose command is ``true``, and the credentials file of the home."""
+
+    def __init__(self, kind: str, home: Path) -> None:
+        self.kind = kind
+        self.home = home
+        home.mkdir(mode=0o700, parents=True)
+        self.pg_name = ""
+        self.url: str | None = None
+        if kind == "sqlite":
+            self.db: Any = SqliteDatabase(home / "ql3.db")
+        else:
+            admin = _pg_admin()
+            self.pg_name = f"ql3_bench_{uuid.uuid4().hex[:8]}"
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{self.pg_name}"'.encode())
+            info = psycopg.conninfo.conninfo_to_dict(admin)
+            user, host = info.get("user") or "postgres", info.get("host") or "127.0.0.1"
+            port = info.get("port") or "5432"
+            self.url = f"postgresql://{quote(str(user))}@{quote(str(host), safe='')}:{port}/{self.pg_name}"
+            self.db = PostgresDatabase(self.url, max_size=2)
+        self.db.migrate()
+        token = self.db.transaction(auth.bootstrap_owner)
+        self.project = token.project
+        self.task = self.db.transaction(
+            lambda tx: tasks.create_task(tx, self.project.id, "t", {"command": "true"})
+        ).task
+        (home / "credentials").write_text(json.dumps({"url": "http://127.0.0.1:1", "token": token.token}))
+        (home / "credentials").chmod(0o600)
+        self.polls = 0
+        self._pg: psycopg.Connection[Any] | None = None
+        if self.url:
+            self._pg = psycopg.connect(self.url, autocommit=True)
+
+    def enqueue(self, n: int, batch: int = 5000) -> None:
+        for start in range(0, n, batch):
+            k = min(batch, n - start)
+
+            def create(tx: Any, k: int = k) -> None:
+                for _ in range(k):
+                    runs.create_run(tx, runs.CreateRun(project_id=self.project.id, task=self.task))
+
+            self.db.transaction(create)
+
+    def terminal(self) -> int:
+        self.polls += 1
+        if self._pg is not None:
+            row = self._pg.execute(TERMINAL_SQL).fetchone()
+            return int(row[0]) if row else 0
+        return int(self.db.raw(TERMINAL_SQL)[0]["n"])
+
+    def pg_counters(self) -> dict[str, int]:
+        """This database's committed transactions and the cluster's WAL syncs and writes (the WAL
+        counters are cluster-wide: other sessions on the same server add to them)."""
+        if self._pg is None:
+            return {}
+        self._pg.execute("SELECT pg_stat_clear_snapshot()")
+        row = self._pg.execute(
+            "SELECT d.xact_commit, w.wal_sync, w.wal_write FROM pg_stat_database d, pg_stat_wal w"
+            " WHERE d.datname = current_database()"
+        ).fetchone()
+        assert row is not None
+        return {"xact_commit": int(row[0]), "wal_sync": int(row[1]), "wal_write": int(row[2])}
+
+    def close(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
+        self.db.close()
+        if self.pg_name:
+            with psycopg.connect(_pg_admin(), autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)'.encode())
+
+
+class InstrumentedServe:
+    """``ql3 serve`` under bench/ql3_instrumented.py (counters, optionally cProfile) on a Store."""
+
+    def __init__(self, store: Store, slots: int, profile: Path | None = None) -> None:
+        self.store = store
+        self.stats = store.home.parent / f"stats-{uuid.uuid4().hex[:6]}.json"
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QL3_")}
+        env["QL3_HOME"] = str(store.home)
+        argv = [sys.executable, str(INSTRUMENTED), str(self.stats)]
+        if profile is not None:
+            argv += ["--profile", str(profile)]
+        argv += ["--", "serve", "--listen", f"127.0.0.1:{port}", "--slots", str(slots)]
+        if store.url:
+            argv += ["--database-url", store.url]
+        self.log = store.home.parent / f"serve-{uuid.uuid4().hex[:6]}.log"
+        self.spawned = time.perf_counter()
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.client: httpx.Client | None = None
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    token = json.loads((self.store.home / "credentials").read_text())["token"]
+                    self.client = httpx.Client(
+                        base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+                    )
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"ql3 serve did not become healthy: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:]
+
+    def counters(self) -> dict[str, int]:
+        with contextlib.suppress(FileNotFoundError):
+            self.stats.unlink()
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                data: dict[str, int] = json.loads(self.stats.read_text())
+                return data
+            time.sleep(0.02)
+        raise RuntimeError("no counters from the instrumented server")
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_terminal(store: Store, serve: InstrumentedServe, n: int, poll_s: float = 0.02) -> float:
+    """perf_counter() when ``n`` runs are terminal (bounded by PHASE_TIMEOUT_S)."""
+    deadline = time.perf_counter() + PHASE_TIMEOUT_S
+    while time.perf_counter() < deadline:
+        if store.terminal() >= n:
+            return time.perf_counter()
+        if serve.proc.poll() is not None:
+            raise RuntimeError(f"ql3 serve exited with {serve.proc.returncode}: {serve.log_tail()}")
+        time.sleep(poll_s)
+    raise RuntimeError(f"{n} runs not finished within {PHASE_TIMEOUT_S} s")
+
+
+def e2e_backlog(
+    kind: str, n: int, slots: int, *, queued: int | None = None, profile: Path | None = None
+) -> dict[str, Any]:
+    """``queued`` (default ``n``) runs of ``true`` enqueued first (not timed); then the server is spawned
+    and the wall time runs from the spawn to the ``n``-th run finishing, like the peers' figure."""
+    queued = n if queued is None else queued
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(kind, Path(tmp) / "home")
+        serve: InstrumentedServe | None = None
+        try:
+            store.enqueue(queued)
+            serve = InstrumentedServe(store, slots, profile)
+            end = wait_terminal(store, serve, n, poll_s=0.02 if kind == "sqlite" else 0.05)
+            wall = end - serve.spawned
+            cpu_self, cpu_children = cpu_ticks(serve.proc.pid)
+            hwm = proc_kb(serve.proc.pid, "VmHWM")
+            return {
+                "runs": n,
+                "queued": queued,
+                "slots": slots,
+                "wall_s": round(wall, 3),
+                "runs_per_s": round(n / wall, 1),
+                "cpu_ms_per_run_server": round(cpu_self * TICK_MS / n, 3),
+                "cpu_ms_per_run_with_children": round((cpu_self + cpu_children) * TICK_MS / n, 3),
+                "peak_rss_mb": round(hwm / 1024, 1),
+                "load_1m_after": load_1m(),
+            }
+        finally:
+            if serve is not None:
+                serve.stop()
+            store.close()
+
+
+def e2e_live(kind: str, n: int, slots: int) -> dict[str, Any]:
+    """A producer submits ``n`` runs one by one through the API (``POST .../runs``) while the server
+    runs them; runs/s from the first request to the last run finishing. CPU, transactions and fsyncs
+    are counted over that window (the server's idle loops and the API requests included)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(kind, Path(tmp) / "home")
+        serve: InstrumentedServe | None = None
+        try:
+            serve = InstrumentedServe(store, slots)
+            serve.wait_healthy()
+            assert serve.client is not None
+            time.sleep(1.5)  # idle: PostgreSQL flushes a backend's statistics at most once a second
+            pg0, c0 = store.pg_counters(), serve.counters()
+            polls0 = store.polls
+            cpu0 = cpu_ticks(serve.proc.pid)
+            start = time.perf_counter()
+            for _ in range(n):
+                serve.client.post("/api/v1/projects/default/tasks/t/runs", json={}).raise_for_status()
+            submitted = time.perf_counter()
+            end = wait_terminal(store, serve, n, poll_s=0.02 if kind == "sqlite" else 0.05)
+            cpu1 = cpu_ticks(serve.proc.pid)
+            c1 = serve.counters()
+            hwm = proc_kb(serve.proc.pid, "VmHWM")
+            polls = store.polls - polls0
+            serve.stop()  # the backends exit and flush their statistics
+            serve = None
+            time.sleep(0.5)
+            pg1 = store.pg_counters()
+            out: dict[str, Any] = {
+                "runs": n,
+                "slots": slots,
+                "wall_s": round(end - start, 3),
+                "runs_per_s": round(n / (end - start), 1),
+                "submit_per_s": round(n / (submitted - start), 1),
+                "cpu_ms_per_run_server": round((cpu1[0] - cpu0[0]) * TICK_MS / n, 3),
+                "cpu_ms_per_run_with_children": round(
+                    (cpu1[0] - cpu0[0] + cpu1[1] - cpu0[1]) * TICK_MS / n, 3
+                ),
+                "peak_rss_mb": round(hwm / 1024, 1),
+                "load_1m_after": load_1m(),
+            }
+            delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in set(c0) | set(c1)}
+            units = sum(v for k, v in delta.items() if k.endswith("_units"))
+            out["transactions_per_run"] = round(units / n, 2)
+            out["transactions_per_run_detail"] = {k: round(v / n, 2) for k, v in sorted(delta.items())}
+            if kind == "sqlite":
+                # WAL mode: a commit fsyncs only with synchronous=FULL (the journal's crash barrier);
+                # the rest of the server's commits use NORMAL; Python's os.fsync calls are counted too.
+                full = sum(v for k, v in delta.items() if k.startswith("sqlite_full_commits"))
+                out["fsyncs_per_run"] = round((full + delta.get("python_fsyncs", 0)) / n, 2)
+                out["fsyncs_how"] = "synchronous=FULL commits + os.fsync calls (checkpoints not counted)"
+            else:
+                # the bench's own completion polls are autocommit transactions on the same database
+                xacts = pg1["xact_commit"] - pg0["xact_commit"] - polls
+                out["pg_xact_commit_per_run"] = round(xacts / n, 2)
+                out["fsyncs_per_run"] = round((pg1["wal_sync"] - pg0["wal_sync"]) / n, 2)
+                out["pg_wal_write_per_run"] = round((pg1["wal_write"] - pg0["wal_write"]) / n, 2)
+                out["fsyncs_how"] = "pg_stat_wal.wal_sync delta (cluster-wide: other sessions included)"
+                # the journal is SQLite whatever the control plane's database is
+                full = sum(v for k, v in delta.items() if k.startswith("sqlite_full_commits"))
+                out["journal_fsyncs_per_run"] = round((full + delta.get("python_fsyncs", 0)) / n, 2)
+            return out
+        finally:
+            if serve is not None:
+                serve.stop()
+            store.close()
+
+
+def idle_latency(kind: str, samples: int) -> dict[str, Any]:
+    """``POST .../runs`` sent to the command's first instruction (``date +%s%N``), server idle."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(kind, Path(tmp) / "home")
+        serve: InstrumentedServe | None = None
+        try:
+            marks = Path(tmp) / "marks"
+            marks.mkdir()
+            command = f'date +%s%N > {marks}/"$QL3_RUN_ID"'
+            store.db.transaction(
+                lambda tx: tasks.create_task(tx, store.project.id, "lat", {"command": command})
+            )
+            serve = InstrumentedServe(store, 8)
+            serve.wait_healthy()
+            assert serve.client is not None
+            latencies: list[float] = []
+            for _ in range(samples):
+                time.sleep(0.2)
+                sent = time.time_ns()
+                run_id = serve.client.post("/api/v1/projects/default/tasks/lat/runs", json={}).json()["id"]
+                path = marks / run_id
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and not (path.exists() and path.read_text().strip()):
+                    time.sleep(0.002)
+                latencies.append((int(path.read_text()) - sent) / 1e6)
+            latencies.sort()
+            return {
+                "samples": samples,
+                "p50_ms": round(statistics.median(latencies), 2),
+                "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
+                "idle_rss_mb": round(proc_kb(serve.proc.pid, "VmRSS") / 1024, 1),
+            }
+        finally:
+            if serve is not None:
+                serve.stop()
+            store.close()
+
+
+def _component(file: str, name: str) -> str:
+    """A readable owner for a profiled function: a ql3 module, a library, or a C built-in."""
+    if "_CountingConnection.execute" in name or "sqlite3" in name:
+        return "sqlite3 (C: executing statements, fetching rows)"
+    if file == "~":
+        if "posix_spawn" in name or "waitpid" in name or "pidfd" in name:
+            return "process spawn / reap (C)"
+        if "lock" in name or "acquire" in name:
+            return "locks / thread waits (C)"
+        if "psycopg" in name or "pq" in name:
+            return "psycopg (C)"
+        if "builtins." in name:
+            return "Python built-ins (isinstance, getattr, len, compile, exec...)"
+        return "C: " + name.strip("<>")
+    if "/ql3/" in file:
+        return "ql3/" + file.split("/ql3/", 1)[1]
+    if "site-packages/" in file:
+        return file.split("site-packages/", 1)[1].split("/", 1)[0]
+    if "bench/ql3_instrumented" in file:
+        return "bench counters (instrumentation)"
+    return "stdlib " + Path(file).name
+
+
+def profile_report(path: Path, runs_n: int, top: int = 25) -> str:
+    """The merged cProfile (CPU time per thread) as a readable top list, per run."""
+    import io
+    import pstats
+
+    stats = pstats.Stats(str(path))
+    total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]
+    lines = [
+        f"cProfile of ql3 serve, every thread, CPU time (time.thread_time); {runs_n} runs;"
+        f" {total * 1000 / runs_n:.2f} ms of profiled CPU per run (profiler overhead and start-up included)",
+    ]
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
+    by_module: dict[str, float] = {}
+    for (file, _line, name), (_cc, _nc, tt, _ct, _callers) in rows:
+        by_module[_component(file, name)] = by_module.get(_component(file, name), 0.0) + tt
+    lines.append("")
+    lines.append("-- own CPU time by component (sum of tottime), ms per run --")
+    for component, tt in sorted(by_module.items(), key=lambda kv: kv[1], reverse=True)[:top]:
+        lines.append(f"{tt * 1000 / runs_n:8.3f}  {100 * tt / total:5.1f} %  {component}")
+    lines.append("")
+    lines.append("-- functions by own CPU time --")
+    lines.append(f"{'tottime ms/run':>14} {'cum ms/run':>10} {'calls/run':>9}  function")
+    for (file, line, name), (_cc, nc, tt, ct, _callers) in rows[:top]:
+        if "_CountingConnection.execute" in name:
+            name = "sqlite3 statements (the C execute under the counting subclass)"
+        short = file.split("site-packages/")[-1].split("/src/")[-1]
+        per_run = f"{tt * 1000 / runs_n:14.3f} {ct * 1000 / runs_n:10.3f} {nc / runs_n:9.1f}"
+        lines.append(f"{per_run}  {short}:{line}({name})")
+    cum = io.StringIO()
+    pstats.Stats(str(path), stream=cum).sort_stats("cumulative").print_stats(40)
+    return "\n".join(lines) + "\n\n-- by cumulative time --\n" + cum.getvalue()
+
+
+def _median_rep(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """runs/s: the median over the repetitions (as for the peers); the other figures (CPU, counters,
+    RSS) are those of the repetition at the lower median; every repetition's runs/s is kept."""
+    ordered = sorted(reps, key=lambda r: r["runs_per_s"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["runs_per_s_reps"] = [r["runs_per_s"] for r in reps]
+    chosen["runs_per_s_of_this_rep"] = chosen["runs_per_s"]
+    chosen["runs_per_s"] = round(statistics.median(chosen["runs_per_s_reps"]), 1)
+    return chosen
+
+
+def bench_e2e(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    kinds = [k for k in args.kinds.split(",") if k]
+    for kind in kinds:
+        res: dict[str, Any] = {}
+        print(f"[{kind}] backlog: {args.e2e_runs} runs, --slots 8, {args.repeat} repetitions", flush=True)
+        res["backlog"] = _median_rep([e2e_backlog(kind, args.e2e_runs, 8) for _ in range(args.repeat)])
+        print(f"[{kind}]   {res['backlog']['runs_per_s_reps']} runs/s", flush=True)
+        print(f"[{kind}] live producer: {args.e2e_runs} runs through the API", flush=True)
+        res["live"] = _median_rep([e2e_live(kind, args.e2e_runs, 8) for _ in range(args.repeat)])
+        print(f"[{kind}]   {res['live']['runs_per_s_reps']} runs/s", flush=True)
+        res["latency"] = idle_latency(kind, args.latency_samples)
+        print(f"[{kind}] idle start latency {res['latency']}", flush=True)
+        res["slots"] = {}
+        for slots in (1, 64):
+            res["slots"][str(slots)] = e2e_backlog(kind, args.slots_runs, slots)
+            print(f"[{kind}] --slots {slots}: {res['slots'][str(slots)]['runs_per_s']} runs/s", flush=True)
+        res["slots"]["8"] = res["backlog"]
+        if kind in args.flat_kinds.split(","):
+            res["flat"] = {}
+            for queued in (args.flat_runs, args.flat_backlog):
+                res["flat"][str(queued)] = e2e_backlog(kind, args.flat_runs, 8, queued=queued)
+                print(
+                    f"[{kind}] first {args.flat_runs} runs with {queued} queued:"
+                    f" {res['flat'][str(queued)]['runs_per_s']} runs/s",
+                    flush=True,
+                )
+            small, large = res["flat"][str(args.flat_runs)], res["flat"][str(args.flat_backlog)]
+            res["flat"]["ratio"] = round(large["runs_per_s"] / small["runs_per_s"], 3)
+        out[f"e2e_{kind}"] = res
+    if args.profile:
+        results = args.json.parent if args.json else Path(tempfile.gettempdir())
+        results.mkdir(parents=True, exist_ok=True)
+        path = results / "ql3-profile-sqlite.pstats"
+        print(f"[sqlite] profile: {args.e2e_runs} runs under cProfile", flush=True)
+        out["profile_run"] = e2e_backlog("sqlite", args.e2e_runs, 8, profile=path)
+        report = profile_report(path, args.e2e_runs)
+        (results / "ql3-profile-sqlite.txt").write_text(report)
+        print("\n".join(report.splitlines()[:30]), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -417,32 +839,69 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--queued", type=int, default=10_000)
     parser.add_argument("--e2e-runs", type=int, default=2000)
+    parser.add_argument("--slots-runs", type=int, default=1000, help="runs per --slots 1 / 64 measurement")
+    parser.add_argument("--flat-runs", type=int, default=1000, help="runs timed in the backlog-flatness pair")
+    parser.add_argument("--flat-backlog", type=int, default=100_000, help="the large backlog of that pair")
+    parser.add_argument("--flat-kinds", default="sqlite,postgres", help="databases for the flatness pair")
+    parser.add_argument("--kinds", default="sqlite,postgres", help="databases for the end-to-end part")
+    parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--latency-samples", type=int, default=50)
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--dispatch-only",
         action="store_true",
-        help="only the dispatch parts (throughput, round trips per offer on PostgreSQL, dispatch_once cost)",
+        help="only the dispatch parts (throughput, round trips per offer on PostgreSQL)",
+    )
+    parser.add_argument(
+        "--no-dispatch", action="store_true", help="skip the dispatch throughput and round-trip parts"
+    )
+    parser.add_argument(
+        "--extras",
+        action="store_true",
+        help="also dispatch_once cost with 1,000 / --backlog queued, cancel latency and writes, RSS with"
+        " --backlog queued (the 2026-11-30 figures)",
     )
     parser.add_argument("--claims", type=int, default=2000, help="offers per throughput repetition")
     args = parser.parse_args()
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count()}
-    for _ in range(args.repeat):
-        for kind in ("sqlite", "postgres"):  # interleaved, so both see the same load
-            out.setdefault(f"dispatch_offers_per_s_{kind}_runs", []).append(
-                round(bench_dispatch_throughput(kind, args.queued, args.claims), 1)
-            )
-    for kind in ("sqlite", "postgres"):
-        out[f"dispatch_offers_per_s_{kind}"] = statistics.median(out[f"dispatch_offers_per_s_{kind}_runs"])
-        print(f"dispatch throughput {kind}: {out[f'dispatch_offers_per_s_{kind}']} offers/s", flush=True)
-    out["pg_round_trips_per_offer"] = round(bench_round_trips(min(args.queued, 1000), 200), 2)
-    print(f"PostgreSQL round trips per offer: {out['pg_round_trips_per_offer']}", flush=True)
-    if args.dispatch_only:
+    out: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "nproc": os.cpu_count(),
+        "load_1m_start": load_1m(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+
+    def save() -> None:
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(out, indent=2))
+
+    if not args.no_dispatch:
+        for _ in range(args.repeat):
+            for kind in ("sqlite", "postgres"):  # interleaved, so both see the same load
+                out.setdefault(f"dispatch_offers_per_s_{kind}_runs", []).append(
+                    round(bench_dispatch_throughput(kind, args.queued, args.claims), 1)
+                )
+        for kind in ("sqlite", "postgres"):
+            out[f"dispatch_offers_per_s_{kind}"] = round(
+                statistics.median(out[f"dispatch_offers_per_s_{kind}_runs"]), 1
+            )
+            print(f"dispatch throughput {kind}: {out[f'dispatch_offers_per_s_{kind}']} offers/s", flush=True)
+        out["pg_round_trips_per_offer"] = round(bench_round_trips(min(args.queued, 1000), 200), 2)
+        print(f"PostgreSQL round trips per offer: {out['pg_round_trips_per_offer']}", flush=True)
+        save()
+    if args.dispatch_only:
         return 0
+    bench_e2e(args, out)
+    save()
+    if args.extras:
+        bench_extras(args, out)
+    out["load_1m_end"] = load_1m()
+    save()
+    return 0
+
+
+def bench_extras(args: argparse.Namespace, out: dict[str, Any]) -> None:
     for kind in ("sqlite", "postgres"):
         small = statistics.median(bench_dispatch_cost(kind, 1_000, 200) for _ in range(args.repeat))
         large = bench_dispatch_cost(kind, args.backlog, 200)
@@ -453,12 +912,6 @@ def main() -> int:
             f"dispatch_once {kind}: 1k {small:.3f} ms, {args.backlog} {large:.3f} ms,"
             f" ratio {large / small:.2f}"
         )
-    e2e = [bench_end_to_end(args.e2e_runs, 8) for _ in range(args.repeat)]
-    out["end_to_end_runs_per_s"] = round(statistics.median(e2e), 1)
-    print(f"end to end (true, ql3 serve, 8 slots): {out['end_to_end_runs_per_s']} runs/s", flush=True)
-    p50, p99 = bench_idle_latency(args.latency_samples)
-    out["idle_start_latency_ms_p50"], out["idle_start_latency_ms_p99"] = round(p50, 2), round(p99, 2)
-    print(f"idle start latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms", flush=True)
     c50, c99 = bench_cancel_latency(args.latency_samples // 2 or 1)
     out["cancel_latency_ms_p50"], out["cancel_latency_ms_p99"] = round(c50, 2), round(c99, 2)
     print(f"cancel latency (request to process group gone): p50 {c50:.2f} ms, p99 {c99:.2f} ms", flush=True)
@@ -475,10 +928,6 @@ def main() -> int:
         f"RSS: idle {idle / 1024:.1f} MB, with {args.backlog} queued {loaded / 1024:.1f} MB"
         f" (peak {hwm / 1024:.1f})"
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
-    return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,14 @@ same concurrency (2) in a separate worker process started through the library's 
 * throughput: fresh database/queue, enqueue N jobs, start the worker, wall time from just
   before spawning the worker until the last job's end timestamp; jobs/s = N / wall time.
   Median over --repeat repetitions, each on fresh storage with a fresh worker.
+* live producer (--live, the default): fresh storage, the worker running and warmed up, then the
+  producer enqueues N jobs one call at a time while the worker runs; wall time from the first
+  enqueue call to the last job's end.
+* cost per job: CPU of the worker process (utime + stime from /proc, and with its reaped children,
+  the `true` processes), and on PostgreSQL the peer database's committed transactions
+  (pg_stat_database.xact_commit, the producer's included) and the cluster's WAL syncs
+  (pg_stat_wal.wal_sync, cluster-wide: other sessions add to it); backlog: the worker's whole life,
+  live: the producer's window.
 * idle latency: fresh storage, worker running and warmed up, queue empty; one job at a time
   (random 50-150 ms pause between them); latency = job start timestamp (taken inside the job)
   minus the producer's time.time_ns() taken just before the enqueue call. p50/p99 by nearest rank.
@@ -437,6 +445,12 @@ class ThroughputRun:
     # PostgreSQL peers: the database's committed transactions from before the enqueue until the
     # worker stopped (pg_stat_database.xact_commit, everything included), per job
     db_transactions_per_job: float | None = None
+    mode: str = "backlog"  # or "live": a producer enqueues one job at a time while the worker runs
+    cpu_ms_per_job: float | None = None  # the worker process itself (utime + stime)
+    cpu_ms_per_job_with_children: float | None = None  # plus its reaped children (the `true`s)
+    xact_per_job: float | None = None  # PostgreSQL: pg_stat_database.xact_commit of the peer's database
+    wal_sync_per_job: float | None = None  # PostgreSQL: pg_stat_wal.wal_sync (cluster-wide)
+    wal_write_per_job: float | None = None
 
 
 @dataclass
@@ -456,7 +470,9 @@ class PeerResult:
     storage: str
     worker_argv: list[str] = field(default_factory=list)
     throughput: list[ThroughputRun] = field(default_factory=list)
+    live: list[ThroughputRun] = field(default_factory=list)
     median_jobs_per_s: float | None = None
+    median_live_jobs_per_s: float | None = None
     median_steady_jobs_per_s: float | None = None
     median_startup_s: float | None = None
     latency: LatencyResult | None = None
@@ -496,6 +512,103 @@ def xact_commits(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
+TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """(utime + stime, cutime + cstime) of a live process, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+
+
+def pg_counters(dsn: str | None) -> dict[str, int]:
+    """The database's committed transactions and the cluster's WAL syncs / writes (cluster-wide:
+    other sessions on the same server add to those). Empty for a SQLite peer."""
+    if not dsn:
+        return {}
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute(
+            "SELECT d.xact_commit, w.wal_sync, w.wal_write FROM pg_stat_database d, pg_stat_wal w"
+            " WHERE d.datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    # (this connection's own SELECT is a transaction too, counted once per reading: 1 per pair)
+    return {"xact": int(row[0]), "wal_sync": int(row[1]), "wal_write": int(row[2])}
+
+
+def _costs(run: ThroughputRun, cpu0: tuple[int, int], cpu1: tuple[int, int], pg0: dict[str, int],
+           pg1: dict[str, int]) -> None:  # fmt: skip
+    run.cpu_ms_per_job = round((cpu1[0] - cpu0[0]) * TICK_MS / run.jobs, 3)
+    run.cpu_ms_per_job_with_children = round((sum(cpu1) - sum(cpu0)) * TICK_MS / run.jobs, 3)
+    if pg0 and pg1:
+        run.xact_per_job = round((pg1["xact"] - pg0["xact"] - 1) / run.jobs, 2)
+        run.wal_sync_per_job = round((pg1["wal_sync"] - pg0["wal_sync"]) / run.jobs, 2)
+        run.wal_write_per_job = round((pg1["wal_write"] - pg0["wal_write"]) / run.jobs, 2)
+
+
+async def live_rep(
+    name: str, settings: Settings, jobs: int, rep: int, timeout_s: float, result: PeerResult
+) -> ThroughputRun:
+    """The worker runs (warmed up by a few jobs) while a producer enqueues ``jobs`` jobs one call at a
+    time; wall time from the first enqueue call to the last job's end. CPU of the worker and the
+    database's transactions over that window (the producer's enqueues included), read after the
+    worker stopped (PostgreSQL backends flush their statistics when they exit)."""
+    record_file = settings.workdir / f"{name}_live{rep}.rec"
+    deadline = time.monotonic() + timeout_s
+    async with SESSIONS[name](settings, record_file) as session:
+        log_path = settings.workdir / f"{name}_live{rep}.log"
+        worker = Worker(session.worker_argv(), session.worker_env(), log_path)
+        dsn = getattr(session, "dsn", None)
+        try:
+            worker.start()
+            for w in range(WARMUP_JOBS):
+                await one_job(session, worker, record_file, -1 - w, deadline)
+            await asyncio.sleep(1.2)  # PostgreSQL flushes a backend's statistics at most once a second
+            assert worker.proc is not None
+            pg0, cpu0 = pg_counters(dsn), cpu_ticks(worker.proc.pid)
+            t0_ns = time.time_ns()
+            for tag in range(jobs):
+                await session.enqueue_one(tag)
+                if tag % 50 == 49:
+                    worker.check_alive()
+                    worker.maybe_sample_rss()
+                    await asyncio.sleep(0)
+            enqueue_s = (time.time_ns() - t0_ns) / 1e9
+            await wait_for_records(worker, record_file, jobs + WARMUP_JOBS, deadline, poll_s=0.02)
+            cpu1 = cpu_ticks(worker.proc.pid)
+            worker.maybe_sample_rss(force=True)
+        finally:
+            await worker.stop()
+        await asyncio.sleep(0.5)
+        pg1 = pg_counters(dsn)
+        records = [r for r in read_records(str(record_file)) if r.tag >= 0]
+    tags = {r.tag for r in records}
+    missing = set(range(jobs)) - tags
+    if missing:
+        raise RuntimeError(f"{len(missing)} jobs never recorded (e.g. {sorted(missing)[:5]})")
+    last_end = max(r.end_ns for r in records)
+    first_start = min(r.start_ns for r in records)
+    wall_s = (last_end - t0_ns) / 1e9
+    steady_s = (last_end - first_start) / 1e9
+    run = ThroughputRun(
+        jobs=jobs,
+        wall_s=wall_s,
+        jobs_per_s=jobs / wall_s,
+        startup_s=(first_start - t0_ns) / 1e9,
+        steady_jobs_per_s=(jobs - 1) / steady_s if steady_s > 0 else float("nan"),
+        enqueue_s=enqueue_s,
+        duplicates=len(records) - len(tags),
+        peak_rss_kib=worker.rss.peak_kib if worker.rss else 0,
+        load_1m_after=_load(),
+        mode="live",
+    )
+    _costs(run, cpu0, cpu1, pg0, pg1)
+    return run
+
+
 async def throughput_rep(
     name: str, settings: Settings, jobs: int, rep: int, timeout_s: float, result: PeerResult
 ) -> ThroughputRun:
@@ -510,12 +623,19 @@ async def throughput_rep(
         enqueue_s = time.perf_counter() - t0
         worker = Worker(session.worker_argv(), session.worker_env(), settings.workdir / f"{name}_tp{rep}.log")
         result.worker_argv = worker.argv
+        dsn = getattr(session, "dsn", None)
+        await asyncio.sleep(1.2)  # the enqueue's statistics reach pg_stat_database
+        pg0 = pg_counters(dsn)
         try:
             worker.start()
+            assert worker.proc is not None
             await wait_for_records(worker, record_file, jobs, deadline, poll_s=0.02)
+            cpu1 = cpu_ticks(worker.proc.pid)
             worker.maybe_sample_rss(force=True)
         finally:
             await worker.stop()
+        await asyncio.sleep(0.5)
+        pg1 = pg_counters(dsn)
         records = read_records(str(record_file))
         if dsn:
             await asyncio.sleep(1.0)  # the producer's still-open backend flushes its statistics
@@ -528,7 +648,7 @@ async def throughput_rep(
     first_start = min(r.start_ns for r in records)
     wall_s = (last_end - worker.spawn_ns) / 1e9
     steady_s = (last_end - first_start) / 1e9
-    return ThroughputRun(
+    run = ThroughputRun(
         jobs=jobs,
         wall_s=wall_s,
         jobs_per_s=jobs / wall_s,
@@ -540,6 +660,8 @@ async def throughput_rep(
         load_1m_after=_load(),
         db_transactions_per_job=None if per_job is None else round(per_job, 2),
     )
+    _costs(run, (0, 0), cpu1, pg0, pg1)  # the worker's whole life: start-up included, like the wall time
+    return run
 
 
 async def one_job(
@@ -594,26 +716,35 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-async def run_throughput(result: PeerResult, settings: Settings, args: argparse.Namespace, rep: int) -> None:
+async def run_throughput(
+    result: PeerResult, settings: Settings, args: argparse.Namespace, rep: int, mode: str = "backlog"
+) -> None:
     name = result.name
-    log(f"[{name}] throughput rep {rep + 1}/{args.repeat}: {args.jobs} jobs (load {_load():.2f})")
+    log(f"[{name}] {mode} rep {rep + 1}/{args.repeat}: {args.jobs} jobs (load {_load():.2f})")
+    phase = throughput_rep if mode == "backlog" else live_rep
     try:
         run = await asyncio.wait_for(
-            throughput_rep(name, settings, args.jobs, rep, args.phase_timeout, result),
+            phase(name, settings, args.jobs, rep, args.phase_timeout, result),
             timeout=args.phase_timeout + 30,
         )
     except Exception as exc:
-        result.errors.append(f"throughput rep {rep + 1}: {_describe(exc)}")
+        result.errors.append(f"{mode} rep {rep + 1}: {_describe(exc)}")
         log(f"[{name}]   FAILED: {_describe(exc)}")
         if args.verbose:
             traceback.print_exc()
         return
-    result.throughput.append(run)
+    (result.throughput if mode == "backlog" else result.live).append(run)
     log(
         f"[{name}]   {run.jobs_per_s:8.1f} jobs/s end-to-end (wall {run.wall_s:.2f} s, "
         f"startup {run.startup_s:.2f} s, steady {run.steady_jobs_per_s:.1f} jobs/s, "
-        f"enqueue {run.enqueue_s:.2f} s, peak RSS {run.peak_rss_kib / 1024:.1f} MiB"
-        + ("" if run.db_transactions_per_job is None else f", {run.db_transactions_per_job} db tx/job")
+        f"enqueue {run.enqueue_s:.2f} s, peak RSS {run.peak_rss_kib / 1024:.1f} MiB, "
+        f"CPU {run.cpu_ms_per_job} ms/job, with children {run.cpu_ms_per_job_with_children}, "
+        f"xact {run.xact_per_job}/job, wal_sync {run.wal_sync_per_job}/job"
+        + (
+            ""
+            if run.db_transactions_per_job is None
+            else f", {run.db_transactions_per_job} db tx/job with the enqueue"
+        )
         + ")"
     )
 
@@ -642,7 +773,9 @@ def summarize(result: PeerResult) -> None:
         result.median_jobs_per_s = statistics.median(r.jobs_per_s for r in runs)
         result.median_steady_jobs_per_s = statistics.median(r.steady_jobs_per_s for r in runs)
         result.median_startup_s = statistics.median(r.startup_s for r in runs)
-    peaks = [r.peak_rss_kib for r in runs]
+    if result.live:
+        result.median_live_jobs_per_s = statistics.median(r.jobs_per_s for r in result.live)
+    peaks = [r.peak_rss_kib for r in [*runs, *result.live]]
     if result.latency is not None:
         peaks.append(result.latency.peak_rss_kib)
     result.peak_rss_kib = max(peaks) if peaks else None
@@ -655,6 +788,8 @@ async def run_all(settings: Settings, args: argparse.Namespace) -> list[PeerResu
     for rep in range(args.repeat):
         for result in results:
             await run_throughput(result, settings, args, rep)
+            if args.live:
+                await run_throughput(result, settings, args, rep, mode="live")
     if args.latency_samples > 0:
         for result in results:
             await run_latency(result, settings, args)
@@ -720,6 +855,14 @@ def _fmt(value: float | None, spec: str) -> str:
     return "FAILED" if value is None else format(value, spec)
 
 
+def _median_cost(runs: list[ThroughputRun], *keys: str) -> str:
+    cells = []
+    for key in keys:
+        values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
+        cells.append(f"{statistics.median(values):.2f}" if values else "-")
+    return " / ".join(cells)
+
+
 def render_table(results: list[PeerResult], args: argparse.Namespace) -> str:
     header = (
         "peer",
@@ -732,6 +875,10 @@ def render_table(results: list[PeerResult], args: argparse.Namespace) -> str:
         "idle p99 ms",
         "enqueue call p50 ms",
         "peak RSS MiB",
+        "live jobs/s",
+        "CPU ms/job (live, +children)",
+        "xact/job (live)",
+        "wal_sync/job (live)",
     )
     rows: list[tuple[str, ...]] = [header]
     for r in results:
@@ -752,6 +899,10 @@ def render_table(results: list[PeerResult], args: argparse.Namespace) -> str:
                 lat_p99,
                 call_p50,
                 _fmt(r.peak_rss_kib / 1024 if r.peak_rss_kib else None, ".1f"),
+                _fmt(r.median_live_jobs_per_s, ".1f") if args.live else "-",
+                _median_cost(r.live, "cpu_ms_per_job", "cpu_ms_per_job_with_children"),
+                _median_cost(r.live, "xact_per_job"),
+                _median_cost(r.live, "wal_sync_per_job"),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -786,6 +937,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("entrypoint", "worker", "semaphore"),
         default="worker",
         help="how pgqueuer's concurrency is capped (see app_pgqueuer.py)",
+    )
+    p.add_argument(
+        "--live",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also a live-producer repetition after each backlog one (jobs enqueued one by one while the"
+        " worker runs)",
     )
     p.add_argument("--json", type=Path, help="write full results (raw samples included) here")
     p.add_argument("--keep-workdir", action="store_true", help="keep worker logs and record files")
@@ -844,6 +1002,7 @@ async def amain(args: argparse.Namespace) -> int:
                 "pgqueuer_driver": args.pgqueuer_driver,
                 "pgqueuer_limit": args.pgqueuer_limit,
                 "phase_timeout": args.phase_timeout,
+                "live": args.live,
             },
             "machine": machine_info(args.pg_url),
             "peers": [asdict(r) for r in results],

@@ -1,0 +1,165 @@
+"""``ql3 serve`` with counters (and optionally a profiler), for the benchmarks only; never shipped.
+
+    python bench/ql3_instrumented.py STATS.json [--profile OUT.pstats] -- serve --listen ...
+
+Counts, from inside the server process, without strace:
+
+- control-plane transactions: every committed ``SqliteDatabase.transaction`` (write and read
+  units apart) or ``PostgresDatabase.transaction``;
+- SQLite commits per database file (``ql3.db``, the worker journal), seen by a ``sqlite3.connect``
+  factory that counts the ``COMMIT`` statements the adapters execute;
+- SQLite commits made with ``synchronous = FULL`` (the journal's crash barrier): in WAL mode each is
+  one fsync of the WAL; commits with ``synchronous = NORMAL`` do not fsync (only a checkpoint does,
+  which this does not count);
+- ``os.fsync`` calls made from Python (receipts, directories).
+
+The counters are written to STATS.json on every SIGUSR1 (a snapshot: the benchmark takes one before
+and one after its measured window) and at exit (SIGTERM shuts ``ql3 serve`` down cleanly). With
+``--profile`` every thread runs under ``cProfile`` with a CPU-time timer (``time.thread_time``),
+and the merged statistics are dumped at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import cProfile
+import json
+import os
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+COUNTS: Counter[str] = Counter()
+_LOCK = threading.Lock()
+
+
+def _bump(key: str, n: int = 1) -> None:
+    with _LOCK:
+        COUNTS[key] += n
+
+
+class _CountingConnection(sqlite3.Connection):
+    _label = "other"
+    _full = False
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        word = sql.lstrip()[:40].upper()
+        if word.startswith("PRAGMA SYNCHRONOUS"):
+            self._full = "FULL" in word
+        result = super().execute(sql, *args)
+        if word.startswith("COMMIT"):
+            _bump(f"sqlite_commits_{self._label}")
+            if self._full:
+                _bump(f"sqlite_full_commits_{self._label}")
+        return result
+
+
+_real_connect = sqlite3.connect
+
+
+def _connect(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
+    kwargs.setdefault("factory", _CountingConnection)
+    conn = _real_connect(database, *args, **kwargs)
+    if isinstance(conn, _CountingConnection):
+        name = Path(str(database)).name
+        conn._label = "journal" if "journal" in name else ("ql3" if name == "ql3.db" else "other")
+    return conn
+
+
+def _install_counters(postgres: bool) -> None:
+    sqlite3.connect = _connect  # type: ignore[assignment]
+    real_fsync = os.fsync
+
+    def fsync(fd: Any) -> None:
+        _bump("python_fsyncs")
+        real_fsync(fd)
+
+    os.fsync = fsync
+
+    from ql3.storage.sqlite.adapter import SqliteDatabase
+
+    classes: list[tuple[Any, str]] = [(SqliteDatabase, "sqlite")]
+    if postgres:  # imported only then: psycopg and libpq would add about 10 MB to a SQLite server's RSS
+        from ql3.storage.postgres.adapter import PostgresDatabase
+
+        classes.append((PostgresDatabase, "postgres"))
+    for cls, prefix in classes:
+        real = cls.transaction
+
+        def transaction(
+            self: Any, fn: Any, *, write: bool = True, _real: Any = real, _p: str = prefix
+        ) -> Any:
+            result = _real(self, fn, write=write)
+            _bump(f"{_p}_{'write' if write else 'read'}_units")
+            return result
+
+        cls.transaction = transaction  # type: ignore[method-assign]
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    stats_path = Path(argv.pop(0))
+    profile_path: Path | None = None
+    if argv and argv[0] == "--profile":
+        argv.pop(0)
+        profile_path = Path(argv.pop(0))
+    if argv and argv[0] == "--":
+        argv.pop(0)
+    _install_counters(any(a.startswith("postgres") for a in argv))
+    profiles: list[cProfile.Profile] = []
+    if profile_path is not None:
+
+        def start_thread_profile(frame: Any, event: str, arg: Any) -> None:
+            profile = cProfile.Profile(time.thread_time)
+            with _LOCK:
+                profiles.append(profile)
+            profile.enable()  # replaces this hook for the new thread
+
+        threading.setprofile(start_thread_profile)
+        main_profile = cProfile.Profile(time.thread_time)
+        profiles.append(main_profile)
+        main_profile.enable()
+
+    def snapshot(*_: Any) -> None:
+        with _LOCK:
+            data = json.dumps(dict(COUNTS), sort_keys=True)
+        tmp = stats_path.with_suffix(".tmp")
+        tmp.write_text(data)
+        tmp.replace(stats_path)
+
+    signal.signal(signal.SIGUSR1, snapshot)
+
+    def dump() -> None:
+        snapshot()
+        if profile_path is not None:
+            import pstats
+
+            for profile in profiles:
+                profile.disable()
+            merged = pstats.Stats(profiles[0])
+            for profile in profiles[1:]:
+                with _LOCK:
+                    try:
+                        merged.add(profile)
+                    except TypeError:  # a thread that never ran a profiled call
+                        continue
+            merged.dump_stats(str(profile_path))
+
+    atexit.register(dump)
+    from ql3.cli.main import entrypoint
+
+    sys.argv = ["ql3", *argv]
+    try:
+        entrypoint()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
