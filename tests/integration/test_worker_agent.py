@@ -20,7 +20,7 @@ from ql3.domain.workers import parse_capabilities
 from ql3.execution.receipts import receipt_path
 from ql3.storage.sqlite.adapter import SqliteDatabase
 from ql3.worker.agent import WorkerAgent, WorkerConfig
-from ql3.worker.journal import JournalConflict
+from ql3.worker.journal.errors import JournalConflict
 
 
 class Crash(Exception):

@@ -40,7 +40,10 @@ from ql3.execution.receipts import (
     read_receipt,
 )
 from ql3.ports.control_plane import ControlPlane, ControlPlaneUnreachable, SessionInfo
-from ql3.worker.journal import JournalConflict, JournalOffer, JournalRecord, RecoveryReason, WorkerJournal
+from ql3.worker.journal.errors import JournalConflict
+from ql3.worker.journal.records import JournalOffer, JournalRecord
+from ql3.worker.journal.states import RecoveryReason
+from ql3.worker.journal.store import WorkerJournal
 
 log = logging.getLogger("ql3.worker")
 CALLBACK_SEQUENCE: Final = 1

@@ -8,11 +8,9 @@ from typing import Any
 
 import pytest
 
-from ql3.worker.journal import (
-    JournalBudgetExceeded,
-    JournalRecord,
-    WorkerJournal,
-)
+from ql3.worker.journal.errors import JournalBudgetExceeded
+from ql3.worker.journal.records import JournalRecord
+from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import (
     LEASE_TOKEN,
     PATH_TO,
