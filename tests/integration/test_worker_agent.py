@@ -15,13 +15,13 @@ from ql3.application.dispatcher import DispatchBudget, RunDispatcher
 from ql3.application.gateway import InProcessControlPlane
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
+from ql3.domain.journal import JournalConflict
 from ql3.domain.offers import Offer
 from ql3.domain.workers import parse_capabilities
 from ql3.execution.receipts import receipt_path
 from ql3.storage.sqlite.adapter import SqliteDatabase
 from ql3.worker.agent import WorkerAgent
 from ql3.worker.config import WorkerConfig
-from ql3.worker.journal.errors import JournalConflict
 
 
 class Crash(Exception):

@@ -8,6 +8,10 @@ docs/architecture.md "The life of a run"):
 - ``reconciliation``: what a restart finds in the journal;
 - ``stops``: stopping local processes on a lost lease, a fenced session, or a lease-control stop;
 - ``attempts``: the in-memory active set they share.
+
+The parts depend on the execution ports (``ports/execution.py``) only; this module is the worker's
+composition root, the one that names the adapters: the default launcher, exit watcher and process
+controller, and the journal it opens at start.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from collections.abc import Callable
 
 from ql3.domain.offers import Offer
 from ql3.execution.controller import ProcessController
-from ql3.execution.launcher import ExitWatcher, LocalLauncher
+from ql3.execution.launcher import ExitWatcher, Launched, LocalLauncher
 from ql3.ports.control_plane import ControlPlane, SessionInfo
+from ql3.ports.execution import Launcher
+from ql3.ports.execution import ProcessController as ProcessControllerPort
 from ql3.worker.attempts import ActiveAttempts
 from ql3.worker.config import WorkerConfig
 from ql3.worker.intake import Intake
@@ -40,8 +46,8 @@ class WorkerAgent:
         config: WorkerConfig,
         *,
         clock: Callable[[], int],
-        launcher: LocalLauncher | None = None,
-        controller: ProcessController | None = None,
+        launcher: Launcher[Launched] | None = None,
+        controller: ProcessControllerPort | None = None,
         fault: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
@@ -49,20 +55,22 @@ class WorkerAgent:
         self._journal: WorkerJournal | None = None
         self._session = WorkerSession(client, config)
         self._attempts = ActiveAttempts()
+        process_controller = controller or ProcessController()
         self._stops = LocalStops(
             client=client,
-            controller=controller or ProcessController(),
+            controller=process_controller,
             attempts=self._attempts,
             journal=self._current_journal,
         )
         self._settlement = Settlement(
             client=client,
             receipts_dir=config.receipts_dir,
+            controller=process_controller,
             attempts=self._attempts,
             journal=self._current_journal,
         )
         self._watcher = ExitWatcher(self._settlement.on_exit)
-        self._intake = Intake(
+        self._intake: Intake[Launched] = Intake(
             client=client,
             config=config,
             clock=clock,
@@ -82,7 +90,7 @@ class WorkerAgent:
             session=self._session,
             attempts=self._attempts,
             journal=self._current_journal,
-            intake=self._intake,
+            ack_running=self._intake.ack_running,
             settlement=self._settlement,
             stops=self._stops,
         )
@@ -93,7 +101,7 @@ class WorkerAgent:
             session=self._session,
             attempts=self._attempts,
             journal=self._current_journal,
-            intake=self._intake,
+            ack_running=self._intake.ack_running,
             settlement=self._settlement,
             stops=self._stops,
         )

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
+from ql3.domain.cancellation import DEFAULT_GRACE_MS
+from ql3.domain.journal import JournalRecord
 from ql3.domain.offers import LeaseFence, Offer
-from ql3.execution.controller import DEFAULT_GRACE_MS, MAX_GRACE_MS
-from ql3.worker.journal.records import JournalRecord
+from ql3.domain.tasks import MAX_GRACE_MS
 
 CALLBACK_SEQUENCE: Final = 1
 

@@ -7,27 +7,36 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
 
 from ql3.domain.digests import new_token, sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
+from ql3.domain.journal import JournalOffer, JournalRecord
 from ql3.domain.offers import Offer, spec_digest
 from ql3.execution.identity import ProcessHandle
-from ql3.execution.launcher import ExitWatcher, LaunchFailed, LaunchRejected, LaunchRequest, ShellCommand
-from ql3.execution.launcher import LocalLauncher as Launcher
 from ql3.execution.logs import log_path_for
 from ql3.ports.control_plane import ControlPlane, ControlPlaneUnreachable
+from ql3.ports.execution import (
+    ExitWatch,
+    Journal,
+    LaunchedProcess,
+    Launcher,
+    LaunchFailed,
+    LaunchRejected,
+    LaunchRequest,
+    ShellCommand,
+)
 from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempt, ActiveAttempts, journal_offer_json
 from ql3.worker.config import WorkerConfig
-from ql3.worker.journal.records import JournalOffer, JournalRecord
-from ql3.worker.journal.store import WorkerJournal
 from ql3.worker.session import WorkerSession
 from ql3.worker.settlement import Settlement
 from ql3.worker.stops import LocalStops
 
 log = logging.getLogger("ql3.worker")
+LaunchedT = TypeVar("LaunchedT", bound=LaunchedProcess)
 
 
-class Intake:
+class Intake(Generic[LaunchedT]):
     def __init__(
         self,
         *,
@@ -36,9 +45,9 @@ class Intake:
         clock: Callable[[], int],
         session: WorkerSession,
         attempts: ActiveAttempts,
-        journal: Callable[[], WorkerJournal],
-        launcher: Launcher,
-        watcher: ExitWatcher,
+        journal: Callable[[], Journal],
+        launcher: Launcher[LaunchedT],
+        watcher: ExitWatch[LaunchedT],
         settlement: Settlement,
         stops: LocalStops,
         fault: Callable[[str], None],

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ql3.domain.errors import FenceConflict, Ql3Error
+from ql3.domain.journal import JournalRecord
 from ql3.ports.control_plane import ControlPlane
+from ql3.ports.execution import Journal
 from ql3.worker.attempts import ActiveAttempt, ActiveAttempts
 from ql3.worker.config import MAX_SLOTS, WorkerConfig
-from ql3.worker.intake import Intake
-from ql3.worker.journal.store import WorkerJournal
 from ql3.worker.session import WorkerSession
 from ql3.worker.settlement import Settlement
 from ql3.worker.stops import LocalStops
@@ -30,8 +30,8 @@ class Maintenance:
         clock: Callable[[], int],
         session: WorkerSession,
         attempts: ActiveAttempts,
-        journal: Callable[[], WorkerJournal],
-        intake: Intake,
+        journal: Callable[[], Journal],
+        ack_running: Callable[[JournalRecord], JournalRecord],
         settlement: Settlement,
         stops: LocalStops,
     ) -> None:
@@ -41,7 +41,7 @@ class Maintenance:
         self._session = session
         self._attempts = attempts
         self._journal = journal
-        self._intake = intake
+        self._ack_running = ack_running
         self._settlement = settlement
         self._stops = stops
         self.last_renewal_ms = 0  # the worker clock at the last successful heartbeat
@@ -132,7 +132,7 @@ class Maintenance:
             with self._attempts.lock:
                 item.ack_pending = False
             return
-        record = self._intake.ack_running(record)
+        record = self._ack_running(record)
         if item.ack_pending:
             return  # still failing: the next pass tries again (the lease is renewed meanwhile)
         if record.state not in ("started", "running_acknowledged"):

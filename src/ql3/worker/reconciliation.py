@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Final
 
 from ql3.domain.errors import FenceConflict, NotFound, Ql3Error
+from ql3.domain.journal import JournalRecord
 from ql3.domain.offers import LeaseFence
 from ql3.execution.receipts import read_launch_identity
 from ql3.ports.control_plane import ControlPlane
+from ql3.ports.execution import Journal
 from ql3.worker.attempts import ActiveAttempt, ActiveAttempts, journal_offer
 from ql3.worker.config import WorkerConfig
-from ql3.worker.intake import Intake
-from ql3.worker.journal.records import JournalRecord
-from ql3.worker.journal.store import WorkerJournal
 from ql3.worker.session import WorkerSession
 from ql3.worker.settlement import Settlement
 from ql3.worker.stops import LocalStops
@@ -37,8 +36,8 @@ class Reconciliation:
         clock: Callable[[], int],
         session: WorkerSession,
         attempts: ActiveAttempts,
-        journal: Callable[[], WorkerJournal],
-        intake: Intake,
+        journal: Callable[[], Journal],
+        ack_running: Callable[[JournalRecord], JournalRecord],
         settlement: Settlement,
         stops: LocalStops,
     ) -> None:
@@ -48,7 +47,7 @@ class Reconciliation:
         self._session = session
         self._attempts = attempts
         self._journal = journal
-        self._intake = intake
+        self._ack_running = ack_running
         self._settlement = settlement
         self._stops = stops
 
@@ -106,7 +105,7 @@ class Reconciliation:
         if record.state == "started":
             # The running ACK may never have been committed: the control plane needs the handle (to
             # stop it) and the token digest (to accept its receipt) before anything else.
-            record = self._intake.ack_running(record)
+            record = self._ack_running(record)
             if record.state not in ("started", "running_acknowledged"):
                 self._attempts.forget(record.attempt_id)
                 return record.recovery_reason or record.state

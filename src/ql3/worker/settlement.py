@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import Final
 
 from ql3.domain.errors import FenceConflict
-from ql3.execution.controller import kill_orphans
+from ql3.domain.journal import JournalConflict, JournalRecord
 from ql3.execution.identity import InvalidHandle, ProcessHandle, probe
 from ql3.execution.receipts import Receipt, ReceiptInvalid, delete_receipt, quarantine_receipt, read_receipt
 from ql3.ports.control_plane import ControlPlane
+from ql3.ports.execution import Journal, ProcessController
 from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempts
-from ql3.worker.journal.errors import JournalConflict
-from ql3.worker.journal.records import JournalRecord
-from ql3.worker.journal.store import WorkerJournal
 
 log = logging.getLogger("ql3.worker")
 # Why the worker reports an attempt lost (the run's error_code): what it knows, not a lease expiry.
@@ -30,11 +28,13 @@ class Settlement:
         *,
         client: ControlPlane,
         receipts_dir: Path,
+        controller: ProcessController,
         attempts: ActiveAttempts,
-        journal: Callable[[], WorkerJournal],
+        journal: Callable[[], Journal],
     ) -> None:
         self._client = client
         self._receipts_dir = receipts_dir
+        self._controller = controller
         self._attempts = attempts
         self._journal = journal
 
@@ -125,7 +125,7 @@ class Settlement:
         # Our own shims take their group along when they die (exit watcher); a re-adopted one is not
         # our child, so whatever survived it is found and stopped here, before the run is reported.
         try:
-            kill_orphans(ProcessHandle.decode(record.executor_handle))
+            self._controller.sweep_orphans(record.executor_handle)
         except (InvalidHandle, OSError) as exc:
             log.warning(
                 "orphan sweep failed",

@@ -9,13 +9,11 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from ql3.execution.controller import ProcessController
+from ql3.domain.journal import JournalRecord, RecoveryReason
 from ql3.ports.control_plane import ControlPlane
+from ql3.ports.execution import Journal, ProcessController
 from ql3.worker.attempts import ActiveAttempt, ActiveAttempts, termination_grace_ms
 from ql3.worker.config import MAX_SLOTS
-from ql3.worker.journal.records import JournalRecord
-from ql3.worker.journal.states import RecoveryReason
-from ql3.worker.journal.store import WorkerJournal
 
 log = logging.getLogger("ql3.worker")
 _STOPPED: Final = frozenset({"termination_requested", "already_exited"})
@@ -28,7 +26,7 @@ class LocalStops:
         client: ControlPlane,
         controller: ProcessController,
         attempts: ActiveAttempts,
-        journal: Callable[[], WorkerJournal],
+        journal: Callable[[], Journal],
     ) -> None:
         self._client = client
         self._controller = controller

@@ -6,8 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from ql3.worker.journal.records import JournalOffer, JournalRecord
-from ql3.worker.journal.states import JournalState
+from ql3.domain.journal import JournalOffer, JournalRecord, JournalState
 from ql3.worker.journal.store import WorkerJournal
 
 START_MS = 1_800_000_000_000

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from ql3.worker.journal.errors import JournalConflict, JournalFull, JournalInvalid
-from ql3.worker.journal.states import JournalState
+from ql3.domain.journal import JournalConflict, JournalFull, JournalInvalid, JournalState
 from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import (
     LEASE_TOKEN,

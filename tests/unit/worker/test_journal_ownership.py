@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 import ql3
-from ql3.worker.journal.errors import (
+from ql3.domain.journal import (
     JournalClosed,
     JournalCompromised,
     JournalConflict,
     JournalLocked,
+    JournalOffer,
     JournalUnavailable,
 )
-from ql3.worker.journal.records import JournalOffer
 from ql3.worker.journal.store import WorkerJournal
 
 START_MS = 1_800_000_000_000
@@ -84,7 +84,7 @@ def test_a_second_owner_in_another_process_is_refused(journal: WorkerJournal, pa
     script = """
         import sys
         from pathlib import Path
-        from ql3.worker.journal.errors import JournalLocked
+        from ql3.domain.journal import JournalLocked
         from ql3.worker.journal.store import WorkerJournal
 
         try:

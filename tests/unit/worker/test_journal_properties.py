@@ -13,9 +13,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ql3.worker.journal.errors import JournalConflict, JournalInvalid
-from ql3.worker.journal.records import JournalRecord
-from ql3.worker.journal.states import JournalState, RecoveryReason
+from ql3.domain.journal import JournalConflict, JournalInvalid, JournalRecord, JournalState, RecoveryReason
 from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import STEP_FIELDS, Clock, make_offer
 

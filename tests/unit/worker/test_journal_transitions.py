@@ -9,8 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from ql3.worker.journal.errors import JournalConflict, JournalInvalid
-from ql3.worker.journal.states import JournalState, RecoveryReason
+from ql3.domain.journal import JournalConflict, JournalInvalid, JournalState, RecoveryReason
 from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import (
     SPEC_DIGEST,

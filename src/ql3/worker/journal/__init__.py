@@ -15,8 +15,9 @@ is pruned as soon as its attempt settles. The file is ``0600`` in a ``0700`` dir
 owner (an ``flock`` on ``<path>.lock``) may use it at a time. The raw completion token is never stored,
 only its sha256.
 
-The package, by what each file holds: ``states`` (delivery states and transitions), ``errors``,
-``records`` (what goes in and out), ``validation`` (bounds and input checks), ``seal`` (the sealed lease
-token), ``files`` (private files, the owner lock, fsync), ``schema`` (schema, statements, row mapping,
-opening and migration) and ``store`` (``WorkerJournal``). Import each name from the module it lives in.
+This package is the SQLite adapter behind the ``Journal`` port (``ports/execution.py``); its states,
+transitions, records and errors are in ``domain/journal.py``. By what each file holds: ``validation``
+(bounds and input checks), ``seal`` (the sealed lease token), ``files`` (private files, the owner lock,
+fsync), ``schema`` (schema, statements, row mapping, opening and migration) and ``store``
+(``WorkerJournal``). Import each name from the module it lives in.
 """

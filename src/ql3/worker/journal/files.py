@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from ql3.worker.journal.errors import JournalLocked, JournalUnavailable
+from ql3.domain.journal import JournalLocked, JournalUnavailable
 
 
 def ensure_private_dir(directory: Path) -> None:

@@ -9,11 +9,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Final
 
-from ql3.worker.journal.errors import JournalUnavailable
+from ql3.domain.journal import DELIVERY_KINDS, RECOVERY_REASONS, STATES, JournalRecord, JournalUnavailable
 from ql3.worker.journal.files import create_private_file, fsync_dir
-from ql3.worker.journal.records import JournalRecord
 from ql3.worker.journal.seal import TokenSeal
-from ql3.worker.journal.states import DELIVERY_KINDS, RECOVERY_REASONS, STATES
 from ql3.worker.journal.validation import MAX_CAPACITY
 
 SCHEMA_VERSION: Final = 2

@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 from typing import Final
 
-from ql3.worker.journal.errors import JournalInvalid, JournalUnavailable
+from ql3.domain.journal import JournalInvalid, JournalUnavailable
 from ql3.worker.journal.files import fsync_dir
 from ql3.worker.journal.validation import MAX_LEASE_TOKEN_BYTES
 

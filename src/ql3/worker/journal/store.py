@@ -13,17 +13,31 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar, get_args
 
-from ql3.worker.journal.errors import (
+from ql3.domain.journal import (
+    AUDIT_CLASSES,
+    RECONCILE_CLASSES,
+    RECOVERY_REASONS,
+    REFRESHABLE_STATES,
+    REQUIRED_FIELDS,
+    STATES,
+    TRANSITIONS,
+    AcceptResult,
+    AuditClass,
+    JournalAudit,
     JournalBudgetExceeded,
     JournalClosed,
     JournalCompromised,
     JournalConflict,
     JournalFull,
     JournalInvalid,
+    JournalOffer,
+    JournalRecord,
+    JournalState,
     JournalUnavailable,
+    RecoveryReason,
+    resumable,
 )
 from ql3.worker.journal.files import acquire_lock, ensure_private_dir, release_lock
-from ql3.worker.journal.records import AcceptResult, JournalAudit, JournalOffer, JournalRecord
 from ql3.worker.journal.schema import (
     COUNT_ACTIVE,
     DELETE,
@@ -45,19 +59,6 @@ from ql3.worker.journal.schema import (
     row_of,
 )
 from ql3.worker.journal.seal import TokenSeal, key_path_for
-from ql3.worker.journal.states import (
-    AUDIT_CLASSES,
-    RECONCILE_CLASSES,
-    RECOVERY_REASONS,
-    REFRESHABLE_STATES,
-    REQUIRED_FIELDS,
-    STATES,
-    TRANSITIONS,
-    AuditClass,
-    JournalState,
-    RecoveryReason,
-    resumable,
-)
 from ql3.worker.journal.validation import (
     DEFAULT_AUDIT_MAX_PAGES,
     DEFAULT_AUDIT_PAGE_SIZE,

@@ -6,9 +6,7 @@ import json
 import re
 from typing import Final
 
-from ql3.worker.journal.errors import JournalInvalid
-from ql3.worker.journal.records import JournalOffer
-from ql3.worker.journal.states import DELIVERY_KINDS
+from ql3.domain.journal import DELIVERY_KINDS, JournalInvalid, JournalOffer
 
 DEFAULT_CAPACITY: Final = 64
 MAX_CAPACITY: Final = 1024

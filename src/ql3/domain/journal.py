@@ -1,17 +1,18 @@
-"""The journal's local delivery states, their transitions and what each transition must carry.
+"""The worker journal's vocabulary (docs/contracts.md §3): its local delivery states and their
+transitions, the records it takes in and hands out, and its typed errors.
 
-Pure rules, no I/O: the store (``store.py``) applies them inside one transaction per write
-(docs/contracts.md §3).
+Pure, no I/O. The SQLite adapter (``worker/journal/``) applies these rules inside one transaction per
+write; the worker reaches it through the ``Journal`` port (``ports/execution.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Final, Literal, get_args
+from typing import Final, Literal, get_args
 
-if TYPE_CHECKING:
-    from ql3.worker.journal.records import JournalRecord
+from ql3.domain.errors import Ql3Error
 
 JournalState = Literal[
     "accepted",
@@ -90,8 +91,128 @@ REQUIRED_FIELDS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
 )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalOffer:
+    """An offer as received, already verified against the worker's session and lease."""
+
+    offer_id: str
+    run_id: str
+    attempt_id: str
+    lease_generation: int
+    execution_spec_digest: str
+    delivery_kind: DeliveryKind
+    offer_json: str = field(repr=False)
+    # The lease token: stored sealed, never in ``offer_json`` and never in a repr.
+    lease_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalRecord:
+    """One journal row: the offer, its local delivery state and the facts written on the way."""
+
+    offer_id: str
+    run_id: str
+    attempt_id: str
+    lease_generation: int
+    execution_spec_digest: str
+    delivery_kind: DeliveryKind
+    state: JournalState
+    revision: int
+    offer_json: str = field(repr=False)
+    accepted_at_ms: int
+    updated_at_ms: int
+    executor_started_at_ms: int | None = None
+    log_artifact_id: str | None = None
+    completion_callback_sequence: int | None = None
+    completion_token_digest: str | None = field(default=None, repr=False)
+    executor_handle: str | None = field(default=None, repr=False)
+    recovery_reason: RecoveryReason | None = None
+    completion_acknowledged_at_ms: int | None = None
+    # Unsealed on read (the file holds only ``lease_token_sealed``).
+    lease_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AcceptResult:
+    """The stored record and whether this call created it (False for a deduplicated redelivery)."""
+
+    record: JournalRecord
+    created: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalAudit:
+    """Read-only classification of every record; holds counts and offer ids only, never offers."""
+
+    total: int
+    counts: Mapping[AuditClass, int]
+    needs_reconciliation: tuple[str, ...]
+
+
 def resumable(current: JournalRecord, to_state: str) -> bool:
     """``recovery_required -> started`` only resolves an unknown launch outcome that has no handle yet."""
     if current.state != "recovery_required" or to_state != "started":
         return True
     return current.recovery_reason == "launch_outcome_unknown" and current.executor_handle is None
+
+
+class JournalError(Ql3Error):
+    """The worker journal failed."""
+
+    code = "journal_error"
+
+
+class JournalInvalid(JournalError, ValueError):
+    """The journal request is invalid."""
+
+    code = "journal_invalid"
+    http_status = 422
+
+
+class JournalConflict(JournalError):
+    """The journal record does not match the expected identity, revision or state."""
+
+    code = "journal_conflict"
+    http_status = 409
+
+
+class JournalFull(JournalError):
+    """The worker journal is at capacity."""
+
+    code = "journal_full"
+    http_status = 503
+    retryable = True
+
+
+class JournalLocked(JournalError):
+    """The worker journal is owned by another journal instance."""
+
+    code = "journal_locked"
+    http_status = 503
+    retryable = True
+
+
+class JournalBudgetExceeded(JournalError):
+    """The worker journal holds more records than the scan budget allows."""
+
+    code = "journal_budget_exceeded"
+
+
+class JournalClosed(JournalError):
+    """The worker journal is closed."""
+
+    code = "journal_closed"
+
+
+class JournalCompromised(JournalError):
+    """The worker journal lost its single-owner lock and refuses every operation."""
+
+    code = "journal_compromised"
+
+
+class JournalUnavailable(JournalError):
+    """The worker journal cannot be read or written."""
+
+    code = "journal_unavailable"
+    http_status = 503
+    retryable = True
