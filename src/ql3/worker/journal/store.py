@@ -16,9 +16,7 @@ from typing import Any, TypeVar, get_args
 from ql3.domain.journal import (
     AUDIT_CLASSES,
     RECONCILE_CLASSES,
-    RECOVERY_REASONS,
     REFRESHABLE_STATES,
-    REQUIRED_FIELDS,
     STATES,
     TRANSITIONS,
     AcceptResult,
@@ -65,16 +63,13 @@ from ql3.worker.journal.validation import (
     DEFAULT_CAPACITY,
     DEFAULT_RETENTION_LIMIT,
     MAX_CAPACITY,
-    MAX_INT64,
     MAX_PAGE_LIMIT,
     MAX_RETENTION_AGE_MS,
     MAX_RETENTION_LIMIT,
     MIN_RETENTION_AGE_MS,
     check_budget,
     check_int,
-    is_digest,
-    is_handle,
-    is_id,
+    check_step,
     validate_offer,
 )
 
@@ -214,39 +209,16 @@ class WorkerJournal:
         Raises ``JournalInvalid`` for bad fields, ``JournalConflict`` (``details["reason"]`` is
         ``not_found``, ``stale_revision`` or ``invalid_transition``) otherwise; nothing is written then.
         """
-        if to_state not in STATES:
-            raise JournalInvalid(reason="unknown_state")
-        check_int(expected_revision, 1, MAX_INT64, "revision_invalid")
-        given = {
-            name
-            for name, value in (
-                ("completion_callback_sequence", completion_callback_sequence),
-                ("completion_token_digest", completion_token_digest),
-                ("log_artifact_id", log_artifact_id),
-                ("executor_handle", executor_handle),
-                ("executor_started_at_ms", executor_started_at_ms),
-                ("recovery_reason", recovery_reason),
-            )
-            if value is not None
-        }
-        required = REQUIRED_FIELDS.get(to_state, frozenset())
-        if given - required:
-            raise JournalInvalid(reason="field_not_allowed")
-        if required - given:
-            raise JournalInvalid(reason="field_missing")
-        if completion_callback_sequence is not None:
-            check_int(completion_callback_sequence, 0, MAX_INT64, "callback_sequence_invalid")
-        if completion_token_digest is not None and not is_digest(completion_token_digest):
-            raise JournalInvalid(reason="token_digest_invalid")
-        if log_artifact_id is not None and not is_id(log_artifact_id):
-            raise JournalInvalid(reason="log_artifact_id_invalid")
-        if executor_handle is not None and not is_handle(executor_handle):
-            raise JournalInvalid(reason="executor_handle_invalid")
-        if executor_started_at_ms is not None:
-            check_int(executor_started_at_ms, 0, MAX_INT64, "executor_started_at_invalid")
-        if recovery_reason is not None and recovery_reason not in RECOVERY_REASONS:
-            raise JournalInvalid(reason="recovery_reason_invalid")
-
+        check_step(
+            to_state,
+            expected_revision,
+            completion_callback_sequence=completion_callback_sequence,
+            completion_token_digest=completion_token_digest,
+            log_artifact_id=log_artifact_id,
+            executor_handle=executor_handle,
+            executor_started_at_ms=executor_started_at_ms,
+            recovery_reason=recovery_reason,
+        )
         with self._transaction(write=True, durable=to_state == "launching") as conn:
             row = conn.execute(SELECT_ONE, (offer_id,)).fetchone()
             if row is None:

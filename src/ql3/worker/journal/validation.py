@@ -6,7 +6,14 @@ import json
 import re
 from typing import Final
 
-from ql3.domain.journal import DELIVERY_KINDS, JournalInvalid, JournalOffer
+from ql3.domain.journal import (
+    DELIVERY_KINDS,
+    RECOVERY_REASONS,
+    REQUIRED_FIELDS,
+    STATES,
+    JournalInvalid,
+    JournalOffer,
+)
 
 DEFAULT_CAPACITY: Final = 64
 MAX_CAPACITY: Final = 1024
@@ -70,3 +77,49 @@ def check_budget(page_size: int, max_pages: int) -> None:
 
 def is_handle(value: object) -> bool:
     return isinstance(value, str) and HANDLE_RE.fullmatch(value) is not None
+
+
+def check_step(
+    to_state: str,
+    expected_revision: int,
+    *,
+    completion_callback_sequence: int | None,
+    completion_token_digest: str | None,
+    log_artifact_id: str | None,
+    executor_handle: str | None,
+    executor_started_at_ms: int | None,
+    recovery_reason: str | None,
+) -> None:
+    """The fields of one ``advance``: exactly those its target state requires, each well formed."""
+    if to_state not in STATES:
+        raise JournalInvalid(reason="unknown_state")
+    check_int(expected_revision, 1, MAX_INT64, "revision_invalid")
+    given = {
+        name
+        for name, value in (
+            ("completion_callback_sequence", completion_callback_sequence),
+            ("completion_token_digest", completion_token_digest),
+            ("log_artifact_id", log_artifact_id),
+            ("executor_handle", executor_handle),
+            ("executor_started_at_ms", executor_started_at_ms),
+            ("recovery_reason", recovery_reason),
+        )
+        if value is not None
+    }
+    required = REQUIRED_FIELDS.get(to_state, frozenset())
+    if given - required:
+        raise JournalInvalid(reason="field_not_allowed")
+    if required - given:
+        raise JournalInvalid(reason="field_missing")
+    if completion_callback_sequence is not None:
+        check_int(completion_callback_sequence, 0, MAX_INT64, "callback_sequence_invalid")
+    if completion_token_digest is not None and not is_digest(completion_token_digest):
+        raise JournalInvalid(reason="token_digest_invalid")
+    if log_artifact_id is not None and not is_id(log_artifact_id):
+        raise JournalInvalid(reason="log_artifact_id_invalid")
+    if executor_handle is not None and not is_handle(executor_handle):
+        raise JournalInvalid(reason="executor_handle_invalid")
+    if executor_started_at_ms is not None:
+        check_int(executor_started_at_ms, 0, MAX_INT64, "executor_started_at_invalid")
+    if recovery_reason is not None and recovery_reason not in RECOVERY_REASONS:
+        raise JournalInvalid(reason="recovery_reason_invalid")
