@@ -133,7 +133,8 @@ def build_standalone_runtime(
     from ql3.execution.launcher import LocalLauncher
     from ql3.execution.log_retention import LogDirectory
     from ql3.notify.senders import ChannelSender
-    from ql3.worker.agent import WorkerAgent, WorkerConfig
+    from ql3.worker.agent import WorkerAgent
+    from ql3.worker.config import WorkerConfig
 
     budgets = settings.budgets
     home = settings.home

@@ -27,7 +27,8 @@ from ql3.execution.identity import ProcessHandle, probe
 from ql3.http.app import create_app
 from ql3.ports.control_plane import ControlPlaneUnreachable
 from ql3.storage.sqlite.adapter import SqliteDatabase
-from ql3.worker.agent import WorkerAgent, WorkerConfig
+from ql3.worker.agent import WorkerAgent
+from ql3.worker.config import WorkerConfig
 from tests.integration.conftest import bearer
 
 P = "/api/v1/projects/default"
@@ -342,12 +343,13 @@ def test_a_restarted_remote_worker_resumes_an_offer_it_journaled_but_never_spawn
         if point == "after_accept":
             raise Crash(point)
 
-    first = WorkerAgent(plane(api_client, token), config, clock=lambda: 0, fault=die)
+    client = plane(api_client, token)
+    first = WorkerAgent(client, config, clock=lambda: 0, fault=die)
     first.start()
     marker = tmp_path / "ran"
     run = task_and_run(api_client, owner, "resumed", f"echo once >> {marker}")
     assert first.session is not None
-    offer = pull(first._client, first.session)  # type: ignore[arg-type]
+    offer = pull(client, first.session)
     with pytest.raises(Crash):
         first.receive(offer)
     first.stop()

@@ -15,12 +15,13 @@ from ql3.application.dispatcher import DispatchBudget, RunDispatcher
 from ql3.application.gateway import InProcessControlPlane
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
+from ql3.domain.journal import JournalConflict
 from ql3.domain.offers import Offer
 from ql3.domain.workers import parse_capabilities
 from ql3.execution.receipts import receipt_path
 from ql3.storage.sqlite.adapter import SqliteDatabase
-from ql3.worker.agent import WorkerAgent, WorkerConfig
-from ql3.worker.journal import JournalConflict
+from ql3.worker.agent import WorkerAgent
+from ql3.worker.config import WorkerConfig
 
 
 class Crash(Exception):
@@ -207,7 +208,7 @@ def test_lease_loss_stops_only_our_process_and_the_old_worker_never_writes_lost(
                 session_lease_ms=30_000,
             )
         )
-        agent._last_renewal_ms = 0
+        agent._maintenance.last_renewal_ms = 0
         agent.maintain()
 
         # Then our process was stopped, the journal says so, and the run was not marked lost by us

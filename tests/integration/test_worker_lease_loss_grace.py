@@ -40,7 +40,7 @@ def _lose_the_lease_while_running(world: Env, grace_ms: int, tmp_path: Path) -> 
                 session_lease_ms=30_000,
             )
         )
-        agent._last_renewal_ms = 0
+        agent._maintenance.last_renewal_ms = 0
         agent.maintain()
         record = agent.journal.get(offer.offer_id)
         assert record is not None

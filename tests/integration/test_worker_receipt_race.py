@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ql3.application import runs, tasks
-from ql3.worker import agent as agent_module
+from ql3.worker import settlement as settlement_module
 from tests.integration.test_worker_agent import Env, _wait, env  # noqa: F401  (env is a fixture)
 
 
@@ -20,14 +20,14 @@ def test_a_receipt_that_appears_after_the_first_look_completes_the_run(
     env.task = env.db.transaction(
         lambda tx: tasks.edit_task(tx, env.project.id, "t", {"command": "exit 4"})
     ).task
-    real = agent_module.read_receipt  # type: ignore[attr-defined]
+    real = settlement_module.read_receipt  # type: ignore[attr-defined]
     looks: list[str] = []
 
     def too_early_once(*args: Any, **kwargs: Any) -> Any:
         looks.append(args[1])
         return None if len(looks) == 1 else real(*args, **kwargs)
 
-    monkeypatch.setattr(agent_module, "read_receipt", too_early_once)
+    monkeypatch.setattr(settlement_module, "read_receipt", too_early_once)
     agent = env.agent()
     agent.start()
     try:

@@ -21,7 +21,8 @@ from ql3.application.gateway import InProcessControlPlane
 from ql3.domain.errors import StorageUnavailable
 from ql3.domain.offers import LeaseFence, Offer
 from ql3.storage.sqlite.adapter import SqliteDatabase
-from ql3.worker.agent import WorkerAgent, WorkerConfig
+from ql3.worker.agent import WorkerAgent
+from ql3.worker.config import WorkerConfig
 
 
 class DroppingPlane(InProcessControlPlane):

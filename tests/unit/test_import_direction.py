@@ -12,8 +12,10 @@ ALLOWED = {
     "ports": {"domain", "ports"},
     "application": {"domain", "ports", "application"},
     "storage": {"domain", "ports", "storage"},
-    "execution": {"domain", "execution"},
-    "worker": {"domain", "ports", "worker", "execution"},  # the control plane only through its port
+    "execution": {"domain", "ports", "execution"},  # the adapters behind ports/execution.py
+    # The control plane only through its port; the execution adapters and the journal store only in
+    # the worker's composition root (ROOT_ONLY below).
+    "worker": {"domain", "ports", "worker", "execution"},
     "http": {"domain", "ports", "application", "http", "console"},
     "console": {"domain", "console"},
     "notify": {"domain", "ports", "notify"},
@@ -34,20 +36,39 @@ ALLOWED = {
 }
 
 
-def _layer_imports(path: Path) -> set[str]:
+# The worker's parts depend on the execution ports (ports/execution.py): only its composition root
+# names the adapters behind them (docs/architecture.md, "Layers"). What the shim leaves on disk and in
+# /proc (identity, receipts, logs) is read directly: those modules are formats, not adapters.
+WORKER_ROOT = "worker/agent.py"
+ROOT_ONLY = ("ql3.execution.launcher", "ql3.execution.controller", "ql3.worker.journal")
+JOURNAL_PACKAGE = "worker/journal/"
+
+
+def _imported_modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
-        names: list[str] = []
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "ql3" and len(parts) > 1:
-                found.add(parts[1])
+            found.add(node.module)
     return found
+
+
+def _layer_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for name in _imported_modules(path):
+        parts = name.split(".")
+        if parts[0] == "ql3" and len(parts) > 1:
+            found.add(parts[1])
+    return found
+
+
+def _root_only_imports(relative: str, path: Path) -> set[str]:
+    """The adapter modules a worker module other than the composition root imports."""
+    if relative == WORKER_ROOT or relative.startswith(JOURNAL_PACKAGE):
+        return set()
+    return {m for m in _imported_modules(path) if any(m == r or m.startswith(r + ".") for r in ROOT_ONLY)}
 
 
 def test_every_layer_imports_only_inward() -> None:
@@ -58,6 +79,35 @@ def test_every_layer_imports_only_inward() -> None:
             if bad:
                 violations.append(f"{path.relative_to(SRC)} imports {sorted(bad)}")
     assert violations == []
+
+
+def test_the_worker_parts_reach_the_execution_adapters_only_through_ports() -> None:
+    violations: list[str] = []
+    for path in sorted((SRC / "worker").rglob("*.py")):
+        relative = path.relative_to(SRC).as_posix()
+        bad = _root_only_imports(relative, path)
+        if bad:
+            violations.append(f"{relative} imports {sorted(bad)}")
+    assert violations == []
+
+
+def test_the_worker_checker_sees_an_adapter_import(tmp_path: Path) -> None:
+    # Given a worker part that imports the launcher, the process controller and the journal store
+    fake = tmp_path / "probe.py"
+    fake.write_text(
+        "from ql3.execution.launcher import LocalLauncher\n"
+        "import ql3.execution.controller\n"
+        "from ql3.worker.journal.store import WorkerJournal\n"
+        "from ql3.execution.receipts import read_receipt\n"
+    )
+
+    # Then each adapter is flagged, the receipt format is not, and the composition root may do it
+    assert _root_only_imports("worker/intake.py", fake) == {
+        "ql3.execution.launcher",
+        "ql3.execution.controller",
+        "ql3.worker.journal.store",
+    }
+    assert _root_only_imports(WORKER_ROOT, fake) == set()
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:

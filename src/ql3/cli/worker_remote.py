@@ -68,7 +68,7 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
     from ql3.cluster.remote import RemoteWorker
     from ql3.domain.errors import Ql3Error, ValidationFailed
     from ql3.ports.control_plane import ControlPlaneUnreachable
-    from ql3.worker.agent import WorkerConfig
+    from ql3.worker.config import WorkerConfig
 
     if not args.server:
         raise UsageError("give an ACTION (list, show, drain, token) or --server URL --token-file FILE")

@@ -31,7 +31,8 @@ from ql3.domain.errors import Conflict, FenceConflict, Ql3Error
 from ql3.domain.offers import Offer
 from ql3.execution.launcher import LocalLauncher
 from ql3.ports.control_plane import ControlPlaneUnreachable
-from ql3.worker.agent import WorkerAgent, WorkerConfig
+from ql3.worker.agent import WorkerAgent
+from ql3.worker.config import WorkerConfig
 
 log = logging.getLogger("ql3.worker.remote")
 PULL_WAIT_MS: Final = 20_000

@@ -115,6 +115,10 @@ class ProcessController:
         finally:
             os.close(pidfd)
 
+    def sweep_orphans(self, handle_text: str) -> int:
+        """``kill_orphans`` for a handle in its text form; ``InvalidHandle`` when it does not parse."""
+        return kill_orphans(ProcessHandle.decode(handle_text))
+
     def _stop_pinned(self, handle: ProcessHandle, pidfd: int, grace_ms: int, poll_ms: int) -> StopOutcome:
         verdict = classify(handle, read_stat(handle.pid), read_boot_id())
         if verdict == "exited":

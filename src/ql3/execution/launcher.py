@@ -20,12 +20,10 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Literal
 
-from ql3.domain.errors import Ql3Error
 from ql3.execution.identity import CaptureFailed, ProcessHandle, capture, read_boot_id
 from ql3.execution.logs import MAX_LOG_CAP_BYTES, create_log, enforce_log_cap
 from ql3.execution.receipts import (
@@ -38,6 +36,7 @@ from ql3.execution.receipts import (
     receipt_temp_path,
 )
 from ql3.execution.run_as import TaskUser, TaskUsers
+from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, LaunchRequest, ShellCommand
 
 ISOLATED_PATH = "/usr/local/bin:/usr/bin:/bin"
 MAX_ID_CHARS = 255
@@ -57,59 +56,6 @@ _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _TOOL_DIRS = ("/usr/bin", "/bin")
 _PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2  # linux/pidfd.h (6.9+)
 _log = logging.getLogger(__name__)
-
-
-class LaunchRejected(Ql3Error, ValueError):
-    """The launch request is invalid; nothing was started."""
-
-    code = "launch_rejected"
-    http_status = 422
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(None, reason=reason)
-        self.reason = reason
-
-
-class LaunchFailed(Ql3Error):
-    """The command could not be started."""
-
-    code = "launch_failed"
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(None, reason=reason)
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShellCommand:
-    """A POSIX shell command line, run as ``/bin/sh -c command``."""
-
-    command: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ArgvCommand:
-    """A program and its arguments, looked up in the child's PATH like ``execvp``."""
-
-    file: str
-    args: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LaunchRequest:
-    run_id: str
-    attempt_id: str
-    command: ShellCommand | ArgvCommand = field(repr=False)
-    working_directory: str | None = field(repr=False)
-    environment_policy: Literal["inherit", "isolated"]
-    environment: Mapping[str, str] = field(repr=False)
-    callback_token: str = field(repr=False)
-    callback_sequence: int
-    log_path: Path
-    receipt_dir: Path
-    log_cap_bytes: int
-    started_at_ms: int
-    project_id: str | None = None  # picks the project's task user (TaskUsers)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

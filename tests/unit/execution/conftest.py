@@ -14,15 +14,9 @@ from typing import Any
 
 import pytest
 
-from ql3.execution.launcher import (
-    ArgvCommand,
-    ExitWatcher,
-    Launched,
-    LaunchRequest,
-    LocalLauncher,
-    ShellCommand,
-)
+from ql3.execution.launcher import ExitWatcher, Launched, LocalLauncher
 from ql3.execution.receipts import Receipt, read_receipt, token_digest
+from ql3.ports.execution import ArgvCommand, LaunchRequest, ShellCommand
 
 PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
 DEADLINE_S = 15.0

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ql3.execution.launcher import ExitWatcher, LaunchRequest, LocalLauncher, ShellCommand
+from ql3.execution.launcher import ExitWatcher, LocalLauncher
+from ql3.ports.execution import LaunchRequest, ShellCommand
 from tests.unit.execution.conftest import ExecHarness, wait_until
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ql3.execution.identity import read_stat
-from ql3.execution.launcher import ArgvCommand, LaunchFailed, LaunchRejected, ShellCommand
+from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, ShellCommand
 from tests.unit.execution.conftest import ExecHarness
 
 ID_VARS = {

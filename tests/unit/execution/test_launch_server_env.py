@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ql3.execution.launcher import ArgvCommand
+from ql3.ports.execution import ArgvCommand
 from tests.unit.execution.conftest import ExecHarness
 
 

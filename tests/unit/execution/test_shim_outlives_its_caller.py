@@ -17,7 +17,8 @@ SRC = Path(__file__).resolve().parents[3] / "src"
 CALLER = """
 import json, sys
 from pathlib import Path
-from ql3.execution.launcher import LaunchRequest, LocalLauncher, ShellCommand
+from ql3.execution.launcher import LocalLauncher
+from ql3.ports.execution import LaunchRequest, ShellCommand
 root, token, go = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 script = f"echo before; while [ ! -e '{go}' ]; do sleep 0.01; done; echo after; exit 5"
 launched = LocalLauncher().start(LaunchRequest(

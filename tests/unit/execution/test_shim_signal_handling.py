@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ql3.execution.launcher import ArgvCommand
+from ql3.ports.execution import ArgvCommand
 from tests.unit.execution.conftest import ExecHarness, wait_until
 
 DISPOSITION_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGPIPE)

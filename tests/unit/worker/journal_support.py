@@ -6,7 +6,8 @@ import hashlib
 import json
 from typing import Any
 
-from ql3.worker.journal import JournalOffer, JournalRecord, JournalState, WorkerJournal
+from ql3.domain.journal import JournalOffer, JournalRecord, JournalState
+from ql3.worker.journal.store import WorkerJournal
 
 START_MS = 1_800_000_000_000
 SPEC_DIGEST = hashlib.sha256(b"spec").hexdigest()

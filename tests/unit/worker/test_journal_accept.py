@@ -10,13 +10,8 @@ from typing import Any
 
 import pytest
 
-from ql3.worker.journal import (
-    JournalConflict,
-    JournalFull,
-    JournalInvalid,
-    JournalState,
-    WorkerJournal,
-)
+from ql3.domain.journal import JournalConflict, JournalFull, JournalInvalid, JournalState
+from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import (
     LEASE_TOKEN,
     SPEC_DIGEST,

@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 
 import ql3
-from ql3.worker.journal import (
+from ql3.domain.journal import (
     JournalClosed,
     JournalCompromised,
     JournalConflict,
     JournalLocked,
     JournalOffer,
     JournalUnavailable,
-    WorkerJournal,
 )
+from ql3.worker.journal.store import WorkerJournal
 
 START_MS = 1_800_000_000_000
 SRC = Path(ql3.__file__).resolve().parents[1]
@@ -84,7 +84,8 @@ def test_a_second_owner_in_another_process_is_refused(journal: WorkerJournal, pa
     script = """
         import sys
         from pathlib import Path
-        from ql3.worker.journal import JournalLocked, WorkerJournal
+        from ql3.domain.journal import JournalLocked
+        from ql3.worker.journal.store import WorkerJournal
 
         try:
             WorkerJournal.open(Path(sys.argv[1]), clock=lambda: 0)

@@ -13,14 +13,8 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ql3.worker.journal import (
-    JournalConflict,
-    JournalInvalid,
-    JournalRecord,
-    JournalState,
-    RecoveryReason,
-    WorkerJournal,
-)
+from ql3.domain.journal import JournalConflict, JournalInvalid, JournalRecord, JournalState, RecoveryReason
+from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import STEP_FIELDS, Clock, make_offer
 
 STATES: list[JournalState] = list(get_args(JournalState))

@@ -8,11 +8,8 @@ from typing import Any
 
 import pytest
 
-from ql3.worker.journal import (
-    JournalBudgetExceeded,
-    JournalRecord,
-    WorkerJournal,
-)
+from ql3.domain.journal import JournalBudgetExceeded, JournalRecord
+from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import (
     LEASE_TOKEN,
     PATH_TO,

@@ -12,11 +12,8 @@ from pathlib import Path
 import pytest
 
 import ql3
-from ql3.worker.journal import (
-    JournalBudgetExceeded,
-    JournalRecord,
-    WorkerJournal,
-)
+from ql3.domain.journal import JournalBudgetExceeded, JournalRecord
+from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import (
     PATH_TO as BASE_PATH_TO,
 )
@@ -163,7 +160,8 @@ def test_a_launch_committed_before_a_crash_is_found_after_restart(path: Path, cl
     script = """
         import os, sys
         from pathlib import Path
-        from ql3.worker.journal import JournalOffer, WorkerJournal
+        from ql3.domain.journal import JournalOffer
+        from ql3.worker.journal.store import WorkerJournal
 
         journal = WorkerJournal.open(Path(sys.argv[1]), clock=lambda: 1_000)
         journal.accept(JournalOffer(

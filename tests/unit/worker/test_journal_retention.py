@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from ql3.worker.journal import JournalRecord, WorkerJournal
+from ql3.domain.journal import JournalRecord
+from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import (
     PATH_TO,
     Clock,

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ql3.worker.journal import JournalInvalid, JournalUnavailable, TokenSeal, WorkerJournal, key_path_for
+from ql3.domain.journal import JournalInvalid, JournalUnavailable
+from ql3.worker.journal.seal import TokenSeal, key_path_for
+from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import Clock, make_offer, walk
 
 TOKEN = "9f" * 32  # the shape of a derived lease token (64 hex)

@@ -9,13 +9,8 @@ from typing import Any, cast
 
 import pytest
 
-from ql3.worker.journal import (
-    JournalConflict,
-    JournalInvalid,
-    JournalState,
-    RecoveryReason,
-    WorkerJournal,
-)
+from ql3.domain.journal import JournalConflict, JournalInvalid, JournalState, RecoveryReason
+from ql3.worker.journal.store import WorkerJournal
 from tests.unit.worker.journal_support import (
     SPEC_DIGEST,
     START_MS,

@@ -1,0 +1,298 @@
+"""Offer intake behind the journal's crash barrier, the launch, and the activation ACKs
+(docs/architecture.md "The life of a run", steps 3-7): verify, journal ``accepted``, starting ACK,
+commit ``launching`` before the spawn, journal ``started``, running ACK."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+from ql3.domain.digests import new_token, sha256_hex
+from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
+from ql3.domain.journal import JournalOffer, JournalRecord
+from ql3.domain.offers import Offer, spec_digest
+from ql3.execution.identity import ProcessHandle
+from ql3.execution.logs import log_path_for
+from ql3.ports.control_plane import ControlPlane, ControlPlaneUnreachable
+from ql3.ports.execution import (
+    ExitWatch,
+    Journal,
+    LaunchedProcess,
+    Launcher,
+    LaunchFailed,
+    LaunchRejected,
+    LaunchRequest,
+    ShellCommand,
+)
+from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempt, ActiveAttempts, journal_offer_json
+from ql3.worker.config import WorkerConfig
+from ql3.worker.session import WorkerSession
+from ql3.worker.settlement import Settlement
+from ql3.worker.stops import LocalStops
+
+log = logging.getLogger("ql3.worker")
+LaunchedT = TypeVar("LaunchedT", bound=LaunchedProcess)
+
+
+class Intake(Generic[LaunchedT]):
+    def __init__(
+        self,
+        *,
+        client: ControlPlane,
+        config: WorkerConfig,
+        clock: Callable[[], int],
+        session: WorkerSession,
+        attempts: ActiveAttempts,
+        journal: Callable[[], Journal],
+        launcher: Launcher[LaunchedT],
+        watcher: ExitWatch[LaunchedT],
+        settlement: Settlement,
+        stops: LocalStops,
+        fault: Callable[[str], None],
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._clock = clock
+        self._session = session
+        self._attempts = attempts
+        self._journal = journal
+        self._launcher = launcher
+        self._watcher = watcher
+        self._settlement = settlement
+        self._stops = stops
+        self._fault = fault
+        self._pool: ThreadPoolExecutor | None = None
+
+    def open(self) -> None:
+        self._pool = ThreadPoolExecutor(self._config.intake_threads, thread_name_prefix="ql3-intake")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=False)
+            self._pool = None
+
+    def submit(self, offer: Offer) -> None:
+        """Hand an offer to the intake threads (spawns overlap with the dispatcher's next claim).
+        The queue is bounded by the worker's slots: every offer holds a lease counted against them."""
+        if self._pool is None:
+            raise ValidationFailed("worker not started")
+        self._pool.submit(self._receive_logged, offer)
+
+    def _receive_logged(self, offer: Offer) -> None:
+        try:
+            self.receive(offer)
+        except Exception as exc:  # the lease stays; recovery or expiry decides, never a blind retry
+            log.warning(
+                "offer intake failed", extra={"action": "worker.intake_failed", "error": type(exc).__name__}
+            )
+
+    def receive(self, offer: Offer) -> str:
+        """Verify, journal and start one offer. Returns the journal state it reached."""
+        self._verify(offer)
+        f = offer.fence
+        journal = self._journal()
+        if journal.get(offer.offer_id) is None:
+            # Before the first journal write: the lease must be live under this exact authority
+            # (expired, replaced or fenced offers never reach the journal). Raises FenceConflict.
+            self._client.lease_status(f)
+        accepted = journal.accept(
+            JournalOffer(
+                offer_id=offer.offer_id,
+                run_id=f.run_id,
+                attempt_id=f.attempt_id,
+                lease_generation=f.lease_generation,
+                execution_spec_digest=offer.spec_digest,
+                delivery_kind=offer.delivery_kind,
+                offer_json=journal_offer_json(offer),
+                lease_token=f.lease_token,
+            )
+        )
+        record = accepted.record
+        with self._attempts.lock:
+            if self._attempts.get(record.attempt_id) is not None and not accepted.created:
+                return record.state  # in-process duplicate: coalesced
+            # The lease was checked live just now (lease_status) or claimed moments ago.
+            self._attempts.put(
+                record.attempt_id,
+                ActiveAttempt(offer_id=record.offer_id, fence=f, renewed_at_ms=self._clock()),
+            )
+        self._fault("after_accept")
+        if record.state == "accepted":
+            record = self._ack_starting(record, offer)
+        if record.state == "starting_acknowledged":
+            record = self._launch(record, offer)
+        elif record.state == "started":
+            record = self.ack_running(record)
+        if record.state not in ("running_acknowledged", "started"):
+            self._attempts.discard(record.attempt_id)
+        return record.state
+
+    def _verify(self, offer: Offer) -> None:
+        session = self._session.current
+        if session is None:
+            raise ValidationFailed("worker not started")
+        f = offer.fence
+        if (f.worker_id, f.session_id, f.worker_generation) != (
+            session.worker_id,
+            session.session_id,
+            session.generation,
+        ):
+            raise FenceConflict("offer is for another worker session", reason="worker_session_mismatch")
+        if session.status == "draining" and offer.delivery_kind != "lease_recovery":
+            raise FenceConflict("draining workers accept only lease recovery", reason="worker_unavailable")
+        if spec_digest(offer.spec) != offer.spec_digest or (
+            offer.spec.get("runId"),
+            offer.spec.get("attemptId"),
+        ) != (f.run_id, f.attempt_id):
+            raise ValidationFailed("offer spec does not match its digest or identity", field="spec")
+
+    def _ack_starting(self, record: JournalRecord, offer: Offer) -> JournalRecord:
+        try:
+            # The deadline is the control plane's: pinned timeout plus its clock, never ours.
+            self._client.ack_starting(offer.fence)
+        except Ql3Error:
+            # Nothing was spawned, whatever failed (a fence, a conflict, an unreachable control plane,
+            # a lost database connection): without renewals the lease expires and the run is placed
+            # again. Kept in the active set, the lease would be renewed forever and never run.
+            self._attempts.forget(record.attempt_id)
+            raise
+        record = self._journal().advance(
+            record.offer_id, expected_revision=record.revision, to_state="starting_acknowledged"
+        )
+        self._fault("after_starting_ack")
+        return record
+
+    def _launch(self, record: JournalRecord, offer: Offer) -> JournalRecord:
+        token = new_token()
+        record = self._journal().advance(
+            record.offer_id,
+            expected_revision=record.revision,
+            to_state="launching",
+            completion_callback_sequence=CALLBACK_SEQUENCE,
+            completion_token_digest=sha256_hex(token),
+            log_artifact_id=record.attempt_id,
+        )
+        self._fault("after_launching")
+        try:
+            launched = self._launcher.start(self._request(record, offer, token))
+        except (LaunchRejected, LaunchFailed) as exc:
+            return self._start_failed(record, offer, exc)
+        self._fault("spawned_before_started")
+        handle = launched.handle.encode()
+        with self._attempts.lock:
+            active = self._attempts.get(record.attempt_id)
+            if active is not None:
+                active.handle, active.pid = handle, launched.pid
+        record = self._journal().advance(
+            record.offer_id,
+            expected_revision=record.revision,
+            to_state="started",
+            executor_handle=handle,
+            executor_started_at_ms=self._clock(),
+        )
+        self._watcher.watch(launched)
+        self._fault("after_spawn")
+        record = self.ack_running(record)
+        with self._attempts.lock:
+            active = self._attempts.get(record.attempt_id)
+            if active is not None and active.ack_pending:
+                return record  # maintain() confirms it, then completes an exited process
+            exited = active is not None and active.exited
+            if active is not None:
+                active.acked = True
+        if exited:
+            # The process finished before its running ACK was committed: complete it now.
+            self._settlement.on_exit(record.attempt_id)
+            latest = self._journal().get(record.offer_id)
+            return latest or record
+        return record
+
+    def _request(self, record: JournalRecord, offer: Offer, token: str) -> LaunchRequest:
+        spec = offer.spec
+        return LaunchRequest(
+            run_id=record.run_id,
+            attempt_id=record.attempt_id,
+            command=ShellCommand(command=spec["command"]["command"]),
+            working_directory=spec.get("workingDirectory") or self._config.default_cwd,
+            environment_policy=spec.get("environmentPolicy", "inherit"),
+            environment=dict(spec.get("environment", {})),
+            callback_token=token,
+            callback_sequence=CALLBACK_SEQUENCE,
+            log_path=log_path_for(self._config.logs_dir, record.attempt_id),
+            receipt_dir=self._config.receipts_dir,
+            log_cap_bytes=self._config.log_cap_bytes,
+            started_at_ms=self._clock(),
+            project_id=spec.get("projectId"),
+        )
+
+    def _start_failed(self, record: JournalRecord, offer: Offer, exc: Ql3Error) -> JournalRecord:
+        """The executor refused or could not start the command: nothing runs, so the start failed."""
+        journal = self._journal()
+        record = journal.advance(record.offer_id, expected_revision=record.revision, to_state="start_failed")
+        try:
+            self._client.ack_start_failure(offer.fence, error_code="EXECUTOR_START_FAILED")
+        except Ql3Error:
+            log.warning(
+                "start failure ACK failed",
+                extra={
+                    "action": "worker.start_failure_ack_failed",
+                    "reason": getattr(exc, "code", "error"),
+                },
+            )
+            return record
+        self._attempts.forget(record.attempt_id)
+        settled = journal.advance(
+            record.offer_id, expected_revision=record.revision, to_state="start_failure_acknowledged"
+        )
+        journal.prune(record.offer_id)
+        return settled
+
+    def ack_running(self, record: JournalRecord) -> JournalRecord:
+        """Send the running ACK of a ``started`` record; a transient failure leaves ``ack_pending`` set
+        for maintenance, a fence or an unreachable control plane stops the process."""
+        active = self._attempts.for_record(record)
+        assert record.executor_handle is not None and record.completion_token_digest is not None
+        handle = ProcessHandle.decode(record.executor_handle)
+        try:
+            self._client.ack_running(
+                active.fence,
+                pid=handle.pid,
+                handle=record.executor_handle,
+                log_artifact_id=record.log_artifact_id or record.attempt_id,
+                callback_sequence=record.completion_callback_sequence or CALLBACK_SEQUENCE,
+                callback_token_digest=record.completion_token_digest,
+            )
+        except (FenceConflict, ControlPlaneUnreachable):
+            # Unreachable past the call's whole retry window (a remote worker): the lease cannot be
+            # proven ours any longer, so the process is stopped like on a lease loss.
+            return self._stops.lease_lost(record, active)
+        except Conflict:
+            return self._journal().advance(
+                record.offer_id,
+                expected_revision=record.revision,
+                to_state="recovery_required",
+                recovery_reason="control_plane_terminal",
+            )
+        except Ql3Error as exc:
+            # Transient (a lost database connection): the ACK may or may not have committed. The
+            # record stays `started` and maintain() sends it again (an identical replay is
+            # idempotent); until it is confirmed no completion is submitted, which would be refused.
+            log.warning(
+                "running ACK failed; retried by maintenance",
+                extra={"action": "worker.running_ack_retry", "error": exc.code},
+            )
+            with self._attempts.lock:
+                active.acked = False
+                active.ack_pending = True
+            return record
+        with self._attempts.lock:
+            active.ack_pending = False
+        current = self._journal().get(record.offer_id)
+        assert current is not None
+        if current.state != "started":
+            return current  # completion raced ahead of the ACK bookkeeping
+        return self._journal().advance(
+            record.offer_id, expected_revision=current.revision, to_state="running_acknowledged"
+        )

@@ -1,0 +1,491 @@
+"""``WorkerJournal``: the single-owner store of the journal, one short transaction per call."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import Any, TypeVar, get_args
+
+from ql3.domain.journal import (
+    AUDIT_CLASSES,
+    RECONCILE_CLASSES,
+    REFRESHABLE_STATES,
+    STATES,
+    TRANSITIONS,
+    AcceptResult,
+    AuditClass,
+    JournalAudit,
+    JournalBudgetExceeded,
+    JournalClosed,
+    JournalCompromised,
+    JournalConflict,
+    JournalFull,
+    JournalInvalid,
+    JournalOffer,
+    JournalRecord,
+    JournalState,
+    JournalUnavailable,
+    RecoveryReason,
+    resumable,
+)
+from ql3.worker.journal.files import acquire_lock, ensure_private_dir, release_lock
+from ql3.worker.journal.schema import (
+    COUNT_ACTIVE,
+    DELETE,
+    DELETE_SETTLED,
+    INSERT,
+    SELECT_ANY_AFTER,
+    SELECT_AUDIT_PAGE,
+    SELECT_BY_ATTEMPT,
+    SELECT_EXPIRED,
+    SELECT_ONE,
+    SELECT_PAGE,
+    SELECT_RECONCILE_AFTER,
+    SELECT_RECONCILE_PAGE,
+    UPDATE,
+    UPDATE_OFFER,
+    connect,
+    record_of,
+    rollback,
+    row_of,
+)
+from ql3.worker.journal.seal import TokenSeal, key_path_for
+from ql3.worker.journal.validation import (
+    DEFAULT_AUDIT_MAX_PAGES,
+    DEFAULT_AUDIT_PAGE_SIZE,
+    DEFAULT_CAPACITY,
+    DEFAULT_RETENTION_LIMIT,
+    MAX_CAPACITY,
+    MAX_PAGE_LIMIT,
+    MAX_RETENTION_AGE_MS,
+    MAX_RETENTION_LIMIT,
+    MIN_RETENTION_AGE_MS,
+    check_budget,
+    check_int,
+    check_step,
+    validate_offer,
+)
+
+_T = TypeVar("_T")
+
+
+class WorkerJournal:
+    """The single-owner local journal of one worker host.
+
+    Every method is thread-safe (one lock, one connection) and every write is one short
+    ``BEGIN IMMEDIATE`` transaction. Every write survives a crash of the process; the ``launching``
+    barrier (written before every spawn) is committed with ``synchronous=FULL``, so it and every
+    write before it also survive power loss. Later states are re-derivable after a power loss: the
+    process died with the machine, and its handle proves that.
+    Build it with :meth:`open`; release it with :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        *,
+        conn: sqlite3.Connection,
+        lock_fd: int,
+        lock_path: Path,
+        clock: Callable[[], int],
+        capacity: int,
+        seal: TokenSeal,
+    ) -> None:
+        self._seal = seal
+        self._conn = conn
+        self._lock_fd = lock_fd
+        self._lock_path = lock_path
+        self._clock = clock
+        self._capacity = capacity
+        self._mutex = threading.Lock()
+        self._closed = False
+        self._compromised = False
+
+    @classmethod
+    def open(cls, path: Path, *, clock: Callable[[], int], capacity: int = DEFAULT_CAPACITY) -> WorkerJournal:
+        """Open (creating if missing) the journal at ``path`` and take its single-owner lock.
+
+        Raises ``JournalInvalid`` (a ``ValueError``) for a capacity outside 1..1024, ``JournalLocked``
+        when another instance in any process owns the file, ``JournalUnavailable`` when the file
+        cannot be used as a journal.
+        """
+        check_int(capacity, 1, MAX_CAPACITY, "capacity_out_of_range")
+        path = Path(path)
+        ensure_private_dir(path.parent)
+        lock_path = path.with_name(path.name + ".lock")
+        lock_fd = acquire_lock(lock_path)
+        try:
+            seal = TokenSeal.load(key_path_for(path))
+            conn = connect(path, seal)
+        except BaseException:
+            release_lock(lock_fd)
+            raise
+        return cls(conn=conn, lock_fd=lock_fd, lock_path=lock_path, clock=clock, capacity=capacity, seal=seal)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def close(self) -> None:
+        """Close the file and release the lock; idempotent. Later calls raise ``JournalClosed``."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._conn.close()
+            finally:
+                release_lock(self._lock_fd)
+
+    def __enter__(self) -> WorkerJournal:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def accept(self, offer: JournalOffer) -> AcceptResult:
+        """Record a received offer as ``accepted``, deduplicating by ``offer_id``.
+
+        A redelivery with the same run, attempt, lease generation and spec digest returns the stored
+        record (``created=False``); a ``lease_recovery`` redelivery may replace the stored offer while
+        nothing has been spawned. Any identity drift raises ``JournalConflict`` before a write. A new
+        offer when ``capacity`` records are still active raises ``JournalFull``; nothing is evicted.
+        """
+        validate_offer(offer)
+        with self._transaction(write=True) as conn:
+            row = conn.execute(SELECT_ONE, (offer.offer_id,)).fetchone()
+            if row is not None:
+                return AcceptResult(record=self._redelivered(conn, self._read(row), offer), created=False)
+            (active,) = conn.execute(COUNT_ACTIVE).fetchone()
+            if active >= self._capacity:
+                raise JournalFull()
+            now = self._now()
+            record = JournalRecord(
+                offer_id=offer.offer_id,
+                run_id=offer.run_id,
+                attempt_id=offer.attempt_id,
+                lease_generation=offer.lease_generation,
+                execution_spec_digest=offer.execution_spec_digest,
+                delivery_kind=offer.delivery_kind,
+                state="accepted",
+                revision=1,
+                offer_json=offer.offer_json,
+                accepted_at_ms=now,
+                updated_at_ms=now,
+                lease_token=offer.lease_token,
+            )
+            conn.execute(INSERT, (*row_of(record), self._sealed(record.offer_id, record.lease_token)))
+            return AcceptResult(record=record, created=True)
+
+    def advance(
+        self,
+        offer_id: str,
+        *,
+        expected_revision: int,
+        to_state: JournalState,
+        completion_callback_sequence: int | None = None,
+        completion_token_digest: str | None = None,
+        log_artifact_id: str | None = None,
+        executor_handle: str | None = None,
+        executor_started_at_ms: int | None = None,
+        recovery_reason: RecoveryReason | None = None,
+    ) -> JournalRecord:
+        """Move one record forward by exactly one transition, CAS on ``expected_revision``.
+
+        ``launching`` requires the callback sequence, the sha256 hex of the completion token and the
+        log artifact id; ``started`` requires the executor handle and start time; ``recovery_required``
+        requires a reason; ``completion_acknowledged`` stamps its time. Other fields are refused.
+        Raises ``JournalInvalid`` for bad fields, ``JournalConflict`` (``details["reason"]`` is
+        ``not_found``, ``stale_revision`` or ``invalid_transition``) otherwise; nothing is written then.
+        """
+        check_step(
+            to_state,
+            expected_revision,
+            completion_callback_sequence=completion_callback_sequence,
+            completion_token_digest=completion_token_digest,
+            log_artifact_id=log_artifact_id,
+            executor_handle=executor_handle,
+            executor_started_at_ms=executor_started_at_ms,
+            recovery_reason=recovery_reason,
+        )
+        with self._transaction(write=True, durable=to_state == "launching") as conn:
+            row = conn.execute(SELECT_ONE, (offer_id,)).fetchone()
+            if row is None:
+                raise JournalConflict(reason="not_found")
+            current = self._read(row)
+            if current.revision != expected_revision:
+                raise JournalConflict(reason="stale_revision")
+            if to_state not in TRANSITIONS[current.state] or not resumable(current, to_state):
+                raise JournalConflict(reason="invalid_transition")
+            now = self._now(floor=current.updated_at_ms)
+            updated = replace(
+                current,
+                state=to_state,
+                revision=current.revision + 1,
+                updated_at_ms=now,
+                completion_callback_sequence=_keep(
+                    completion_callback_sequence, current.completion_callback_sequence
+                ),
+                completion_token_digest=_keep(completion_token_digest, current.completion_token_digest),
+                log_artifact_id=_keep(log_artifact_id, current.log_artifact_id),
+                executor_handle=_keep(executor_handle, current.executor_handle),
+                executor_started_at_ms=_keep(executor_started_at_ms, current.executor_started_at_ms),
+                recovery_reason=_keep(recovery_reason, current.recovery_reason),
+                completion_acknowledged_at_ms=(
+                    now if to_state == "completion_acknowledged" else current.completion_acknowledged_at_ms
+                ),
+            )
+            self._update(conn, current, updated)
+            return updated
+
+    def get(self, offer_id: str) -> JournalRecord | None:
+        """The record of ``offer_id``, or None."""
+        with self._transaction(write=False) as conn:
+            row = conn.execute(SELECT_ONE, (offer_id,)).fetchone()
+            return None if row is None else self._read(row)
+
+    def find_by_attempt(self, attempt_id: str) -> JournalRecord | None:
+        """The record of ``attempt_id`` with the highest lease generation (latest accepted), or None."""
+        with self._transaction(write=False) as conn:
+            row = conn.execute(SELECT_BY_ATTEMPT, (attempt_id,)).fetchone()
+            return None if row is None else self._read(row)
+
+    def page(
+        self,
+        *,
+        states: Collection[str] | None = None,
+        after_offer_id: str = "",
+        limit: int = MAX_PAGE_LIMIT,
+    ) -> list[JournalRecord]:
+        """Up to ``limit`` (1..64) records after ``after_offer_id`` in offer-id order, optionally by state."""
+        check_int(limit, 1, MAX_PAGE_LIMIT, "limit_out_of_range")
+        if not isinstance(after_offer_id, str) or len(after_offer_id) > 255:
+            raise JournalInvalid(reason="cursor_invalid")
+        states_json: str | None = None
+        if states is not None:
+            if isinstance(states, str) or not states or not set(states) <= STATES:
+                raise JournalInvalid(reason="states_invalid")
+            states_json = json.dumps(sorted(states))
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(
+                SELECT_PAGE, {"after": after_offer_id, "states": states_json, "limit": limit}
+            ).fetchall()
+            return [self._read(row) for row in rows]
+
+    def audit(
+        self, *, page_size: int = DEFAULT_AUDIT_PAGE_SIZE, max_pages: int = DEFAULT_AUDIT_MAX_PAGES
+    ) -> JournalAudit:
+        """Classify every record without writing. More records than ``page_size * max_pages``
+        (hard 64 x 16) raises ``JournalBudgetExceeded``: no partial audit is ever returned."""
+        check_budget(page_size, max_pages)
+        counts: dict[AuditClass, int] = dict.fromkeys(get_args(AuditClass), 0)
+        pending: list[str] = []
+        with self._transaction(write=False) as conn:
+            after = ""
+            for _ in range(max_pages):
+                rows = conn.execute(SELECT_AUDIT_PAGE, (after, page_size)).fetchall()
+                for offer_id, state in rows:
+                    audit_class = AUDIT_CLASSES.get(state)
+                    if audit_class is None:
+                        raise JournalUnavailable(reason="row_invalid")
+                    counts[audit_class] += 1
+                    if audit_class in RECONCILE_CLASSES:
+                        pending.append(offer_id)
+                if len(rows) < page_size:
+                    break
+                after = rows[-1][0]
+            else:
+                if conn.execute(SELECT_ANY_AFTER, (after,)).fetchone() is not None:
+                    raise JournalBudgetExceeded()
+        return JournalAudit(
+            total=sum(counts.values()),
+            counts=MappingProxyType(counts),
+            needs_reconciliation=tuple(pending),
+        )
+
+    def startup_recovery(
+        self, *, page_size: int = DEFAULT_AUDIT_PAGE_SIZE, max_pages: int = DEFAULT_AUDIT_MAX_PAGES
+    ) -> list[JournalRecord]:
+        """Turn every ``launching`` record into ``recovery_required: launch_outcome_unknown`` and
+        return the records the caller must reconcile (``started``, ``running_acknowledged``,
+        ``recovery_required``), in offer-id order.
+
+        One transaction: more such records than the budget raises ``JournalBudgetExceeded`` before
+        any write.
+        """
+        check_budget(page_size, max_pages)
+        with self._transaction(write=True) as conn:
+            found: list[JournalRecord] = []
+            after = ""
+            for _ in range(max_pages):
+                rows = conn.execute(SELECT_RECONCILE_PAGE, (after, page_size)).fetchall()
+                found.extend(self._read(row) for row in rows)
+                if len(rows) < page_size:
+                    break
+                after = found[-1].offer_id
+            else:
+                if conn.execute(SELECT_RECONCILE_AFTER, (after,)).fetchone() is not None:
+                    raise JournalBudgetExceeded()
+            result: list[JournalRecord] = []
+            for record in found:
+                if record.state == "launching":
+                    recovered = replace(
+                        record,
+                        state="recovery_required",
+                        recovery_reason="launch_outcome_unknown",
+                        revision=record.revision + 1,
+                        updated_at_ms=self._now(floor=record.updated_at_ms),
+                    )
+                    self._update(conn, record, recovered)
+                    record = recovered
+                result.append(record)
+            return result
+
+    def retention(self, *, older_than_ms: int, limit: int = DEFAULT_RETENTION_LIMIT) -> int:
+        """Delete at most ``limit`` (1..64) settled records (``completion_acknowledged``,
+        ``start_failure_acknowledged``) not updated for ``older_than_ms`` (1 min..30 d).
+
+        Active records are never deleted; each delete is conditional on the revision read.
+        Returns how many rows were deleted.
+        """
+        check_int(older_than_ms, MIN_RETENTION_AGE_MS, MAX_RETENTION_AGE_MS, "retention_age_out_of_range")
+        check_int(limit, 1, MAX_RETENTION_LIMIT, "limit_out_of_range")
+        with self._transaction(write=True) as conn:
+            cutoff = self._now() - older_than_ms
+            deleted = 0
+            for offer_id, revision, state in conn.execute(SELECT_EXPIRED, (cutoff, limit)).fetchall():
+                deleted += conn.execute(DELETE, (offer_id, revision, state)).rowcount
+            return deleted
+
+    def prune(self, offer_id: str) -> bool:
+        """Delete one settled record now: ``completion_acknowledged``, ``start_failure_acknowledged``, or
+        ``recovery_required`` once the control plane holds the outcome (the caller knows when).
+
+        In-flight records are never deleted. Returns True when a row was deleted.
+        """
+        with self._transaction(write=True) as conn:
+            return conn.execute(DELETE_SETTLED, (offer_id,)).rowcount == 1
+
+    def _redelivered(
+        self, conn: sqlite3.Connection, existing: JournalRecord, offer: JournalOffer
+    ) -> JournalRecord:
+        if (
+            existing.run_id != offer.run_id
+            or existing.attempt_id != offer.attempt_id
+            or existing.lease_generation != offer.lease_generation
+            or existing.execution_spec_digest != offer.execution_spec_digest
+        ):
+            raise JournalConflict(reason="identity_mismatch")
+        if (
+            offer.delivery_kind != "lease_recovery"
+            or existing.state not in REFRESHABLE_STATES
+            or (existing.offer_json, existing.lease_token) == (offer.offer_json, offer.lease_token)
+        ):
+            return existing
+        now = self._now(floor=existing.updated_at_ms)
+        sealed = self._sealed(existing.offer_id, offer.lease_token)
+        cursor = conn.execute(
+            UPDATE_OFFER,
+            (offer.offer_json, sealed, now, existing.offer_id, existing.revision, existing.state),
+        )
+        if cursor.rowcount != 1:
+            raise JournalConflict(reason="stale_revision")
+        return replace(
+            existing,
+            offer_json=offer.offer_json,
+            lease_token=offer.lease_token,
+            revision=existing.revision + 1,
+            updated_at_ms=now,
+        )
+
+    def _sealed(self, offer_id: str, token: str | None) -> str | None:
+        return None if token is None else self._seal.seal(offer_id, token)
+
+    def _read(self, row: tuple[Any, ...]) -> JournalRecord:
+        record = record_of(row)
+        sealed = row[18]
+        if sealed is None:
+            return record
+        if not isinstance(sealed, str):
+            raise JournalUnavailable(reason="row_invalid")
+        return replace(record, lease_token=self._seal.unseal(record.offer_id, sealed))
+
+    def _update(self, conn: sqlite3.Connection, current: JournalRecord, updated: JournalRecord) -> None:
+        cursor = conn.execute(
+            UPDATE,
+            (
+                updated.state,
+                updated.revision,
+                updated.updated_at_ms,
+                updated.executor_started_at_ms,
+                updated.log_artifact_id,
+                updated.completion_callback_sequence,
+                updated.completion_token_digest,
+                updated.executor_handle,
+                updated.recovery_reason,
+                updated.completion_acknowledged_at_ms,
+                current.offer_id,
+                current.revision,
+                current.state,
+            ),
+        )
+        if cursor.rowcount != 1:
+            raise JournalConflict(reason="stale_revision")
+
+    def _now(self, *, floor: int = 0) -> int:
+        now = self._clock()
+        if isinstance(now, bool) or not isinstance(now, int) or now < 0:
+            raise JournalInvalid(reason="clock_invalid")
+        # A clock stepping backwards must not make a record look older than its last write.
+        return max(now, floor)
+
+    @contextmanager
+    def _transaction(self, *, write: bool, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        with self._mutex:
+            conn = self._owned_connection()
+            try:
+                if durable:
+                    # The crash barrier itself: fsync the WAL (and every earlier frame) at this commit.
+                    conn.execute("PRAGMA synchronous = FULL")
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                yield conn
+                conn.execute("COMMIT")
+                if durable:
+                    conn.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.Error as exc:
+                rollback(conn)
+                raise JournalUnavailable() from exc
+            except BaseException:
+                rollback(conn)
+                raise
+
+    def _owned_connection(self) -> sqlite3.Connection:
+        if self._closed:
+            raise JournalClosed()
+        if self._compromised:
+            raise JournalCompromised()
+        # flock protects an inode, not a name: if the lock file was removed or replaced, a second
+        # owner may already hold the new one, so this instance stops for good.
+        try:
+            owned = os.path.samestat(os.stat(self._lock_path), os.fstat(self._lock_fd))
+        except OSError:
+            owned = False
+        if not owned:
+            self._compromised = True
+            raise JournalCompromised()
+        return self._conn
+
+
+def _keep(new: _T | None, old: _T | None) -> _T | None:
+    return old if new is None else new

@@ -1,0 +1,150 @@
+"""The worker's maintenance cycle: heartbeat and renew every active lease when due, guard leases that
+cannot be renewed, send a running ACK that failed transiently again, and settle exited (or re-adopted)
+processes. One bounded pass per call, run by a LifecycleRunner."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from ql3.domain.errors import FenceConflict, Ql3Error
+from ql3.domain.journal import JournalRecord
+from ql3.ports.control_plane import ControlPlane
+from ql3.ports.execution import Journal
+from ql3.worker.attempts import ActiveAttempt, ActiveAttempts
+from ql3.worker.config import MAX_SLOTS, WorkerConfig
+from ql3.worker.session import WorkerSession
+from ql3.worker.settlement import Settlement
+from ql3.worker.stops import LocalStops
+
+log = logging.getLogger("ql3.worker")
+
+
+class Maintenance:
+    def __init__(
+        self,
+        *,
+        client: ControlPlane,
+        config: WorkerConfig,
+        clock: Callable[[], int],
+        session: WorkerSession,
+        attempts: ActiveAttempts,
+        journal: Callable[[], Journal],
+        ack_running: Callable[[JournalRecord], JournalRecord],
+        settlement: Settlement,
+        stops: LocalStops,
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._clock = clock
+        self._session = session
+        self._attempts = attempts
+        self._journal = journal
+        self._ack_running = ack_running
+        self._settlement = settlement
+        self._stops = stops
+        self.last_renewal_ms = 0  # the worker clock at the last successful heartbeat
+
+    def maintain(self) -> bool:
+        """One bounded pass: when due, heartbeat and renew every active lease; always settle
+        processes that exited (re-adopted ones are not our children, so they are polled here).
+
+        A lease that could not be renewed for half its duration (the control plane or its database
+        unreachable: renewals are due every third) can no longer be proven ours: its process is
+        stopped, as on a fenced renewal, before the server's expiry may hand the run to another
+        worker. The age is read after the failed call, which may itself have taken a while."""
+        session = self._session.current
+        if session is None:
+            return False
+        now = self._clock()
+        renew_due = now - self.last_renewal_ms >= self._config.run_lease_ms // 3
+        unreachable: Ql3Error | None = None
+        if renew_due:
+            try:
+                self._session.current = replace(self._client.heartbeat(session), outcome=session.outcome)
+            except FenceConflict:
+                # Replaced or offline: every lease we hold is gone. Stop what we run (same authority
+                # only), never re-register by ourselves, and never write `lost` for the old session.
+                log.warning("session fenced", extra={"action": "worker.session_fenced"})
+                self.session_fenced()
+                return False
+            except Ql3Error as exc:  # transient: renewals are still tried, leases still guarded
+                unreachable = exc
+            else:
+                self.last_renewal_ms = now
+                # Settled journal rows (receipts already deleted at acknowledgement) are pruned in
+                # bounded batches, so the journal does not grow with the number of runs.
+                self._journal().retention(older_than_ms=self._config.journal_retention_ms, limit=64)
+        for attempt_id, item in self._attempts.snapshot(MAX_SLOTS):
+            if item.renewed_at_ms is None:
+                item.renewed_at_ms = now
+            if renew_due:
+                renewed, failure = self._renew(attempt_id, item, now)
+                unreachable = unreachable or failure
+                if not renewed:
+                    continue
+            if item.ack_pending:
+                self._retry_running_ack(attempt_id, item)
+            elif item.adopted or item.exited:
+                self._settlement.settle(attempt_id)
+        if unreachable is not None:
+            raise unreachable  # the loop runner records the failure and backs off
+        return False
+
+    def _renew(self, attempt_id: str, item: ActiveAttempt, now: int) -> tuple[bool, Ql3Error | None]:
+        """Renew one lease: (True, None) when renewed; (False, error) when this pass leaves it (lost,
+        stopped, or unrenewable for now, with the transient error to report)."""
+        try:
+            info = self._client.renew(item.fence, self._config.run_lease_ms)
+            with self._attempts.lock:
+                current = self._attempts.by_attempt.get(attempt_id)
+                if current is not None:
+                    current.fence = replace(item.fence, lease_version=info.version)
+                    current.renewed_at_ms = now
+        except FenceConflict as exc:
+            record = self._journal().find_by_attempt(attempt_id)
+            if exc.details.get("reason") in ("not_leased",):
+                # The attempt ended on the server (completed, or lost by expiry): a process
+                # that still runs is no longer ours to run.
+                if self._settlement.settle(attempt_id) == "running" and record is not None:
+                    self._stops.lease_lost(record, item)
+                return False, None
+            if record is not None:
+                self._stops.lease_lost(record, item)
+            return False, None
+        except Ql3Error as exc:
+            assert item.renewed_at_ms is not None
+            if self._clock() - item.renewed_at_ms >= self._config.run_lease_ms // 2:
+                record = self._journal().find_by_attempt(attempt_id)
+                if record is not None:
+                    log.warning("lease unrenewable", extra={"action": "worker.self_fence"})
+                    self._stops.lease_lost(record, item)
+            return False, exc
+        return True, None
+
+    def _retry_running_ack(self, attempt_id: str, item: ActiveAttempt) -> None:
+        """Send a running ACK that failed transiently again; once confirmed, an exited (or
+        re-adopted) process is settled. Without it the completion would be refused forever: the
+        control plane accepts a receipt only after it holds the callback digest."""
+        record = self._journal().find_by_attempt(attempt_id)
+        if record is None or record.state != "started":
+            with self._attempts.lock:
+                item.ack_pending = False
+            return
+        record = self._ack_running(record)
+        if item.ack_pending:
+            return  # still failing: the next pass tries again (the lease is renewed meanwhile)
+        if record.state not in ("started", "running_acknowledged"):
+            self._attempts.forget(attempt_id)  # lost (stopped) or handed to recovery
+            return
+        with self._attempts.lock:
+            item.acked = True
+        if item.adopted or item.exited:
+            self._settlement.settle(attempt_id)
+
+    def session_fenced(self) -> None:
+        """The control plane refused this session (replaced, offline): stop what it held, and take no
+        more work until an operator restarts the worker (a new session is registered then)."""
+        self._stops.stop_all()
+        self._session.current = None

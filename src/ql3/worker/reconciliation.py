@@ -1,0 +1,157 @@
+"""Reconciliation after a restart (docs/contracts.md §3): ``launching`` is never spawned again;
+receipts are read first; processes proven alive by their identity are re-adopted; what cannot be
+proven to run is reported lost."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Final
+
+from ql3.domain.errors import FenceConflict, NotFound, Ql3Error
+from ql3.domain.journal import JournalRecord
+from ql3.domain.offers import LeaseFence
+from ql3.execution.receipts import read_launch_identity
+from ql3.ports.control_plane import ControlPlane
+from ql3.ports.execution import Journal
+from ql3.worker.attempts import ActiveAttempt, ActiveAttempts, journal_offer
+from ql3.worker.config import WorkerConfig
+from ql3.worker.session import WorkerSession
+from ql3.worker.settlement import Settlement
+from ql3.worker.stops import LocalStops
+
+log = logging.getLogger("ql3.worker")
+# Why the worker reports an attempt lost (the run's error_code): what it knows, not a lease expiry.
+LOST_LAUNCH_OUTCOME_UNKNOWN: Final = "RECOVERY_LAUNCH_OUTCOME_UNKNOWN"
+
+
+class Reconciliation:
+    def __init__(
+        self,
+        *,
+        client: ControlPlane,
+        config: WorkerConfig,
+        clock: Callable[[], int],
+        session: WorkerSession,
+        attempts: ActiveAttempts,
+        journal: Callable[[], Journal],
+        ack_running: Callable[[JournalRecord], JournalRecord],
+        settlement: Settlement,
+        stops: LocalStops,
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._clock = clock
+        self._session = session
+        self._attempts = attempts
+        self._journal = journal
+        self._ack_running = ack_running
+        self._settlement = settlement
+        self._stops = stops
+
+    @property
+    def _receipts_dir(self) -> Path:
+        return self._config.receipts_dir
+
+    def reconcile(self) -> dict[str, int]:
+        """After a restart: launching is never re-spawned; receipts first; live processes re-adopted."""
+        counts: dict[str, int] = {}
+        for record in self._journal().startup_recovery():
+            try:
+                outcome = self._reconcile_one(record)
+            except Ql3Error as exc:  # one record the control plane cannot settle must not stop the start
+                log.warning(
+                    "startup recovery of one attempt failed",
+                    extra={"action": "worker.reconcile_failed", "error": exc.code},
+                )
+                outcome = "reconcile_failed"
+            counts[outcome] = counts.get(outcome, 0) + 1
+        return counts
+
+    def _reconcile_one(self, record: JournalRecord) -> str:
+        offer = journal_offer(record)
+        fence = offer.fence
+        session = self._session.current
+        if fence.session_id != (session.session_id if session else None):
+            return "session_fenced"
+        if record.state == "recovery_required" and record.executor_handle is None:
+            if record.recovery_reason != "launch_outcome_unknown":
+                return record.recovery_reason or "recovery_required"  # never re-spawned
+            # Killed between the spawn and `started`: the shim may have left its identity. With it the
+            # record resumes as `started` (receipt first, else re-adoption); it is never spawned again.
+            record = self._resolve_launch(record)
+        try:
+            info = self._client.renew(fence, self._config.run_lease_ms)
+            fence = replace(fence, lease_version=info.version)
+        except FenceConflict as exc:
+            if exc.details.get("reason") != "version_mismatch":
+                return self._settle_stale(record, fence)
+            fence = self._resume_version(fence)
+        if record.executor_handle is None:
+            return self._launch_unknown(record, fence)
+        self._attempts.put(
+            record.attempt_id,
+            ActiveAttempt(
+                offer_id=record.offer_id,
+                fence=fence,
+                handle=record.executor_handle,
+                adopted=True,
+                acked=True,
+                renewed_at_ms=self._clock(),  # renewed just above
+            ),
+        )
+        if record.state == "started":
+            # The running ACK may never have been committed: the control plane needs the handle (to
+            # stop it) and the token digest (to accept its receipt) before anything else.
+            record = self._ack_running(record)
+            if record.state not in ("started", "running_acknowledged"):
+                self._attempts.forget(record.attempt_id)
+                return record.recovery_reason or record.state
+            with self._attempts.lock:
+                if self._attempts.by_attempt[record.attempt_id].ack_pending:
+                    return "running_ack_pending"  # maintain() sends it again, then settles
+        return self._settlement.settle(record.attempt_id)
+
+    def _resolve_launch(self, record: JournalRecord) -> JournalRecord:
+        handle = read_launch_identity(self._receipts_dir, record.attempt_id)
+        if handle is None:
+            return record
+        return self._journal().advance(
+            record.offer_id,
+            expected_revision=record.revision,
+            to_state="started",
+            executor_handle=handle.encode(),
+            executor_started_at_ms=self._clock(),
+        )
+
+    def _launch_unknown(self, record: JournalRecord, fence: LeaseFence) -> str:
+        """No receipt and no trace of the shim: nothing can be proven to run, so the attempt is lost."""
+        try:
+            self._client.report_lost(fence, error_code=LOST_LAUNCH_OUTCOME_UNKNOWN)
+        except FenceConflict:
+            pass
+        self._journal().prune(record.offer_id)
+        self._attempts.forget(record.attempt_id)
+        return "lost"
+
+    def _resume_version(self, fence: LeaseFence) -> LeaseFence:
+        info = self._client.lease_status(fence)
+        return replace(fence, lease_version=info.version)
+
+    def _settle_stale(self, record: JournalRecord, fence: LeaseFence) -> str:
+        active = ActiveAttempt(
+            offer_id=record.offer_id, fence=fence, handle=record.executor_handle, adopted=True, acked=True
+        )
+        self._attempts.put(record.attempt_id, active)
+        try:
+            state = self._settlement.settle(record.attempt_id)
+        except (FenceConflict, NotFound):  # NotFound: a database restored from before this run
+            state = "stale"
+        if record.executor_handle is not None and state in ("running", "stale"):
+            # The lease is gone, so the run is no longer ours: what still runs of it must stop.
+            self._stops.lease_lost(record, active)
+        else:
+            self._attempts.forget(record.attempt_id)
+        return state

@@ -1,0 +1,151 @@
+"""Settling an attempt from its receipt: complete with the journal's original authority, acknowledge,
+delete. A process that exited without a trusted receipt is reported lost, after whatever survived of
+its group is stopped (docs/contracts.md §3)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from ql3.domain.errors import FenceConflict
+from ql3.domain.journal import JournalConflict, JournalRecord
+from ql3.execution.identity import InvalidHandle, ProcessHandle, probe
+from ql3.execution.receipts import Receipt, ReceiptInvalid, delete_receipt, quarantine_receipt, read_receipt
+from ql3.ports.control_plane import ControlPlane
+from ql3.ports.execution import Journal, ProcessController
+from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempts
+
+log = logging.getLogger("ql3.worker")
+# Why the worker reports an attempt lost (the run's error_code): what it knows, not a lease expiry.
+LOST_EXITED_WITHOUT_RECEIPT: Final = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
+
+
+class Settlement:
+    def __init__(
+        self,
+        *,
+        client: ControlPlane,
+        receipts_dir: Path,
+        controller: ProcessController,
+        attempts: ActiveAttempts,
+        journal: Callable[[], Journal],
+    ) -> None:
+        self._client = client
+        self._receipts_dir = receipts_dir
+        self._controller = controller
+        self._attempts = attempts
+        self._journal = journal
+
+    def on_exit(self, attempt_id: str) -> None:
+        """The exit watcher's callback: settle now, unless the running ACK is still on its way."""
+        with self._attempts.lock:
+            active = self._attempts.get(attempt_id)
+            if active is not None:
+                active.exited = True
+                if not active.acked:
+                    return  # the intake path completes it right after the running ACK
+        try:
+            self.settle(attempt_id)
+        except Exception as exc:  # the watcher thread must keep running; maintain() retries
+            log.warning(
+                "completion failed", extra={"action": "worker.completion_failed", "error": type(exc).__name__}
+            )
+
+    def settle(self, attempt_id: str) -> str:
+        """Receipt first: complete with the journal's original authority, then acknowledge, then delete."""
+        record = self._journal().find_by_attempt(attempt_id)
+        if record is None or record.completion_token_digest is None:
+            return "unknown"
+        if record.state in ("completion_acknowledged", "start_failure_acknowledged"):
+            return record.state
+        receipt = self._trusted_receipt(record)
+        if receipt is None:
+            return self._exited_without_receipt(record)
+        return self._complete(record, receipt)
+
+    def _trusted_receipt(self, record: JournalRecord) -> Receipt | None:
+        assert record.completion_token_digest is not None
+        try:
+            return read_receipt(
+                self._receipts_dir,
+                record.attempt_id,
+                expected_run_id=record.run_id,
+                expected_sequence=record.completion_callback_sequence or CALLBACK_SEQUENCE,
+                expected_token_digest=record.completion_token_digest,
+            )
+        except ReceiptInvalid:
+            quarantine_receipt(self._receipts_dir, record.attempt_id)
+            return None
+
+    def _complete(self, record: JournalRecord, receipt: Receipt) -> str:
+        attempt_id = record.attempt_id
+        active = self._attempts.for_record(record)
+        self._client.complete(
+            active.fence,
+            callback_sequence=receipt.callback_sequence,
+            callback_token=receipt.token,
+            exit_code=receipt.exit_code,
+        )
+        self._acknowledge(record)
+        delete_receipt(self._receipts_dir, attempt_id)
+        self._journal().prune(record.offer_id)
+        self._attempts.forget(attempt_id)
+        return "completion_acknowledged"
+
+    def _acknowledge(self, record: JournalRecord) -> None:
+        journal = self._journal()
+        for _ in range(4):  # the running-ACK bookkeeping may advance the record concurrently
+            current = journal.get(record.offer_id)
+            assert current is not None
+            if current.state == "completion_acknowledged":
+                return
+            try:
+                journal.advance(
+                    current.offer_id, expected_revision=current.revision, to_state="completion_acknowledged"
+                )
+                return
+            except JournalConflict:
+                continue
+
+    def _exited_without_receipt(self, record: JournalRecord) -> str:
+        if record.executor_handle is None:
+            return "no_handle"
+        try:
+            alive = probe(ProcessHandle.decode(record.executor_handle)) == "running"
+        except InvalidHandle:
+            alive = False
+        if alive:
+            return "running"
+        # The shim publishes its receipt just before it exits: look again now that it is gone.
+        receipt = self._trusted_receipt(record)
+        if receipt is not None:
+            return self._complete(record, receipt)
+        # Our own shims take their group along when they die (exit watcher); a re-adopted one is not
+        # our child, so whatever survived it is found and stopped here, before the run is reported.
+        try:
+            self._controller.sweep_orphans(record.executor_handle)
+        except (InvalidHandle, OSError) as exc:
+            log.warning(
+                "orphan sweep failed",
+                extra={"action": "worker.orphan_sweep_failed", "error": type(exc).__name__},
+            )
+        active = self._attempts.for_record(record)
+        try:
+            self._client.report_lost(active.fence, error_code=LOST_EXITED_WITHOUT_RECEIPT)
+        except FenceConflict:
+            pass
+        journal = self._journal()
+        current = journal.get(record.offer_id)
+        if current is not None and current.state in ("started", "running_acknowledged"):
+            journal.advance(
+                current.offer_id,
+                expected_revision=current.revision,
+                to_state="recovery_required",
+                recovery_reason="process_exited_without_receipt",
+            )
+        # The control plane holds the outcome now (or the lease was no longer ours): nothing to recover.
+        journal.prune(record.offer_id)
+        self._attempts.forget(record.attempt_id)
+        return "lost"
