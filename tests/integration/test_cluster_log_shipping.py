@@ -22,7 +22,7 @@ from ql3.cluster.runtime import WorkerApi
 from ql3.cluster.stops import StopWatch
 from ql3.http.app import create_app
 from ql3.storage.sqlite.adapter import SqliteDatabase
-from ql3.worker.agent import WorkerConfig
+from ql3.worker.config import WorkerConfig
 from tests.integration.conftest import bearer
 from tests.integration.test_cluster_worker_api import (
     P,
