@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ql3.application import leases, runs, workers
@@ -11,6 +12,7 @@ from ql3.domain.ids import new_id
 from ql3.domain.model import Project, Run, Task
 from ql3.domain.offers import LeaseFence, Offer
 from ql3.domain.workers import parse_capabilities
+from ql3.ports.storage import Params, Row, Transaction
 from tests.contract.helpers import seed_project, seed_task, start_run
 
 SECRET = b"s" * 32
@@ -111,3 +113,49 @@ def race_two_dispatchers(harness: Any) -> list[str]:
     other.close()
     assert not errors, errors
     return offers[0] + offers[1]
+
+
+Interference = Callable[[Transaction, Params], None]
+
+
+class StatementLog:
+    """A transaction that records the name of every statement it runs, in order.
+
+    ``first`` lets another writer in just before a named statement (once): ``first[name](tx, params)``
+    runs in the same transaction, as if a concurrent transaction had committed that write a moment
+    earlier. It is how a test reaches the paths that answer a lost compare-and-set.
+    """
+
+    def __init__(self, tx: Transaction, first: Mapping[str, Interference] | None = None) -> None:
+        self._tx = tx
+        self._first = dict(first or {})
+        self.dialect = tx.dialect
+        self.names: list[str] = []
+
+    def _enter(self, query: str, params: Params | None) -> None:
+        self.names.append(query)
+        interfere = self._first.pop(query, None)
+        if interfere is not None:
+            interfere(self._tx, params or {})
+
+    def now_ms(self) -> int:
+        return self._tx.now_ms()
+
+    def one(self, query: str, params: Params | None = None) -> Row | None:
+        self._enter(query, params)
+        return self._tx.one(query, params)
+
+    def all(self, query: str, params: Params | None = None) -> list[Row]:
+        self._enter(query, params)
+        return self._tx.all(query, params)
+
+    def run(self, query: str, params: Params | None = None) -> int:
+        self._enter(query, params)
+        return self._tx.run(query, params)
+
+    def notify(self, channel: str) -> None:
+        self._tx.notify(channel)
+
+    def locks(self) -> list[str]:
+        """The row reads in order: locked (``*_lock*``) and plain (``*_get``)."""
+        return [n for n in self.names if "_lock" in n or n.endswith("_get")]

@@ -182,4 +182,5 @@ def test_running_before_starting_names_the_status(harness: Harness) -> None:
     _, fence = _claimed(harness)
     with pytest.raises(Conflict) as caught:
         _running(harness, fence)
+    assert caught.value.message == "running requires starting"
     assert caught.value.details == {"status": "claimed"}

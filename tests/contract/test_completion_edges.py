@@ -141,6 +141,28 @@ def test_a_late_callback_for_a_lost_attempt_of_a_retried_run_is_recorded_and_cha
     assert run_of(harness.db, project, fence.run_id).status == "retry_wait"
 
 
+@pytest.mark.parametrize("seq", [1, 4], ids=["below", "above"])
+def test_a_late_callback_with_another_sequence_for_a_lost_attempt_is_recorded(
+    harness: Harness, seq: int
+) -> None:
+    # Given attempt 1 ACKed running under callback sequence 3, then lost, and the run waiting for its retry
+    register(harness.db, lease_ms=600_000)
+    project, _, _ = queued(harness.db, max_attempts=3, retry_safe=True)
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None
+    fence = start(harness.db, offer, seq=3)
+    harness.advance_clock(600_001)
+    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "lost"
+    before = len(_events(harness, fence.run_id))
+
+    # When a callback arrives under a sequence no completion of that attempt ever used
+    assert _complete(harness, fence, seq=seq, code=0) == ("already_terminal", "lost")
+
+    # Then it is not mistaken for a replay: the late callback is recorded
+    assert [e.type for e in _events(harness, fence.run_id)[before:]] == ["attempt.late_callback_ignored"]
+    assert run_of(harness.db, project, fence.run_id).status == "retry_wait"
+
+
 def test_a_replayed_completion_of_a_finished_run_adds_no_event(harness: Harness) -> None:
     project, fence = _running(harness)
     assert _complete(harness, fence, code=0) == ("applied", "succeeded")

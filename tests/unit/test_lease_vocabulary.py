@@ -25,6 +25,9 @@ def test_edges_are_inclusive_and_outside_is_refused(bounds: lease_rules.LeaseBou
             bounds.validate(bad, field="x_ms")
         assert caught.value.details == {"field": "x_ms"}
         assert f"{bounds.min_ms}-{bounds.max_ms}" in caught.value.message
+    with pytest.raises(ValidationFailed) as unnamed:
+        bounds.validate(bounds.max_ms + 1)
+    assert unnamed.value.details == {"field": "lease_ms"}  # the field named by default
     assert bounds.clamp(bounds.max_ms * 2) == bounds.max_ms
     assert bounds.clamp(0) == bounds.min_ms
 

@@ -1,0 +1,243 @@
+"""The edges of the atomic claim (``leases.claim``): the event it writes, each reason a worker cannot
+take the run, the instant an earlier lease of the attempt may be taken again, a completed lease that
+never is, and the answers to a concurrent writer that got to the lease row first."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ql3.application import leases, runs
+from ql3.domain.errors import NotFound
+from ql3.domain.ids import new_id
+from ql3.domain.offers import derive_lease_token
+from ql3.ports.storage import Params, Transaction
+from tests.conftest import Harness
+from tests.contract.execution_helpers import SECRET, StatementLog, queued, register, run_of
+from tests.contract.helpers import count
+
+LEASE_MS = 5_000
+
+
+def _queued(harness: Harness, *, session_ms: int = 600_000) -> tuple[Any, str, str]:
+    register(harness.db, lease_ms=session_ms)
+    project, _, (run,) = queued(harness.db)
+    attempt = harness.db.transaction(lambda tx: runs.latest_attempt(tx, run.id), write=False)
+    return project, run.id, attempt.id
+
+
+def _worker(harness: Harness, worker_id: str = "w1") -> dict[str, Any]:
+    row: dict[str, Any] = harness.db.raw("SELECT * FROM workers WHERE worker_id = ?", (worker_id,))[0]
+    return row
+
+
+def _claim(
+    harness: Harness,
+    run_id: str,
+    attempt_id: str,
+    *,
+    worker_id: str = "w1",
+    session_id: str | None = None,
+    generation: int | None = None,
+    first: dict[str, Any] | None = None,
+) -> leases.ClaimResult:
+    w = _worker(harness)
+    result: leases.ClaimResult = harness.db.transaction(
+        lambda tx: leases.claim(
+            StatementLog(tx, first) if first else tx,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            worker_id=worker_id,
+            session_id=session_id or str(w["session_id"]),
+            worker_generation=int(w["generation"]) if generation is None else generation,
+            token_for_generation=lambda g: derive_lease_token(SECRET, attempt_id, g),
+            lease_ms=LEASE_MS,
+        )
+    )
+    return result
+
+
+def _lease(harness: Harness) -> dict[str, Any]:
+    (row,) = harness.db.raw("SELECT * FROM run_leases")
+    return dict(row)
+
+
+def _expire(harness: Harness, attempt_id: str) -> None:
+    harness.advance_clock(LEASE_MS)
+    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, attempt_id)) == "released"
+
+
+def test_each_claim_writes_one_dispatching_event_naming_the_worker_and_the_lease_generation(
+    harness: Harness,
+) -> None:
+    project, run_id, attempt_id = _queued(harness)
+    for generation in (1, 2):  # the first lease, then the same attempt's row reacquired
+        version = run_of(harness.db, project, run_id).version
+        before = count(harness.db, "run_events")
+
+        result = _claim(harness, run_id, attempt_id)
+
+        assert result.status == "claimed" and result.lease is not None
+        assert result.lease.lease_generation == generation
+        new = harness.db.transaction(lambda tx: runs.list_events(tx, run_id, after=0, limit=100))[before:]
+        assert [(e.type, e.actor_type, e.actor_id, e.attempt_id) for e in new] == [
+            ("run.dispatching", "system", None, attempt_id)
+        ]
+        assert new[0].payload == {
+            "from": "queued",
+            "to": "dispatching",
+            "worker_id": "w1",
+            "lease_generation": generation,
+        }
+        (key,) = harness.db.raw("SELECT dedupe_key FROM run_events WHERE id = ?", (new[0].id,))
+        assert key["dedupe_key"] == f"run-transition:{version}:dispatching"
+        if generation == 1:
+            _expire(harness, attempt_id)  # the unstarted claim returns the run to the queue
+
+
+@pytest.mark.parametrize("change", ["missing", "session", "generation", "draining", "offline"])
+def test_a_worker_that_may_not_take_work_is_unavailable_and_nothing_is_claimed(
+    harness: Harness, change: str
+) -> None:
+    # Given a queued run and a worker that is not (or no longer) the one asking, or not online
+    project, run_id, attempt_id = _queued(harness)
+    args: dict[str, Any] = {}
+    if change == "missing":
+        args["worker_id"] = "w9"
+    elif change == "session":
+        args["session_id"] = "01a00000-0000-7000-8000-0000000000bb"
+    elif change == "generation":
+        args["generation"] = int(_worker(harness)["generation"]) + 1
+    else:
+        harness.db.raw("UPDATE workers SET status = ? WHERE worker_id = 'w1'", (change,))
+
+    # Then the claim answers worker_unavailable and writes nothing
+    assert _claim(harness, run_id, attempt_id, **args).status == "worker_unavailable"
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id).status == "queued"
+    assert int(_worker(harness)["active_leases"]) == 0
+
+
+def test_a_worker_whose_session_ends_at_that_instant_is_unavailable(harness: Harness) -> None:
+    _project, run_id, attempt_id = _queued(harness, session_ms=5_000)
+    harness.advance_clock(5_000)  # the session lease's expiry instant
+    assert _claim(harness, run_id, attempt_id).status == "worker_unavailable"
+    assert count(harness.db, "run_leases") == 0
+
+
+def test_an_unknown_attempt_is_not_found_and_nothing_is_claimed(harness: Harness) -> None:
+    project, run_id, _ = _queued(harness)
+    with pytest.raises(NotFound) as caught:
+        _claim(harness, run_id, new_id())
+    assert caught.value.message == "attempt not found"
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id).status == "queued"
+
+
+def _stale_candidate(harness: Harness, run_id: str) -> None:
+    """The run is queued again while its attempt's lease row is as the test left it."""
+    harness.db.raw("UPDATE runs SET status = 'queued' WHERE id = ?", (run_id,))
+
+
+def test_a_leased_row_is_taken_again_at_its_expiry_instant_and_not_before(harness: Harness) -> None:
+    # Given a claimed attempt whose lease row is still leased, and its run a candidate again
+    _project, run_id, attempt_id = _queued(harness)
+    assert _claim(harness, run_id, attempt_id).status == "claimed"
+    _stale_candidate(harness, run_id)
+
+    if harness.dialect == "sqlite":  # the injected clock stands still: one millisecond before, it is live
+        harness.advance_clock(LEASE_MS - 1)
+        assert _claim(harness, run_id, attempt_id).status == "leased"
+        assert int(_lease(harness)["lease_generation"]) == 1
+        harness.advance_clock(1)
+    else:
+        harness.advance_clock(LEASE_MS)
+
+    # When it is claimed at the lease's expiry instant, the row is reacquired as the next generation
+    result = _claim(harness, run_id, attempt_id)
+    assert result.status == "claimed" and result.lease is not None
+    assert result.lease.lease_generation == 2 == int(_lease(harness)["lease_generation"])
+
+
+def test_a_completed_lease_is_never_taken_again(harness: Harness) -> None:
+    # Given an attempt whose lease completed, and its run a candidate again
+    project, run_id, attempt_id = _queued(harness)
+    assert _claim(harness, run_id, attempt_id).status == "claimed"
+    harness.db.raw(
+        "UPDATE run_leases SET status = 'completed', completed_at_ms = updated_at_ms, version = version + 1"
+    )
+    _stale_candidate(harness, run_id)
+    before = _lease(harness)
+
+    # Then the attempt is not eligible, at any time, and the lease row is untouched
+    assert _claim(harness, run_id, attempt_id).status == "not_eligible"
+    harness.advance_clock(LEASE_MS * 2)
+    assert _claim(harness, run_id, attempt_id).status == "not_eligible"
+    assert _lease(harness) == before
+    assert run_of(harness.db, project, run_id).status == "queued"
+
+
+def test_a_lease_released_before_its_expiry_is_reacquired_at_once(harness: Harness) -> None:
+    # Given a lease released early (a declined offer), its expiry still ahead
+    _project, run_id, attempt_id = _queued(harness)
+    assert _claim(harness, run_id, attempt_id).status == "claimed"
+    harness.db.raw(
+        "UPDATE run_leases SET status = 'released', released_at_ms = updated_at_ms,"
+        " release_reason = 'declined', version = version + 1"
+    )
+    harness.db.raw("UPDATE workers SET active_leases = 0")
+    _stale_candidate(harness, run_id)
+
+    result = _claim(harness, run_id, attempt_id)
+
+    assert result.status == "claimed" and result.lease is not None and result.lease.lease_generation == 2
+    assert int(_worker(harness)["active_leases"]) == 1
+
+
+def test_a_lease_row_that_vanishes_before_it_is_locked_is_answered_leased(harness: Harness) -> None:
+    # Given an attempt whose first lease expired unstarted (the row stays, released)
+    project, run_id, attempt_id = _queued(harness)
+    assert _claim(harness, run_id, attempt_id).status == "claimed"
+    _expire(harness, attempt_id)
+
+    # When another writer deletes the row between the claim's insert and its lock of the row
+    def delete(tx: Transaction, params: Params) -> None:
+        tx.run("retention_delete_run_leases", {"attempt_ids": json.dumps([params["attempt_id"]])})
+
+    result = _claim(harness, run_id, attempt_id, first={"lease_lock": delete})
+
+    # Then the claim answers leased (someone else's business now) and writes nothing
+    assert (result.status, result.lease) == ("leased", None)
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id).status == "queued"
+    assert int(_worker(harness)["active_leases"]) == 0
+
+
+def test_a_reacquire_that_loses_its_compare_and_set_is_answered_leased(harness: Harness) -> None:
+    # Given an attempt whose first lease expired unstarted, and a second worker
+    project, run_id, attempt_id = _queued(harness)
+    assert _claim(harness, run_id, attempt_id).status == "claimed"
+    _expire(harness, attempt_id)
+    register(harness.db, "w2", lease_ms=600_000)
+    w2 = _worker(harness, "w2")
+
+    # When w2 reacquires the row first, under the version w1's claim read
+    def w2_first(tx: Transaction, params: Params) -> None:
+        won = {
+            **params,
+            "worker_id": "w2",
+            "worker_session_id": w2["session_id"],
+            "worker_generation": int(w2["generation"]),
+        }
+        assert tx.one("lease_reacquire_claim", won) is not None
+
+    result = _claim(harness, run_id, attempt_id, first={"lease_reacquire_claim": w2_first})
+
+    # Then w1's claim answers leased: no lease, no slot, no run transition of its own
+    assert (result.status, result.lease) == ("leased", None)
+    lease = _lease(harness)
+    assert (lease["worker_id"], int(lease["lease_generation"])) == ("w2", 2)
+    assert int(_worker(harness)["active_leases"]) == 0
+    assert run_of(harness.db, project, run_id).status == "queued"
