@@ -3,6 +3,7 @@ depth, and the run-duration histogram."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -73,6 +74,7 @@ def test_run_durations_are_a_histogram_of_runs_finished_since_the_first_scrape(
     make_task("timed")
     before = _start(client, owner, "timed")
     _finish(db, before, "succeeded", 50)  # finished before the first scrape: not counted
+    time.sleep(0.005)  # a later millisecond: a run finished in the scrape's own millisecond is counted
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_alerting_collector(db, DurationHistogram(settle_ms=0)))
     generate_latest(registry)
