@@ -128,7 +128,10 @@ def test_a_crash_between_claim_and_result_is_recovered_and_stops_the_process_onc
         db = _db(home)
         events = db.transaction(lambda tx: runs.list_events(tx, run["id"], after=0, limit=100), write=False)
         db.close()
-        assert [e.type for e in events].count("run.cancel_dispatched") == 1
+        assert dispatch["last_result"] == "termination_requested"
+        # At most one event: the run's completion (cancelled) may commit before the supervisor records
+        # its result, and a terminal run takes no more events (the dispatch row still settles)
+        assert [e.type for e in events].count("run.cancel_dispatched") <= 1
         assert marker.read_text().splitlines() == ["started"]
     finally:
         stop(restarted.process)
