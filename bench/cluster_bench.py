@@ -36,7 +36,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.acceptance.cluster_helpers import (  # noqa: E402
+from tests.support.cluster import (  # noqa: E402
     Cluster,
     P,
     add_task,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.conftest import PgDatabase
 from tests.support.chaos import ChaosConfig, run_chaos
+from tests.support.databases import PgDatabase
 
 pytestmark = pytest.mark.slow
 

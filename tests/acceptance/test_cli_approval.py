@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import Server
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 

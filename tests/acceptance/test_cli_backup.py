@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Server, run_cli, spawn_cli, start_server, stop
+from tests.support.server import Server, run_cli, spawn_cli, start_server, stop
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Server
+from tests.support.processes import pid_state_and_group, processes_of_run
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 
@@ -18,40 +19,11 @@ pytestmark = pytest.mark.slow
 STUBBORN = "sh -c 'trap \"\" TERM; sleep 60' & sleep 60"
 
 
-def _stat(pid: str) -> tuple[str, int] | None:
-    """``(state, pgrp)`` of a process, from /proc/<pid>/stat (the comm field may hold spaces)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return fields[0], int(fields[2])
-
-
-def _processes_of_run(run_id: str) -> dict[int, int]:
-    """pid -> pgrp of every live process whose environment carries ``QL3_RUN_ID=<run_id>``."""
-    marker = f"QL3_RUN_ID={run_id}".encode()
-    found: dict[int, int] = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if marker not in environ.split(b"\0"):
-            continue
-        stat = _stat(pid)
-        if stat is not None and stat[0] not in ("Z", "X"):
-            found[int(pid)] = stat[1]
-    return found
-
-
 def _live_members(pgrp: int) -> list[int]:
     out = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
-            stat = _stat(pid)
+            stat = pid_state_and_group(pid)
             if stat is not None and stat[1] == pgrp and stat[0] not in ("Z", "X"):
                 out.append(int(pid))
     return out
@@ -74,7 +46,7 @@ def test_run_cancel_wait_stops_the_whole_process_group(serve: Server) -> None:
     procs: dict[int, int] = {}
 
     def three_processes() -> bool:
-        procs.update(_processes_of_run(run["id"]))
+        procs.update(processes_of_run(run["id"]))
         return len(procs) >= 3  # the main shell, the trapping shell, and the sleeps
 
     _wait_for(three_processes)
@@ -96,7 +68,7 @@ def test_run_cancel_wait_stops_the_whole_process_group(serve: Server) -> None:
     # And no process of that group is left running when --wait returns, not even the one that
     # ignored SIGTERM: --wait also waits for the stop itself (TERM, grace, KILL) to settle
     assert not _live_members(pgrp)
-    assert _processes_of_run(run["id"]) == {}
+    assert processes_of_run(run["id"]) == {}
 
     # And cancelling it again is already_terminal, still exit 0
     again = serve.cli("run", "cancel", run["id"], "--wait", "--json")
@@ -148,7 +120,7 @@ def test_run_status_on_an_idle_server_is_clear_and_the_card_is_the_json(serve: S
 
 def test_run_blocked_with_a_malformed_cursor_is_usage_before_any_request(tmp_path: Path) -> None:
     # Given no server at all (the URL refuses connections)
-    from .conftest import free_port, run_cli
+    from tests.support.server import free_port, run_cli
 
     env = {"QL3_URL": f"http://127.0.0.1:{free_port()}", "QL3_TOKEN": "ql3_nothing"}
 

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLI, Server, base_env, gated_command, read_until, spawn_cli, start_server, stop
+from tests.support.server import (
+    CLI,
+    Server,
+    base_env,
+    gated_command,
+    read_until,
+    spawn_cli,
+    start_server,
+    stop,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLI_TIMEOUT_S, Server, gated_command, read_until, spawn_cli, stop
+from tests.support.server import CLI_TIMEOUT_S, Server, gated_command, read_until, spawn_cli, stop
 
 pytestmark = pytest.mark.slow
 

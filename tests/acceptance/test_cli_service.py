@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLI, Server, base_env, free_port, run_cli, start_server, stop
+from tests.support.server import CLI, Server, base_env, free_port, run_cli, start_server, stop
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Server, free_port, run_cli
+from tests.support.server import Server, free_port, run_cli
 
 pytestmark = pytest.mark.slow
 

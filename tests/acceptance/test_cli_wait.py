@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLI_TIMEOUT_S, Server, gated_command, read_until, run_cli, spawn_cli, stop
+from tests.support.server import CLI_TIMEOUT_S, Server, gated_command, read_until, run_cli, spawn_cli, stop
 
 pytestmark = pytest.mark.slow
 

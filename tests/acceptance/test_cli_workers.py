@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import Server
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 

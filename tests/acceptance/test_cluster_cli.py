@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.cluster_helpers import Cluster, add_task, start_runs, wait_terminal
-from tests.acceptance.conftest import PgDatabase, run_cli
+from tests.support.cluster import Cluster, add_task, start_runs, wait_terminal
+from tests.support.databases import PgDatabase
+from tests.support.server import run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.acceptance.cluster_helpers import Cluster, P, TcpProxy, add_task, start_runs, wait_terminal
-from tests.acceptance.conftest import PgDatabase
+from tests.support.cluster import Cluster, P, TcpProxy, add_task, start_runs, wait_terminal
+from tests.support.databases import PgDatabase
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 LEASE = {"QL3_RUN_LEASE_MS": "5000"}

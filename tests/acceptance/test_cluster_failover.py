@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.cluster_helpers import Cluster, add_task, start_runs, wait_terminal
-from tests.acceptance.conftest import free_port
-from tests.conftest import _pg_admin_dsn
+from tests.support.cluster import Cluster, add_task, start_runs, wait_terminal
+from tests.support.databases import pg_admin_dsn
+from tests.support.server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -48,7 +48,7 @@ def as_postgres(*argv: str) -> None:
 
 @pytest.fixture
 def pg_pair() -> Iterator[PgPair]:
-    if _pg_admin_dsn() is None:
+    if pg_admin_dsn() is None:
         pytest.skip("PostgreSQL not configured (QL3_TEST_PG_DSN)")
     missing = not (PG_BIN / "initdb").exists() or (os.geteuid() == 0 and shutil.which("runuser") is None)
     if missing:

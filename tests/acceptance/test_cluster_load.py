@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.acceptance.cluster_helpers import (
+from tests.support.cluster import (
     Cluster,
     P,
     Worker,
@@ -27,7 +27,8 @@ from tests.acceptance.cluster_helpers import (
     wait_settled,
     wait_terminal,
 )
-from tests.acceptance.conftest import PgDatabase, stop
+from tests.support.databases import PgDatabase
+from tests.support.server import stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 RUNS = 2_000

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.cluster_helpers import Cluster, P, add_task, start_runs, wait_terminal
-from tests.acceptance.conftest import CLI, PgDatabase, base_env
+from tests.support.cluster import Cluster, P, add_task, start_runs, wait_terminal
+from tests.support.databases import PgDatabase
+from tests.support.server import CLI, base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

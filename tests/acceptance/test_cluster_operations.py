@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.cluster_helpers import Cluster, P, add_task, start_runs, wait_terminal
-from tests.acceptance.conftest import PgDatabase
+from tests.support.cluster import Cluster, P, add_task, start_runs, wait_terminal
+from tests.support.databases import PgDatabase
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

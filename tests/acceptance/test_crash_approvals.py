@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.conftest import Server, stop
-from tests.acceptance.test_crash_recovery import start_with_env, wait_for
+from tests.support.server import Server, start_with_env, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 LEASE = {"QL3_ACTION_LEASE_MS": "3000"}

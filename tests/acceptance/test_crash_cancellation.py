@@ -14,8 +14,8 @@ import pytest
 from ql3.application import cancellation, runs
 from ql3.execution.identity import ProcessHandle
 from ql3.storage.sqlite.adapter import SqliteDatabase
-from tests.acceptance.conftest import stop
-from tests.acceptance.test_crash_recovery import run_json, start_with_env, wait_for
+from tests.support.server import run_json, start_with_env, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.conftest import PgDatabase, stop
-from tests.acceptance.test_crash_recovery import run_json, start_with_env, wait_for
+from tests.support.databases import PgDatabase
+from tests.support.server import run_json, start_with_env, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.conftest import Server, stop
-from tests.acceptance.test_cli_cancel import _processes_of_run
-from tests.acceptance.test_crash_recovery import run_json, start_with_env, wait_for
+from tests.support.processes import processes_of_run
+from tests.support.server import Server, run_json, start_with_env, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ def test_a_command_still_running_after_the_crash_is_re_adopted_and_can_be_cancel
     home, marker = tmp_path / "home", tmp_path / "starts"
     run_id = _crash_at(home, "spawned_before_started", f"echo x >> {marker}; sleep 300")
     wait_for(lambda: marker.exists())
-    assert _processes_of_run(run_id)
+    assert processes_of_run(run_id)
 
     # When the server restarts
     restarted = start_with_env(home, LEASE)
@@ -88,7 +88,7 @@ def test_a_command_still_running_after_the_crash_is_re_adopted_and_can_be_cancel
         assert done.returncode == 0, done.stderr
         final = wait_for(lambda: _terminal(restarted, run_id))
         assert final["status"] == "cancelled"
-        wait_for(lambda: _processes_of_run(run_id) == {})
+        wait_for(lambda: processes_of_run(run_id) == {})
         assert marker.read_text().splitlines() == ["x"]
     finally:
         stop(restarted.process)
@@ -113,7 +113,7 @@ def test_with_neither_receipt_nor_process_the_run_is_lost_as_launch_outcome_unkn
 
 
 def _shim_of(run_id: str) -> int:
-    procs = _processes_of_run(run_id)
+    procs = processes_of_run(run_id)
     leaders = [pid for pid, pgrp in procs.items() if pid == pgrp]
     assert len(leaders) == 1, procs
     return leaders[0]
@@ -126,7 +126,7 @@ def test_killing_only_the_shim_ends_the_run_lost_and_leaves_no_process(serve: Se
     # Given a running chain of shells and sleeps
     assert serve.cli("task", "add", "chain", "--command", CHAIN).returncode == 0
     run_id = serve.cli_json("run", "start", "chain")["id"]
-    wait_for(lambda: len(_processes_of_run(run_id)) >= 5)
+    wait_for(lambda: len(processes_of_run(run_id)) >= 5)
 
     # When only its shim is killed with SIGKILL
     os.kill(_shim_of(run_id), signal.SIGKILL)
@@ -134,7 +134,7 @@ def test_killing_only_the_shim_ends_the_run_lost_and_leaves_no_process(serve: Se
     # Then the run ends lost for the true reason, and no member of its group survives
     final = wait_for(lambda: _terminal(serve, run_id))
     assert (final["status"], final["error_code"]) == ("failed", "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT")
-    wait_for(lambda: _processes_of_run(run_id) == {})
+    wait_for(lambda: processes_of_run(run_id) == {})
 
 
 def test_a_shim_killed_while_the_server_is_down_takes_its_group_along_after_restart(tmp_path: Path) -> None:
@@ -143,13 +143,13 @@ def test_a_shim_killed_while_the_server_is_down_takes_its_group_along_after_rest
     server = start_with_env(home, LEASE)
     assert server.cli("task", "add", "chain", "--command", CHAIN).returncode == 0
     run_id = server.cli_json("run", "start", "chain")["id"]
-    wait_for(lambda: run_json(server, run_id)["status"] == "running" and len(_processes_of_run(run_id)) >= 5)
+    wait_for(lambda: run_json(server, run_id)["status"] == "running" and len(processes_of_run(run_id)) >= 5)
     server.process.send_signal(signal.SIGKILL)
     server.process.wait(timeout=10)
     shim = _shim_of(run_id)
     os.kill(shim, signal.SIGKILL)
     # (the orphans outlive the shim)
-    wait_for(lambda: shim not in (procs := _processes_of_run(run_id)) and len(procs) >= 4)
+    wait_for(lambda: shim not in (procs := processes_of_run(run_id)) and len(procs) >= 4)
 
     # When the server restarts
     restarted = start_with_env(home, LEASE)
@@ -157,6 +157,6 @@ def test_a_shim_killed_while_the_server_is_down_takes_its_group_along_after_rest
         # Then the re-adopted run ends lost for the true reason, and the orphans are gone too
         final = wait_for(lambda: _terminal(restarted, run_id))
         assert (final["status"], final["error_code"]) == ("failed", "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT")
-        wait_for(lambda: _processes_of_run(run_id) == {})
+        wait_for(lambda: processes_of_run(run_id) == {})
     finally:
         stop(restarted.process)

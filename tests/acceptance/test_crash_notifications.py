@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.conftest import start_server, stop
+from tests.support.server import start_server, stop
 
 pytestmark = pytest.mark.slow
 SECRET = "acceptance-webhook-secret-0123456789"

@@ -5,35 +5,15 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.acceptance.conftest import START_TIMEOUT_S, Server, start_server, stop
+from tests.support.server import run_json, start_with_env, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def start_with_env(home: Path, env: dict[str, str]) -> Server:
-    """A server in a session of its own, with ``env`` (fault points) added: the crash tests' server."""
-    return start_server(home, env=env, new_session=True, timeout_s=START_TIMEOUT_S)
-
-
-def wait_for(predicate: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
-
-
-def run_json(server: Server, run_id: str) -> dict[str, Any]:
-    result: dict[str, Any] = server.cli_json("run", "show", run_id)
-    return result
 
 
 def journal_rows(home: Path) -> list[dict[str, Any]]:

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.acceptance.conftest import PgDatabase
 from tests.support.chaos import _EPILOGUE, _PROLOGUE, Api, ServerProcess, _attempts
+from tests.support.databases import PgDatabase
 
 pytestmark = pytest.mark.slow
 

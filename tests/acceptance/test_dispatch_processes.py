@@ -12,8 +12,8 @@ import pytest
 
 from ql3.application import runs
 from ql3.storage.sqlite.adapter import SqliteDatabase
-from tests.contract.execution_helpers import register
-from tests.contract.helpers import seed_project, seed_task
+from tests.support.builders import seed_project, seed_task
+from tests.support.execution_builders import register
 
 pytestmark = pytest.mark.slow
 RUNS = 1000

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.conftest import run_cli, start_server, stop
+from tests.support.server import run_cli, start_server, stop
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.acceptance.conftest import Server, start_server, stop
+from tests.support.server import Server, start_server, stop
 
 pytestmark = pytest.mark.slow
 

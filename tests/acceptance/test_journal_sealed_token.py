@@ -12,8 +12,8 @@ import pytest
 
 from ql3.application.leases import lease_digest
 from ql3.domain.offers import derive_lease_token
-from tests.acceptance.conftest import gated_command, stop
-from tests.acceptance.test_crash_recovery import run_json, start_with_env, wait_for
+from tests.support.server import gated_command, run_json, start_with_env, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 

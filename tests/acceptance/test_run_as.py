@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.conftest import Server, start_server, stop
+from tests.support.server import Server, start_server, stop
 
 pytestmark = pytest.mark.slow
 TASK_USER = "ql3-task-test"
@@ -107,7 +107,7 @@ def test_serve_warns_when_tasks_run_as_its_own_user(tmp_path: Path) -> None:
 
 
 def test_run_as_root_or_an_unknown_user_is_a_usage_error(tmp_path: Path) -> None:
-    from tests.acceptance.conftest import run_cli
+    from tests.support.server import run_cli
 
     for user in ("root", "no-such-user-ql3"):
         done = run_cli("serve", "--run-as", user, "--listen", "127.0.0.1:1", home=tmp_path / "home")
@@ -188,7 +188,7 @@ def test_each_project_runs_as_its_own_task_user(task_user: str, other_user: str,
 
 
 def test_a_bad_project_task_user_is_a_usage_error(task_user: str, tmp_path: Path) -> None:
-    from tests.acceptance.conftest import run_cli
+    from tests.support.server import run_cli
 
     home = tmp_path / "home"
     stop(start_server(home).process)

@@ -10,7 +10,7 @@ import sqlite3
 import httpx
 import pytest
 
-from tests.acceptance.conftest import Server
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 CANARY_CMD = "canary-cmd-7f3a"

@@ -13,7 +13,8 @@ import httpx
 import psycopg
 import pytest
 
-from tests.acceptance.conftest import PgDatabase, Server, start_server, stop
+from tests.support.databases import PgDatabase
+from tests.support.server import Server, start_server, stop
 
 pytestmark = pytest.mark.slow
 

@@ -13,15 +13,15 @@ import psycopg
 import pytest
 
 from ql3.storage.postgres.adapter import PostgresDatabase
-from tests.acceptance.conftest import Server, start_server, stop
-from tests.conftest import _pg_admin_dsn
+from tests.support.databases import pg_admin_dsn
+from tests.support.server import Server, start_server, stop
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    admin = _pg_admin_dsn()  # skips on a laptop without PostgreSQL; fails under CI=true
+    admin = pg_admin_dsn()  # skips on a laptop without PostgreSQL; fails under CI=true
     if admin is None:
         pytest.skip("PostgreSQL not configured (QL3_TEST_PG_DSN)")
     name = f"ql3_serve_{uuid.uuid4().hex[:10]}"

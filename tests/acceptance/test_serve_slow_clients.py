@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.acceptance.conftest import Server
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 GIVE_UP_S = 60.0  # the deadline is 10 s; the machine is shared

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Server
-from .test_cli_cancel import _processes_of_run
+from tests.support.processes import processes_of_run
+from tests.support.server import Server
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def _cancel_after_ready(server: Server, name: str, grace_s: int, tmp: Path) -> t
     done = server.cli("run", "cancel", run["id"], "--wait", "--json")
     assert done.returncode == 0, done.stderr
     _wait_for(lambda: server.cli_json("run", "show", run["id"])["status"] in ("cancelled", "succeeded"))
-    _wait_for(lambda: _processes_of_run(run["id"]) == {})
+    _wait_for(lambda: processes_of_run(run["id"]) == {})
     return run["id"], marker
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.conftest import PgDatabase, start_server, stop
+from tests.support.databases import PgDatabase
+from tests.support.server import start_server, stop
 
 pytestmark = pytest.mark.slow
 

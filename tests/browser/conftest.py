@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.acceptance import conftest as acceptance
-from tests.acceptance.conftest import Server, start_server, stop
+from tests.support import server as serving
+from tests.support.console import START_TIMEOUT_S, Console
+from tests.support.server import start_server, stop
 
 CHROMIUM = Path(os.environ.get("QL3_CHROMIUM", "/usr/bin/chromium"))
 LAUNCH_ARGS = [
@@ -36,7 +36,6 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 # the project list, a notice on the Tokens page). The fallback test serves those 404s; nothing else may fail.
 TOLERATED = re.compile(r"/api/v1/(whoami|projects/[^/]+/tokens)$")
 TIMEOUT_MS = 30_000
-START_TIMEOUT_S = 120.0  # a loaded CI box can take well over the usual 30 s to start a server
 
 
 def _require_browser() -> Any:
@@ -54,30 +53,10 @@ def _require_browser() -> Any:
     return sync_playwright
 
 
-@dataclass
-class Console:
-    """The server, its tokens and the API, for setting up what a test then does in the browser."""
-
-    server: Server
-    owner: str
-    approver: str
-    viewer: str
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def api(self, method: str, path: str, token: str | None = None, **kwargs: Any) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {token or self.owner}"}
-        return httpx.request(
-            method, f"{self.url}/api/v1/projects/default{path}", headers=headers, timeout=10, **kwargs
-        )
-
-
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(acceptance, "START_TIMEOUT_S", max(START_TIMEOUT_S, acceptance.START_TIMEOUT_S))
+        patch.setattr(serving, "START_TIMEOUT_S", max(START_TIMEOUT_S, serving.START_TIMEOUT_S))
         server = start_server(tmp_path_factory.mktemp("browser") / "home")
     try:
         owner = server.credentials()["token"]
@@ -187,12 +166,3 @@ def open_page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Callable
     for context in contexts:
         context.close()
     assert watch.problems == [], "\n".join(watch.problems)
-
-
-def sign_in(page: Any, console: Console, token: str, route: str = "#/") -> None:
-    """Sign in through the form, landing on ``route``."""
-    page.goto(f"{console.url}/{route}")
-    page.fill("#signin-token", token)
-    page.click("form.signin button[type=submit]")
-    page.wait_for_selector("#signout:not([hidden])", state="attached")
-    page.wait_for_selector("main h1")

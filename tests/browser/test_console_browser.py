@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.conftest import Console, sign_in
+from tests.support.console import Console, sign_in
 
 # one worker runs the whole module, in file order, on its one server and browser
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]

@@ -19,9 +19,10 @@ from playwright.sync_api import expect
 
 from ql3.execution.identity import ProcessHandle
 from ql3.storage.sqlite.adapter import SqliteDatabase
-from tests.acceptance import test_crash_recovery as crash
-from tests.acceptance.conftest import Server, stop
-from tests.browser.conftest import START_TIMEOUT_S, Console, sign_in
+from tests.support import server as serving
+from tests.support.console import START_TIMEOUT_S, Console, sign_in
+from tests.support.server import Server, start_with_env, stop
+from tests.support.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 
@@ -31,11 +32,11 @@ LEASE = {"QL3_ACTION_LEASE_MS": "3000"}
 @pytest.fixture
 def start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     """``start(env)``: a ``ql3 serve`` on ``tmp_path/home`` (the same home each call), stopped at the end."""
-    monkeypatch.setattr(crash, "START_TIMEOUT_S", max(START_TIMEOUT_S, crash.START_TIMEOUT_S))  # type: ignore[attr-defined]
+    monkeypatch.setattr(serving, "START_TIMEOUT_S", max(START_TIMEOUT_S, serving.START_TIMEOUT_S))
     servers: list[Server] = []
 
     def make(env: dict[str, str]) -> Server:
-        server = crash.start_with_env(tmp_path / "home", env)
+        server = start_with_env(tmp_path / "home", env)
         servers.append(server)
         return server
 
@@ -87,7 +88,7 @@ def _blocked(console: Console, run_id: str, past_version: int = 0) -> dict[str, 
         ok = view["operatorAction"] == "rearm" and d["version"] > past_version
         return view if ok else None
 
-    found: dict[str, Any] = crash.wait_for(check, 60)
+    found: dict[str, Any] = wait_for(check, 60)
     return found
 
 
@@ -97,7 +98,7 @@ def test_rearm_a_blocked_cancellation_in_the_ui(start: Any, open_page: Any) -> N
     console = _console(server, viewer="vic")
     assert console.api("POST", "/tasks", json={"name": "victim", "command": "sleep 120"}).status_code == 201
     run = console.api("POST", "/tasks/victim/runs", json={}).json()
-    crash.wait_for(lambda: console.api("GET", f"/runs/{run['id']}").json()["status"] == "running", 60)
+    wait_for(lambda: console.api("GET", f"/runs/{run['id']}").json()["status"] == "running", 60)
     attempt_id, real = _attempt_handle(server.home, run["id"])
     handle = ProcessHandle.decode(real)
     forged = ProcessHandle(
@@ -216,7 +217,7 @@ def test_resolve_a_recovery_required_action_in_the_ui_at_390_px(
         items = console.api("GET", "/actions").json()["items"]
         return items[0] if items and items[0]["effective_status"] == "recovery_required" else None
 
-    action: dict[str, Any] = crash.wait_for(stuck, 60)
+    action: dict[str, Any] = wait_for(stuck, 60)
     assert console.api("GET", "/runs").json()["items"] == [] and not marker.exists()
 
     # An operator (no approval.recover) sees it but is not offered Resolve

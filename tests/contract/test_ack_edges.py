@@ -12,8 +12,8 @@ from ql3.application import leases, runs
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import Conflict, ValidationFailed
 from ql3.domain.offers import LeaseFence
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register, run_of
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, run_of
 
 DIGEST = sha256_hex("cb-token")
 

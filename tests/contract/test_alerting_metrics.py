@@ -7,7 +7,7 @@ from typing import Any
 
 from ql3.application import outcome_metrics, runs
 from ql3.application.outcome_metrics import DurationHistogram
-from tests.contract.helpers import seed_project, seed_task, start_run
+from tests.support.builders import seed_project, seed_task, start_run
 
 
 def _finish(db: Any, project: Any, task: Any, to: str, duration_ms: int) -> int:

@@ -8,9 +8,7 @@ from ql3.application import approvals
 from ql3.domain.approvals import ApprovalExpired
 from ql3.domain.errors import Conflict, FenceConflict, PermissionDenied
 from ql3.domain.ids import new_id
-from tests.conftest import Harness
-from tests.contract.helpers import count
-from tests.contract.test_approvals_support import (
+from tests.support.approval_builders import (
     approved,
     consume,
     execution,
@@ -19,6 +17,8 @@ from tests.contract.test_approvals_support import (
     set_role,
     world,
 )
+from tests.support.builders import count
+from tests.support.databases import Harness
 
 
 def _approval_row(harness: Harness) -> dict[str, object]:

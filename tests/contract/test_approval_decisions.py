@@ -11,8 +11,8 @@ from ql3.application import approvals
 from ql3.domain.approvals import ApprovalExpired
 from ql3.domain.errors import Conflict, FenceConflict, PermissionDenied, Ql3Error, ValidationFailed
 from ql3.domain.ids import new_id
-from tests.conftest import Harness
-from tests.contract.test_approvals_support import consume, decide, request, set_role, user, world
+from tests.support.approval_builders import consume, decide, request, set_role, user, world
+from tests.support.databases import Harness
 
 
 def test_an_approver_approves_a_pending_request(harness: Harness) -> None:

@@ -8,9 +8,7 @@ import pytest
 
 from ql3.application import approvals, approved_actions
 from ql3.domain.errors import NotFound, ValidationFailed
-from tests.conftest import Harness
-from tests.contract.helpers import seed_project
-from tests.contract.test_approvals_support import (
+from tests.support.approval_builders import (
     LEASE_MS,
     approved,
     consume,
@@ -19,6 +17,8 @@ from tests.contract.test_approvals_support import (
     started,
     world,
 )
+from tests.support.builders import seed_project
+from tests.support.databases import Harness
 
 SENSITIVE = ("lease_owner", "lease_token_digest", "action_plan", "request_fence", "resolver_token_digest")
 

@@ -11,9 +11,9 @@ from ql3.domain.approvals import build_run_create_plan
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import IdempotencyConflict, PermissionDenied, ValidationFailed
 from ql3.domain.ids import new_id
-from tests.conftest import Harness
-from tests.contract.helpers import count, seed_task
-from tests.contract.test_approvals_support import HOUR, consume, decide, request, user, world
+from tests.support.approval_builders import HOUR, consume, decide, request, user, world
+from tests.support.builders import count, seed_task
+from tests.support.databases import Harness
 
 CANARY = "canary-secret-7f3a9"
 

@@ -8,14 +8,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import Harness
-from tests.contract.test_approvals_support import (
+from tests.support.approval_builders import (
     approved,
     dispatched,
     request,
     started,
     world,
 )
+from tests.support.databases import Harness
 
 DB_ERRORS = (sqlite3.IntegrityError, psycopg.IntegrityError)
 

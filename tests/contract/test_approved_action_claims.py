@@ -13,8 +13,7 @@ from ql3.application.approved_actions import ClaimResult
 from ql3.domain.approvals import ExecutionFence
 from ql3.domain.errors import Conflict, FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
-from tests.conftest import Harness
-from tests.contract.test_approvals_support import (
+from tests.support.approval_builders import (
     LEASE_MS,
     action,
     approved,
@@ -30,6 +29,7 @@ from tests.contract.test_approvals_support import (
     token,
     world,
 )
+from tests.support.databases import Harness
 
 
 def _start(db: Any, dispatch: Any, fence: ExecutionFence, **kw: Any) -> ExecutionFence:

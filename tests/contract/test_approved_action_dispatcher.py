@@ -12,9 +12,7 @@ from ql3.application.approved_action_runner import ApprovedActionDispatcher
 from ql3.domain.approvals import Dispatch, ExecutionFence
 from ql3.domain.errors import ValidationFailed
 from ql3.ports.storage import Database, Transaction
-from tests.conftest import Harness
-from tests.contract.helpers import count
-from tests.contract.test_approvals_support import (
+from tests.support.approval_builders import (
     LEASE_MS,
     CountingHandler,
     approved,
@@ -25,6 +23,8 @@ from tests.contract.test_approvals_support import (
     runs_for,
     world,
 )
+from tests.support.builders import count
+from tests.support.databases import Harness
 
 
 def _dispatcher(db: Any, *handlers: Any, **kw: Any) -> ApprovedActionDispatcher:

@@ -17,9 +17,7 @@ from ql3.domain.errors import Conflict, FenceConflict, PermissionDenied, Ql3Erro
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal
 from ql3.ports.storage import Database
-from tests.conftest import Harness
-from tests.contract.helpers import count
-from tests.contract.test_approvals_support import (
+from tests.support.approval_builders import (
     LEASE_MS,
     CountingHandler,
     ManualOnlyHandler,
@@ -35,6 +33,8 @@ from tests.contract.test_approvals_support import (
     user,
     world,
 )
+from tests.support.builders import count
+from tests.support.databases import Harness
 
 
 def _resolver(db: Any, *providers: Any, owner: str = "resolver-a", **kw: Any) -> RecoveryResolver:

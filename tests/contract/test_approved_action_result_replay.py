@@ -9,8 +9,8 @@ import pytest
 
 from ql3.domain.errors import Conflict
 from ql3.domain.ids import new_id
-from tests.conftest import Harness
-from tests.contract.test_approvals_support import complete, dispatched, execution, started, world
+from tests.support.approval_builders import complete, dispatched, execution, started, world
+from tests.support.databases import Harness
 
 DIGEST = "d" * 64
 RESULT: dict[str, Any] = {"outcome": "succeeded", "result_code": "ok", "result_digest": DIGEST}

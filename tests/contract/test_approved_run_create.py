@@ -11,9 +11,7 @@ from ql3.application import approved_actions, runs
 from ql3.application.approved_action_handlers import RunCreateHandler
 from ql3.domain.approvals import RunActionReceipt
 from ql3.domain.errors import Conflict, FenceConflict, IdempotencyConflict, StorageUnavailable
-from tests.conftest import Harness
-from tests.contract.helpers import count
-from tests.contract.test_approvals_support import (
+from tests.support.approval_builders import (
     LEASE_MS,
     complete,
     dispatched,
@@ -24,6 +22,8 @@ from tests.contract.test_approvals_support import (
     token,
     world,
 )
+from tests.support.builders import count
+from tests.support.databases import Harness
 
 
 def _receipts(harness: Harness) -> list[dict[str, Any]]:

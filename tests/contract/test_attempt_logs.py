@@ -17,10 +17,9 @@ from ql3.cluster.pull import PullRequest, PullService, pull_offer_id
 from ql3.domain.digests import new_token
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.offers import LeaseFence
-from tests.conftest import Harness
-from tests.contract.execution_helpers import queued, register
-from tests.contract.helpers import count, seed_project, seed_task
-from tests.contract.test_retention_pruning import seed_history
+from tests.support.builders import count, seed_history, seed_project, seed_task
+from tests.support.databases import Harness
+from tests.support.execution_builders import queued, register
 
 CAP = 16 * 1024
 

@@ -11,9 +11,8 @@ import pytest
 from ql3.application import cancellation
 from ql3.domain.digests import CANCEL_LEASE_DOMAIN, domain_digest
 from ql3.domain.errors import FenceConflict, ValidationFailed
-from tests.conftest import Harness
-from tests.contract.helpers import count
-from tests.contract.test_cancellation_support import (
+from tests.support.builders import count
+from tests.support.cancellation_builders import (
     claim,
     dispatch_row,
     events,
@@ -22,6 +21,7 @@ from tests.contract.test_cancellation_support import (
     request,
     running_runs,
 )
+from tests.support.databases import Harness
 
 
 def test_first_claim_leases_the_dispatch_and_stores_only_the_token_digest(harness: Harness) -> None:

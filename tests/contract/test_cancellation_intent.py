@@ -9,10 +9,8 @@ import pytest
 
 from ql3.application import cancellation, cancellation_supervisor, leases
 from ql3.domain.errors import NotFound, ValidationFailed
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register
-from tests.contract.helpers import count, seed_project
-from tests.contract.test_cancellation_support import (
+from tests.support.builders import count, seed_project
+from tests.support.cancellation_builders import (
     FakeSignal,
     claimed_runs,
     dispatch_row,
@@ -21,6 +19,8 @@ from tests.contract.test_cancellation_support import (
     running_runs,
     start_fence,
 )
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register
 
 
 def _status(harness: Harness, run_id: str) -> tuple[str, str]:

@@ -8,8 +8,7 @@ from typing import Any
 
 from ql3.application import cancellation_supervisor, leases
 from ql3.domain.offers import LeaseFence
-from tests.conftest import Harness
-from tests.contract.test_cancellation_support import (
+from tests.support.cancellation_builders import (
     PID_BASE,
     FakeSignal,
     claim,
@@ -19,6 +18,7 @@ from tests.contract.test_cancellation_support import (
     request,
     running_runs,
 )
+from tests.support.databases import Harness
 
 WORKER = "w1"  # the worker of running_runs()
 

@@ -14,9 +14,8 @@ from ql3.domain.ids import new_id
 from ql3.domain.model import Project
 from ql3.domain.offers import LeaseFence
 from ql3.storage.queries import catalogue
-from tests.conftest import Harness
-from tests.contract.helpers import count, seed_project
-from tests.contract.test_cancellation_support import (
+from tests.support.builders import count, seed_project
+from tests.support.cancellation_builders import (
     FakeSignal,
     claim,
     dispatch_row,
@@ -26,6 +25,7 @@ from tests.contract.test_cancellation_support import (
     running_in,
     running_runs,
 )
+from tests.support.databases import Harness
 
 PRINCIPAL = "01a00000-0000-7000-8000-0000000000aa"
 

@@ -6,8 +6,7 @@ import pytest
 
 from ql3.application import leases
 from ql3.domain.errors import Conflict, ValidationFailed
-from tests.conftest import Harness
-from tests.contract.test_cancellation_support import (
+from tests.support.cancellation_builders import (
     claim,
     dispatch_row,
     events,
@@ -15,6 +14,7 @@ from tests.contract.test_cancellation_support import (
     request,
     running_runs,
 )
+from tests.support.databases import Harness
 
 
 def _run_row(harness: Harness, run_id: str) -> dict[str, object]:

@@ -11,9 +11,8 @@ import pytest
 from ql3.application import cancellation, cancellation_supervisor, leases
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
-from tests.conftest import Harness
-from tests.contract.helpers import count
-from tests.contract.test_cancellation_support import (
+from tests.support.builders import count
+from tests.support.cancellation_builders import (
     PID_BASE,
     FakeSignal,
     claim,
@@ -24,6 +23,7 @@ from tests.contract.test_cancellation_support import (
     request,
     running_runs,
 )
+from tests.support.databases import Harness
 
 
 def _supervisor(

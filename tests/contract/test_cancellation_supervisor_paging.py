@@ -9,16 +9,16 @@ import pytest
 
 from ql3.application import cancellation_supervisor
 from ql3.storage.queries import catalogue
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, register
-from tests.contract.helpers import count, seed_task, start_run
-from tests.contract.test_cancellation_support import (
+from tests.support.builders import count, seed_task, start_run
+from tests.support.cancellation_builders import (
     LONG_MS,
     FakeSignal,
     request,
     running_runs,
     start_fence,
 )
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, register
 
 
 def _supervisor(db: Any, signal: Any, **budget: Any) -> cancellation_supervisor.CancellationSupervisor:

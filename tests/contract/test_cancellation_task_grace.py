@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from ql3.application import cancellation_supervisor
-from tests.conftest import Harness
-from tests.contract.test_cancellation_support import (
+from tests.support.cancellation_builders import (
     PID_BASE,
     FakeOutcome,
     FakeSignal,
@@ -18,6 +17,7 @@ from tests.contract.test_cancellation_support import (
     request,
     running_runs,
 )
+from tests.support.databases import Harness
 
 
 class LeaseWatchingSignal(FakeSignal):

@@ -10,8 +10,8 @@ from typing import Any
 from ql3.application import leases
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
-from tests.conftest import Harness
-from tests.contract.execution_helpers import SECRET, dispatcher, queued, race_two_dispatchers, register
+from tests.support.databases import Harness
+from tests.support.execution_builders import SECRET, dispatcher, queued, race_two_dispatchers, register
 
 RACE_RUNS = 200
 

@@ -10,8 +10,8 @@ import pytest
 from ql3.application import leases, runs
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.offers import LeaseFence
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register, run_of, start
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, run_of, start
 
 
 def _running(harness: Harness, **spec: Any) -> tuple[Any, LeaseFence]:

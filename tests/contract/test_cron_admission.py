@@ -8,8 +8,8 @@ from typing import Any
 from ql3.application import tasks
 from ql3.application.cron import CronScheduler
 from ql3.application.schedules import next_fire_at
-from tests.conftest import Harness
-from tests.contract.helpers import count, seed_project, seed_task
+from tests.support.builders import count, seed_project, seed_task
+from tests.support.databases import Harness
 
 MINUTE = 60_000
 

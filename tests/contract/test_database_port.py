@@ -15,8 +15,8 @@ import pytest
 from ql3.domain.errors import Conflict, ReadOnlyTransaction
 from ql3.domain.ids import new_id
 from ql3.storage.queries import catalogue
-from tests.conftest import Harness
-from tests.contract.helpers import count
+from tests.support.builders import count
+from tests.support.databases import Harness
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ql3"
 

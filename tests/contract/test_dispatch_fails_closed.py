@@ -11,9 +11,9 @@ from ql3.application import dispatcher as dispatcher_module
 from ql3.application import workers
 from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher
 from ql3.domain.errors import NotFound
-from tests.conftest import Harness
-from tests.contract.execution_helpers import SECRET, dispatcher, queued, register
-from tests.contract.helpers import count
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import SECRET, dispatcher, queued, register
 
 
 def _leased(harness: Harness) -> int:

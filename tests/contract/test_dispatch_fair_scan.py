@@ -8,9 +8,9 @@ from typing import Any
 
 from ql3.application import runs
 from ql3.domain.model import Project, Task
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, register
-from tests.contract.helpers import seed_project, seed_task
+from tests.support.builders import seed_project, seed_task
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, register
 
 
 def _queue(db: Any, project: Project, task: Task, n: int) -> None:

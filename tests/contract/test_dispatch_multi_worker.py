@@ -9,9 +9,9 @@ from ql3.application import runs
 from ql3.application.dispatcher import RunDispatcher
 from ql3.domain.model import Project, Task
 from ql3.domain.workers import WorkerSnapshot
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, register
-from tests.contract.helpers import seed_project, seed_task
+from tests.support.builders import seed_project, seed_task
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, register
 
 
 def _one_run(db: Any, project: Project, task: Task, priority: int = 0) -> str:

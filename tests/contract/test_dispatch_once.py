@@ -13,9 +13,9 @@ from ql3.application import dispatcher as dispatcher_module
 from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.workers import WorkerSnapshot
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register, run_of
-from tests.contract.helpers import count
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, run_of
 
 
 def test_empty_first_page_makes_no_worker_plan_or_claim_calls(harness: Harness) -> None:

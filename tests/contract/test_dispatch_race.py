@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.conftest import Harness
-from tests.contract.execution_helpers import race_two_dispatchers, register
-from tests.contract.helpers import seed_project, seed_task
+from tests.support.builders import seed_project, seed_task
+from tests.support.databases import Harness
+from tests.support.execution_builders import race_two_dispatchers, register
 
 RUNS = 1000
 

@@ -12,9 +12,9 @@ import pytest
 from ql3.application import leases, runs, workers
 from ql3.domain.errors import FenceConflict
 from ql3.domain.offers import LeaseFence
-from tests.conftest import Harness
-from tests.contract.execution_helpers import SECRET, dispatcher, queued, register, run_of
-from tests.contract.helpers import count
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import SECRET, dispatcher, queued, register, run_of
 
 RUN_LEASE_MS = 30_000
 

@@ -8,9 +8,9 @@ import pytest
 from ql3.application import lookup
 from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.domain.lookup import MAX_CANDIDATES, AmbiguousPrefix
-from tests.conftest import Harness
-from tests.contract.helpers import seed_project, seed_task, start_run
-from tests.contract.test_approvals_support import dispatched, request, user, world
+from tests.support.approval_builders import dispatched, request, user, world
+from tests.support.builders import seed_project, seed_task, start_run
+from tests.support.databases import Harness
 
 
 def _common_prefix(ids: list[str]) -> str:

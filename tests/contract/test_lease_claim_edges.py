@@ -14,9 +14,9 @@ from ql3.domain.errors import NotFound
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
 from ql3.ports.storage import Params, Transaction
-from tests.conftest import Harness
-from tests.contract.execution_helpers import SECRET, StatementLog, queued, register, run_of
-from tests.contract.helpers import count
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import SECRET, StatementLog, queued, register, run_of
 
 LEASE_MS = 5_000
 

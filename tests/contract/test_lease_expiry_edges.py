@@ -8,9 +8,9 @@ from typing import Any
 
 from ql3.application import leases, runs
 from ql3.domain.offers import LeaseFence
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register, run_of, start
-from tests.contract.helpers import count
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, run_of, start
 
 LEASE_MS = 30_000  # the dispatcher's default run lease
 

@@ -11,9 +11,9 @@ from ql3.application import leases, runs
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict
 from ql3.domain.offers import LeaseFence
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register, run_of, start
-from tests.contract.helpers import count
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, run_of, start
 
 
 def _claimed(harness: Harness, **spec: Any) -> tuple[Any, LeaseFence]:

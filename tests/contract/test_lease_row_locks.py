@@ -14,8 +14,8 @@ from ql3.application import leases
 from ql3.domain.errors import FenceConflict
 from ql3.domain.offers import LeaseFence, Offer, derive_lease_token
 from ql3.ports.storage import Params, Transaction
-from tests.conftest import Harness
-from tests.contract.execution_helpers import SECRET, StatementLog, dispatcher, queued, register, start
+from tests.support.databases import Harness
+from tests.support.execution_builders import SECRET, StatementLog, dispatcher, queued, register, start
 
 
 def _offer(harness: Harness, lease_ms: int = 5_000) -> Offer:

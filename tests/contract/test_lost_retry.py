@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ql3.application import leases
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register, run_of, start
-from tests.contract.helpers import count
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, run_of, start
 
 
 def _lost_run(harness: Harness, max_attempts: int) -> tuple[Any, Any]:

@@ -8,7 +8,7 @@ import pytest
 
 from ql3.domain.errors import MigrationError
 from ql3.storage.migrations import chain
-from tests.conftest import Harness
+from tests.support.databases import Harness
 
 # Tables that exist in one dialect only, by design (the PostgreSQL clock shim).
 DIALECT_ONLY = {"postgres": {"ql3_clock"}, "sqlite": set[str]()}

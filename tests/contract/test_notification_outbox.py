@@ -10,7 +10,7 @@ import pytest
 from ql3.application import notifications, runs
 from ql3.application.notifications import DeliveryBudget, NotificationDeliverer
 from ql3.domain.notifications import ChannelTarget, DeliveryFailed, Message
-from tests.contract.helpers import count, seed_project, seed_task, start_run
+from tests.support.builders import count, seed_project, seed_task, start_run
 
 SECRET = "s3cret-for-the-webhook-0123456789"
 

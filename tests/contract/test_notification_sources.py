@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from ql3.application import notifications
-from tests.contract.test_approvals_support import request as request_approval
-from tests.contract.test_approvals_support import world
-from tests.contract.test_cancellation_support import claim, record, request, running_runs
+from tests.support.approval_builders import request as request_approval
+from tests.support.approval_builders import world
+from tests.support.cancellation_builders import claim, record, request, running_runs
 
 
 def _channel_and_rule(db: Any, project: Any, events: list[str]) -> None:

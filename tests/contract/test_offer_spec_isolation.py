@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register
 
 
 def test_offers_of_one_cached_revision_are_independent_of_each_other_and_of_the_cache(

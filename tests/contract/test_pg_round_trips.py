@@ -18,9 +18,9 @@ from ql3.domain.errors import StorageBusy, StorageUnavailable
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
 from ql3.storage.postgres.adapter import PostgresDatabase
-from tests.conftest import Harness
-from tests.contract.execution_helpers import SECRET, dispatcher, queued, register
-from tests.contract.helpers import count
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import SECRET, dispatcher, queued, register
 from tests.support.round_trips import count_round_trips
 
 # BEGIN + clock + candidate page, two worker pages, COMMIT; BEGIN + clock + Run lock, Attempt lock,

@@ -14,10 +14,9 @@ from ql3.application import runs
 from ql3.cluster import pull
 from ql3.cluster.pull import MAX_IMMEDIATE_RETRIES, PullBudget, PullService
 from ql3.domain.model import Project, Task
-from tests.conftest import Harness
-from tests.contract.execution_helpers import register
-from tests.contract.helpers import seed_project, seed_task
-from tests.contract.test_worker_pull import live_leases, request
+from tests.support.builders import seed_project, seed_task
+from tests.support.databases import Harness
+from tests.support.execution_builders import live_leases, register, request
 
 # Two candidates a pass, five passes a pull: 10 candidates per pull, so 25 blockers need 3 pulls.
 SMALL = PullBudget(candidate_page=2, candidate_pages=1)

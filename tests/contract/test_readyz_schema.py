@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from ql3.bootstrap import expected_schema_version
 from ql3.http.app import create_app
 from ql3.storage.migrations import chain
-from tests.conftest import Harness
+from tests.support.databases import Harness
 
 
 def test_readyz_reports_the_schema_version_and_refuses_a_database_behind_or_ahead(harness: Harness) -> None:

@@ -8,49 +8,10 @@ from typing import Any
 
 from ql3.application import retention
 from ql3.application.retention import DAY_MS, RetentionPruner
-from ql3.domain.ids import new_id
 from ql3.execution.log_retention import LogDirectory
-from tests.contract.helpers import count, seed_project, seed_task
+from tests.support.builders import count, seed_history, seed_project, seed_task
 
 ROW_TABLES = ("runs", "run_attempts", "run_events", "run_leases")
-
-
-def seed_history(
-    db: Any, project: Any, task: Any, n: int, *, start_ms: int, step_ms: int, status: str = "succeeded"
-) -> list[tuple[str, str]]:
-    """``n`` finished runs of ``task`` (run, attempt, two events, a completed lease), oldest first."""
-    out: list[tuple[str, str]] = []
-    for i in range(n):
-        run_id, attempt_id = new_id(), new_id()
-        at = start_ms + i * step_ms
-        db.raw(
-            "INSERT INTO runs (id, project_id, task_id, task_revision, trigger_type, status, version,"
-            " event_sequence, created_at_ms, queued_at_ms, started_at_ms, finished_at_ms, exit_code,"
-            " updated_at_ms)"
-            " VALUES (?, ?, ?, 1, 'cron', ?, 4, 2, ?, ?, ?, ?, 0, ?)",
-            (run_id, project.id, task.id, status, at, at, at + 10, at + 20, at + 20),
-        )
-        db.raw(
-            "INSERT INTO run_attempts (id, run_id, attempt, status, executor_type, worker_id, created_at_ms,"
-            " started_at_ms, finished_at_ms, exit_code, callback_sequence)"
-            " VALUES (?, ?, 1, ?, 'local_process', 'w1', ?, ?, ?, 0, 3)",
-            (attempt_id, run_id, status, at, at + 10, at + 20),
-        )
-        for seq in (1, 2):
-            db.raw(
-                "INSERT INTO run_events (id, run_id, sequence, type, actor_type, payload_json, created_at_ms)"
-                " VALUES (?, ?, ?, 'run.x', 'system', '{}', ?)",
-                (new_id(), run_id, seq, at),
-            )
-        db.raw(
-            "INSERT INTO run_leases (attempt_id, run_id, status, version, lease_generation, worker_id,"
-            " worker_session_id, worker_generation, lease_token_digest, acquired_at_ms, renewed_at_ms,"
-            " expires_at_ms, completed_at_ms, updated_at_ms)"
-            " VALUES (?, ?, 'completed', 1, 1, 'w1', 's1', 1, ?, ?, ?, ?, ?, ?)",
-            (attempt_id, run_id, "0" * 64, at, at, at + 30_000, at + 20, at + 20),
-        )
-        out.append((run_id, attempt_id))
-    return out
 
 
 def _policy(db: Any, project: Any, **limits: Any) -> None:

@@ -10,9 +10,9 @@ import pytest
 
 from ql3.application import cancellation, leases, tasks
 from ql3.domain.errors import RetrySafetyRequired
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register, run_of, start
-from tests.contract.helpers import count, seed_project, seed_task, start_run
+from tests.support.builders import count, seed_project, seed_task, start_run
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, run_of, start
 
 WRITTEN = ("tasks", "task_revisions", "task_schedules")
 

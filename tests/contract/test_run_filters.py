@@ -10,8 +10,8 @@ from ql3.application import run_queries, runs
 from ql3.application.run_queries import RunFilter
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.model import Project, Run, Task
-from tests.conftest import Harness
-from tests.contract.helpers import seed_project, seed_task, start_run
+from tests.support.builders import seed_project, seed_task, start_run
+from tests.support.databases import Harness
 
 
 def _move(harness: Harness, run: Run, *path: str) -> Run:

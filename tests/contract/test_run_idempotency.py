@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from ql3.domain.errors import IdempotencyConflict
-from tests.conftest import Harness
-from tests.contract.helpers import count, seed_project, seed_task, start_run
+from tests.support.builders import count, seed_project, seed_task, start_run
+from tests.support.databases import Harness
 
 
 def test_repeated_key_returns_the_existing_run_and_creates_nothing(harness: Harness) -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from ql3.application import runs
 from ql3.domain.errors import Conflict, InvalidRunTransition, RunVersionConflict
-from tests.conftest import Harness
-from tests.contract.helpers import count, seed_project, seed_task, start_run
+from tests.support.builders import count, seed_project, seed_task, start_run
+from tests.support.databases import Harness
 
 
 def test_created_run_is_queued_with_a_claimed_attempt_and_two_events(harness: Harness) -> None:

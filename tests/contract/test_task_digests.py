@@ -6,8 +6,8 @@ from __future__ import annotations
 from ql3.application import auth, tasks
 from ql3.domain.digests import TASK_CONTENT_DOMAIN, canonical_json, keyed_digest
 from ql3.domain.tasks import build_spec
-from tests.conftest import Harness
-from tests.contract.helpers import seed_project, seed_task
+from tests.support.builders import seed_project, seed_task
+from tests.support.databases import Harness
 
 SPEC = {"command": "./deploy.sh", "env": {"API_SECRET": "hunter2", "OTHER": "x"}}
 

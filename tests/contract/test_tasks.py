@@ -6,8 +6,8 @@ import pytest
 
 from ql3.application import tasks
 from ql3.domain.errors import NameTaken, NotFound, TaskDisabled, ValidationFailed
-from tests.conftest import Harness
-from tests.contract.helpers import count, seed_project, seed_task, start_run
+from tests.support.builders import count, seed_project, seed_task, start_run
+from tests.support.databases import Harness
 
 
 def test_edit_publishes_a_new_revision_and_keeps_history(harness: Harness) -> None:

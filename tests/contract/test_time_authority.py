@@ -16,8 +16,8 @@ from ql3.application.gateway import InProcessControlPlane
 from ql3.application.settings import load_serve_settings
 from ql3.bootstrap import build_standalone_runtime
 from ql3.domain.digests import sha256_hex
-from tests.conftest import Harness
-from tests.contract.execution_helpers import SECRET, dispatcher, queued, register
+from tests.support.databases import Harness
+from tests.support.execution_builders import SECRET, dispatcher, queued, register
 
 MINUTES = 60_000
 SHIFTS = pytest.mark.parametrize("shift_ms", [-10 * MINUTES, 10 * MINUTES], ids=["behind", "ahead"])

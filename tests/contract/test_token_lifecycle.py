@@ -7,8 +7,8 @@ import pytest
 from ql3.application import auth
 from ql3.domain.errors import Conflict, NotFound, PermissionDenied, Unauthenticated, ValidationFailed
 from ql3.domain.model import Project
-from tests.conftest import Harness
-from tests.contract.helpers import seed_project
+from tests.support.builders import seed_project
+from tests.support.databases import Harness
 
 
 def _owner(harness: Harness) -> auth.IssuedToken:

@@ -7,8 +7,8 @@ from typing import Any
 
 from ql3.application import workers
 from ql3.domain.model import Run
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register, run_of
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, run_of
 
 
 def _reason(harness: Harness, run: Run) -> Any:

@@ -14,24 +14,9 @@ from ql3.application import workers
 from ql3.cluster.pull import OfferConflict, PullRequest, PullService, pull_offer_id
 from ql3.domain.digests import new_token, sha256_hex
 from ql3.domain.errors import FenceConflict, ValidationFailed
-from tests.conftest import Harness
-from tests.contract.execution_helpers import queued, register
-from tests.contract.helpers import count, seed_task, start_run
-
-
-def request(session: workers.WorkerSession, token: str | None = None) -> PullRequest:
-    token = token or new_token()
-    return PullRequest(
-        worker_id=session.worker_id,
-        session_id=session.session_id,
-        generation=session.generation,
-        offer_id=pull_offer_id(session.worker_id, token),
-        lease_token=token,
-    )
-
-
-def live_leases(db: Any) -> int:
-    return int(db.raw("SELECT count(*) AS n FROM run_leases WHERE status = 'leased'")[0]["n"])
+from tests.support.builders import count, seed_task, start_run
+from tests.support.databases import Harness
+from tests.support.execution_builders import live_leases, queued, register, request
 
 
 def test_a_pull_claims_one_run_for_the_registry_session(harness: Harness) -> None:

@@ -11,8 +11,8 @@ from ql3.application import workers
 from ql3.domain.errors import Conflict, FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.workers import parse_capabilities
-from tests.conftest import Harness
-from tests.contract.execution_helpers import register
+from tests.support.databases import Harness
+from tests.support.execution_builders import register
 
 
 def test_first_registration_is_generation_one(harness: Harness) -> None:

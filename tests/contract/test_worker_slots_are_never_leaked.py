@@ -10,9 +10,9 @@ import pytest
 
 from ql3.application import cancellation, cancellation_supervisor, leases
 from ql3.domain.offers import LeaseFence
-from tests.conftest import Harness
-from tests.contract.execution_helpers import dispatcher, queued, register
-from tests.contract.test_cancellation_support import FakeSignal, request, start_fence
+from tests.support.cancellation_builders import FakeSignal, request, start_fence
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register
 
 LONG_MS = 600_000
 SHORT_MS = 5_000

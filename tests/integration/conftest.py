@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
 
-from ql3.application import auth
+from ql3.application import auth, tasks
 from ql3.domain.errors import NotFound
 from ql3.http.app import create_app
 from ql3.ports.storage import Transaction
 from ql3.storage.sqlite.adapter import SqliteDatabase
+from tests.support.http import bearer
+from tests.support.worker_agent import Env
 
 with warnings.catch_warnings():
     # starlette announces a future switch of its test client's HTTP library; nothing to act on here
@@ -52,10 +54,6 @@ def owner_token(db: SqliteDatabase) -> str:
 def client(db: SqliteDatabase, owner_token: str) -> Iterator[TestClient]:
     with TestClient(create_app(db)) as test_client:
         yield test_client
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 @pytest.fixture
@@ -202,3 +200,19 @@ def cli_main(
 
     run.requests = requests  # type: ignore[attr-defined]
     return run
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    """A migrated SQLite control plane with the owner's project and a task that marks each start."""
+    db = SqliteDatabase(tmp_path / "ql3.db")
+    db.migrate()
+    owner = db.transaction(auth.bootstrap_owner)
+    assert owner is not None
+    project = owner.project
+    marker = tmp_path / "starts"
+    task = db.transaction(
+        lambda tx: tasks.create_task(tx, project.id, "t", {"command": f"echo x >> {marker}; sleep 0.3"})
+    ).task
+    yield Env(db=db, home=tmp_path, marker=marker, project=project, task=task)
+    db.close()

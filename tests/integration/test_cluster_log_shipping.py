@@ -23,16 +23,8 @@ from ql3.cluster.stops import StopWatch
 from ql3.http.app import create_app
 from ql3.storage.sqlite.adapter import SqliteDatabase
 from ql3.worker.config import WorkerConfig
-from tests.integration.conftest import bearer
-from tests.integration.test_cluster_worker_api import (
-    P,
-    plane,
-    pull,
-    register,
-    task_and_run,
-    wait_status,
-    worker_token,
-)
+from tests.support.cluster_api import P, plane, pull, register, task_and_run, wait_status, worker_token
+from tests.support.http import bearer
 
 CAP = 4096
 

@@ -12,8 +12,8 @@ import pytest
 from ql3.application import approvals
 from ql3.domain.ids import new_id
 from ql3.storage.sqlite.adapter import SqliteDatabase
-from tests.conftest import FakeClock
-from tests.contract.test_approvals_support import started
+from tests.support.approval_builders import started
+from tests.support.databases import FakeClock
 
 P = "/api/v1/projects/default"
 HOUR_MS = 3_600_000

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import bearer
+from tests.support.http import bearer
 
 TOKENS = "/api/v1/projects/default/tokens"
 ITEM_KEYS = {"id", "name", "role", "created_at_ms", "expires_at_ms", "revoked_at_ms", "last_used_at_ms"}

@@ -11,7 +11,7 @@ from ql3.application import cancellation, cancellation_supervisor
 from ql3.domain.cancellation import BlockedCursor, encode_blocked_cursor
 from ql3.domain.ids import new_id
 from ql3.domain.offers import LeaseFence
-from tests.contract.test_cancellation_support import FakeSignal, handle_of, running_runs
+from tests.support.cancellation_builders import FakeSignal, handle_of, running_runs
 
 P = "/api/v1/projects/default"
 SUMMARY_KEYS = {

@@ -12,7 +12,7 @@ import pytest
 
 from ql3.application import cancellation, cancellation_supervisor
 from ql3.domain.offers import LeaseFence
-from tests.contract.test_cancellation_support import FakeSignal, running_runs
+from tests.support.cancellation_builders import FakeSignal, running_runs
 
 Cli = Callable[..., tuple[int, str, str]]
 

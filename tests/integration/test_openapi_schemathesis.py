@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.acceptance.conftest import Server, start_server, stop
+from tests.support.server import Server, start_server, stop
 
 pytestmark = pytest.mark.slow
 
@@ -98,9 +98,9 @@ def _pg_database() -> Iterator[str]:
 
     import psycopg
 
-    from tests.conftest import _pg_admin_dsn
+    from tests.support.databases import pg_admin_dsn
 
-    admin = _pg_admin_dsn()
+    admin = pg_admin_dsn()
     if admin is None:
         pytest.skip("PostgreSQL not configured (QL3_TEST_PG_DSN)")
     name = f"ql3_st_{uuid.uuid4().hex[:10]}"

@@ -3,89 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from ql3.application import auth, leases, runs, tasks, workers
-from ql3.application.dispatcher import DispatchBudget, RunDispatcher
-from ql3.application.gateway import InProcessControlPlane
+from ql3.application import leases, runs, tasks, workers
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.journal import JournalConflict
-from ql3.domain.offers import Offer
 from ql3.domain.workers import parse_capabilities
 from ql3.execution.receipts import receipt_path
-from ql3.storage.sqlite.adapter import SqliteDatabase
-from ql3.worker.agent import WorkerAgent
-from ql3.worker.config import WorkerConfig
-
-
-class Crash(Exception):
-    """Simulates the process dying at a fault point."""
-
-
-@dataclasses.dataclass
-class Env:
-    db: SqliteDatabase
-    home: Path
-    marker: Path
-    project: Any
-    task: Any
-
-    def agent(self, fault: str | None = None) -> WorkerAgent:
-        def hook(point: str) -> None:
-            if point == fault:
-                raise Crash(point)
-
-        return WorkerAgent(
-            InProcessControlPlane(self.db),
-            WorkerConfig(worker_id="w1", home=self.home / "worker", slots=4),
-            clock=lambda: time.time_ns() // 1_000_000,
-            fault=hook,
-        )
-
-    def queue_and_claim(self, agent: WorkerAgent) -> Offer:
-        self.db.transaction(
-            lambda tx: runs.create_run(tx, runs.CreateRun(project_id=self.project.id, task=self.task))
-        )
-        d = RunDispatcher(self.db, lease_secret=b"k" * 32, budget=DispatchBudget(), incarnation_started_ms=0)
-        offer = d.dispatch_once().offer
-        assert offer is not None
-        return offer
-
-    def starts(self) -> int:
-        return len(self.marker.read_text().splitlines()) if self.marker.exists() else 0
-
-    def run_status(self, run_id: str) -> str:
-        return str(self.db.transaction(lambda tx: runs.get_run(tx, self.project.id, run_id)).status)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    db = SqliteDatabase(tmp_path / "ql3.db")
-    db.migrate()
-    owner = db.transaction(auth.bootstrap_owner)
-    assert owner is not None
-    project = owner.project
-    marker = tmp_path / "starts"
-    task = db.transaction(
-        lambda tx: tasks.create_task(tx, project.id, "t", {"command": f"echo x >> {marker}; sleep 0.3"})
-    ).task
-    yield Env(db=db, home=tmp_path, marker=marker, project=project, task=task)
-    db.close()
-
-
-def _wait(predicate: Any, timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
+from tests.support.waits import poll_until
+from tests.support.worker_agent import Crash, Env
 
 
 def test_a_redelivered_offer_starts_the_command_once(env: Env) -> None:
@@ -98,7 +26,7 @@ def test_a_redelivered_offer_starts_the_command_once(env: Env) -> None:
         again = agent.receive(offer)
 
         assert first == "running_acknowledged" and again == "running_acknowledged"
-        _wait(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        poll_until(lambda: env.run_status(offer.fence.run_id) == "succeeded")
         assert env.starts() == 1
     finally:
         agent.stop()
@@ -231,10 +159,10 @@ def test_a_journal_row_is_pruned_as_soon_as_its_attempt_settles(env: Env) -> Non
         agent.receive(offer)
 
         # When the run completes and the completion is acknowledged
-        _wait(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        poll_until(lambda: env.run_status(offer.fence.run_id) == "succeeded")
 
         # Then its journal row is gone at once (no retention age to wait for)
-        _wait(lambda: agent.journal.get(offer.offer_id) is None)
+        poll_until(lambda: agent.journal.get(offer.offer_id) is None)
         assert agent.journal.audit().total == 0
     finally:
         agent.stop()
@@ -249,7 +177,7 @@ def test_a_database_restored_from_before_a_run_does_not_stop_the_worker_from_sta
         crashing.receive(offer)
     crashing.stop()
     receipt = receipt_path(env.home / "worker" / "receipts", offer.fence.attempt_id)
-    _wait(receipt.exists)
+    poll_until(receipt.exists)
     # and a database restored from a backup taken before that run existed
     run_id = offer.fence.run_id
     for table, column in (

@@ -9,7 +9,8 @@ import pytest
 from ql3.application import tasks, workers
 from ql3.domain.ids import new_id
 from ql3.domain.workers import parse_capabilities
-from tests.integration.test_worker_agent import Env, _wait, env  # noqa: F401  (env is a fixture)
+from tests.support.waits import poll_until
+from tests.support.worker_agent import Env
 
 HANDLER_S = 6  # longer than the old fixed 5 s grace
 
@@ -28,7 +29,7 @@ def _lose_the_lease_while_running(world: Env, grace_ms: int, tmp_path: Path) -> 
     try:
         offer = world.queue_and_claim(agent)
         assert agent.receive(offer) == "running_acknowledged"
-        _wait(ready.exists)
+        poll_until(ready.exists)
         # Another session replaces ours: every lease we hold is fenced, so the worker stops its process.
         world.db.transaction(
             lambda tx: workers.register(
@@ -50,7 +51,7 @@ def _lose_the_lease_while_running(world: Env, grace_ms: int, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_a_lease_loss_stop_waits_the_tasks_longer_grace(env: Env, tmp_path: Path) -> None:  # noqa: F811
+def test_a_lease_loss_stop_waits_the_tasks_longer_grace(env: Env, tmp_path: Path) -> None:
     # Given a running task whose TERM handler needs 6 s, with an 8 s grace
     # When the worker loses its lease and stops the process
     marker, reason = _lose_the_lease_while_running(env, 8_000, tmp_path)
@@ -61,7 +62,7 @@ def test_a_lease_loss_stop_waits_the_tasks_longer_grace(env: Env, tmp_path: Path
 
 
 @pytest.mark.slow
-def test_a_lease_loss_stop_kills_after_a_one_second_grace(env: Env, tmp_path: Path) -> None:  # noqa: F811
+def test_a_lease_loss_stop_kills_after_a_one_second_grace(env: Env, tmp_path: Path) -> None:
     # Given the same task with a 1 s grace
     # When the worker loses its lease and stops the process
     marker, reason = _lose_the_lease_while_running(env, 1_000, tmp_path)

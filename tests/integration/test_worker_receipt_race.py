@@ -9,11 +9,12 @@ import pytest
 
 from ql3.application import runs, tasks
 from ql3.worker import settlement as settlement_module
-from tests.integration.test_worker_agent import Env, _wait, env  # noqa: F401  (env is a fixture)
+from tests.support.waits import poll_until
+from tests.support.worker_agent import Env
 
 
 def test_a_receipt_that_appears_after_the_first_look_completes_the_run(
-    env: Env,  # noqa: F811
+    env: Env,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a command that exits 4, and a first look for its receipt that comes just too early
@@ -35,7 +36,7 @@ def test_a_receipt_that_appears_after_the_first_look_completes_the_run(
 
         # When it runs and exits
         agent.receive(offer)
-        _wait(lambda: env.run_status(offer.fence.run_id) not in ("dispatching", "running"))
+        poll_until(lambda: env.run_status(offer.fence.run_id) not in ("dispatching", "running"))
 
         # Then the worker looked again once the shim was proven gone, and completed it with exit 4
         run = env.db.transaction(lambda tx: runs.get_run(tx, env.project.id, offer.fence.run_id))

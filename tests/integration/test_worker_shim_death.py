@@ -9,13 +9,14 @@ from pathlib import Path
 
 from ql3.application import runs, tasks
 from ql3.execution.identity import ProcessHandle
-from tests.integration.test_worker_agent import Env, _wait, env  # noqa: F401  (env is a fixture)
-from tests.unit.execution.conftest import group_comms, live_group_members
+from tests.support.processes import group_comms, live_group_members
+from tests.support.waits import poll_until
+from tests.support.worker_agent import Env
 
 CHAIN = "sh -c 'sleep 300 & sleep 300; wait' & sleep 300 & wait"
 
 
-def test_a_killed_shim_ends_the_run_lost_and_takes_its_group_along(env: Env, tmp_path: Path) -> None:  # noqa: F811
+def test_a_killed_shim_ends_the_run_lost_and_takes_its_group_along(env: Env, tmp_path: Path) -> None:
     # Given a running chain of shells and sleeps
     env.task = env.db.transaction(
         lambda tx: tasks.edit_task(tx, env.project.id, "t", {"command": CHAIN})
@@ -30,16 +31,16 @@ def test_a_killed_shim_ends_the_run_lost_and_takes_its_group_along(env: Env, tmp
         assert record is not None and record.executor_handle is not None
         handle = ProcessHandle.decode(record.executor_handle)
         pgid = handle.pgid
-        _wait(lambda: group_comms(handle.pgid).count("sleep") == 3)
+        poll_until(lambda: group_comms(handle.pgid).count("sleep") == 3)
 
         # When only the shim is SIGKILLed
         os.kill(handle.pid, signal.SIGKILL)
 
         # Then the run is lost for the reason the worker knows, and nothing of its group is left
-        _wait(lambda: env.run_status(offer.fence.run_id) not in ("dispatching", "running"))
+        poll_until(lambda: env.run_status(offer.fence.run_id) not in ("dispatching", "running"))
         run = env.db.transaction(lambda tx: runs.get_run(tx, env.project.id, offer.fence.run_id))
         assert (run.status, run.error_code) == ("failed", "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT")
-        _wait(lambda: live_group_members(handle.pgid) == [])
+        poll_until(lambda: live_group_members(handle.pgid) == [])
     finally:
         for pid in live_group_members(pgid) if pgid else []:
             os.kill(pid, signal.SIGKILL)

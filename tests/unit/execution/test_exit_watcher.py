@@ -12,7 +12,8 @@ import pytest
 
 from ql3.execution.launcher import ExitWatcher, LocalLauncher
 from ql3.ports.execution import LaunchRequest, ShellCommand
-from tests.unit.execution.conftest import ExecHarness, wait_until
+from tests.support.processes import ExecHarness
+from tests.support.waits import wait_until
 
 
 def _watcher_thread() -> threading.Thread:

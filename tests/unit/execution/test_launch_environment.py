@@ -11,7 +11,7 @@ import pytest
 
 from ql3.execution.identity import read_stat
 from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, ShellCommand
-from tests.unit.execution.conftest import ExecHarness
+from tests.support.processes import ExecHarness
 
 ID_VARS = {
     "QL3_RUN_ID",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ql3.ports.execution import ArgvCommand
-from tests.unit.execution.conftest import ExecHarness
+from tests.support.processes import ExecHarness
 
 
 def test_inherit_drops_the_servers_own_settings(ex: ExecHarness, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from ql3.execution.logs import LogReader, LogUnavailable, enforce_log_cap, log_path_for, truncation_marker
-from tests.unit.execution.conftest import ExecHarness, wait_until
+from tests.support.processes import ExecHarness
+from tests.support.waits import wait_until
 
 CAP = 1000
 # 200 lines of 50 bytes: 10,000 bytes of output, ten times the cap.

@@ -18,7 +18,7 @@ from ql3.execution.identity import (
     read_boot_id,
     read_stat,
 )
-from tests.unit.execution.conftest import wait_until
+from tests.support.waits import wait_until
 
 PAST_PID_MAX = 4_194_304 + 1  # above the largest pid_max Linux allows: never a live process
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from ql3.execution.receipts import Receipt, ReceiptInvalid
-from tests.unit.execution.conftest import ExecHarness
+from tests.support.processes import ExecHarness
 
 RUNS = 40
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
-from tests.unit.execution.conftest import ExecHarness, group_comms, live_group_members, wait_until
+from tests.support.processes import ExecHarness, group_comms, live_group_members
+from tests.support.waits import wait_until
 
 CHAIN = "sh -c 'sleep 300 & sleep 300; wait' & sleep 300 & wait"
 

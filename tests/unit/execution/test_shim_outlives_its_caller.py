@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from ql3.execution.identity import ProcessHandle, probe
-from tests.unit.execution.conftest import ExecHarness, wait_until
+from tests.support.processes import ExecHarness
+from tests.support.waits import wait_until
 
 SRC = Path(__file__).resolve().parents[3] / "src"
 

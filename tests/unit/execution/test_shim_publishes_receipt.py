@@ -9,7 +9,8 @@ import signal
 import pytest
 
 from ql3.execution.receipts import receipt_path, receipt_temp_path
-from tests.unit.execution.conftest import ExecHarness, group_comms, wait_until
+from tests.support.processes import ExecHarness, group_comms
+from tests.support.waits import wait_until
 
 
 @pytest.mark.parametrize(

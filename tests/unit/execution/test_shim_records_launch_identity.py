@@ -9,7 +9,8 @@ from ql3.execution.receipts import (
     launch_identity_path,
     read_launch_identity,
 )
-from tests.unit.execution.conftest import ExecHarness, group_comms, wait_until
+from tests.support.processes import ExecHarness, group_comms
+from tests.support.waits import wait_until
 
 
 def test_the_launch_identity_is_the_handle_the_launcher_captured(ex: ExecHarness) -> None:

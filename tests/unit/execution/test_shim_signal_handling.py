@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ql3.ports.execution import ArgvCommand
-from tests.unit.execution.conftest import ExecHarness, wait_until
+from tests.support.processes import ExecHarness
+from tests.support.waits import wait_until
 
 DISPOSITION_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGPIPE)
 

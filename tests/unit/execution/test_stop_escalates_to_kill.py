@@ -5,13 +5,8 @@ from __future__ import annotations
 import signal
 
 from ql3.execution.controller import ProcessController
-from tests.unit.execution.conftest import (
-    ExecHarness,
-    group_comms,
-    live_group_members,
-    signal_ignored,
-    wait_until,
-)
+from tests.support.processes import ExecHarness, group_comms, live_group_members, signal_ignored
+from tests.support.waits import wait_until
 
 
 def test_a_group_member_that_ignores_term_is_killed_after_the_grace(ex: ExecHarness) -> None:

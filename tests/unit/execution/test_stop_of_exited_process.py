@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ql3.execution.controller import ProcessController, StopOutcome
 from ql3.execution.identity import read_stat
-from tests.unit.execution.conftest import ExecHarness, wait_until
+from tests.support.processes import ExecHarness
+from tests.support.waits import wait_until
 
 ALREADY_EXITED = StopOutcome(status="already_exited", term_signal_sent=False, kill_signal_sent=False)
 

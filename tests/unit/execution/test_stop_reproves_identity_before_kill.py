@@ -21,7 +21,7 @@ import pytest
 
 from ql3.execution.controller import ProcessController
 from ql3.execution.identity import ProcessHandle, capture, probe
-from tests.unit.execution.conftest import signal_pending
+from tests.support.processes import signal_pending
 
 PROBE = Path(__file__).with_name("replaced_group_probe.py")
 

@@ -13,7 +13,7 @@ import pytest
 from ql3.execution import controller as controller_module
 from ql3.execution.controller import ProcessController, StopOutcome
 from ql3.execution.identity import ProcessHandle, capture, probe
-from tests.unit.execution.conftest import signal_pending
+from tests.support.processes import signal_pending
 
 # TERM is blocked, so a TERM sent by mistake stays visible as pending instead of being handled.
 TARGET = (

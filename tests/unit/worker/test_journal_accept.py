@@ -12,7 +12,7 @@ import pytest
 
 from ql3.domain.journal import JournalConflict, JournalFull, JournalInvalid, JournalState
 from ql3.worker.journal.store import WorkerJournal
-from tests.unit.worker.journal_support import (
+from tests.support.journal_builders import (
     LEASE_TOKEN,
     SPEC_DIGEST,
     STEP_FIELDS,

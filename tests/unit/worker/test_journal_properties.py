@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ql3.domain.journal import JournalConflict, JournalInvalid, JournalRecord, JournalState, RecoveryReason
 from ql3.worker.journal.store import WorkerJournal
-from tests.unit.worker.journal_support import STEP_FIELDS, Clock, make_offer
+from tests.support.journal_builders import STEP_FIELDS, Clock, make_offer
 
 STATES: list[JournalState] = list(get_args(JournalState))
 REASONS: list[RecoveryReason] = list(get_args(RecoveryReason))

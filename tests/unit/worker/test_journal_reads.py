@@ -10,7 +10,7 @@ import pytest
 
 from ql3.domain.journal import JournalBudgetExceeded, JournalRecord
 from ql3.worker.journal.store import WorkerJournal
-from tests.unit.worker.journal_support import (
+from tests.support.journal_builders import (
     LEASE_TOKEN,
     PATH_TO,
     Clock,

@@ -14,10 +14,10 @@ import pytest
 import ql3
 from ql3.domain.journal import JournalBudgetExceeded, JournalRecord
 from ql3.worker.journal.store import WorkerJournal
-from tests.unit.worker.journal_support import (
+from tests.support.journal_builders import (
     PATH_TO as BASE_PATH_TO,
 )
-from tests.unit.worker.journal_support import (
+from tests.support.journal_builders import (
     SPEC_DIGEST,
     Clock,
     make_offer,

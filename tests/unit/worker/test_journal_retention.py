@@ -10,7 +10,7 @@ import pytest
 
 from ql3.domain.journal import JournalRecord
 from ql3.worker.journal.store import WorkerJournal
-from tests.unit.worker.journal_support import (
+from tests.support.journal_builders import (
     PATH_TO,
     Clock,
     make_offer,

@@ -16,7 +16,7 @@ import pytest
 from ql3.domain.journal import JournalInvalid, JournalUnavailable
 from ql3.worker.journal.seal import TokenSeal, key_path_for
 from ql3.worker.journal.store import WorkerJournal
-from tests.unit.worker.journal_support import Clock, make_offer, walk
+from tests.support.journal_builders import Clock, make_offer, walk
 
 TOKEN = "9f" * 32  # the shape of a derived lease token (64 hex)
 FENCE_JSON = json.dumps({"fence": {"runId": "run-1", "leaseToken": ""}, "spec": {}})

@@ -11,7 +11,7 @@ import pytest
 
 from ql3.domain.journal import JournalConflict, JournalInvalid, JournalState, RecoveryReason
 from ql3.worker.journal.store import WorkerJournal
-from tests.unit.worker.journal_support import (
+from tests.support.journal_builders import (
     SPEC_DIGEST,
     START_MS,
     STEP_FIELDS,

@@ -1,4 +1,4 @@
-"""Builders for the cancellation contract tests (no tests here): running runs, intents, fake controllers."""
+"""Builders for the cancellation contract tests: running runs, intents, fake controllers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from ql3.application import cancellation, leases
 from ql3.domain.digests import sha256_hex
 from ql3.domain.model import Project
 from ql3.domain.offers import LeaseFence
-from tests.contract.execution_helpers import dispatcher, queued, register
-from tests.contract.helpers import seed_task, start_run
+from tests.support.builders import seed_task, start_run
+from tests.support.execution_builders import dispatcher, queued, register
 
 LONG_MS = 600_000  # run leases and worker sessions outlive every clock jump in these tests
 

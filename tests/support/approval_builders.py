@@ -1,4 +1,4 @@
-"""Builders for the approval and approved-action contract tests (no tests here)."""
+"""Builders for the approval and approved-action contract tests."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ql3.domain.approvals import ApprovalRequest, Dispatch, ExecutionFence
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal, Project, Task
 from ql3.ports.storage import Database, Transaction
-from tests.contract.helpers import seed_project, seed_task
+from tests.support.builders import seed_project, seed_task
 
 HOUR = 3_600_000
 LEASE_MS = 60_000

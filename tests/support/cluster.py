@@ -19,7 +19,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.acceptance.conftest import CLI, START_TIMEOUT_S, base_env, free_port, run_cli, stop
+from tests.support.server import CLI, START_TIMEOUT_S, base_env, free_port, run_cli, stop
 
 P = "/api/v1/projects/default"
 SETTLE_S = 50.0

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ql3.application import leases, runs, workers
 from ql3.application.dispatcher import DispatchBudget, RunDispatcher
-from ql3.domain.digests import sha256_hex
+from ql3.cluster.pull import PullRequest, pull_offer_id
+from ql3.domain.digests import new_token, sha256_hex
 from ql3.domain.ids import new_id
 from ql3.domain.model import Project, Run, Task
 from ql3.domain.offers import LeaseFence, Offer
 from ql3.domain.workers import parse_capabilities
 from ql3.ports.storage import Params, Row, Transaction
-from tests.contract.helpers import seed_project, seed_task, start_run
+from tests.support.builders import seed_project, seed_task, start_run
 
 SECRET = b"s" * 32
 
@@ -82,7 +84,6 @@ def run_of(db: Any, project: Project, run_id: str) -> Run:
 def race_two_dispatchers(harness: Any) -> list[str]:
     """Two dispatchers on two real connections claim until both find nothing three times; returns the
     attempt ids offered by either (a claim error in either thread fails the test)."""
-    import threading
 
     other = harness.second_connection()
     offers: list[list[str]] = [[], []]
@@ -159,3 +160,18 @@ class StatementLog:
     def locks(self) -> list[str]:
         """The row reads in order: locked (``*_lock*``) and plain (``*_get``)."""
         return [n for n in self.names if "_lock" in n or n.endswith("_get")]
+
+
+def request(session: workers.WorkerSession, token: str | None = None) -> PullRequest:
+    token = token or new_token()
+    return PullRequest(
+        worker_id=session.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        offer_id=pull_offer_id(session.worker_id, token),
+        lease_token=token,
+    )
+
+
+def live_leases(db: Any) -> int:
+    return int(db.raw("SELECT count(*) AS n FROM run_leases WHERE status = 'leased'")[0]["n"])
