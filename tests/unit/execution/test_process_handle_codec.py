@@ -128,3 +128,19 @@ def test_construction_validates_fields_and_the_512_byte_bound() -> None:
         _handle(start_ticks="-1")
     with pytest.raises(InvalidHandle):
         _handle(attempt_id="x" * 255, boot_id="b" * 64, start_ticks="9" * 32)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"attempt_id": "a"},
+        {"attempt_id": "a" * 255, "boot_id": "b", "start_ticks": "1"},
+        {"pid": 1, "pgid": 1},
+        {"pid": 2**31 - 1, "pgid": 2**31 - 1},
+    ],
+    ids=["one-char-attempt", "255-char-attempt", "pid-1", "max-pid"],
+)
+def test_the_bounds_of_every_field_are_accepted_and_round_trip(fields: dict[str, Any]) -> None:
+    handle = _handle(**fields)
+
+    assert ProcessHandle.decode(handle.encode()) == handle

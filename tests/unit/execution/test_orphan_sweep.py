@@ -1,0 +1,240 @@
+"""What survives a shim that is gone is killed by identity, and only that (issue 8 item 6, issue 9 item 5).
+
+``kill_orphans`` (and ``finish_stop``, ``sweep_orphans`` on top of it) signals a process only on proof that
+it descends from the attempt: same boot, group and session as the shim's pid, started no earlier than the
+shim, and this attempt's id in its initial environment. Every case below uses real processes left behind
+by a real shim that exited normally (its receipt published, so the exit watcher leaves its group alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ql3.execution.controller import ProcessController, StopOutcome, finish_stop, kill_orphans
+from ql3.execution.identity import InvalidHandle, read_stat
+from ql3.execution.launcher import Launched
+from tests.unit.execution.conftest import ExecHarness, group_comms, live_group_members, wait_until
+
+# A member of the attempt's session that leaves its group for a group of its own.
+_OWN_GROUP = "import os, time; os.setpgid(0, 0); print('moved', flush=True); time.sleep(300)"
+
+
+@pytest.fixture
+def leftovers() -> Iterator[list[int]]:
+    """Pids a test leaves alive on purpose; each gets SIGKILL at teardown (a reused pid never does)."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
+
+
+def _ended_with(ex: ExecHarness, attempt_id: str, command: str, sleeps: int) -> Launched:
+    """A shim that exits 0 after starting ``sleeps`` background sleeps that outlive it."""
+    launched = ex.shell(attempt_id, command)
+    ex.wait_exit(attempt_id)
+    assert read_stat(launched.pid) is None  # the shim is reaped: nothing pins its group any more
+    assert wait_until(lambda: group_comms(launched.handle.pgid).count("sleep") == sleeps)
+    return launched
+
+
+def _start_ticks(pid: int) -> str:
+    stat = read_stat(pid)
+    assert stat is not None
+    return stat.start_ticks
+
+
+def test_every_orphan_of_an_ended_attempt_is_killed_and_counted(ex: ExecHarness) -> None:
+    # Given an attempt whose shim ended and left two sleeps in its group
+    launched = _ended_with(ex, "att-orphans", "sleep 300 & sleep 300 & exit 0", sleeps=2)
+
+    # When its orphans are swept
+    killed = kill_orphans(launched.handle)
+
+    # Then both got SIGKILL, and the count says so
+    assert killed == 2
+    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    # and a second sweep finds nothing left
+    assert kill_orphans(launched.handle) == 0
+
+
+def test_an_orphan_whose_name_holds_parentheses_is_still_recognised(ex: ExecHarness, tmp_path: Path) -> None:
+    # Given an orphan whose command name contains ") " (the session id follows the *last* parenthesis)
+    link = tmp_path / "a) b (c"
+    link.symlink_to("/bin/sleep")
+    launched = ex.shell("att-odd", f"'{link}' 300 & exit 0")
+    ex.wait_exit("att-odd")
+    assert wait_until(lambda: group_comms(launched.handle.pgid) == ["a) b (c"])
+
+    # When its orphans are swept, Then it is found and killed
+    assert kill_orphans(launched.handle) == 1
+    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+
+
+def test_a_member_without_the_attempt_id_in_its_environment_is_left_alone(
+    ex: ExecHarness, leftovers: list[int]
+) -> None:
+    # Given two orphans in the group, one started with an environment that lacks the attempt's id
+    launched = _ended_with(ex, "att-env", "sleep 300 & env -u QL3_ATTEMPT_ID sleep 300 & exit 0", sleeps=2)
+    pgid = launched.handle.pgid
+    stranger = next(
+        pid
+        for pid in live_group_members(pgid)
+        if b"QL3_ATTEMPT_ID=att-env" not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    )
+    leftovers.append(stranger)
+
+    # When the orphans are swept
+    # Then only the one that carries the attempt's id is killed
+    assert kill_orphans(launched.handle) == 1
+    assert wait_until(lambda: live_group_members(pgid) == [stranger])
+
+
+def test_the_attempt_id_must_match_exactly_not_as_a_prefix(ex: ExecHarness, leftovers: list[int]) -> None:
+    # Given orphans of attempt "att-p10"
+    launched = _ended_with(ex, "att-p10", "sleep 300 & exit 0", sleeps=1)
+    (orphan,) = live_group_members(launched.handle.pgid)
+    leftovers.append(orphan)
+
+    # When a handle for attempt "att-p1" (same numbers) sweeps, Then nothing of attempt "att-p10" is hit
+    assert kill_orphans(dataclasses.replace(launched.handle, attempt_id="att-p1")) == 0
+    assert read_stat(orphan) is not None and live_group_members(launched.handle.pgid) == [orphan]
+
+
+def test_a_member_that_moved_to_another_group_is_left_alone(ex: ExecHarness, leftovers: list[int]) -> None:
+    # Given an orphan of the attempt's session that moved into a process group of its own
+    launched = ex.shell(
+        "att-moved", f"{sys.executable} -c \"{_OWN_GROUP}\" > '{ex.root}/moved' & sleep 300 & exit 0"
+    )
+    ex.wait_exit("att-moved")
+    assert wait_until(lambda: (ex.root / "moved").read_text() == "moved\n")
+    assert wait_until(lambda: group_comms(launched.handle.pgid) == ["sleep"])
+    mover = next(
+        int(name)
+        for name in os.listdir("/proc")
+        if name.isdigit()
+        and (stat := read_stat(int(name))) is not None
+        and stat.pgrp == int(name)
+        and b"QL3_ATTEMPT_ID=att-moved" in _environ(int(name))
+    )
+    leftovers.append(mover)
+
+    # When the orphans are swept, Then the sleep in the group is killed and the mover is not
+    assert kill_orphans(launched.handle) == 1
+    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    stat = read_stat(mover)
+    assert stat is not None and stat.state != "Z"
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def test_a_process_that_started_before_the_shim_is_never_its_descendant(
+    ex: ExecHarness, leftovers: list[int]
+) -> None:
+    # Given an orphan, and a handle that claims its shim started one tick after that orphan
+    launched = _ended_with(ex, "att-early", "sleep 300 & exit 0", sleeps=1)
+    (orphan,) = live_group_members(launched.handle.pgid)
+    leftovers.append(orphan)
+    ticks = int(_start_ticks(orphan))
+    later_shim = dataclasses.replace(launched.handle, start_ticks=str(ticks + 1))
+
+    # When that handle sweeps, Then the orphan is left alone
+    assert kill_orphans(later_shim) == 0
+    assert live_group_members(launched.handle.pgid) == [orphan]
+
+    # But a shim that started in the very same tick may have left it: it is killed
+    assert kill_orphans(dataclasses.replace(launched.handle, start_ticks=str(ticks))) == 1
+    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+
+
+def test_a_handle_of_another_boot_kills_nothing(ex: ExecHarness, leftovers: list[int]) -> None:
+    launched = _ended_with(ex, "att-boot", "sleep 300 & exit 0", sleeps=1)
+    (orphan,) = live_group_members(launched.handle.pgid)
+    leftovers.append(orphan)
+
+    other_boot = dataclasses.replace(launched.handle, boot_id="00000000-0000-0000-0000-000000000000")
+
+    assert kill_orphans(other_boot) == 0
+    assert live_group_members(launched.handle.pgid) == [orphan]
+
+
+def test_sweep_orphans_takes_the_handle_text(ex: ExecHarness) -> None:
+    launched = _ended_with(ex, "att-text", "sleep 300 & sleep 300 & exit 0", sleeps=2)
+
+    assert ProcessController().sweep_orphans(launched.handle.encode()) == 2
+    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    with pytest.raises(InvalidHandle):
+        ProcessController().sweep_orphans("pid:1234")
+
+
+NOTHING_SENT = StopOutcome(status="already_exited", term_signal_sent=False, kill_signal_sent=False)
+
+
+def test_finish_stop_of_a_running_leader_is_a_whole_stop(ex: ExecHarness) -> None:
+    # Given an attempt whose shim still runs its command
+    launched = ex.shell("att-live", "sleep 300")
+    assert wait_until(lambda: "sleep" in group_comms(launched.handle.pgid))
+
+    # When a crashed stop is finished, Then the leader's group gets the stop itself
+    outcome = finish_stop(ProcessController(), launched.handle.encode(), launched.pid, grace_ms=60_000)
+
+    assert outcome == StopOutcome(
+        status="termination_requested", term_signal_sent=True, kill_signal_sent=False
+    )
+    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+
+
+def test_finish_stop_kills_the_single_survivor_of_a_gone_leader(ex: ExecHarness) -> None:
+    # Given an attempt whose shim is gone and one orphan that survived it
+    launched = _ended_with(ex, "att-one", "sleep 300 & exit 0", sleeps=1)
+
+    # When the stop is finished
+    outcome = finish_stop(ProcessController(), launched.handle.encode(), launched.pid, grace_ms=0)
+
+    # Then the leader was already gone, and the survivor got the KILL
+    assert outcome == StopOutcome(status="already_exited", term_signal_sent=False, kill_signal_sent=True)
+    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+
+
+def test_finish_stop_with_nothing_left_sends_nothing(ex: ExecHarness) -> None:
+    launched = ex.shell("att-gone", "exit 0")
+    ex.wait_exit("att-gone")
+
+    assert (
+        finish_stop(ProcessController(), launched.handle.encode(), launched.pid, grace_ms=0) == NOTHING_SENT
+    )
+
+
+def test_finish_stop_passes_on_what_stop_refused(ex: ExecHarness, leftovers: list[int]) -> None:
+    # Given an orphan whose attempt ended, and a stop refused before any proof (wrong pid, bad text)
+    launched = _ended_with(ex, "att-refused", "sleep 300 & exit 0", sleeps=1)
+    (orphan,) = live_group_members(launched.handle.pgid)
+    leftovers.append(orphan)
+    controller = ProcessController()
+
+    # Then finish_stop returns that refusal and sweeps nothing
+    refused = finish_stop(controller, launched.handle.encode(), launched.pid + 1, grace_ms=0)
+    assert refused == StopOutcome(status="pid_mismatch", term_signal_sent=False, kill_signal_sent=False)
+    invalid = finish_stop(controller, "pid:1234", None, grace_ms=0)
+    assert invalid == StopOutcome(status="invalid", term_signal_sent=False, kill_signal_sent=False)
+    assert live_group_members(launched.handle.pgid) == [orphan]
