@@ -238,3 +238,55 @@ def test_finish_stop_passes_on_what_stop_refused(ex: ExecHarness, leftovers: lis
     invalid = finish_stop(controller, "pid:1234", None, grace_ms=0)
     assert invalid == StopOutcome(status="invalid", term_signal_sent=False, kill_signal_sent=False)
     assert live_group_members(launched.handle.pgid) == [orphan]
+
+
+# An orphan that forks one more sleeper each time a line arrives on a FIFO, and reports its pid.
+_FORKER = """\
+import os, sys, time
+with open(sys.argv[1], "rb", buffering=0) as commands, open(sys.argv[2], "w") as acks:
+    acks.write("ready\\n")
+    acks.flush()
+    while commands.readline():
+        child = os.fork()
+        if child == 0:
+            time.sleep(300)
+            os._exit(0)
+        acks.write(f"{child}\\n")
+        acks.flush()
+"""
+
+
+def test_a_descendant_forked_during_the_sweep_is_caught_by_the_next_pass(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an orphan that forks on request, whose attempt ended
+    script, fifo, acks = ex.root / "forker.py", ex.root / "commands", ex.root / "acks"
+    script.write_text(_FORKER)
+    os.mkfifo(fifo)
+    launched = ex.shell("att-fork", f"'{sys.executable}' '{script}' '{fifo}' '{acks}' & exit 0")
+    commands = os.open(fifo, os.O_RDWR)  # never blocks, unlike a write-only open of a FIFO
+    try:
+        ex.wait_exit("att-fork")
+        assert wait_until(lambda: acks.exists() and acks.read_text() == "ready\n")
+
+        # When it forks a new descendant right after the sweep's first pass listed /proc
+        real_pidfd_open = os.pidfd_open
+        forked: list[int] = []
+
+        def pidfd_open_after_a_fork(pid: int, flags: int = 0) -> int:
+            if not forked:
+                os.write(commands, b"fork\n")
+                assert wait_until(lambda: len(acks.read_text().split()) == 2)
+                forked.append(int(acks.read_text().split()[1]))
+            return real_pidfd_open(pid, flags)
+
+        monkeypatch.setattr(os, "pidfd_open", pidfd_open_after_a_fork)
+        killed = kill_orphans(launched.handle)
+        monkeypatch.undo()
+
+        # Then the first pass kills the forker, and the next pass the process it forked meanwhile
+        assert len(forked) == 1
+        assert killed == 2
+        assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    finally:
+        os.close(commands)
