@@ -290,3 +290,33 @@ def test_a_descendant_forked_during_the_sweep_is_caught_by_the_next_pass(
         assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
     finally:
         os.close(commands)
+
+
+def test_an_orphan_still_alive_after_its_kill_is_neither_signalled_nor_counted_twice(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two orphans, and KILLs that take effect only after the sweep (as when the machine is so
+    # loaded that a KILLed process is not scheduled to die before the sweep's next pass)
+    launched = _ended_with(ex, "att-slow-death", "sleep 300 & sleep 300 & exit 0", sleeps=2)
+    real_send = signal.pidfd_send_signal
+    deferred: list[int] = []
+
+    def deferred_kill(pidfd: int, sig: int, siginfo: None = None, flags: int = 0) -> None:
+        if sig == signal.SIGKILL:
+            deferred.append(os.dup(pidfd))
+            return
+        real_send(pidfd, sig, siginfo, flags)
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", deferred_kill)
+    try:
+        # When the orphans are swept (every pass sees both still alive)
+        killed = kill_orphans(launched.handle)
+        monkeypatch.undo()
+
+        # Then each got exactly one KILL, and the count is the number of processes
+        assert (killed, len(deferred)) == (2, 2)
+    finally:
+        for pidfd in deferred:
+            real_send(pidfd, signal.SIGKILL)
+            os.close(pidfd)
+    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
