@@ -9,8 +9,11 @@ by a real shim that exited normally (its receipt published, so the exit watcher 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ql3.execution.controller import ProcessController, StopOutcome, finish_stop, kill_orphans
-from ql3.execution.identity import InvalidHandle, read_stat
+from ql3.execution.identity import InvalidHandle, capture, read_stat
 from ql3.execution.launcher import Launched
 from tests.unit.execution.conftest import ExecHarness, group_comms, live_group_members, wait_until
 
@@ -320,3 +323,74 @@ def test_an_orphan_still_alive_after_its_kill_is_neither_signalled_nor_counted_t
             real_send(pidfd, signal.SIGKILL)
             os.close(pidfd)
     assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+
+
+def test_an_orphan_that_vanishes_before_its_pidfd_opens_does_not_end_the_pass(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two orphans, the first of which the kernel reports gone when the sweep pins it
+    launched = _ended_with(ex, "att-vanish", "sleep 300 & sleep 300 & exit 0", sleeps=2)
+    real_pidfd_open = os.pidfd_open
+    refused: list[int] = []
+
+    def pidfd_open_first_gone(pid: int, flags: int = 0) -> int:
+        if not refused:
+            refused.append(pid)
+            raise ProcessLookupError(errno.ESRCH, os.strerror(errno.ESRCH))
+        return real_pidfd_open(pid, flags)
+
+    monkeypatch.setattr(os, "pidfd_open", pidfd_open_first_gone)
+    killed = kill_orphans(launched.handle)
+    monkeypatch.undo()
+
+    # Then the pass goes on to the second one, and the next pass finds the first still there
+    assert len(refused) == 1
+    assert killed == 2
+    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+
+
+ENVIRON_CAP = 256 * 1024  # what kill_orphans reads of /proc/<pid>/environ
+_SPAWN_WITH_ENV = """\
+import json, os, sys, time
+env = json.loads(sys.stdin.read())
+child = os.fork()
+if child == 0:
+    os.execve("/bin/sleep", ["sleep", "300"], env)
+print(child, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize(("marker_end", "killed"), [(ENVIRON_CAP, 1), (ENVIRON_CAP + 5, 0)])
+def test_the_environment_is_read_up_to_its_cap_only(marker_end: int, killed: int) -> None:
+    # Given a leader (no attempt id of its own) and its child, whose environment ends with the attempt
+    # id at a chosen offset: wholly inside the first 256 KiB, or reaching 5 bytes past them
+    marker = "QL3_ATTEMPT_ID=att-cap"
+    pads = {"PAD0": "x" * 100_000, "PAD1": "x" * 100_000}
+    used = sum(len(k) + 1 + len(v) + 1 for k, v in pads.items()) + len("PAD2=") + 1
+    pads["PAD2"] = "x" * (marker_end - len(marker) - used)
+    env = {**pads, "QL3_ATTEMPT_ID": "att-cap"}
+    leader = subprocess.Popen(
+        [sys.executable, "-c", _SPAWN_WITH_ENV],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    try:
+        assert leader.stdin is not None and leader.stdout is not None
+        handle = capture(leader.pid, "att-cap")
+        leader.stdin.write(json.dumps(env).encode())
+        leader.stdin.close()
+        child = int(leader.stdout.readline())
+        assert wait_until(lambda: marker.encode() in _environ(child))
+        assert Path(f"/proc/{child}/environ").read_bytes().index(marker.encode()) + len(marker) == marker_end
+
+        # When the orphans are swept, Then the child is found only when its attempt id is within the cap
+        assert kill_orphans(handle) == killed
+        assert read_stat(leader.pid) is not None  # the leader carries no attempt id: never a target
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+        if leader.stdout is not None:
+            leader.stdout.close()
