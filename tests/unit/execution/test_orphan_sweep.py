@@ -76,13 +76,17 @@ def test_every_orphan_of_an_ended_attempt_is_killed_and_counted(ex: ExecHarness)
     assert kill_orphans(launched.handle) == 0
 
 
-def test_an_orphan_whose_name_holds_parentheses_is_still_recognised(ex: ExecHarness, tmp_path: Path) -> None:
-    # Given an orphan whose command name contains ") " (the session id follows the *last* parenthesis)
-    link = tmp_path / "a) b (c"
+@pytest.mark.parametrize("name", ["a) b (c", "ends in space "], ids=["parentheses", "trailing-space"])
+def test_an_orphan_whose_name_holds_parentheses_or_spaces_is_still_recognised(
+    ex: ExecHarness, tmp_path: Path, name: str
+) -> None:
+    # Given an orphan whose command name contains ") " or ends in a space (the session id is the fourth
+    # field after the *last* parenthesis)
+    link = tmp_path / name
     link.symlink_to("/bin/sleep")
     launched = ex.shell("att-odd", f"'{link}' 300 & exit 0")
     ex.wait_exit("att-odd")
-    assert wait_until(lambda: group_comms(launched.handle.pgid) == ["a) b (c"])
+    assert wait_until(lambda: group_comms(launched.handle.pgid) == [name.strip()])
 
     # When its orphans are swept, Then it is found and killed
     assert kill_orphans(launched.handle) == 1
