@@ -144,3 +144,24 @@ def test_the_bounds_of_every_field_are_accepted_and_round_trip(fields: dict[str,
     handle = _handle(**fields)
 
     assert ProcessHandle.decode(handle.encode()) == handle
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"v": 1, "h": "att", "b": "b", "p": 10, "g": 10, "s": "123"}',  # not compact
+        b'{"v":1,"h":"att","b":"b","p":10,"g":10,"s":"123"} ',  # trailing whitespace
+        b'{"h":"att","v":1,"b":"b","p":10,"g":10,"s":"123"}',  # another key order
+        b'{"v":1,"h":"\\u0061tt","b":"b","p":10,"g":10,"s":"123"}',  # an escaped character
+    ],
+    ids=["spaces", "trailing-space", "key-order", "escape"],
+)
+def test_decode_rejects_every_other_json_spelling_of_a_valid_handle(payload: bytes) -> None:
+    # Given the same fields as a valid handle, spelt another way
+    canonical = ProcessHandle(attempt_id="att", boot_id="b", pid=10, pgid=10, start_ticks="123")
+    assert json.loads(payload) == json.loads(base64.urlsafe_b64decode(canonical.encode()[7:] + "=="))
+
+    # Then only the one compact spelling decodes
+    with pytest.raises(InvalidHandle):
+        ProcessHandle.decode(_wrap(payload))
+    assert ProcessHandle.decode(canonical.encode()) == canonical
