@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ql3.execution.identity import HANDLE_PREFIX, InvalidHandle, ProcessHandle
+from ql3.execution.identity import HANDLE_PREFIX, MAX_HANDLE_BYTES, InvalidHandle, ProcessHandle
 
 BOOT = "402a5320-97c6-405f-b9a7-87de3a7b0088"
 
@@ -165,3 +165,26 @@ def test_decode_rejects_every_other_json_spelling_of_a_valid_handle(payload: byt
     with pytest.raises(InvalidHandle):
         ProcessHandle.decode(_wrap(payload))
     assert ProcessHandle.decode(canonical.encode()) == canonical
+
+
+def test_an_oversized_text_is_refused_before_any_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a text one body of base64 (a multiple of 4 characters) past the 512-byte bound
+    text = HANDLE_PREFIX + "A" * 508
+    assert len(text) > MAX_HANDLE_BYTES
+    real = base64.urlsafe_b64decode
+    decoded: list[str | bytes] = []
+
+    def recording(s: str | bytes) -> bytes:
+        decoded.append(s)
+        return real(s)
+
+    monkeypatch.setattr(base64, "urlsafe_b64decode", recording)
+
+    # When it is decoded, Then it is refused on its size alone: nothing was base64-decoded
+    with pytest.raises(InvalidHandle):
+        ProcessHandle.decode(text)
+    assert decoded == []
+    # (the same text within the bound is decoded, and refused only then)
+    with pytest.raises(InvalidHandle):
+        ProcessHandle.decode(HANDLE_PREFIX + "A" * 500)
+    assert len(decoded) == 1
