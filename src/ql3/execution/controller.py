@@ -217,13 +217,16 @@ def kill_orphans(handle: ProcessHandle) -> int:
     if not pidfds_supported() or read_boot_id() != handle.boot_id:
         return 0
     marker = f"QL3_ATTEMPT_ID={handle.attempt_id}".encode()
+    # A KILLed process dies only once it is scheduled again: a later pass may still see it alive and
+    # must not count (or signal) it twice. Its identity, pid and start, tells it from a new process.
+    signalled: set[tuple[int, str]] = set()
     killed = 0
     for _ in range(MAX_ORPHAN_PASSES):
         found = 0
         with os.scandir("/proc") as entries:
             pids = [int(e.name) for e in entries if e.name.isdigit()]
         for pid in pids:
-            if not _descends_from(pid, handle, marker):
+            if _descent(pid, handle, marker) is None:
                 continue
             try:
                 pidfd = os.pidfd_open(pid)
@@ -231,8 +234,10 @@ def kill_orphans(handle: ProcessHandle) -> int:
                 continue
             try:
                 # The pidfd now pins the pid: the same checks again prove it is still that process.
-                if _descends_from(pid, handle, marker):
+                start = _descent(pid, handle, marker)
+                if start is not None and (pid, start) not in signalled:
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    signalled.add((pid, start))
                     found += 1
             except ProcessLookupError:
                 pass
@@ -244,7 +249,8 @@ def kill_orphans(handle: ProcessHandle) -> int:
     return killed
 
 
-def _descends_from(pid: int, handle: ProcessHandle, marker: bytes) -> bool:
+def _descent(pid: int, handle: ProcessHandle, marker: bytes) -> str | None:
+    """The start ticks of ``pid`` when it descends from the handle's attempt, else None."""
     try:
         stat = read_stat(pid)
         if (
@@ -254,12 +260,12 @@ def _descends_from(pid: int, handle: ProcessHandle, marker: bytes) -> bool:
             or int(stat.start_ticks) < int(handle.start_ticks)
             or _session_id(pid) != handle.pgid
         ):
-            return False
+            return None
         with open(f"/proc/{pid}/environ", "rb") as f:
             environ = f.read(256 * 1024)
     except (ProcStatUnreadable, OSError, ValueError):
-        return False
-    return marker in environ.split(b"\0")
+        return None
+    return stat.start_ticks if marker in environ.split(b"\0") else None
 
 
 def _session_id(pid: int) -> int:

@@ -129,7 +129,11 @@ class ProcessHandle:
         h, b, p, g, s = obj["h"], obj["b"], obj["p"], obj["g"], obj["s"]
         if not _valid_fields(h, b, p, g, s):
             raise InvalidHandle()
-        return cls(attempt_id=h, boot_id=b, pid=p, pgid=g, start_ticks=s)
+        handle = cls(attempt_id=h, boot_id=b, pid=p, pgid=g, start_ticks=s)
+        # One text per handle: JSON with other whitespace, key order or escapes is another spelling.
+        if handle.encode() != text:
+            raise InvalidHandle()
+        return handle
 
 
 def _valid_fields(h: object, b: object, p: object, g: object, s: object) -> bool:

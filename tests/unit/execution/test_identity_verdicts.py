@@ -8,7 +8,16 @@ import os
 
 import pytest
 
-from ql3.execution.identity import ProcessHandle, ProcStat, ProcStatUnreadable, capture, classify, parse_stat
+from ql3.execution.identity import (
+    MAX_PID,
+    ProcessHandle,
+    ProcStat,
+    ProcStatUnreadable,
+    capture,
+    classify,
+    parse_stat,
+    read_stat,
+)
 
 BOOT = "boot-a"
 HANDLE = ProcessHandle(attempt_id="att-1", boot_id=BOOT, pid=4321, pgid=4321, start_ticks="1000")
@@ -81,3 +90,33 @@ def test_the_handle_format_is_compact_utf8_json() -> None:
 
     assert raw == '{"v":1,"h":"tâche-1","b":"boot-a","p":5,"g":5,"s":"9"}'.encode()
     assert json.loads(raw)["h"] == "tâche-1" and ProcessHandle.decode(handle.encode()) == handle
+
+
+def test_a_comm_that_is_not_utf8_still_parses() -> None:
+    # A process may be named by any bytes (the kernel copies the executable's file name)
+    stat = parse_stat(7, b"7 (a\xffb) " + b" ".join([b"S", b"1", b"55"] + [b"0"] * 16 + [b"424242"]))
+
+    assert (stat.comm, stat.pgrp, stat.start_ticks) == ("a\udcffb", 55, "424242")
+
+
+@pytest.mark.parametrize("pid", [0, -1, MAX_PID + 1, True, 7.0])
+def test_read_stat_refuses_a_pid_out_of_range(pid: object) -> None:
+    with pytest.raises(ValueError, match=r"^pid out of range$"):
+        read_stat(pid)  # type: ignore[arg-type]
+
+
+def test_read_stat_accepts_the_whole_pid_range() -> None:
+    # pid 1 always exists; MAX_PID is in range but above any pid_max Linux allows
+    init = read_stat(1)
+    assert init is not None and init.pid == 1
+    assert read_stat(MAX_PID) is None
+
+
+@pytest.mark.parametrize(
+    "head",
+    ["\u0667", "7a", "x"],  # an Arabic-Indic seven (a digit, but not ASCII), trailing junk, no digits
+    ids=["non-ascii-digit", "digit-then-letter", "letter"],
+)
+def test_a_stat_record_whose_pid_is_not_ascii_digits_is_refused(head: str) -> None:
+    with pytest.raises(ProcStatUnreadable):
+        parse_stat(7, _record(pid=head))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ql3.execution.identity import HANDLE_PREFIX, InvalidHandle, ProcessHandle
+from ql3.execution.identity import HANDLE_PREFIX, MAX_HANDLE_BYTES, InvalidHandle, ProcessHandle
 
 BOOT = "402a5320-97c6-405f-b9a7-87de3a7b0088"
 
@@ -128,3 +128,63 @@ def test_construction_validates_fields_and_the_512_byte_bound() -> None:
         _handle(start_ticks="-1")
     with pytest.raises(InvalidHandle):
         _handle(attempt_id="x" * 255, boot_id="b" * 64, start_ticks="9" * 32)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"attempt_id": "a"},
+        {"attempt_id": "a" * 255, "boot_id": "b", "start_ticks": "1"},
+        {"pid": 1, "pgid": 1},
+        {"pid": 2**31 - 1, "pgid": 2**31 - 1},
+    ],
+    ids=["one-char-attempt", "255-char-attempt", "pid-1", "max-pid"],
+)
+def test_the_bounds_of_every_field_are_accepted_and_round_trip(fields: dict[str, Any]) -> None:
+    handle = _handle(**fields)
+
+    assert ProcessHandle.decode(handle.encode()) == handle
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"v": 1, "h": "att", "b": "b", "p": 10, "g": 10, "s": "123"}',  # not compact
+        b'{"v":1,"h":"att","b":"b","p":10,"g":10,"s":"123"} ',  # trailing whitespace
+        b'{"h":"att","v":1,"b":"b","p":10,"g":10,"s":"123"}',  # another key order
+        b'{"v":1,"h":"\\u0061tt","b":"b","p":10,"g":10,"s":"123"}',  # an escaped character
+    ],
+    ids=["spaces", "trailing-space", "key-order", "escape"],
+)
+def test_decode_rejects_every_other_json_spelling_of_a_valid_handle(payload: bytes) -> None:
+    # Given the same fields as a valid handle, spelt another way
+    canonical = ProcessHandle(attempt_id="att", boot_id="b", pid=10, pgid=10, start_ticks="123")
+    assert json.loads(payload) == json.loads(base64.urlsafe_b64decode(canonical.encode()[7:] + "=="))
+
+    # Then only the one compact spelling decodes
+    with pytest.raises(InvalidHandle):
+        ProcessHandle.decode(_wrap(payload))
+    assert ProcessHandle.decode(canonical.encode()) == canonical
+
+
+def test_an_oversized_text_is_refused_before_any_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a text one body of base64 (a multiple of 4 characters) past the 512-byte bound
+    text = HANDLE_PREFIX + "A" * 508
+    assert len(text) > MAX_HANDLE_BYTES
+    real = base64.urlsafe_b64decode
+    decoded: list[str | bytes] = []
+
+    def recording(s: str | bytes) -> bytes:
+        decoded.append(s)
+        return real(s)
+
+    monkeypatch.setattr(base64, "urlsafe_b64decode", recording)
+
+    # When it is decoded, Then it is refused on its size alone: nothing was base64-decoded
+    with pytest.raises(InvalidHandle):
+        ProcessHandle.decode(text)
+    assert decoded == []
+    # (the same text within the bound is decoded, and refused only then)
+    with pytest.raises(InvalidHandle):
+        ProcessHandle.decode(HANDLE_PREFIX + "A" * 500)
+    assert len(decoded) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from ql3.execution import controller as controller_module
-from ql3.execution.controller import ProcessController, StopOutcome
+from ql3.execution.controller import MAX_GRACE_MS, MAX_POLL_MS, ProcessController, StopOutcome
 from ql3.execution.identity import ProcessHandle, capture, probe
 from tests.support.processes import signal_pending
 
@@ -147,3 +148,33 @@ def test_without_pidfds_the_platform_is_unsupported(
 def test_stop_arguments_are_validated(grace_ms: int, poll_ms: int) -> None:
     with pytest.raises(ValueError):
         ProcessController().stop("ql3lp1.x", None, grace_ms=grace_ms, poll_ms=poll_ms)
+
+
+@pytest.mark.parametrize(
+    ("grace_ms", "poll_ms", "message"),
+    [(-1, 50, "grace_ms"), (300_001, 50, "grace_ms"), (5000, 0, "poll_ms"), (5000, 1001, "poll_ms")],
+)
+def test_an_argument_out_of_range_is_named(grace_ms: int, poll_ms: int, message: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{message} out of range$"):
+        ProcessController().stop("ql3lp1.x", None, grace_ms=grace_ms, poll_ms=poll_ms)
+
+
+@pytest.mark.parametrize(("grace_ms", "poll_ms"), [(0, 1), (MAX_GRACE_MS, MAX_POLL_MS)])
+def test_the_bounds_of_grace_and_poll_are_accepted(grace_ms: int, poll_ms: int) -> None:
+    # The arguments pass validation; the text is then refused as a handle, before any signal
+    outcome = ProcessController().stop("pid:1234", None, grace_ms=grace_ms, poll_ms=poll_ms)
+
+    assert outcome.status == "invalid"
+
+
+def test_pidfds_are_unsupported_off_linux_or_without_either_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert controller_module.pidfds_supported() is True  # this machine: Linux with both calls
+    with monkeypatch.context() as m:
+        m.setattr(sys, "platform", "darwin")
+        assert controller_module.pidfds_supported() is False
+    with monkeypatch.context() as m:
+        m.delattr(os, "pidfd_open")
+        assert controller_module.pidfds_supported() is False
+    with monkeypatch.context() as m:
+        m.delattr(signal, "pidfd_send_signal")
+        assert controller_module.pidfds_supported() is False
