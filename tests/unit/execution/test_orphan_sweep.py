@@ -23,7 +23,8 @@ import pytest
 from ql3.execution.controller import ProcessController, StopOutcome, finish_stop, kill_orphans
 from ql3.execution.identity import InvalidHandle, capture, read_stat
 from ql3.execution.launcher import Launched
-from tests.unit.execution.conftest import ExecHarness, group_comms, live_group_members, wait_until
+from tests.support.processes import ExecHarness, group_comms, live_group_members
+from tests.support.waits import wait_until
 
 # A member of the attempt's session that leaves its group for a group of its own.
 _OWN_GROUP = "import os, time; os.setpgid(0, 0); print('moved', flush=True); time.sleep(300)"

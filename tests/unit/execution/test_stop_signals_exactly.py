@@ -28,7 +28,8 @@ from ql3.execution.controller import (
     kill_orphans,
 )
 from ql3.execution.identity import MAX_PID, ProcessHandle, capture, classify, read_stat
-from tests.unit.execution.conftest import live_group_members, signal_ignored, signal_pending, wait_until
+from tests.support.processes import live_group_members, signal_ignored, signal_pending
+from tests.support.waits import wait_until
 
 MODES = pytest.mark.parametrize("group_signal_via_pidfd", [None, False], ids=["pidfd-group", "killpg"])
 CATCHABLE = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP) and s < 32]
