@@ -8,6 +8,7 @@ digest), and the maintenance loop reported itself stuck."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,23 @@ class DroppingPlane(InProcessControlPlane):
         return self._maybe_drop(
             "ack_running", lambda: super(DroppingPlane, self).ack_running(fence, **kwargs)
         )
+
+
+class HeldCompletion(InProcessControlPlane):
+    """Holds the first completion until the test releases it (a settlement caught mid-way)."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        super().__init__(db)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.completions = 0
+
+    def complete(self, fence: LeaseFence, **kwargs: Any) -> Any:
+        self.completions += 1
+        if self.completions == 1:
+            self.entered.set()
+            self.release.wait(15)
+        return super().complete(fence, **kwargs)
 
 
 class Env:
@@ -151,4 +169,32 @@ def test_a_starting_ack_lost_to_the_database_spawns_nothing_and_renews_nothing(e
         assert env.starts() == 0
         assert env.run_status(offer.fence.run_id) != "running"
     finally:
+        agent.stop()
+
+
+def test_a_second_settlement_while_one_is_under_way_leaves_it_to_the_first(env: Env) -> None:
+    """The exit watcher and maintenance can both find an exited process. A second settlement beside
+    the first would find the receipt consumed and take the attempt for one that exited without a
+    receipt (sweeping its group, reporting it lost); it must leave the work to the first."""
+    plane = HeldCompletion(env.db)
+    agent = env.agent(plane)
+    agent.start()
+    try:
+        offer = env.claim()
+        assert agent.receive(offer) == "running_acknowledged"
+        # Given the exit watcher's settlement of the exited process, held inside its completion
+        assert plane.entered.wait(15)
+
+        # When maintenance (or anyone) settles the same attempt meanwhile
+        second = agent.settle(offer.fence.attempt_id)
+
+        # Then it leaves it to the first, which completes the run once
+        assert second == "settling"
+        plane.release.set()
+        _maintain_until(agent, lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        _maintain_until(agent, lambda: agent.active_count == 0)
+        assert plane.completions == 1
+        assert env.starts() == 1
+    finally:
+        plane.release.set()
         agent.stop()

@@ -139,8 +139,11 @@ class Maintenance:
             self._attempts.forget(attempt_id)  # lost (stopped) or handed to recovery
             return
         with self._attempts.lock:
+            # Under the lock the exit watcher takes: either it sees `acked` and settles, or we see
+            # `exited` here and settle; never both.
             item.acked = True
-        if item.adopted or item.exited:
+            settle_now = item.adopted or item.exited
+        if settle_now:
             self._settlement.settle(attempt_id)
 
     def session_fenced(self) -> None:

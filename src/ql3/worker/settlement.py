@@ -5,6 +5,7 @@ its group is stopped (docs/contracts.md §3)."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
@@ -37,6 +38,12 @@ class Settlement:
         self._controller = controller
         self._attempts = attempts
         self._journal = journal
+        # Attempts being settled right now. The exit watcher and maintenance may both find an exited
+        # process; a second settlement running beside the first would find the receipt already
+        # consumed, take the attempt for one that exited without a receipt, and sweep the group
+        # (whose background children a command that ended by itself keeps). One at a time, then.
+        self._settling: set[str] = set()
+        self._settling_lock = threading.Lock()
 
     def on_exit(self, attempt_id: str) -> None:
         """The exit watcher's callback: settle now, unless the running ACK is still on its way."""
@@ -54,7 +61,19 @@ class Settlement:
             )
 
     def settle(self, attempt_id: str) -> str:
-        """Receipt first: complete with the journal's original authority, then acknowledge, then delete."""
+        """Receipt first: complete with the journal's original authority, then acknowledge, then delete.
+        ``settling`` when another thread is settling the same attempt (it finishes the work)."""
+        with self._settling_lock:
+            if attempt_id in self._settling:
+                return "settling"
+            self._settling.add(attempt_id)
+        try:
+            return self._settle(attempt_id)
+        finally:
+            with self._settling_lock:
+                self._settling.discard(attempt_id)
+
+    def _settle(self, attempt_id: str) -> str:
         record = self._journal().find_by_attempt(attempt_id)
         if record is None or record.completion_token_digest is None:
             return "unknown"
