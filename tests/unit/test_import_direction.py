@@ -10,7 +10,9 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ql3"
 ALLOWED = {
     "domain": {"domain"},
     "ports": {"domain", "ports"},
-    "application": {"domain", "ports", "application"},
+    "application": {"domain", "ports", "repositories", "application"},
+    # The only callers of named queries; they return frozen domain records (docs/architecture.md).
+    "repositories": {"domain", "ports", "repositories"},
     "storage": {"domain", "ports", "storage"},
     "execution": {"domain", "ports", "execution"},  # the adapters behind ports/execution.py
     # The control plane only through its port; the execution adapters and the journal store only in

@@ -1,0 +1,90 @@
+"""Named queries run only in repositories (docs/architecture.md, "Layers"): a use case asks a
+repository of its aggregate and gets frozen records back; it never names a query nor reads a row.
+
+The modules below still call the transaction directly; they are moved into repositories one
+aggregate at a time. The list may only shrink: a module that no longer runs a query must leave it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "ql3"
+QUERY_METHODS = {"one", "all", "run"}
+# Where running a named query is the module's job.
+HOMES = ("repositories/", "storage/")
+NOT_YET_MIGRATED = {
+    "application/approvals.py",
+    "application/approved_action_handlers.py",
+    "application/approved_action_recovery.py",
+    "application/approved_actions.py",
+    "application/attempt_logs.py",
+    "application/auth.py",
+    "application/cancellation.py",
+    "application/cancellation_management.py",
+    "application/cancellation_supervisor.py",
+    "application/cron.py",
+    "application/dispatcher.py",
+    "application/leases.py",
+    "application/lookup.py",
+    "application/metrics.py",
+    "application/notifications.py",
+    "application/outcome_metrics.py",
+    "application/retention.py",
+    "application/run_queries.py",
+    "application/runs.py",
+    "application/schedules.py",
+    "application/task_revisions.py",
+    "application/tasks.py",
+    "application/workers.py",
+    "cli/control.py",
+    "cluster/credentials.py",
+    "cluster/pull.py",
+    "cluster/stops.py",
+    "http/app.py",
+    "http/routes/projects.py",
+    "http/routes/runs.py",
+}
+
+
+def _runs_queries(path: Path) -> bool:
+    """Whether the module calls ``tx.one/all/run(...)`` on a transaction (by its conventional name)."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in QUERY_METHODS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id.lstrip("_") in {"tx", "transaction"}
+            and node.args
+        ):
+            return True
+    return False
+
+
+def _modules_running_queries() -> set[str]:
+    found = set()
+    for path in SRC.rglob("*.py"):
+        relative = path.relative_to(SRC).as_posix()
+        if not relative.startswith(HOMES) and _runs_queries(path):
+            found.add(relative)
+    return found
+
+
+def test_only_repositories_and_storage_run_named_queries() -> None:
+    unexpected = _modules_running_queries() - NOT_YET_MIGRATED
+    assert not unexpected, f"named queries outside repositories: {sorted(unexpected)}"
+
+
+def test_the_not_yet_migrated_list_only_names_modules_that_still_run_queries() -> None:
+    stale = NOT_YET_MIGRATED - _modules_running_queries()
+    assert not stale, f"migrated already, remove from NOT_YET_MIGRATED: {sorted(stale)}"
+
+
+def test_the_detector_sees_a_query_call(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text('def f(tx):\n    return tx.one("get_run", {"id": 1})\n')
+    assert _runs_queries(sample)
+    sample.write_text("def f(server):\n    server.run(sockets=[])\n")
+    assert not _runs_queries(sample)
