@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Final
 
-from ql3.application import rows, tasks
+from ql3.application import tasks
 from ql3.application.cancellation import request_cancel
 from ql3.application.runs import CreateRun, create_run
 from ql3.application.schedules import cron_key
@@ -15,6 +15,7 @@ from ql3.domain.errors import ValidationFailed
 from ql3.domain.model import Task
 from ql3.domain.tasks import next_fire_ms
 from ql3.ports.storage import Database, Transaction
+from ql3.repositories import tasks as task_store
 
 HARD_PAGE: Final = 256
 MAX_GRACE_MS: Final = 5 * 60 * 1000
@@ -45,10 +46,10 @@ class CronScheduler:
     def schedule_once(self) -> ScheduleReport:
         report = ScheduleReport()
         due = self._db.transaction(
-            lambda tx: tx.all("schedule_due_page", {"now": tx.now_ms(), "limit": self._page}), write=False
+            lambda tx: task_store.due_schedule_task_ids(tx, now_ms=tx.now_ms(), limit=self._page), write=False
         )
-        for row in due:
-            decision = self._db.transaction(partial(self._decide, task_id=row["task_id"]))
+        for task_id in due:
+            decision = self._db.transaction(partial(self._decide, task_id=task_id))
             report.decisions.append(decision)
             if decision == "admitted":
                 report.admitted += 1
@@ -62,19 +63,17 @@ class CronScheduler:
 
     def _decide(self, tx: Transaction, task_id: str) -> str:
         """One atomic decision: re-read everything, then run + cursor move commit together."""
-        sched = tx.one("schedule_lock", {"task_id": task_id})
+        sched = task_store.lock_schedule(tx, task_id)
         now = tx.now_ms()
-        if sched is None or sched["next_fire_at_ms"] is None or int(sched["next_fire_at_ms"]) > now:
+        if sched is None or sched.next_fire_at_ms is None or sched.next_fire_at_ms > now:
             return "raced"
-        task_row = tx.one("task_get_any", {"id": task_id})
-        if task_row is None or task_row["deleted_at_ms"] is not None or not task_row["enabled"]:
-            tx.run("schedule_delete", {"task_id": task_id})
+        task = task_store.get_live_task(tx, task_id)
+        if task is None or not task.enabled:
+            task_store.delete_schedule(tx, task_id)
             return "raced"
-        task = rows.task(task_row)
-        if task.revision != int(sched["task_revision"]):
+        if task.revision != sched.task_revision:
             return "raced"
-        expr = str(sched["cron_expr"])
-        fire_at = int(sched["next_fire_at_ms"])
+        fire_at = sched.next_fire_at_ms
         view = tasks.view(tx, task)
         on_time = now - fire_at <= self._grace_ms
         admit = on_time or view.spec.misfire == "fire_once"
@@ -82,25 +81,17 @@ class CronScheduler:
         if admit:
             decision = self._admit(tx, task, view, fire_at)
         # Jump past now: missed occurrences beyond the one admitted are never replayed.
-        tx.run(
-            "schedule_advance",
-            {
-                "task_id": task_id,
-                "expected_version": sched["state_version"],
-                "next_fire_at_ms": next_fire_ms(expr, max(now, fire_at)),
-                "last_scheduled_at_ms": fire_at,
-                "now": now,
-            },
-        )
+        next_fire_at = next_fire_ms(sched.cron_expr, max(now, fire_at))
+        task_store.advance_schedule(tx, sched, next_fire_at_ms=next_fire_at, last_scheduled_at_ms=fire_at)
         return decision
 
     def _admit(self, tx: Transaction, task: Task, view: tasks.TaskView, fire_at: int) -> str:
-        if view.spec.overlap == "skip" and tx.all("task_active_runs", {"task_id": task.id, "limit": 1}):
+        if view.spec.overlap == "skip" and task_store.active_run_ids(tx, task.id, limit=1):
             return "skipped_overlap"
         if view.spec.overlap == "cancel_previous":
             # The previous copies get a durable stop intent (reason "policy") in this same transaction.
-            for row in tx.all("task_active_runs", {"task_id": task.id, "limit": MAX_ACTIVE_SCAN}):
-                request_cancel(tx, task.project_id, row["id"], reason="policy", actor_type="scheduler")
+            for run_id in task_store.active_run_ids(tx, task.id, limit=MAX_ACTIVE_SCAN):
+                request_cancel(tx, task.project_id, run_id, reason="policy", actor_type="scheduler")
         create_run(
             tx,
             CreateRun(

@@ -1,40 +1,17 @@
-"""Row -> record mapping for the named queries' result columns."""
+"""Row -> record mapping for the named queries' result columns, for the modules that still run
+queries themselves; a repository maps the rows it reads (tasks: ``repositories/tasks.py``)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from ql3.domain.model import Attempt, Project, Run, RunEvent, Task, TaskRevision
+from ql3.domain.model import Attempt, Project, Run, RunEvent
 from ql3.ports.storage import Row
 
 
 def project(row: Row) -> Project:
     return Project(
         id=row["id"], name=row["name"], version=int(row["version"]), created_at_ms=row["created_at_ms"]
-    )
-
-
-def task(row: Row) -> Task:
-    return Task(
-        id=row["id"],
-        project_id=row["project_id"],
-        name=row["name"],
-        enabled=bool(row["enabled"]),
-        revision=int(row["revision"]),
-        created_at_ms=int(row["created_at_ms"]),
-        updated_at_ms=int(row["updated_at_ms"]),
-    )
-
-
-def task_revision(row: Row) -> TaskRevision:
-    spec: dict[str, Any] = json.loads(row["spec_json"])
-    return TaskRevision(
-        task_id=row["task_id"],
-        revision=int(row["revision"]),
-        spec=spec,
-        content_digest=row["content_digest"],
-        created_at_ms=int(row["created_at_ms"]),
     )
 
 

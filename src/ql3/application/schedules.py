@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ql3.domain.tasks import next_fire_ms
 from ql3.ports.storage import Transaction
+from ql3.repositories import tasks as task_store
 
 if TYPE_CHECKING:
     from ql3.application.tasks import TaskView
@@ -23,31 +24,26 @@ def sync_schedule(tx: Transaction, view: TaskView) -> None:
     task = view.task
     tx.notify("schedules")
     if not task.enabled or view.spec.cron is None:
-        tx.run("schedule_delete", {"task_id": task.id})
+        task_store.delete_schedule(tx, task.id)
         return
-    current = tx.one("schedule_get", {"task_id": task.id})
-    if current is not None and int(current["task_revision"]) == task.revision and current["next_fire_at_ms"]:
+    current = task_store.get_schedule(tx, task.id)
+    if current is not None and current.task_revision == task.revision and current.next_fire_at_ms:
         return
-    now = tx.now_ms()
-    tx.run(
-        "schedule_upsert",
-        {
-            "task_id": task.id,
-            "project_id": task.project_id,
-            "task_revision": task.revision,
-            "cron_expr": view.spec.cron,
-            "next_fire_at_ms": next_fire_ms(view.spec.cron, now),
-            "now": now,
-        },
+    task_store.upsert_schedule(
+        tx,
+        task_id=task.id,
+        project_id=task.project_id,
+        task_revision=task.revision,
+        cron_expr=view.spec.cron,
+        next_fire_at_ms=next_fire_ms(view.spec.cron, tx.now_ms()),
     )
 
 
 def earliest_fire_at(tx: Transaction) -> int | None:
     """The next due time over all schedules (one index lookup), for the scheduler's idle wait."""
-    row = tx.one("schedule_earliest")
-    return int(row["next_fire_at_ms"]) if row and row["next_fire_at_ms"] is not None else None
+    return task_store.earliest_fire_at(tx)
 
 
 def next_fire_at(tx: Transaction, task_id: str) -> int | None:
-    row = tx.one("schedule_get", {"task_id": task_id})
-    return int(row["next_fire_at_ms"]) if row and row["next_fire_at_ms"] is not None else None
+    schedule = task_store.get_schedule(tx, task_id)
+    return None if schedule is None else schedule.next_fire_at_ms

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ql3.application import auth, rows
+from ql3.application import auth
 from ql3.application.schedules import next_fire_at, sync_schedule
 from ql3.domain.digests import TASK_CONTENT_DOMAIN, canonical_json, keyed_digest
 from ql3.domain.errors import Conflict, NameTaken, NotFound, ValidationFailed
@@ -15,6 +14,7 @@ from ql3.domain.ids import is_id, new_id
 from ql3.domain.model import Task, TaskRevision
 from ql3.domain.tasks import TaskSpec, build_new_spec, build_spec, validate_name
 from ql3.ports.storage import Transaction
+from ql3.repositories import tasks as task_store
 
 MAX_TASK_PAGE: Final = 200
 
@@ -31,21 +31,20 @@ def find_task(tx: Transaction, project_id: str, ref: str) -> Task:
     """A live task by id or name within the project; another project's id is simply not found."""
     if not isinstance(ref, str) or not ref or len(ref) > 128:
         raise NotFound("task not found")
-    query = "task_get_by_id" if is_id(ref) else "task_get_by_name"
-    row = tx.one(query, {"project_id": project_id, "ref": ref})
-    if row is None and query == "task_get_by_id":
-        row = tx.one("task_get_by_name", {"project_id": project_id, "ref": ref})
-    if row is None:
+    found = task_store.get_task(tx, project_id, ref) if is_id(ref) else None
+    if found is None:  # a name may look like an id
+        found = task_store.get_task_by_name(tx, project_id, ref)
+    if found is None:
         raise NotFound("task not found")
-    return rows.task(row)
+    return found
 
 
 def get_revision(tx: Transaction, task_id: str, revision: int) -> TaskRevision:
     """Exact lookup of a pinned revision; there is never a fallback to the latest."""
-    row = tx.one("task_revision_get", {"task_id": task_id, "revision": revision})
-    if row is None:
+    found = task_store.get_revision(tx, task_id, revision)
+    if found is None:
         raise NotFound("task revision not found")
-    return rows.task_revision(row)
+    return found
 
 
 def view(tx: Transaction, task: Task) -> TaskView:
@@ -62,15 +61,8 @@ def content_digest(tx: Transaction, spec: TaskSpec) -> str:
 
 
 def _insert_revision(tx: Transaction, task_id: str, revision: int, spec: TaskSpec) -> None:
-    tx.run(
-        "task_revision_insert",
-        {
-            "task_id": task_id,
-            "revision": revision,
-            "spec_json": json.dumps(spec.to_dict(), separators=(",", ":")),
-            "content_digest": content_digest(tx, spec),
-            "now": tx.now_ms(),
-        },
+    task_store.insert_revision(
+        tx, task_id=task_id, revision=revision, spec=spec.to_dict(), content_digest=content_digest(tx, spec)
     )
 
 
@@ -80,11 +72,7 @@ def create_task(
     validate_name(name)
     spec = build_new_spec(raw_spec)
     task_id = new_id()
-    inserted = tx.run(
-        "task_insert",
-        {"id": task_id, "project_id": project_id, "name": name, "enabled": int(enabled), "now": tx.now_ms()},
-    )
-    if inserted != 1:
+    if not task_store.insert_task(tx, task_id=task_id, project_id=project_id, name=name, enabled=enabled):
         raise NameTaken()
     _insert_revision(tx, task_id, 1, spec)
     created = view(tx, find_task(tx, project_id, task_id))
@@ -111,18 +99,7 @@ def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, 
 
 
 def _update(tx: Transaction, current: Task, new: Task) -> None:
-    count = tx.run(
-        "task_update",
-        {
-            "id": current.id,
-            "enabled": int(new.enabled),
-            "revision": new.revision,
-            "expected_revision": current.revision,
-            "expected_enabled": int(current.enabled),
-            "now": tx.now_ms(),
-        },
-    )
-    if count != 1:
+    if not task_store.update_task(tx, current, enabled=new.enabled, revision=new.revision):
         raise Conflict("the task changed concurrently")
 
 
@@ -138,8 +115,8 @@ def set_enabled(tx: Transaction, project_id: str, ref: str, enabled: bool) -> Ta
 def delete_task(tx: Transaction, project_id: str, ref: str) -> Task:
     """Soft delete: runs keep their pinned revisions; the name becomes free again."""
     task = find_task(tx, project_id, ref)
-    tx.run("task_delete", {"id": task.id, "now": tx.now_ms()})
-    tx.run("schedule_delete", {"task_id": task.id})
+    task_store.delete_task(tx, task.id)
+    task_store.delete_schedule(tx, task.id)
     return task
 
 
@@ -148,7 +125,4 @@ def list_tasks(
 ) -> list[TaskView]:
     if not 1 <= limit <= MAX_TASK_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
-    return [
-        view(tx, rows.task(r))
-        for r in tx.all("task_list", {"project_id": project_id, "after": after, "limit": limit})
-    ]
+    return [view(tx, t) for t in task_store.list_tasks(tx, project_id=project_id, after=after, limit=limit)]

@@ -35,6 +35,20 @@ class TaskRevision:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSchedule:
+    """A task's cron cursor: the revision and expression it follows and its next due time."""
+
+    task_id: str
+    project_id: str
+    task_revision: int
+    cron_expr: str
+    next_fire_at_ms: int | None
+    last_scheduled_at_ms: int | None
+    state_version: int
+    updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
     id: str
     project_id: str

@@ -1,0 +1,211 @@
+"""Tasks, their immutable revisions and their cron cursors (``task_schedules``).
+
+The use cases in ``application/tasks.py``, ``task_revisions.py``, ``schedules.py`` and ``cron.py``
+reach these tables only through the functions here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ql3.domain.model import Task, TaskRevision, TaskSchedule
+from ql3.ports.storage import Row, Transaction
+from ql3.repositories.mapping import opt_int
+
+# -- tasks --------------------------------------------------------------------------------------
+
+
+def task_from_row(row: Row) -> Task:
+    return Task(
+        id=row["id"],
+        project_id=row["project_id"],
+        name=row["name"],
+        enabled=bool(row["enabled"]),
+        revision=int(row["revision"]),
+        created_at_ms=int(row["created_at_ms"]),
+        updated_at_ms=int(row["updated_at_ms"]),
+    )
+
+
+def get_task(tx: Transaction, project_id: str, task_id: str) -> Task | None:
+    """The live (not deleted) task with this id in the project."""
+    row = tx.one("task_get_by_id", {"project_id": project_id, "ref": task_id})
+    return None if row is None else task_from_row(row)
+
+
+def get_task_by_name(tx: Transaction, project_id: str, name: str) -> Task | None:
+    """The live task with this name in the project (names are unique among live tasks)."""
+    row = tx.one("task_get_by_name", {"project_id": project_id, "ref": name})
+    return None if row is None else task_from_row(row)
+
+
+def get_live_task(tx: Transaction, task_id: str) -> Task | None:
+    """The task with this id in any project, or None when there is none or it is deleted."""
+    row = tx.one("task_get_any", {"id": task_id})
+    if row is None or row["deleted_at_ms"] is not None:
+        return None
+    return task_from_row(row)
+
+
+def list_tasks(tx: Transaction, *, project_id: str, after: str, limit: int) -> list[Task]:
+    """Live tasks of the project by name, after ``after``."""
+    found = tx.all("task_list", {"project_id": project_id, "after": after, "limit": limit})
+    return [task_from_row(row) for row in found]
+
+
+def insert_task(tx: Transaction, *, task_id: str, project_id: str, name: str, enabled: bool) -> bool:
+    """A new task at revision 1; False when a live task of the project already has the name."""
+    params = {"id": task_id, "project_id": project_id, "name": name, "enabled": int(enabled)}
+    return tx.run("task_insert", {**params, "now": tx.now_ms()}) == 1
+
+
+def update_task(tx: Transaction, current: Task, *, enabled: bool, revision: int) -> bool:
+    """Compare-and-set on the revision and enabled flag the caller read; False when either moved."""
+    count = tx.run(
+        "task_update",
+        {
+            "id": current.id,
+            "enabled": int(enabled),
+            "revision": revision,
+            "expected_revision": current.revision,
+            "expected_enabled": int(current.enabled),
+            "now": tx.now_ms(),
+        },
+    )
+    return count == 1
+
+
+def delete_task(tx: Transaction, task_id: str) -> None:
+    """Soft delete: the row stays for the runs that pin its revisions."""
+    tx.run("task_delete", {"id": task_id, "now": tx.now_ms()})
+
+
+def active_run_ids(tx: Transaction, task_id: str, *, limit: int) -> list[str]:
+    """Ids of the task's runs that have not ended, oldest first (for the cron overlap policy)."""
+    return [str(row["id"]) for row in tx.all("task_active_runs", {"task_id": task_id, "limit": limit})]
+
+
+# -- revisions ----------------------------------------------------------------------------------
+
+
+def revision_from_row(row: Row) -> TaskRevision:
+    spec: dict[str, Any] = json.loads(row["spec_json"])
+    return TaskRevision(
+        task_id=row["task_id"],
+        revision=int(row["revision"]),
+        spec=spec,
+        content_digest=row["content_digest"],
+        created_at_ms=int(row["created_at_ms"]),
+    )
+
+
+def get_revision(tx: Transaction, task_id: str, revision: int) -> TaskRevision | None:
+    row = tx.one("task_revision_get", {"task_id": task_id, "revision": revision})
+    return None if row is None else revision_from_row(row)
+
+
+def list_revisions(tx: Transaction, task_id: str, *, limit: int) -> list[TaskRevision]:
+    """Newest first."""
+    found = tx.all("task_revision_list", {"task_id": task_id, "limit": limit})
+    return [revision_from_row(row) for row in found]
+
+
+def insert_revision(
+    tx: Transaction, *, task_id: str, revision: int, spec: Mapping[str, Any], content_digest: str
+) -> None:
+    """Store one immutable revision; ``spec`` is stored as compact JSON."""
+    tx.run(
+        "task_revision_insert",
+        {
+            "task_id": task_id,
+            "revision": revision,
+            "spec_json": json.dumps(spec, separators=(",", ":")),
+            "content_digest": content_digest,
+            "now": tx.now_ms(),
+        },
+    )
+
+
+# -- schedules (the cron cursor of a task) ------------------------------------------------------
+
+
+def schedule_from_row(row: Row) -> TaskSchedule:
+    return TaskSchedule(
+        task_id=row["task_id"],
+        project_id=row["project_id"],
+        task_revision=int(row["task_revision"]),
+        cron_expr=str(row["cron_expr"]),
+        next_fire_at_ms=opt_int(row["next_fire_at_ms"]),
+        last_scheduled_at_ms=opt_int(row["last_scheduled_at_ms"]),
+        state_version=int(row["state_version"]),
+        updated_at_ms=int(row["updated_at_ms"]),
+    )
+
+
+def get_schedule(tx: Transaction, task_id: str) -> TaskSchedule | None:
+    row = tx.one("schedule_get", {"task_id": task_id})
+    return None if row is None else schedule_from_row(row)
+
+
+def lock_schedule(tx: Transaction, task_id: str) -> TaskSchedule | None:
+    """The schedule read under the row lock the scheduler's decision holds until it commits."""
+    row = tx.one("schedule_lock", {"task_id": task_id})
+    return None if row is None else schedule_from_row(row)
+
+
+def upsert_schedule(
+    tx: Transaction,
+    *,
+    task_id: str,
+    project_id: str,
+    task_revision: int,
+    cron_expr: str,
+    next_fire_at_ms: int,
+) -> None:
+    """Create the task's schedule or point it at a new revision, expression and next fire time."""
+    tx.run(
+        "schedule_upsert",
+        {
+            "task_id": task_id,
+            "project_id": project_id,
+            "task_revision": task_revision,
+            "cron_expr": cron_expr,
+            "next_fire_at_ms": next_fire_at_ms,
+            "now": tx.now_ms(),
+        },
+    )
+
+
+def delete_schedule(tx: Transaction, task_id: str) -> None:
+    tx.run("schedule_delete", {"task_id": task_id})
+
+
+def advance_schedule(
+    tx: Transaction, schedule: TaskSchedule, *, next_fire_at_ms: int, last_scheduled_at_ms: int
+) -> bool:
+    """Move the cursor, compare-and-set on the state version ``schedule`` was read at."""
+    count = tx.run(
+        "schedule_advance",
+        {
+            "task_id": schedule.task_id,
+            "expected_version": schedule.state_version,
+            "next_fire_at_ms": next_fire_at_ms,
+            "last_scheduled_at_ms": last_scheduled_at_ms,
+            "now": tx.now_ms(),
+        },
+    )
+    return count == 1
+
+
+def due_schedule_task_ids(tx: Transaction, *, now_ms: int, limit: int) -> list[str]:
+    """Tasks whose next fire time is at or before ``now_ms``, earliest first."""
+    found = tx.all("schedule_due_page", {"now": now_ms, "limit": limit})
+    return [str(row["task_id"]) for row in found]
+
+
+def earliest_fire_at(tx: Transaction) -> int | None:
+    """The next due time over all schedules (one index lookup)."""
+    row = tx.one("schedule_earliest")
+    return None if row is None else opt_int(row["next_fire_at_ms"])
