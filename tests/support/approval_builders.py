@@ -10,6 +10,7 @@ from ql3.application import approvals, approved_actions, auth
 from ql3.application.approved_action_handlers import HandlerResult, RunCreateHandler
 from ql3.application.approved_actions import ClaimResult
 from ql3.domain.approvals import ApprovalRequest, Dispatch, ExecutionFence
+from ql3.domain.auth import PrincipalKind
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal, Project, Task
 from ql3.ports.storage import Database, Transaction
@@ -30,7 +31,9 @@ class World:
     approver: Principal
 
 
-def user(db: Any, project: Project, role: str, name: str | None = None, kind: str = "user") -> Principal:
+def user(
+    db: Any, project: Project, role: str, name: str | None = None, kind: PrincipalKind = "user"
+) -> Principal:
     issued = db.transaction(
         lambda tx: auth.issue_token(
             tx, name=name or f"{role}-{new_id()[-8:]}", role=role, project=project, kind=kind

@@ -20,7 +20,6 @@ NOT_YET_MIGRATED = {
     "application/approved_action_recovery.py",
     "application/approved_actions.py",
     "application/attempt_logs.py",
-    "application/auth.py",
     "application/cancellation.py",
     "application/cancellation_management.py",
     "application/cancellation_supervisor.py",
@@ -35,11 +34,9 @@ NOT_YET_MIGRATED = {
     "application/runs.py",
     "application/workers.py",
     "cli/control.py",
-    "cluster/credentials.py",
     "cluster/pull.py",
     "cluster/stops.py",
     "http/app.py",
-    "http/routes/projects.py",
     "http/routes/runs.py",
 }
 

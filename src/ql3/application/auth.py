@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from ql3.application import rows
-from ql3.domain.auth import ROLES, role_allows
+from ql3.domain.auth import PrincipalKind, Role, as_role, role_allows
 from ql3.domain.digests import API_TOKEN_DOMAIN, digest_equals, new_token, token_digest
 from ql3.domain.errors import Conflict, NotFound, PermissionDenied, Unauthenticated, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal, Project
 from ql3.domain.tasks import validate_name
 from ql3.ports.storage import Transaction
+from ql3.repositories import auth as auth_store
+from ql3.repositories import projects as project_store
+from ql3.repositories.auth import TokenRecord as TokenRecord
 
 TOKEN_PREFIX: Final = "ql3_"
 DEFAULT_PROJECT: Final = "default"
@@ -36,40 +38,9 @@ class IssuedToken:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TokenRecord:
-    """A principal as its project's admins see it: never its token or the token's digest."""
-
-    id: str
-    name: str
-    role: str
-    is_owner: bool
-    created_at_ms: int
-    expires_at_ms: int | None
-    revoked_at_ms: int | None
-    last_used_at_ms: int | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Authenticated:
     principal: Principal
     needs_touch: bool  # last_used_at_ms is older than the granularity: record this use
-
-
-def _opt_int(value: object) -> int | None:
-    return None if value is None else int(str(value))
-
-
-def _record(row: dict[str, object]) -> TokenRecord:
-    return TokenRecord(
-        id=str(row["id"]),
-        name=str(row["name"]),
-        role=str(row["role"]),
-        is_owner=bool(row["is_owner"]),
-        created_at_ms=int(str(row["created_at_ms"])),
-        expires_at_ms=_opt_int(row["expires_at_ms"]),
-        revoked_at_ms=_opt_int(row["revoked_at_ms"]),
-        last_used_at_ms=_opt_int(row["last_used_at_ms"]),
-    )
 
 
 def validate_expires_in(expires_in_s: object) -> int | None:
@@ -87,15 +58,28 @@ def validate_expires_in(expires_in_s: object) -> int | None:
 def resolve_project(tx: Transaction, ref: str) -> Project:
     if not isinstance(ref, str) or not ref or len(ref) > 128:
         raise NotFound("project not found")
-    row = tx.one("project_get", {"ref": ref})
-    if row is None:
+    found = project_store.get_project(tx, ref)
+    if found is None:
         raise NotFound("project not found")
-    return rows.project(row)
+    return found
+
+
+def visible_projects(
+    tx: Transaction, principal: Principal, *, after: str, limit: int
+) -> tuple[list[tuple[Project, Role]], str | None]:
+    """One page of projects by name, with the principal's role, keeping those it holds a role in
+    (the owner sees all), and the cursor of the next page.
+
+    The cursor follows what was scanned, not what was shown, so a page is always bounded.
+    """
+    scanned = project_store.list_projects(tx, after=after, limit=limit)
+    visible = [(project, role) for project in scanned if (role := role_in(tx, principal, project))]
+    return visible, scanned[-1].name if len(scanned) == limit else None
 
 
 def create_project(tx: Transaction, name: str) -> Project:
     validate_name(name, "project name")
-    if tx.run("project_insert", {"id": new_id(), "name": name, "now": tx.now_ms()}) != 1:
+    if not project_store.insert_project(tx, project_id=new_id(), name=name):
         raise Conflict("a project with that name exists", code_hint="name_taken")
     return resolve_project(tx, name)
 
@@ -108,22 +92,15 @@ def authenticate_use(tx: Transaction, token: str | None) -> Authenticated:
     if not token or len(token) > MAX_TOKEN_LENGTH or not token.isascii():
         raise Unauthenticated()
     digest = token_digest(API_TOKEN_DOMAIN, token)
-    row = tx.one("principal_by_digest", {"token_digest": digest})
-    if row is None or not digest_equals(row["token_digest"], digest):
+    found = auth_store.get_credential(tx, digest)
+    if found is None or not digest_equals(found.token_digest, digest):
         raise Unauthenticated()
     now = tx.now_ms()
-    if row["expires_at_ms"] is not None and int(row["expires_at_ms"]) <= now:
+    if found.expires_at_ms is not None and found.expires_at_ms <= now:
         raise Unauthenticated()
-    last_used = row["last_used_at_ms"]
-    principal = Principal(
-        id=row["id"],
-        name=row["name"],
-        kind=row["kind"],
-        is_owner=bool(row["is_owner"]),
-        created_at_ms=int(row["created_at_ms"]),
-    )
-    stale = last_used is None or int(last_used) < now - LAST_USED_GRANULARITY_MS
-    return Authenticated(principal=principal, needs_touch=stale)
+    last_used = found.last_used_at_ms
+    stale = last_used is None or last_used < now - LAST_USED_GRANULARITY_MS
+    return Authenticated(principal=found.principal, needs_touch=stale)
 
 
 def authenticate(tx: Transaction, token: str | None) -> Principal:
@@ -132,17 +109,14 @@ def authenticate(tx: Transaction, token: str | None) -> Principal:
 
 def touch(tx: Transaction, principal_id: str) -> None:
     """Record a use of the principal's token (at most once per granularity window)."""
-    now = tx.now_ms()
-    tx.run(
-        "principal_touch", {"id": principal_id, "now": now, "stale_before": now - LAST_USED_GRANULARITY_MS}
-    )
+    auth_store.touch_principal(tx, principal_id, stale_before_ms=tx.now_ms() - LAST_USED_GRANULARITY_MS)
 
 
-def role_in(tx: Transaction, principal: Principal, project: Project) -> str | None:
+def role_in(tx: Transaction, principal: Principal, project: Project) -> Role | None:
     if principal.is_owner:
         return "admin"
-    row = tx.one("binding_get", {"principal_id": principal.id, "project_id": project.id})
-    return str(row["role"]) if row else None
+    binding = auth_store.get_binding(tx, principal.id, project.id)
+    return None if binding is None else binding.role
 
 
 def authorize(tx: Transaction, principal: Principal, project_ref: str, permission: str) -> Project:
@@ -166,32 +140,24 @@ def issue_token(
     name: str,
     role: str,
     project: Project,
-    kind: str = "user",
+    kind: PrincipalKind = "user",
     owner: bool = False,
     expires_in_s: int | None = None,
 ) -> IssuedToken:
     """Create a principal with a fresh token; only the digest is stored, the token is returned once."""
     validate_name(name, "principal name")
-    if role not in ROLES:
+    granted = as_role(role)
+    if granted is None:
         raise ValidationFailed("invalid role", field="role")
     lifetime_s = validate_expires_in(expires_in_s)
     expires_at_ms = None if lifetime_s is None else tx.now_ms() + lifetime_s * 1000
     token = new_token(TOKEN_PREFIX)
     principal = Principal(id=new_id(), name=name, kind=kind, is_owner=owner, created_at_ms=tx.now_ms())
-    tx.run(
-        "principal_insert",
-        {
-            "id": principal.id,
-            "name": name,
-            "kind": kind,
-            "is_owner": int(owner),
-            "token_digest": token_digest(API_TOKEN_DOMAIN, token),
-            "now": tx.now_ms(),
-            "expires_at_ms": expires_at_ms,
-        },
+    auth_store.insert_principal(
+        tx, principal, token_digest=token_digest(API_TOKEN_DOMAIN, token), expires_at_ms=expires_at_ms
     )
-    tx.run("binding_upsert", {"principal_id": principal.id, "project_id": project.id, "role": role})
-    tx.run("project_bump_version", {"id": project.id})
+    auth_store.upsert_binding(tx, principal_id=principal.id, project_id=project.id, role=granted)
+    project_store.bump_project_version(tx, project.id)
     return IssuedToken(
         principal=principal, token=token, project=project, role=role, expires_at_ms=expires_at_ms
     )
@@ -203,13 +169,12 @@ def issue_token(
 def list_tokens(tx: Transaction, project: Project, *, after: str = "", limit: int = 100) -> list[TokenRecord]:
     """The principals bound to ``project`` (revoked ones too, with their revocation time), by id."""
     page = max(1, min(limit, MAX_TOKEN_PAGE))
-    rows = tx.all("token_list", {"project_id": project.id, "after": after, "limit": page})
-    return [_record(row) for row in rows]
+    return auth_store.list_project_tokens(tx, project_id=project.id, after=after, limit=page)
 
 
 def _managed_token(
     tx: Transaction, caller: Principal, project: Project, principal_id: str
-) -> dict[str, object]:
+) -> auth_store.ManagedToken:
     """The target principal, if ``caller`` may manage it.
 
     Only the owner manages the owner; anyone else is managed by a caller who is admin in every
@@ -217,20 +182,18 @@ def _managed_token(
     """
     if not isinstance(principal_id, str) or not principal_id or len(principal_id) > 128:
         raise NotFound("token not found")
-    row = tx.one("token_get", {"project_id": project.id, "id": principal_id})
-    if row is None:
+    found = auth_store.get_project_token(tx, project_id=project.id, principal_id=principal_id)
+    if found is None:
         raise NotFound("token not found")
     if caller.is_owner:
-        return row
-    if bool(row["is_owner"]):
+        return found
+    if found.record.is_owner:
         raise PermissionDenied(permission="token.manage_owner")
-    for binding in tx.all("principal_bindings", {"principal_id": principal_id, "limit": MAX_BINDINGS}):
-        other = Project(
-            id=str(binding["project_id"]), name=str(binding["project_name"]), version=1, created_at_ms=0
-        )
+    for binding in auth_store.list_roles_of(tx, principal_id, limit=MAX_BINDINGS):
+        other = Project(id=binding.project_id, name=binding.project_name, version=1, created_at_ms=0)
         if role_in(tx, caller, other) != "admin":
             raise PermissionDenied(permission="token.manage")
-    return row
+    return found
 
 
 def revoke_token(tx: Transaction, caller: Principal, project: Project, principal_id: str) -> TokenRecord:
@@ -238,16 +201,21 @@ def revoke_token(tx: Transaction, caller: Principal, project: Project, principal
 
     The owner cannot be revoked (that would lock every admin out of the server); rotate it instead.
     """
-    row = _managed_token(tx, caller, project, principal_id)
-    if bool(row["is_owner"]):
+    managed = _managed_token(tx, caller, project, principal_id)
+    if managed.record.is_owner:
         raise Conflict(
             "the owner cannot be revoked; rotate its token instead", code_hint="owner_not_revocable"
         )
-    if tx.run("principal_revoke", {"id": principal_id, "now": tx.now_ms()}) == 1:
-        tx.run("project_bump_version", {"id": project.id})
-    again = tx.one("token_get", {"project_id": project.id, "id": principal_id})
+    if auth_store.revoke_principal(tx, principal_id):
+        project_store.bump_project_version(tx, project.id)
+    return _reread(tx, project, principal_id)
+
+
+def _reread(tx: Transaction, project: Project, principal_id: str) -> TokenRecord:
+    """The token as this transaction just wrote it (it was read above, and rows are never deleted)."""
+    again = auth_store.get_project_token(tx, project_id=project.id, principal_id=principal_id)
     assert again is not None
-    return _record(again)
+    return again.record
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -270,56 +238,48 @@ def rotate_token(
     without expiry stays without.
     """
     lifetime_s = validate_expires_in(expires_in_s)
-    row = _managed_token(tx, caller, project, principal_id)
-    if row["revoked_at_ms"] is not None:
+    managed = _managed_token(tx, caller, project, principal_id)
+    current = managed.record
+    if current.revoked_at_ms is not None:
         raise Conflict("the token is revoked", code_hint="token_revoked")
     now = tx.now_ms()
     if lifetime_s is not None:
         expires_at_ms: int | None = now + lifetime_s * 1000
-    elif row["expires_at_ms"] is not None:
-        issued = int(str(row["token_issued_at_ms"] or row["created_at_ms"]))
-        expires_at_ms = now + max(MIN_EXPIRES_IN_S * 1000, int(str(row["expires_at_ms"])) - issued)
+    elif current.expires_at_ms is not None:
+        issued = managed.token_issued_at_ms or current.created_at_ms
+        expires_at_ms = now + max(MIN_EXPIRES_IN_S * 1000, current.expires_at_ms - issued)
     else:
         expires_at_ms = None
     token = new_token(TOKEN_PREFIX)
-    changed = tx.run(
-        "principal_rotate",
-        {
-            "id": principal_id,
-            "token_digest": token_digest(API_TOKEN_DOMAIN, token),
-            "now": now,
-            "expires_at_ms": expires_at_ms,
-        },
-    )
-    if changed != 1:
+    digest = token_digest(API_TOKEN_DOMAIN, token)
+    if not auth_store.rotate_principal_token(
+        tx, principal_id, token_digest=digest, expires_at_ms=expires_at_ms
+    ):
         raise Conflict("the token is revoked", code_hint="token_revoked")
-    tx.run("project_bump_version", {"id": project.id})
-    again = tx.one("token_get", {"project_id": project.id, "id": principal_id})
-    assert again is not None
-    return RotatedToken(record=_record(again), token=token)
+    project_store.bump_project_version(tx, project.id)
+    return RotatedToken(record=_reread(tx, project, principal_id), token=token)
 
 
 def task_digest_key(tx: Transaction) -> bytes:
     """The database's key of task content digests (created by migration 0006, never shown)."""
-    row = tx.one("server_key_get", {"name": "task_digest"})
-    if row is None:
+    key = auth_store.get_server_key(tx, "task_digest")
+    if key is None:
         raise Conflict("the task digest key is missing; run ql3 db migrate", code_hint="schema_outdated")
-    return bytes.fromhex(str(row["key_hex"]))
+    return key
 
 
 def roles_of(tx: Transaction, principal: Principal) -> dict[str, str]:
     """Project name -> role for ``whoami``; the owner is admin in every project."""
     if principal.is_owner:
-        projects = tx.all("project_list", {"after": "", "limit": MAX_BINDINGS})
-        return {str(p["name"]): "admin" for p in projects}
-    rows = tx.all("principal_bindings", {"principal_id": principal.id, "limit": MAX_BINDINGS})
-    return {str(r["project_name"]): str(r["role"]) for r in rows}
+        projects = project_store.list_projects(tx, after="", limit=MAX_BINDINGS)
+        return {p.name: "admin" for p in projects}
+    return {b.project_name: b.role for b in auth_store.list_roles_of(tx, principal.id, limit=MAX_BINDINGS)}
 
 
 def bootstrap_owner(tx: Transaction) -> IssuedToken | None:
     """First start: create the default project and the owner. Returns None when already done."""
-    if int((tx.one("principal_count_owners") or {"n": 0})["n"]) > 0:
+    if auth_store.count_owners(tx) > 0:
         return None
-    tx.run("project_insert", {"id": new_id(), "name": DEFAULT_PROJECT, "now": tx.now_ms()})
+    project_store.insert_project(tx, project_id=new_id(), name=DEFAULT_PROJECT)
     project = resolve_project(tx, DEFAULT_PROJECT)
     return issue_token(tx, name="owner", role="admin", project=project, owner=True)

@@ -1,18 +1,13 @@
 """Row -> record mapping for the named queries' result columns, for the modules that still run
-queries themselves; a repository maps the rows it reads (tasks: ``repositories/tasks.py``)."""
+queries themselves; a repository maps the rows it reads (tasks: ``repositories/tasks.py``,
+projects: ``repositories/projects.py``)."""
 
 from __future__ import annotations
 
 import json
 
-from ql3.domain.model import Attempt, Project, Run, RunEvent
+from ql3.domain.model import Attempt, Run, RunEvent
 from ql3.ports.storage import Row
-
-
-def project(row: Row) -> Project:
-    return Project(
-        id=row["id"], name=row["name"], version=int(row["version"]), created_at_ms=row["created_at_ms"]
-    )
 
 
 def run(row: Row) -> Run:

@@ -19,8 +19,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field
 
 from ql3.application import attempt_logs, auth, workers
+from ql3.application import worker_credentials as credentials
 from ql3.application.gateway import InProcessControlPlane
-from ql3.cluster import credentials
 from ql3.cluster.pull import PullRequest, PullService
 from ql3.cluster.stops import StopWatch, lease_control
 from ql3.domain.auth import role_allows

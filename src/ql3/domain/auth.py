@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Final, Literal
 
 Role = Literal["viewer", "operator", "approver", "admin"]
-ROLES: Final = ("viewer", "operator", "approver", "admin")
+ROLES: Final[tuple[Role, ...]] = ("viewer", "operator", "approver", "admin")
+# A user signs in by hand, a service is a user's automation, a worker credential serves the worker API.
+PrincipalKind = Literal["user", "service", "worker"]
+PRINCIPAL_KINDS: Final[tuple[PrincipalKind, ...]] = ("user", "service", "worker")
 
 PERMISSIONS: Final[dict[str, frozenset[str]]] = {
     "viewer": frozenset({"run.read", "task.read", "worker.read"}),
@@ -28,6 +31,11 @@ PERMISSIONS: Final[dict[str, frozenset[str]]] = {
         }
     ),
 }
+
+
+def as_role(value: object) -> Role | None:
+    """``value`` as the role it names, or None when it names none."""
+    return next((role for role in ROLES if role == value), None)
 
 
 def role_allows(role: str, permission: str) -> bool:

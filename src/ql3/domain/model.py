@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ql3.domain.auth import PrincipalKind, Role
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Project:
@@ -110,7 +112,7 @@ class RunEvent:
 class Principal:
     id: str
     name: str
-    kind: str
+    kind: PrincipalKind
     is_owner: bool
     created_at_ms: int
 
@@ -119,5 +121,5 @@ class Principal:
 class RoleBinding:
     principal_id: str
     project_id: str
-    role: str
+    role: Role
     version: int

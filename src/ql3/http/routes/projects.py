@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from ql3.application import auth
-from ql3.application import rows as row_map
 from ql3.domain.errors import PermissionDenied
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import (
@@ -36,15 +35,8 @@ def list_projects(
     """Projects the caller holds a role in (the owner sees all), by name."""
 
     def unit(tx: Transaction) -> ProjectPage:
-        scanned = tx.all("project_list", {"after": cursor or "", "limit": limit})
-        items: list[ProjectOut] = []
-        for row in scanned:
-            project = row_map.project(row)
-            role = auth.role_in(tx, principal, project)
-            if role is not None:
-                items.append(project_out(project, role))
-        # The cursor follows what was scanned, not what was shown, so a page is always bounded.
-        next_cursor = str(scanned[-1]["name"]) if len(scanned) == limit else None
+        visible, next_cursor = auth.visible_projects(tx, principal, after=cursor or "", limit=limit)
+        items = [project_out(project, role) for project, role in visible]
         return ProjectPage(items=items, next_cursor=next_cursor)
 
     return db.transaction(unit, write=False)

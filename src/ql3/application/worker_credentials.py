@@ -7,7 +7,7 @@ any project, so the management API refuses it (docs/security.md); the worker API
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from ql3.application.auth import TOKEN_PREFIX, validate_expires_in
 from ql3.domain.digests import API_TOKEN_DOMAIN, new_token, token_digest
@@ -15,7 +15,9 @@ from ql3.domain.errors import Conflict, NotFound, PermissionDenied
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal
 from ql3.domain.workers import validate_worker_id
-from ql3.ports.storage import Row, Transaction
+from ql3.ports.storage import Transaction
+from ql3.repositories import auth as auth_store
+from ql3.repositories.auth import WorkerToken as WorkerToken
 
 MAX_PAGE: Final = 200
 
@@ -33,77 +35,49 @@ class NotAWorker(PermissionDenied):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerToken:
-    id: str
-    worker_id: str
-    created_at_ms: int
-    expires_at_ms: int | None
-    revoked_at_ms: int | None
-    last_used_at_ms: int | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class IssuedWorkerToken:
     record: WorkerToken
     token: str
-
-
-def _opt(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _record(row: Row) -> WorkerToken:
-    return WorkerToken(
-        id=str(row["id"]),
-        worker_id=str(row["name"]),
-        created_at_ms=int(row["created_at_ms"]),
-        expires_at_ms=_opt(row["expires_at_ms"]),
-        revoked_at_ms=_opt(row.get("revoked_at_ms")),
-        last_used_at_ms=_opt(row["last_used_at_ms"]),
-    )
 
 
 def issue(tx: Transaction, worker_id: str, *, expires_in_s: int | None = None) -> IssuedWorkerToken:
     """A fresh credential for ``worker_id``; only its digest is stored, the token is returned once."""
     validate_worker_id(worker_id)
     lifetime_s = validate_expires_in(expires_in_s)
-    if tx.one("worker_principal_active", {"name": worker_id}) is not None:
+    if auth_store.get_active_worker_token(tx, worker_id) is not None:
         raise WorkerTokenExists(worker_id=worker_id)
     now = tx.now_ms()
     token = new_token(TOKEN_PREFIX)
-    principal_id = new_id()
-    tx.run(
-        "principal_insert",
-        {
-            "id": principal_id,
-            "name": worker_id,
-            "kind": "worker",
-            "is_owner": 0,
-            "token_digest": token_digest(API_TOKEN_DOMAIN, token),
-            "now": now,
-            "expires_at_ms": None if lifetime_s is None else now + lifetime_s * 1000,
-        },
+    principal = Principal(id=new_id(), name=worker_id, kind="worker", is_owner=False, created_at_ms=now)
+    auth_store.insert_principal(
+        tx,
+        principal,
+        token_digest=token_digest(API_TOKEN_DOMAIN, token),
+        expires_at_ms=None if lifetime_s is None else now + lifetime_s * 1000,
     )
-    row = tx.one("worker_principal_get", {"id": principal_id})
-    assert row is not None
-    return IssuedWorkerToken(record=_record(row), token=token)
+    return IssuedWorkerToken(record=_written(tx, principal.id), token=token)
+
+
+def _written(tx: Transaction, token_id: str) -> WorkerToken:
+    """The credential as this transaction just wrote it."""
+    found = auth_store.get_worker_token(tx, token_id)
+    assert found is not None
+    return found
 
 
 def list_page(tx: Transaction, *, after: str = "", limit: int = MAX_PAGE) -> list[WorkerToken]:
     page = max(1, min(limit, MAX_PAGE))
-    return [_record(r) for r in tx.all("worker_principal_list", {"after": after, "limit": page})]
+    return auth_store.list_worker_tokens(tx, after=after, limit=page)
 
 
 def revoke(tx: Transaction, token_id: str) -> WorkerToken:
     """Refused from the next request on; idempotent."""
     if not isinstance(token_id, str) or not 1 <= len(token_id) <= 128:
         raise NotFound("worker token not found")
-    if tx.one("worker_principal_get", {"id": token_id}) is None:
+    if auth_store.get_worker_token(tx, token_id) is None:
         raise NotFound("worker token not found")
-    tx.run("principal_revoke", {"id": token_id, "now": tx.now_ms()})
-    row = tx.one("worker_principal_get", {"id": token_id})
-    assert row is not None
-    return _record(row)
+    auth_store.revoke_principal(tx, token_id)
+    return _written(tx, token_id)
 
 
 def worker_id_of(principal: Principal) -> str:
