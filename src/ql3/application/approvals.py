@@ -35,6 +35,7 @@ from ql3.domain.approvals import (
     validate_ttl,
 )
 from ql3.domain.auth import role_allows
+from ql3.domain.choices import choose
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import (
     Conflict,
@@ -46,96 +47,24 @@ from ql3.domain.errors import (
 )
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal, Project
-from ql3.ports.storage import Row, Transaction
+from ql3.ports.storage import Transaction
+from ql3.repositories import actions as action_store
+from ql3.repositories import approvals as approval_store
+from ql3.repositories import auth as auth_store
 
 APPROVED_ACTIONS_CHANNEL: Final = "approved_actions"
 DEFAULT_LIST_PAGE: Final = 50
 DIGEST_PREFIX: Final = 12
 
 
-# -- row mapping --------------------------------------------------------------------------------
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def approval_from_row(row: Row) -> ApprovalRequest:
-    return ApprovalRequest(
-        id=row["id"],
-        project_id=row["project_id"],
-        version=int(row["version"]),
-        state=row["state"],
-        permission=row["permission"],
-        action_type=row["action_type"],
-        action_ref=row["action_ref"],
-        action_digest=row["action_digest"],
-        action_plan=row["action_plan_json"],
-        preview_digest=row["preview_digest"],
-        risk=row["risk"],
-        requested_by=row["requested_by"],
-        requested_at_ms=int(row["requested_at_ms"]),
-        expires_at_ms=int(row["expires_at_ms"]),
-        request_fence=row["request_fence"],
-        request_digest=row["request_digest"],
-        decision_id=row["decision_id"],
-        decision=row["decision"],
-        reason_code=row["reason_code"],
-        decision_note=row["decision_note"],
-        decided_by=row["decided_by"],
-        decided_at_ms=_opt_int(row["decided_at_ms"]),
-        decision_fence=row["decision_fence"],
-        consumption_id=row["consumption_id"],
-        dispatch_id=row["dispatch_id"],
-        consumed_by=row["consumed_by"],
-        consumed_at_ms=_opt_int(row["consumed_at_ms"]),
-        consumption_fence=row["consumption_fence"],
-        updated_at_ms=int(row["updated_at_ms"]),
-    )
-
-
-def dispatch_from_row(row: Row) -> Dispatch:
-    return Dispatch(
-        id=row["id"],
-        approval_request_id=row["approval_request_id"],
-        approval_request_version=int(row["approval_request_version"]),
-        project_id=row["project_id"],
-        action_type=row["action_type"],
-        action_ref=row["action_ref"],
-        action_digest=row["action_digest"],
-        action_plan=row["action_plan_json"],
-        requested_by=row["requested_by"],
-        consumed_by=row["consumed_by"],
-        approved_by=row["approved_by"],
-        approved_at_ms=int(row["approved_at_ms"]),
-        expires_at_ms=int(row["expires_at_ms"]),
-        approval_fence=row["approval_fence"],
-        dispatch_digest=row["dispatch_digest"],
-        created_at_ms=int(row["created_at_ms"]),
-    )
-
-
 def get_dispatch(tx: Transaction, dispatch_id: str) -> Dispatch:
-    row = tx.one("aa_dispatch_get", {"id": dispatch_id})
-    if row is None:
+    found = action_store.get_dispatch(tx, dispatch_id)
+    if found is None:
         raise NotFound("dispatch not found")
-    return dispatch_from_row(row)
+    return found
 
 
 # -- policy -------------------------------------------------------------------------------------
-
-
-def _live_principal(tx: Transaction, principal_id: str) -> Principal | None:
-    row = tx.one("approval_principal_get", {"id": principal_id})
-    if row is None or row["disabled_at_ms"] is not None:
-        return None
-    return Principal(
-        id=row["id"],
-        name=row["name"],
-        kind=row["kind"],
-        is_owner=bool(row["is_owner"]),
-        created_at_ms=int(row["created_at_ms"]),
-    )
 
 
 def evaluate_policy(tx: Transaction, principal: Principal, project: Project) -> tuple[str | None, str]:
@@ -143,8 +72,8 @@ def evaluate_policy(tx: Transaction, principal: Principal, project: Project) -> 
     role = auth.role_in(tx, principal, project)
     binding = None
     if not principal.is_owner:
-        row = tx.one("binding_get", {"principal_id": principal.id, "project_id": project.id})
-        binding = int(row["version"]) if row else None
+        found = auth_store.get_binding(tx, principal.id, project.id)
+        binding = None if found is None else found.version
     current = auth.resolve_project(tx, project.id)
     return role, policy_fence(current.version, binding)
 
@@ -156,7 +85,7 @@ def require_role(
     ``role`` (the role the caller resolved: the policy fence) and that it grants ``permission``."""
     if principal.kind != "user":
         raise PermissionDenied("only a user may do this", permission=permission)
-    stored = _live_principal(tx, principal.id)
+    stored = auth_store.get_live_principal(tx, principal.id)
     if stored is None or stored.kind != "user":
         raise PermissionDenied("only a user may do this", permission=permission)
     current, fence = evaluate_policy(tx, stored, project)
@@ -191,7 +120,7 @@ def request_run_approval(
     validate_ttl(ttl_ms)
     approval_id = new_id() if approval_id is None else validate_client_id(approval_id, "approval_id")
     project = auth.resolve_project(tx, project_id)
-    requester = _live_principal(tx, requested_by.id)
+    requester = auth_store.get_live_principal(tx, requested_by.id)
     if requester is None:
         raise PermissionDenied(permission="run.create")
     role, fence = evaluate_policy(tx, requester, project)
@@ -216,24 +145,27 @@ def request_run_approval(
         plan.action_ref,
         {"taskName": view.task.name, "taskRevision": str(view.task.revision), "priority": priority},
     )
-    existing = tx.one("approval_get", {"id": approval_id})
-    if existing is None:
+    stored = approval_store.get_approval(tx, approval_id)
+    if stored is None:
         now = tx.now_ms()
         expires = now + ttl_ms
-        params = {
-            "id": approval_id,
-            "project_id": project.id,
-            "permission": "run.create",
-            "action_type": RUN_CREATE,
-            "action_ref": plan.action_ref,
-            "action_digest": action_digest,
-            "action_plan_json": plan.canonical(),
-            "preview_digest": preview,
-            "risk": "medium",
-            "requested_by": requester.id,
-            "expires_at_ms": expires,
-            "request_fence": fence,
-            "request_digest": approval_request_digest(
+        new = ApprovalRequest(
+            id=approval_id,
+            project_id=project.id,
+            version=1,
+            state="pending",
+            permission="run.create",
+            action_type=RUN_CREATE,
+            action_ref=plan.action_ref,
+            action_digest=action_digest,
+            action_plan=plan.canonical(),
+            preview_digest=preview,
+            risk="medium",
+            requested_by=requester.id,
+            requested_at_ms=now,
+            expires_at_ms=expires,
+            request_fence=fence,
+            request_digest=approval_request_digest(
                 approval_id=approval_id,
                 project_id=project.id,
                 permission="run.create",
@@ -247,16 +179,15 @@ def request_run_approval(
                 expires_at_ms=expires,
                 request_fence=fence,
             ),
-            "now": now,
-        }
-        if tx.run("approval_insert", params) == 1:
+            updated_at_ms=now,
+        )
+        if approval_store.insert_approval(tx, new):
             tx.notify(APPROVED_ACTIONS_CHANNEL)
             notifications.on_approval_requested(tx, project.id, view.task.id, approval_id)
-            return approval_from_row(tx.one("approval_get", {"id": approval_id}) or {})
-        existing = tx.one("approval_get", {"id": approval_id})
-        if existing is None:
+            return _written(tx, approval_id)
+        stored = approval_store.get_approval(tx, approval_id)
+        if stored is None:
             raise Conflict("approval id collision")
-    stored = approval_from_row(existing)
     same = (
         stored.project_id == project.id
         and stored.requested_by == requester.id
@@ -288,16 +219,16 @@ def decide(
     """``pending@1 -> approved@2 | rejected@2`` by a user with ``approval.decide`` who is not the
     requester, strictly before expiry. The same ``decision_id`` with the same content replays; anything
     else on a decided request is a conflict. Concurrent deciders commit once (CAS on the version)."""
-    if decision not in DECISIONS:
+    chosen = choose(decision, DECISIONS)
+    if chosen is None:
         raise ValidationFailed("decision must be approve or reject", field="decision")
     validate_client_id(decision_id, "decision_id")
     validate_code(reason_code)
     note = validate_note(note)
     project = auth.resolve_project(tx, project_id)
-    row = tx.one("approval_lock", {"id": approval_id})
-    if row is None or row["project_id"] != project.id:
+    request = approval_store.lock_approval(tx, approval_id)
+    if request is None or request.project_id != project.id:
         raise NotFound("approval not found")
-    request = approval_from_row(row)
     fence = require_role(tx, decider, project, role=decider_role, permission="approval.decide")
     if decider.id == request.requested_by:
         raise PermissionDenied("the requester cannot decide their own request", permission="approval.decide")
@@ -314,25 +245,28 @@ def decide(
     now = tx.now_ms()
     if now >= request.expires_at_ms:
         raise ApprovalExpired()
-    changed = tx.run(
-        "approval_decide",
-        {
-            "id": request.id,
-            "state": "approved" if decision == "approve" else "rejected",
-            "decision_id": decision_id,
-            "decision": decision,
-            "reason_code": reason_code,
-            "decision_note": note,
-            "decided_by": decider.id,
-            "decision_fence": fence,
-            "now": now,
-        },
+    decided = approval_store.decide_approval(
+        tx,
+        request,
+        decision=chosen,
+        decision_id=decision_id,
+        reason_code=reason_code,
+        note=note,
+        decided_by=decider.id,
+        decision_fence=fence,
     )
-    if changed != 1:
+    if not decided:
         raise Conflict("the approval changed concurrently")
-    if decision == "approve":
+    if chosen == "approve":
         tx.notify(APPROVED_ACTIONS_CHANNEL)
-    return approval_from_row(tx.one("approval_get", {"id": request.id}) or {})
+    return _written(tx, request.id)
+
+
+def _written(tx: Transaction, approval_id: str) -> ApprovalRequest:
+    """The request as this transaction just wrote it."""
+    found = approval_store.get_approval(tx, approval_id)
+    assert found is not None
+    return found
 
 
 # -- consume ------------------------------------------------------------------------------------
@@ -352,14 +286,14 @@ def consume(
 
     Any failure rolls back all three writes. A repeated ``consumption_id`` returns the same dispatch.
     """
-    if consumer not in CONSUMERS:
+    consumed_by = choose(consumer, CONSUMERS)
+    if consumed_by is None:
         raise ValidationFailed("invalid consumer", field="consumer")
     validate_client_id(consumption_id, "consumption_id")
     validate_max_attempts(max_attempts)
-    row = tx.one("approval_lock", {"id": approval_id})
-    if row is None:
+    request = approval_store.lock_approval(tx, approval_id)
+    if request is None:
         raise NotFound("approval not found")
-    request = approval_from_row(row)
     if request.consumption_id is not None and request.dispatch_id is not None:
         if request.consumption_id == consumption_id and request.consumed_by == consumer:
             return get_dispatch(tx, request.dispatch_id)
@@ -374,7 +308,7 @@ def consume(
     if sha256_hex(request.action_plan) != request.action_digest:
         raise FenceConflict("the stored plan does not match its digest", reason="action_mismatch")
     project = auth.resolve_project(tx, request.project_id)
-    requester = _live_principal(tx, request.requested_by)
+    requester = auth_store.get_live_principal(tx, request.requested_by)
     if requester is None:
         raise PermissionDenied("the requester may no longer do this", permission=request.permission)
     role, fence = evaluate_policy(tx, requester, project)
@@ -383,19 +317,15 @@ def consume(
     if request.decided_by is None or request.decided_at_ms is None:
         raise Conflict("the approval has no decision")
     dispatch_id = new_id()
-    changed = tx.run(
-        "approval_consume",
-        {
-            "id": request.id,
-            "consumption_id": consumption_id,
-            "dispatch_id": dispatch_id,
-            "consumed_by": consumer,
-            "consumption_fence": fence,
-            "action_digest": request.action_digest,
-            "now": now,
-        },
+    consumed = approval_store.consume_approval(
+        tx,
+        request,
+        consumption_id=consumption_id,
+        dispatch_id=dispatch_id,
+        consumed_by=consumed_by,
+        consumption_fence=fence,
     )
-    if changed != 1:
+    if not consumed:
         raise Conflict("the approval changed concurrently")
     d_digest = dispatch_digest(
         dispatch_id=dispatch_id,
@@ -413,42 +343,36 @@ def consume(
         approval_fence=fence,
         created_at_ms=now,
     )
-    tx.run(
-        "aa_dispatch_insert",
-        {
-            "id": dispatch_id,
-            "approval_request_id": request.id,
-            "project_id": request.project_id,
-            "action_type": request.action_type,
-            "action_ref": request.action_ref,
-            "action_digest": request.action_digest,
-            "action_plan_json": request.action_plan,
-            "requested_by": request.requested_by,
-            "consumed_by": consumer,
-            "approved_by": request.decided_by,
-            "approved_at_ms": request.decided_at_ms,
-            "expires_at_ms": request.expires_at_ms,
-            "approval_fence": fence,
-            "dispatch_digest": d_digest,
-            "now": now,
-        },
+    dispatch = Dispatch(
+        id=dispatch_id,
+        approval_request_id=request.id,
+        approval_request_version=3,
+        project_id=request.project_id,
+        action_type=request.action_type,
+        action_ref=request.action_ref,
+        action_digest=request.action_digest,
+        action_plan=request.action_plan,
+        requested_by=request.requested_by,
+        consumed_by=consumed_by,
+        approved_by=request.decided_by,
+        approved_at_ms=request.decided_at_ms,
+        expires_at_ms=request.expires_at_ms,
+        approval_fence=fence,
+        dispatch_digest=d_digest,
+        created_at_ms=now,
     )
-    tx.run(
-        "aa_execution_insert",
-        {
-            "dispatch_id": dispatch_id,
-            "dispatch_digest": d_digest,
-            "project_id": request.project_id,
-            "max_attempts": max_attempts,
-            "execution_digest": execution_digest(
-                dispatch_id=dispatch_id,
-                dispatch_digest_hex=d_digest,
-                project_id=request.project_id,
-                max_attempts=max_attempts,
-                created_at_ms=now,
-            ),
-            "now": now,
-        },
+    action_store.insert_dispatch(tx, dispatch)
+    action_store.insert_execution(
+        tx,
+        dispatch=dispatch,
+        max_attempts=max_attempts,
+        execution_digest=execution_digest(
+            dispatch_id=dispatch_id,
+            dispatch_digest_hex=d_digest,
+            project_id=request.project_id,
+            max_attempts=max_attempts,
+            created_at_ms=now,
+        ),
     )
     tx.notify(APPROVED_ACTIONS_CHANNEL)
     return get_dispatch(tx, dispatch_id)
@@ -459,7 +383,7 @@ def unconsumed_approved(tx: Transaction, *, limit: int = 16) -> list[str]:
     loop in ``ql3 serve``)."""
     if not 1 <= limit <= 64:
         raise ValidationFailed("limit out of range", field="limit")
-    return [str(r["id"]) for r in tx.all("approval_unconsumed_page", {"now": tx.now_ms(), "limit": limit})]
+    return approval_store.unconsumed_approved_ids(tx, limit=limit)
 
 
 # -- read models --------------------------------------------------------------------------------
@@ -503,10 +427,10 @@ def approval_view(request: ApprovalRequest, now_ms: int) -> dict[str, Any]:
 
 
 def get_approval(tx: Transaction, project_id: str, approval_id: str) -> dict[str, Any]:
-    row = tx.one("approval_get_in_project", {"id": approval_id, "project_id": project_id})
-    if row is None:
+    found = approval_store.get_approval_in_project(tx, project_id, approval_id)
+    if found is None:
         raise NotFound("approval not found")
-    return approval_view(approval_from_row(row), tx.now_ms())
+    return approval_view(found, tx.now_ms())
 
 
 def list_approvals(
@@ -520,17 +444,15 @@ def list_approvals(
     """Newest first, keyset paginated by ``(requested_at_ms, id)``; ``state`` filters the stored state."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
-    if state is not None and state not in APPROVAL_STATES:
+    wanted = None if state is None else choose(state, APPROVAL_STATES)
+    if state is not None and wanted is None:
         raise ValidationFailed("invalid state", field="state")
-    params: dict[str, Any] = {"project_id": project_id, "limit": limit + 1, "state": state}
-    prefix = "approval_list_state" if state else "approval_list"
-    if cursor:
-        params["cursor_ms"], params["cursor_id"] = runs.decode_cursor(cursor)
-        found = tx.all(f"{prefix}_after", params)
-    else:
-        found = tx.all(f"{prefix}_first", params)
+    before = runs.decode_cursor(cursor) if cursor else None
+    found = approval_store.list_approvals(
+        tx, project_id=project_id, state=wanted, before=before, limit=limit + 1
+    )
     now = tx.now_ms()
-    page = [approval_from_row(r) for r in found[:limit]]
+    page = found[:limit]
     next_cursor = None
     if len(found) > limit and page:
         next_cursor = runs.encode_cursor(page[-1].requested_at_ms, page[-1].id)

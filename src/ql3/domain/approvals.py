@@ -56,6 +56,7 @@ HEX64_RE: Final = re.compile(r"^[0-9a-f]{64}$")
 ApprovalState = Literal["pending", "approved", "rejected", "consumed"]
 Decision = Literal["approve", "reject"]
 Risk = Literal["low", "medium", "high", "critical"]
+Consumer = Literal["system", "worker"]
 ExecutionStatus = Literal["pending", "leased", "executing", "retry_wait", "succeeded", "failed", "blocked"]
 Outcome = Literal["succeeded", "failed", "indeterminate"]
 RecoveryMode = Literal["automatic", "manual_only"]
@@ -70,10 +71,10 @@ Finding = Literal[
 ]
 ManualDecision = Literal["confirm_succeeded", "confirm_failed", "abandon_unknown"]
 
-APPROVAL_STATES: Final = ("pending", "approved", "rejected", "consumed")
-DECISIONS: Final = ("approve", "reject")
-RISKS: Final = ("low", "medium", "high", "critical")
-CONSUMERS: Final = ("system", "worker")
+APPROVAL_STATES: Final[tuple[ApprovalState, ...]] = ("pending", "approved", "rejected", "consumed")
+DECISIONS: Final[tuple[Decision, ...]] = ("approve", "reject")
+RISKS: Final[tuple[Risk, ...]] = ("low", "medium", "high", "critical")
+CONSUMERS: Final[tuple[Consumer, ...]] = ("system", "worker")
 OUTCOMES: Final = ("succeeded", "failed", "indeterminate")
 FINDINGS: Final = (
     "verified_succeeded",
@@ -220,21 +221,21 @@ class ApprovalRequest:
     id: str
     project_id: str
     version: int
-    state: str
+    state: ApprovalState
     permission: str
     action_type: str
     action_ref: str
     action_digest: str
     action_plan: str = field(repr=False)
     preview_digest: str
-    risk: str
+    risk: Risk
     requested_by: str
     requested_at_ms: int
     expires_at_ms: int
     request_fence: str
     request_digest: str
     decision_id: str | None = None
-    decision: str | None = None
+    decision: Decision | None = None
     reason_code: str | None = None
     decision_note: str | None = None
     decided_by: str | None = None
@@ -242,7 +243,7 @@ class ApprovalRequest:
     decision_fence: str | None = None
     consumption_id: str | None = None
     dispatch_id: str | None = None
-    consumed_by: str | None = None
+    consumed_by: Consumer | None = None
     consumed_at_ms: int | None = None
     consumption_fence: str | None = None
     updated_at_ms: int = 0
@@ -268,7 +269,7 @@ class Dispatch:
     action_digest: str
     action_plan: str = field(repr=False)
     requested_by: str
-    consumed_by: str
+    consumed_by: Consumer
     approved_by: str
     approved_at_ms: int
     expires_at_ms: int

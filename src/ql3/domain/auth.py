@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from ql3.domain.choices import choose
+
 Role = Literal["viewer", "operator", "approver", "admin"]
 ROLES: Final[tuple[Role, ...]] = ("viewer", "operator", "approver", "admin")
 # A user signs in by hand, a service is a user's automation, a worker credential serves the worker API.
@@ -35,7 +37,7 @@ PERMISSIONS: Final[dict[str, frozenset[str]]] = {
 
 def as_role(value: object) -> Role | None:
     """``value`` as the role it names, or None when it names none."""
-    return next((role for role in ROLES if role == value), None)
+    return choose(value, ROLES)
 
 
 def role_allows(role: str, permission: str) -> bool:

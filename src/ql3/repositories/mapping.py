@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from ql3.domain.choices import choose
+
 L = TypeVar("L", bound=str)
 
 
@@ -18,7 +20,7 @@ def one_of(value: object, allowed: tuple[L, ...], column: str) -> L:
     A value outside ``allowed`` means the schema and the code disagree: it is refused with the column
     name rather than passed on as an unexpected state.
     """
-    for option in allowed:
-        if value == option:
-            return option
-    raise ValueError(f"unexpected {column} value in storage")
+    found = choose(value, allowed)
+    if found is None:
+        raise ValueError(f"unexpected {column} value in storage")
+    return found
