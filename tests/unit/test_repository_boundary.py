@@ -24,7 +24,6 @@ NOT_YET_MIGRATED = {
     "application/cancellation_supervisor.py",
     "application/dispatcher.py",
     "application/leases.py",
-    "application/lookup.py",
     "application/metrics.py",
     "application/notifications.py",
     "application/outcome_metrics.py",
@@ -32,11 +31,8 @@ NOT_YET_MIGRATED = {
     "application/run_queries.py",
     "application/runs.py",
     "application/workers.py",
-    "cli/control.py",
     "cluster/pull.py",
     "cluster/stops.py",
-    "http/app.py",
-    "http/routes/runs.py",
 }
 
 

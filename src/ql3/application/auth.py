@@ -283,3 +283,10 @@ def bootstrap_owner(tx: Transaction) -> IssuedToken | None:
     project_store.insert_project(tx, project_id=new_id(), name=DEFAULT_PROJECT)
     project = resolve_project(tx, DEFAULT_PROJECT)
     return issue_token(tx, name="owner", role="admin", project=project, owner=True)
+
+
+def bootstrap_cluster_owner(tx: Transaction) -> IssuedToken | None:
+    """``bootstrap_owner`` for replicas that may all be starting for the first time: under the
+    bootstrap lock, so concurrent first starts create one owner."""
+    auth_store.take_bootstrap_lock(tx)
+    return bootstrap_owner(tx)

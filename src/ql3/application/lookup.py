@@ -1,27 +1,16 @@
-"""Ids by unique prefix, and the names of principals, for readable CLI output."""
+"""Ids by unique prefix, the names of principals, and a run's attempt by its number: what readable
+CLI output and the run routes look up."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final
-
+from ql3.application import runs
 from ql3.domain.errors import NotFound
 from ql3.domain.lookup import MAX_CANDIDATES, AmbiguousPrefix, PrefixNotFound, validate_prefix
+from ql3.domain.model import Attempt
 from ql3.ports.storage import Transaction
-
-_QUERIES: Final[dict[str, str]] = {
-    "run": "lookup_run_ids",
-    "approval": "lookup_approval_ids",
-    "action": "lookup_action_ids",
-    "task": "lookup_task_ids",
-}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PrincipalName:
-    id: str
-    name: str
-    kind: str
+from ql3.repositories import lookups as lookup_store
+from ql3.repositories import runs as run_store
+from ql3.repositories.lookups import PrincipalName as PrincipalName
 
 
 def resolve_prefix(tx: Transaction, project_id: str, kind: str, prefix: str) -> str:
@@ -31,11 +20,9 @@ def resolve_prefix(tx: Transaction, project_id: str, kind: str, prefix: str) -> 
     candidates in its details) when several do. Reads at most ``MAX_CANDIDATES + 1`` rows.
     """
     value = validate_prefix(prefix)
-    rows = tx.all(
-        _QUERIES[kind],
-        {"project_id": project_id, "n": len(value), "prefix": value, "limit": MAX_CANDIDATES + 1},
+    ids = lookup_store.ids_with_prefix(
+        tx, kind, project_id=project_id, prefix=value, limit=MAX_CANDIDATES + 1
     )
-    ids = [str(r["id"]) for r in rows]
     if not ids:
         raise PrefixNotFound(f"no {kind} id starts with that prefix", kind=kind)
     if len(ids) > 1:
@@ -50,7 +37,18 @@ def resolve_prefix(tx: Transaction, project_id: str, kind: str, prefix: str) -> 
 
 def principal_name(tx: Transaction, project_id: str, principal_id: str) -> PrincipalName:
     """The name and kind of a principal that has a role in the project (or is the owner)."""
-    row = tx.one("lookup_principal_name", {"id": principal_id, "project_id": project_id})
-    if row is None:
+    found = lookup_store.principal_name(tx, project_id=project_id, principal_id=principal_id)
+    if found is None:
         raise NotFound("principal not found")
-    return PrincipalName(id=str(row["id"]), name=str(row["name"]), kind=str(row["kind"]))
+    return found
+
+
+def attempt_of(tx: Transaction, run_id: str, number: int | None) -> Attempt | None:
+    """The run's attempt with this number, or its latest one (None before it has any) when
+    ``number`` is None. A number the run never had is ``NotFound``."""
+    if number is None:
+        return runs.latest_attempt(tx, run_id)
+    for attempt in run_store.list_attempts(tx, run_id):
+        if attempt.attempt == number:
+            return attempt
+    raise NotFound("attempt not found")

@@ -27,7 +27,6 @@ from ql3.cli.private import private_umask, require_private_home
 from ql3.cli.server import _ignore, bind_listener, first_start_message
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.workers import validate_worker_id
-from ql3.ports.storage import Transaction
 
 EPILOG: Final = """\
 a cluster by hand (docs/cluster.md):
@@ -113,12 +112,7 @@ def _control(
     db = open_database(settings.database_url)
     try:
         db.migrate()  # under PostgreSQL's advisory lock: concurrent first starts serialise
-
-        def bootstrap(tx: Transaction) -> auth.IssuedToken | None:
-            tx.one("cluster_bootstrap_lock")  # concurrent first starts create one owner
-            return auth.bootstrap_owner(tx)
-
-        issued = db.transaction(bootstrap)
+        issued = db.transaction(auth.bootstrap_cluster_owner)
         url = _url(host, port, args.tls_cert is not None)
         creds = credentials_path(settings.home)
         if issued is not None:

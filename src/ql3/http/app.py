@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 import ql3
+from ql3.application.health import schema_version as applied_schema_version
 from ql3.console import routes as console
 from ql3.domain.errors import Ql3Error
 from ql3.http import errors, metrics
@@ -23,7 +24,7 @@ from ql3.http.dto import ErrorOut, Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
 from ql3.http.routes import notifications as notification_routes
-from ql3.ports.storage import Database, Transaction
+from ql3.ports.storage import Database
 
 log = logging.getLogger("ql3.http")
 
@@ -85,13 +86,8 @@ def _full_disks(paths: Sequence[Path]) -> list[dict[str, Any]]:
 def _readiness(
     db: Database, loops: Sequence[Any], disk_paths: Sequence[Path], schema_version: int | None
 ) -> Readiness | JSONResponse:
-    def probe(tx: Transaction) -> int:
-        tx.now_ms()
-        row = tx.one("schema_applied_version")
-        return int(row["version"]) if row else 0
-
     try:
-        applied = db.transaction(probe, write=False)
+        applied = db.transaction(applied_schema_version, write=False)
     except Ql3Error as exc:
         return JSONResponse(errors.error_body(exc.code, exc.message), status_code=503)
     schema = None

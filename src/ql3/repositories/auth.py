@@ -163,6 +163,12 @@ def rotate_principal_token(
     return tx.run("principal_rotate", {**params, "now": tx.now_ms()}) == 1
 
 
+def take_bootstrap_lock(tx: Transaction) -> None:
+    """Serialise first starts until this transaction ends (PostgreSQL: a transaction-scoped advisory
+    lock; SQLite's write lock already serialises them)."""
+    tx.one("cluster_bootstrap_lock")
+
+
 def count_owners(tx: Transaction) -> int:
     row = tx.one("principal_count_owners")
     return 0 if row is None else int(row["n"])

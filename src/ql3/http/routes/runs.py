@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from ql3.application import attempt_logs, auth, rows, run_queries, runs, tasks, workers
+from ql3.application import attempt_logs, auth, lookup, run_queries, runs, tasks, workers
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
 from ql3.domain.model import Attempt
@@ -127,15 +127,6 @@ def list_events(
     return db.transaction(unit, write=False)
 
 
-def _attempt(tx: Transaction, run_id: str, number: int | None) -> Attempt | None:
-    if number is None:
-        return runs.latest_attempt(tx, run_id)
-    for row in tx.all("attempt_list", {"run_id": run_id}):
-        if int(row["attempt"]) == number:
-            return rows.attempt(row)
-    raise NotFound("attempt not found")
-
-
 @router.get("/{run_id}/logs", response_model=LogPage)
 def read_logs(
     project: str,
@@ -156,7 +147,7 @@ def read_logs(
         found = auth.authorize(tx, principal, project, "run.read")
         run = runs.get_run(tx, found.id, _run_id(run_id))
         terminal = is_run_terminal(run.status)
-        chosen = _attempt(tx, run.id, attempt)
+        chosen = lookup.attempt_of(tx, run.id, attempt)
         page = None
         if chosen is not None:
             page = _stored_page(tx, chosen, terminal, offset, max_bytes, local=logs_root is not None)
@@ -234,7 +225,7 @@ def read_raw_log(
     def unit(tx: Transaction) -> tuple[str, Attempt | None]:
         found = auth.authorize(tx, principal, project, "run.read")
         run = runs.get_run(tx, found.id, _run_id(run_id))
-        return run.id, _attempt(tx, run.id, attempt)
+        return run.id, lookup.attempt_of(tx, run.id, attempt)
 
     found_id, chosen = db.transaction(unit, write=False)
     shipped = None
