@@ -73,7 +73,9 @@ def visible_projects(
     The cursor follows what was scanned, not what was shown, so a page is always bounded.
     """
     scanned = project_store.list_projects(tx, after=after, limit=limit)
-    visible = [(project, role) for project in scanned if (role := role_in(tx, principal, project))]
+    visible = [
+        (project, role) for project in scanned if (role := role_in(tx, principal, project)) is not None
+    ]
     return visible, scanned[-1].name if len(scanned) == limit else None
 
 
