@@ -19,7 +19,9 @@ from ql3.domain.approvals import (
     RUN_CREATE,
     ApprovalExpired,
     ApprovalRequest,
+    Consumer,
     Dispatch,
+    RunCreatePlan,
     approval_request_digest,
     build_run_create_plan,
     dispatch_digest,
@@ -147,39 +149,15 @@ def request_run_approval(
     )
     stored = approval_store.get_approval(tx, approval_id)
     if stored is None:
-        now = tx.now_ms()
-        expires = now + ttl_ms
-        new = ApprovalRequest(
-            id=approval_id,
+        new = _new_run_approval(
+            approval_id,
             project_id=project.id,
-            version=1,
-            state="pending",
-            permission="run.create",
-            action_type=RUN_CREATE,
-            action_ref=plan.action_ref,
-            action_digest=action_digest,
-            action_plan=plan.canonical(),
-            preview_digest=preview,
-            risk="medium",
             requested_by=requester.id,
-            requested_at_ms=now,
-            expires_at_ms=expires,
-            request_fence=fence,
-            request_digest=approval_request_digest(
-                approval_id=approval_id,
-                project_id=project.id,
-                permission="run.create",
-                action_type=RUN_CREATE,
-                action_ref=plan.action_ref,
-                action_digest=action_digest,
-                preview_digest=preview,
-                risk="medium",
-                requested_by=requester.id,
-                requested_at_ms=now,
-                expires_at_ms=expires,
-                request_fence=fence,
-            ),
-            updated_at_ms=now,
+            plan=plan,
+            preview=preview,
+            fence=fence,
+            now=tx.now_ms(),
+            ttl_ms=ttl_ms,
         )
         if approval_store.insert_approval(tx, new):
             tx.notify(APPROVED_ACTIONS_CHANNEL)
@@ -199,6 +177,54 @@ def request_run_approval(
     if not same:
         raise IdempotencyConflict("the approval id was already used for a different request")
     return stored
+
+
+def _new_run_approval(
+    approval_id: str,
+    *,
+    project_id: str,
+    requested_by: str,
+    plan: RunCreatePlan,
+    preview: str,
+    fence: str,
+    now: int,
+    ttl_ms: int,
+) -> ApprovalRequest:
+    """A ``pending@1`` request to run ``plan``, made at ``now``, with its request digest."""
+    expires = now + ttl_ms
+    action_digest = plan.digest()
+    return ApprovalRequest(
+        id=approval_id,
+        project_id=project_id,
+        version=1,
+        state="pending",
+        permission="run.create",
+        action_type=RUN_CREATE,
+        action_ref=plan.action_ref,
+        action_digest=action_digest,
+        action_plan=plan.canonical(),
+        preview_digest=preview,
+        risk="medium",
+        requested_by=requested_by,
+        requested_at_ms=now,
+        expires_at_ms=expires,
+        request_fence=fence,
+        request_digest=approval_request_digest(
+            approval_id=approval_id,
+            project_id=project_id,
+            permission="run.create",
+            action_type=RUN_CREATE,
+            action_ref=plan.action_ref,
+            action_digest=action_digest,
+            preview_digest=preview,
+            risk="medium",
+            requested_by=requested_by,
+            requested_at_ms=now,
+            expires_at_ms=expires,
+            request_fence=fence,
+        ),
+        updated_at_ms=now,
+    )
 
 
 # -- decide -------------------------------------------------------------------------------------
@@ -307,6 +333,37 @@ def consume(
         raise FenceConflict("the action differs from the approved one", reason="action_mismatch")
     if sha256_hex(request.action_plan) != request.action_digest:
         raise FenceConflict("the stored plan does not match its digest", reason="action_mismatch")
+    fence = _requester_policy_fence(tx, request)
+    dispatch = _new_dispatch(request, dispatch_id=new_id(), consumed_by=consumed_by, fence=fence, now=now)
+    consumed = approval_store.consume_approval(
+        tx,
+        request,
+        consumption_id=consumption_id,
+        dispatch_id=dispatch.id,
+        consumed_by=consumed_by,
+        consumption_fence=fence,
+    )
+    if not consumed:
+        raise Conflict("the approval changed concurrently")
+    action_store.insert_dispatch(tx, dispatch)
+    action_store.insert_execution(
+        tx,
+        dispatch=dispatch,
+        max_attempts=max_attempts,
+        execution_digest=execution_digest(
+            dispatch_id=dispatch.id,
+            dispatch_digest_hex=dispatch.dispatch_digest,
+            project_id=request.project_id,
+            max_attempts=max_attempts,
+            created_at_ms=now,
+        ),
+    )
+    tx.notify(APPROVED_ACTIONS_CHANNEL)
+    return get_dispatch(tx, dispatch.id)
+
+
+def _requester_policy_fence(tx: Transaction, request: ApprovalRequest) -> str:
+    """The policy fence under which the requester, still live, still holds the request's permission."""
     project = auth.resolve_project(tx, request.project_id)
     requester = auth_store.get_live_principal(tx, request.requested_by)
     if requester is None:
@@ -314,19 +371,15 @@ def consume(
     role, fence = evaluate_policy(tx, requester, project)
     if role is None or not role_allows(role, request.permission):
         raise PermissionDenied("the requester may no longer do this", permission=request.permission)
+    return fence
+
+
+def _new_dispatch(
+    request: ApprovalRequest, *, dispatch_id: str, consumed_by: Consumer, fence: str, now: int
+) -> Dispatch:
+    """The immutable dispatch of a decided request consumed at ``now``, with its digest."""
     if request.decided_by is None or request.decided_at_ms is None:
         raise Conflict("the approval has no decision")
-    dispatch_id = new_id()
-    consumed = approval_store.consume_approval(
-        tx,
-        request,
-        consumption_id=consumption_id,
-        dispatch_id=dispatch_id,
-        consumed_by=consumed_by,
-        consumption_fence=fence,
-    )
-    if not consumed:
-        raise Conflict("the approval changed concurrently")
     d_digest = dispatch_digest(
         dispatch_id=dispatch_id,
         approval_request_id=request.id,
@@ -336,14 +389,14 @@ def consume(
         action_ref=request.action_ref,
         action_digest=request.action_digest,
         requested_by=request.requested_by,
-        consumed_by=consumer,
+        consumed_by=consumed_by,
         approved_by=request.decided_by,
         approved_at_ms=request.decided_at_ms,
         expires_at_ms=request.expires_at_ms,
         approval_fence=fence,
         created_at_ms=now,
     )
-    dispatch = Dispatch(
+    return Dispatch(
         id=dispatch_id,
         approval_request_id=request.id,
         approval_request_version=3,
@@ -361,21 +414,6 @@ def consume(
         dispatch_digest=d_digest,
         created_at_ms=now,
     )
-    action_store.insert_dispatch(tx, dispatch)
-    action_store.insert_execution(
-        tx,
-        dispatch=dispatch,
-        max_attempts=max_attempts,
-        execution_digest=execution_digest(
-            dispatch_id=dispatch_id,
-            dispatch_digest_hex=d_digest,
-            project_id=request.project_id,
-            max_attempts=max_attempts,
-            created_at_ms=now,
-        ),
-    )
-    tx.notify(APPROVED_ACTIONS_CHANNEL)
-    return get_dispatch(tx, dispatch_id)
 
 
 def unconsumed_approved(tx: Transaction, *, limit: int = 16) -> list[str]:
