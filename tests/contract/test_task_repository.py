@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
+from typing import Any
 
+import pytest
+
+from ql3.application import tasks
 from ql3.application.cron import CronScheduler
+from ql3.application.tasks import TaskView
+from ql3.domain.errors import Conflict
 from ql3.repositories import tasks as task_store
 from tests.support.builders import count, seed_project, seed_task
 from tests.support.databases import Harness
@@ -65,3 +72,49 @@ def test_a_deleted_task_is_not_live_and_its_due_schedule_admits_nothing(harness:
         write=False,
     )
     assert found == (None, None, None)
+
+
+def test_a_toggle_racing_an_edit_on_another_connection_is_refused_and_writes_nothing(
+    pg_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL only: SQLite serialises writers (a stale write is retried from scratch there).
+    harness = pg_harness
+    project = seed_project(harness.db)
+    task = seed_task(harness.db, project, command="echo one")
+    other = harness.second_connection()
+    read = threading.Event()
+    edited = threading.Event()
+    main = threading.current_thread()
+    real_update = task_store.update_task
+    outcome: list[BaseException | TaskView] = []
+
+    def update_after_the_edit(tx: Any, current: Any, **kw: Any) -> bool:
+        if threading.current_thread() is not main:
+            read.set()  # the toggle has read the task and is about to write it
+            assert edited.wait(30)
+        return real_update(tx, current, **kw)
+
+    monkeypatch.setattr(task_store, "update_task", update_after_the_edit)
+
+    def toggle() -> None:
+        try:
+            outcome.append(harness.db.transaction(lambda tx: tasks.set_enabled(tx, project.id, "job", False)))
+        except BaseException as exc:  # reported by the main thread
+            outcome.append(exc)
+
+    # Given a toggle that read revision 1 on one connection
+    thread = threading.Thread(target=toggle)
+    thread.start()
+    try:
+        assert read.wait(30)
+        # When an edit publishes revision 2 on another connection before the toggle writes
+        other.transaction(lambda tx: tasks.edit_task(tx, project.id, "job", {"command": "echo two"}))
+    finally:
+        edited.set()
+        thread.join(30)
+        other.close()
+
+    # Then the toggle's compare-and-set refuses it: a conflict, and the edit stands enabled
+    assert len(outcome) == 1 and isinstance(outcome[0], Conflict)
+    now = harness.db.transaction(lambda tx: task_store.get_task(tx, project.id, task.id), write=False)
+    assert now is not None and (now.revision, now.enabled) == (2, True)
