@@ -11,6 +11,7 @@ from ql3.domain.journal import (
     RECOVERY_REASONS,
     REQUIRED_FIELDS,
     STATES,
+    TERMINAL_STATES,
     JournalInvalid,
     JournalOffer,
 )
@@ -123,3 +124,11 @@ def check_step(
         check_int(executor_started_at_ms, 0, MAX_INT64, "executor_started_at_invalid")
     if recovery_reason is not None and recovery_reason not in RECOVERY_REASONS:
         raise JournalInvalid(reason="recovery_reason_invalid")
+
+
+def check_via(via: str | None, to_state: str, *, prune: bool) -> None:
+    """``advance``'s shortcuts: a ``via`` state that takes no fields; ``prune`` only into a settled state."""
+    if via is not None and (via not in STATES or via in REQUIRED_FIELDS):
+        raise JournalInvalid(reason="via_invalid")
+    if type(prune) is not bool or (prune and to_state not in TERMINAL_STATES):
+        raise JournalInvalid(reason="prune_not_settled")

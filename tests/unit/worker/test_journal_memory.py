@@ -1,0 +1,292 @@
+"""The journal keeps its unsettled records in memory: read and unsealed once, changed only by what it
+commits, never trusted over the file's compare-and-set; and the two shortcuts of ``advance`` (``via``,
+``prune``) that save a commit per step they merge."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ql3.domain.journal import (
+    JournalConflict,
+    JournalInvalid,
+    JournalRecord,
+    JournalState,
+    JournalUnavailable,
+)
+from ql3.worker.journal.seal import TokenSeal
+from ql3.worker.journal.store import WorkerJournal
+from tests.support.journal_builders import LEASE_TOKEN, STEP_FIELDS, Clock, make_offer, walk
+
+# What the file holds of a record, column for column with the record's fields.
+_COLUMNS = (
+    "state",
+    "revision",
+    "updated_at_ms",
+    "executor_started_at_ms",
+    "log_artifact_id",
+    "completion_callback_sequence",
+    "completion_token_digest",
+    "executor_handle",
+    "recovery_reason",
+    "completion_acknowledged_at_ms",
+)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "journal.db"
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def journal(path: Path, clock: Clock) -> Iterator[WorkerJournal]:
+    with WorkerJournal.open(path, clock=clock) as j:
+        yield j
+
+
+def _file_row(path: Path, offer_id: str) -> tuple[Any, ...] | None:
+    probe = sqlite3.connect(path)
+    try:
+        row: tuple[Any, ...] | None = probe.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM journal WHERE offer_id = ?", (offer_id,)
+        ).fetchone()
+        return row
+    finally:
+        probe.close()
+
+
+def _fields(record: JournalRecord) -> tuple[Any, ...]:
+    return tuple(getattr(record, name) for name in _COLUMNS)
+
+
+def _launch(journal: WorkerJournal, record: JournalRecord) -> JournalRecord:
+    return journal.advance(
+        record.offer_id,
+        expected_revision=record.revision,
+        to_state="launching",
+        via="starting_acknowledged",
+        **STEP_FIELDS["launching"],
+    )
+
+
+class _FailingCommit:
+    """The journal's connection, except that COMMIT fails (a full disk, an I/O error)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql == "COMMIT":
+            raise sqlite3.OperationalError("disk I/O error")
+        return self._conn.execute(sql, *args)
+
+
+def test_what_is_read_after_every_step_is_what_the_file_holds(
+    journal: WorkerJournal, path: Path, clock: Clock
+) -> None:
+    # Given an offer walked through its whole life, with the clock moving between the steps
+    record = journal.accept(make_offer(lease_token=LEASE_TOKEN)).record
+    for state in ("launching", "started", "running_acknowledged"):
+        clock.now += 7
+        record = _launch(journal, record) if state == "launching" else walk(journal, record.offer_id, state)
+
+        # Then each time the record read back is exactly the row committed to the file
+        read = journal.get(record.offer_id)
+        assert read == record
+        assert _file_row(path, record.offer_id) == _fields(record)
+        assert journal.find_by_attempt(record.attempt_id) == record
+        assert read is not None and read.lease_token == LEASE_TOKEN
+
+    # And the settled record is gone from both at once
+    settled = journal.advance(
+        record.offer_id,
+        expected_revision=record.revision,
+        to_state="completion_acknowledged",
+        prune=True,
+    )
+    assert settled.state == "completion_acknowledged"
+    assert journal.get(record.offer_id) is None
+    assert journal.find_by_attempt(record.attempt_id) is None
+    assert _file_row(path, record.offer_id) is None
+
+
+def test_a_record_is_unsealed_once_however_often_it_is_read_or_advanced(
+    path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a journal file holding a record with a sealed lease token, opened again
+    with WorkerJournal.open(path, clock=clock) as first:
+        first.accept(make_offer(lease_token=LEASE_TOKEN))
+    unsealed: list[str] = []
+    real_unseal = TokenSeal.unseal
+
+    def counting_unseal(self: TokenSeal, offer_id: str, sealed: str) -> str:
+        unsealed.append(offer_id)
+        return real_unseal(self, offer_id, sealed)
+
+    monkeypatch.setattr(TokenSeal, "unseal", counting_unseal)
+    with WorkerJournal.open(path, clock=clock) as journal:
+        # When it is read and advanced through every step of a run
+        record = journal.get("offer-1")
+        assert record is not None
+        record = _launch(journal, record)
+        record = walk(journal, "offer-1", "started", "running_acknowledged")
+        assert journal.find_by_attempt(record.attempt_id) == record
+        assert journal.page() == [record]
+
+        # Then its token was unsealed exactly once, on the first read, and is still the right one
+        assert unsealed == ["offer-1"]
+        assert record.lease_token == LEASE_TOKEN
+
+
+def test_a_failed_commit_changes_nothing_the_journal_reads_back(journal: WorkerJournal, path: Path) -> None:
+    # Given an accepted record, and a connection whose next commit fails
+    record = journal.accept(make_offer()).record
+    healthy = journal._conn
+    journal._conn = _FailingCommit(healthy)  # type: ignore[assignment]
+
+    # When the journal tries to advance it
+    with pytest.raises(JournalUnavailable):
+        walk(journal, record.offer_id, "starting_acknowledged")
+    journal._conn = healthy
+
+    # Then the record read back is still the accepted one, as in the file, and the step can be retried
+    assert journal.get(record.offer_id) == record
+    assert _file_row(path, record.offer_id) == _fields(record)
+    again = walk(journal, record.offer_id, "starting_acknowledged")
+    assert again.revision == record.revision + 1
+
+
+def test_a_record_changed_behind_the_journal_is_never_overwritten_from_memory(
+    journal: WorkerJournal, path: Path
+) -> None:
+    # Given a record the journal has in memory, changed in the file by another writer
+    record = journal.accept(make_offer()).record
+    other = sqlite3.connect(path)
+    try:
+        other.execute("UPDATE journal SET revision = revision + 1 WHERE offer_id = ?", (record.offer_id,))
+        other.commit()
+    finally:
+        other.close()
+    before = _file_row(path, record.offer_id)
+
+    # When the journal advances it from the revision it remembers
+    with pytest.raises(JournalConflict) as caught:
+        walk(journal, record.offer_id, "starting_acknowledged")
+
+    # Then the compare-and-set in the file refused it, nothing was written, and the file is read again
+    assert caught.value.details["reason"] == "stale_revision"
+    assert _file_row(path, record.offer_id) == before
+    reread = journal.get(record.offer_id)
+    assert reread is not None and reread.revision == record.revision + 1
+
+
+def test_via_passes_through_a_state_in_the_launching_barriers_own_fsynced_commit(
+    journal: WorkerJournal, path: Path
+) -> None:
+    # Given a trace of every statement the journal sends to SQLite
+    record = journal.accept(make_offer()).record
+    statements: list[str] = []
+    journal._conn.set_trace_callback(statements.append)
+
+    # When an accepted record goes to launching through starting_acknowledged
+    launched = _launch(journal, record)
+
+    # Then both transitions were one commit, made under synchronous=FULL, with two revisions
+    assert statements.count("COMMIT") == 1
+    assert statements[0] == "PRAGMA synchronous = FULL"
+    assert statements.index("COMMIT") < statements.index("PRAGMA synchronous = NORMAL")
+    assert (launched.state, launched.revision) == ("launching", record.revision + 2)
+    assert _file_row(path, record.offer_id) == _fields(launched)
+
+
+@pytest.mark.parametrize(
+    ("via", "to_state", "reason"),
+    [
+        ("launching", "started", "via_invalid"),  # a state that takes fields
+        ("not_a_state", "launching", "via_invalid"),
+    ],
+)
+def test_via_is_refused_for_a_state_with_fields_or_none(
+    journal: WorkerJournal, path: Path, via: Any, to_state: Any, reason: str
+) -> None:
+    record = journal.accept(make_offer()).record
+    with pytest.raises(JournalInvalid) as caught:
+        journal.advance(record.offer_id, expected_revision=record.revision, to_state=to_state, via=via)
+    assert caught.value.details["reason"] == reason
+    assert _file_row(path, record.offer_id) == _fields(record)
+
+
+def test_via_must_be_a_legal_path_of_two_transitions(journal: WorkerJournal, path: Path) -> None:
+    # Given an accepted record
+    record = journal.accept(make_offer()).record
+
+    # When it is asked to reach launching through start_failed (accepted -> start_failed is legal,
+    # start_failed -> launching is not), or to reach a state that does not follow the via state
+    paths: list[tuple[JournalState, JournalState]] = [
+        ("start_failed", "launching"),
+        ("starting_acknowledged", "started"),
+    ]
+    for via, to_state in paths:
+        with pytest.raises(JournalConflict) as caught:
+            journal.advance(
+                record.offer_id,
+                expected_revision=record.revision,
+                to_state=to_state,
+                via=via,
+                **STEP_FIELDS.get(to_state, {}),
+            )
+        # Then it is refused and nothing was written
+        assert caught.value.details["reason"] == "invalid_transition"
+    assert _file_row(path, record.offer_id) == _fields(record)
+    assert journal.get(record.offer_id) == record
+
+
+def test_prune_settles_and_deletes_in_one_commit_and_only_a_settled_state(
+    journal: WorkerJournal, path: Path
+) -> None:
+    # Given a running record
+    record = journal.accept(make_offer()).record
+    record = walk(journal, record.offer_id, "starting_acknowledged", "launching", "started")
+
+    # When it is pruned on a step that does not settle it, it is refused and nothing is written
+    with pytest.raises(JournalInvalid) as caught:
+        journal.advance(
+            record.offer_id, expected_revision=record.revision, to_state="running_acknowledged", prune=True
+        )
+    assert caught.value.details["reason"] == "prune_not_settled"
+    assert _file_row(path, record.offer_id) == _fields(record)
+
+    # When it is acknowledged complete with prune, from a stale revision, it is refused too
+    with pytest.raises(JournalConflict):
+        journal.advance(
+            record.offer_id,
+            expected_revision=record.revision - 1,
+            to_state="completion_acknowledged",
+            prune=True,
+        )
+    assert _file_row(path, record.offer_id) == _fields(record)
+
+    # Then with its revision: one commit settles it and deletes it
+    statements: list[str] = []
+    journal._conn.set_trace_callback(statements.append)
+    settled = journal.advance(
+        record.offer_id, expected_revision=record.revision, to_state="completion_acknowledged", prune=True
+    )
+    journal._conn.set_trace_callback(None)
+    assert statements.count("COMMIT") == 1
+    assert settled.state == "completion_acknowledged" and settled.completion_acknowledged_at_ms is not None
+    assert _file_row(path, record.offer_id) is None
+    assert journal.get(record.offer_id) is None
