@@ -169,11 +169,14 @@ def test_a_failed_commit_changes_nothing_the_journal_reads_back(journal: WorkerJ
     assert again.revision == record.revision + 1
 
 
+@pytest.mark.parametrize("to_state", ["starting_acknowledged", "completion_acknowledged"])
 def test_a_record_changed_behind_the_journal_is_never_overwritten_from_memory(
-    journal: WorkerJournal, path: Path
+    journal: WorkerJournal, path: Path, to_state: JournalState
 ) -> None:
     # Given a record the journal has in memory, changed in the file by another writer
     record = journal.accept(make_offer()).record
+    if to_state == "completion_acknowledged":
+        record = walk(journal, record.offer_id, "starting_acknowledged", "launching", "started")
     other = sqlite3.connect(path)
     try:
         other.execute("UPDATE journal SET revision = revision + 1 WHERE offer_id = ?", (record.offer_id,))
@@ -182,9 +185,14 @@ def test_a_record_changed_behind_the_journal_is_never_overwritten_from_memory(
         other.close()
     before = _file_row(path, record.offer_id)
 
-    # When the journal advances it from the revision it remembers
+    # When the journal advances it from the revision it remembers (settling and deleting it, or not)
     with pytest.raises(JournalConflict) as caught:
-        walk(journal, record.offer_id, "starting_acknowledged")
+        journal.advance(
+            record.offer_id,
+            expected_revision=record.revision,
+            to_state=to_state,
+            prune=to_state == "completion_acknowledged",
+        )
 
     # Then the compare-and-set in the file refused it, nothing was written, and the file is read again
     assert caught.value.details["reason"] == "stale_revision"
