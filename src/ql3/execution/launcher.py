@@ -1,10 +1,11 @@
 """Start commands under the per-attempt shim, and reap the shims from one watcher thread.
 
 Per run the cost is one ``posix_spawn`` of ``/bin/sh`` (the shim, which is the new session's and
-process group's leader), one fork+exec for the command (``/bin/sh -c`` for a shell command, the program
-itself for an argv command) and one fork+exec of ``ln`` to publish the receipt: no Python interpreter is
-ever started per run. The shim lives outside this process, so if the worker
-dies the command keeps running, its log keeps growing and its receipt is still published.
+process group's leader) and one fork+exec for the command (``/bin/sh -c`` for a shell command, the
+program itself for an argv command); the shim writes the receipt itself, with no further process
+(``shim.sh``, ``receipts.py``): no Python interpreter is ever started per run. The shim lives outside
+this process, so if the worker dies the command keeps running, its log keeps growing and its receipt
+is still published.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ql3.execution.receipts import (
     launch_identity_path,
     receipt_path,
     receipt_prefix,
-    receipt_temp_path,
 )
 from ql3.execution.run_as import TaskUser, TaskUsers
 from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, LaunchRequest, ShellCommand
@@ -71,7 +71,6 @@ class Launched:
     pidfd: int
     log_path: Path
     log_cap_bytes: int
-    receipt_temp_path: Path
     receipt_path: Path
 
 
@@ -95,7 +94,6 @@ class LocalLauncher:
         self._users = task_users if task_users is not None else TaskUsers(default=run_as)
         self._script = resources.files("ql3.execution").joinpath("shim.sh").read_text("utf-8")
         self._boot_id = read_boot_id()
-        self._ln = _find_tool("ln")
         self._sync = _find_tool("sync") if durable_receipts else ""
         self._home = _home_directory()
         self._sigdef = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
@@ -166,7 +164,6 @@ class LocalLauncher:
             pidfd=pidfd,
             log_path=log_path,
             log_cap_bytes=request.log_cap_bytes,
-            receipt_temp_path=receipt_temp_path(receipt_dir, request.attempt_id),
             receipt_path=receipt_path(receipt_dir, request.attempt_id),
         )
 
@@ -199,10 +196,8 @@ class LocalLauncher:
             "QL3_SHIM_SH": self._shell,
             "QL3_SHIM_HEAD": _prefix(request),
             "QL3_SHIM_STARTED": str(request.started_at_ms),
-            "QL3_SHIM_TMP": str(receipt_temp_path(receipt_dir, request.attempt_id)),
             "QL3_SHIM_DST": str(receipt_path(receipt_dir, request.attempt_id)),
             "QL3_SHIM_DIR": str(receipt_dir),
-            "QL3_SHIM_LN": self._ln,
             "QL3_SHIM_SYNC": self._sync,
             "QL3_SHIM_BOOT": self._boot_id,
             "QL3_SHIM_UMASK": self._umask,
@@ -376,7 +371,7 @@ class ExitWatcher:
     it blocks without a timeout. While attempts run it also wakes every ``log_check_interval_s`` to cut
     logs that outgrew their cap. On each exit, a shim that left no receipt first takes its group along
     (SIGKILL through its pidfd while it is still an unreaped zombie, so the group cannot be another's);
-    then it reaps the shim, removes the receipt's temp file, cuts the log to its cap and calls
+    then it reaps the shim, cuts the log to its cap and calls
     ``on_exit(attempt_id)`` on the watcher thread (keep it short).
     Errors go to ``on_error`` (or the module logger) and never stop the thread.
 
@@ -516,7 +511,6 @@ class ExitWatcher:
         with self._lock:
             self._pending -= 1
         try:
-            item.receipt_temp_path.unlink(missing_ok=True)
             enforce_log_cap(item.log_path, item.log_cap_bytes)
         except OSError as exc:
             self._report(exc)
