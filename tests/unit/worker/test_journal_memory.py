@@ -298,3 +298,74 @@ def test_prune_settles_and_deletes_in_one_commit_and_only_a_settled_state(
     assert settled.state == "completion_acknowledged" and settled.completion_acknowledged_at_ms is not None
     assert _file_row(path, record.offer_id) is None
     assert journal.get(record.offer_id) is None
+
+
+def test_an_unknown_offer_or_attempt_is_answered_without_reading_the_file(journal: WorkerJournal) -> None:
+    # Given a journal with one record, and a trace of every statement it sends to SQLite
+    journal.accept(make_offer())
+    statements: list[str] = []
+    journal._conn.set_trace_callback(statements.append)
+
+    # When ids it has no row for are looked up
+    assert journal.get("offer-404") is None
+    assert journal.find_by_attempt("attempt-404") is None
+
+    # Then no statement was needed: the index holds every row's keys
+    assert statements == []
+
+
+def test_rows_found_at_open_are_indexed_and_the_latest_lease_generation_wins(
+    path: Path, clock: Clock
+) -> None:
+    # Given a file holding two offers of one attempt (the later lease generation settled, so it is
+    # not kept in memory) and one of another attempt
+    with WorkerJournal.open(path, clock=clock) as first:
+        first.accept(make_offer("offer-a", attempt_id="attempt-1", lease_generation=1))
+        clock.now += 1
+        first.accept(make_offer("offer-b", attempt_id="attempt-1", lease_generation=2))
+        walk(first, "offer-b", "start_failed", "start_failure_acknowledged")
+        first.accept(make_offer("offer-c", attempt_id="attempt-2"))
+
+    # When it is opened again
+    with WorkerJournal.open(path, clock=clock) as journal:
+        # Then every row is found, the latest generation of an attempt included (read from the file)
+        latest = journal.find_by_attempt("attempt-1")
+        assert latest is not None and (latest.offer_id, latest.state) == (
+            "offer-b",
+            "start_failure_acknowledged",
+        )
+        other = journal.find_by_attempt("attempt-2")
+        assert other is not None and other.offer_id == "offer-c"
+        assert {o: r.state for o in ("offer-a", "offer-b") if (r := journal.get(o))} == {
+            "offer-a": "accepted",
+            "offer-b": "start_failure_acknowledged",
+        }
+
+        # And once the latest is pruned the attempt's earlier offer is the one found
+        assert journal.prune("offer-b")
+        earlier = journal.find_by_attempt("attempt-1")
+        assert earlier is not None and earlier.offer_id == "offer-a"
+        assert journal.get("offer-b") is None
+
+
+def test_past_its_limit_the_index_is_dropped_and_rows_are_read_from_the_file(
+    path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an index limited to two rows, and a file that grows past it
+    monkeypatch.setattr("ql3.worker.journal.store.KEY_INDEX_LIMIT", 2)
+    with WorkerJournal.open(path, clock=clock) as journal:
+        for n in range(3):
+            journal.accept(make_offer(f"offer-{n}"))
+        walk(journal, "offer-0", "start_failed", "start_failure_acknowledged")
+
+        # Then every row is still found, by reading the file
+        assert [journal.get(f"offer-{n}") is not None for n in range(3)] == [True, True, True]
+        found = journal.find_by_attempt("attempt-offer-0")
+        assert found is not None and found.state == "start_failure_acknowledged"
+        assert journal.get("offer-404") is None
+
+    # And so they are when the file already holds more rows than the limit at open
+    with WorkerJournal.open(path, clock=clock) as reopened:
+        assert [reopened.get(f"offer-{n}") is not None for n in range(3)] == [True, True, True]
+        found = reopened.find_by_attempt("attempt-offer-0")
+        assert found is not None and found.offer_id == "offer-0"

@@ -47,6 +47,7 @@ from ql3.worker.journal.schema import (
     SELECT_AUDIT_PAGE,
     SELECT_BY_ATTEMPT,
     SELECT_EXPIRED,
+    SELECT_KEYS,
     SELECT_ONE,
     SELECT_PAGE,
     SELECT_RECONCILE_AFTER,
@@ -64,6 +65,7 @@ from ql3.worker.journal.validation import (
     DEFAULT_AUDIT_PAGE_SIZE,
     DEFAULT_CAPACITY,
     DEFAULT_RETENTION_LIMIT,
+    KEY_INDEX_LIMIT,
     MAX_CAPACITY,
     MAX_PAGE_LIMIT,
     MAX_RETENTION_AGE_MS,
@@ -121,6 +123,12 @@ class WorkerJournal:
         # ``_mutex``; ``_staged`` holds what the open transaction wrote, applied once it commits.
         self._records: dict[str, JournalRecord] = {}
         self._staged: dict[str, JournalRecord | None] = {}
+        # Every row's keys (offer id -> attempt id, lease generation, accepted at), loaded at open: a
+        # miss in it is an answer ("no such record") without a read of the file. None when the file
+        # holds more than KEY_INDEX_LIMIT rows: then misses are read from the file, as before.
+        self._keys: dict[str, tuple[str, int, int]] | None = None
+        self._by_attempt: dict[str, set[str]] = {}
+        self._staged_keys: dict[str, tuple[str, int, int] | None] = {}
 
     @classmethod
     def open(cls, path: Path, *, clock: Callable[[], int], capacity: int = DEFAULT_CAPACITY) -> WorkerJournal:
@@ -141,7 +149,25 @@ class WorkerJournal:
         except BaseException:
             release_lock(lock_fd)
             raise
-        return cls(conn=conn, lock_fd=lock_fd, lock_path=lock_path, clock=clock, capacity=capacity, seal=seal)
+        journal = cls(
+            conn=conn, lock_fd=lock_fd, lock_path=lock_path, clock=clock, capacity=capacity, seal=seal
+        )
+        try:
+            journal._load_keys()
+        except BaseException:
+            journal.close()
+            raise
+        return journal
+
+    def _load_keys(self) -> None:
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(SELECT_KEYS, (KEY_INDEX_LIMIT + 1,)).fetchall()
+            if len(rows) > KEY_INDEX_LIMIT:
+                return  # too many rows to index: misses are read from the file
+            self._keys = {}
+            self._by_attempt = {}
+            for offer_id, attempt_id, lease_generation, accepted_at_ms in rows:
+                self._index(offer_id, (attempt_id, lease_generation, accepted_at_ms))
 
     @property
     def capacity(self) -> int:
@@ -154,6 +180,8 @@ class WorkerJournal:
                 return
             self._closed = True
             self._records.clear()
+            self._keys = None
+            self._by_attempt.clear()
             try:
                 self._conn.close()
             finally:
@@ -206,6 +234,11 @@ class WorkerJournal:
             )
             conn.execute(INSERT, (*row_of(record), self._sealed(record.offer_id, record.lease_token)))
             self._stage(record)
+            self._staged_keys[record.offer_id] = (
+                record.attempt_id,
+                record.lease_generation,
+                record.accepted_at_ms,
+            )
             return AcceptResult(record=record, created=True)
 
     def advance(
@@ -289,6 +322,7 @@ class WorkerJournal:
                 if conn.execute(DELETE, (current.offer_id, current.revision, current.state)).rowcount != 1:
                     self._records.pop(current.offer_id, None)
                     raise JournalConflict(reason="stale_revision")
+                self._staged_keys[current.offer_id] = None
             else:
                 self._update(conn, current, updated)
             self._stage(updated)
@@ -299,14 +333,29 @@ class WorkerJournal:
         with self._mutex:
             self._owned_connection()  # closed, compromised or no longer the owner: refused as before
             known = self._records.get(offer_id)
+            absent = known is None and self._keys is not None and offer_id not in self._keys
         if known is not None:
             return known  # what this owner last committed for it (see the class docstring)
+        if absent:
+            return None  # no such row: the index holds every row's keys
         with self._transaction(write=False) as conn:
             row = conn.execute(SELECT_ONE, (offer_id,)).fetchone()
             return None if row is None else self._read(row)
 
     def find_by_attempt(self, attempt_id: str) -> JournalRecord | None:
         """The record of ``attempt_id`` with the highest lease generation (latest accepted), or None."""
+        with self._mutex:
+            self._owned_connection()
+            keys = self._keys
+            if keys is not None:
+                offers = self._by_attempt.get(attempt_id)
+                if not offers:
+                    return None
+                # The order of SELECT_BY_ATTEMPT: lease generation, then accepted at, then offer id.
+                latest = max(offers, key=lambda o: (keys[o][1], keys[o][2], o))
+                known = self._records.get(latest)
+                if known is not None:
+                    return known
         with self._transaction(write=False) as conn:
             row = conn.execute(SELECT_BY_ATTEMPT, (attempt_id,)).fetchone()
             return None if row is None else self._read(row)
@@ -416,8 +465,10 @@ class WorkerJournal:
             cutoff = self._now() - older_than_ms
             deleted = 0
             for offer_id, revision, state in conn.execute(SELECT_EXPIRED, (cutoff, limit)).fetchall():
-                deleted += conn.execute(DELETE, (offer_id, revision, state)).rowcount
-                self._staged[offer_id] = None
+                if conn.execute(DELETE, (offer_id, revision, state)).rowcount == 1:
+                    deleted += 1
+                    self._staged[offer_id] = None
+                    self._staged_keys[offer_id] = None
             return deleted
 
     def prune(self, offer_id: str) -> bool:
@@ -430,6 +481,7 @@ class WorkerJournal:
             deleted: bool = conn.execute(DELETE_SETTLED, (offer_id,)).rowcount == 1
             if deleted:
                 self._staged[offer_id] = None
+                self._staged_keys[offer_id] = None
             return deleted
 
     def _redelivered(
@@ -510,6 +562,27 @@ class WorkerJournal:
             self._records.pop(current.offer_id, None)  # the memory was behind the file: read it again
             raise JournalConflict(reason="stale_revision")
 
+    def _index(self, offer_id: str, key: tuple[str, int, int] | None) -> None:
+        """Add (or, with None, remove) one row's keys; past KEY_INDEX_LIMIT rows the index is dropped."""
+        keys = self._keys
+        if keys is None:
+            return
+        old = keys.pop(offer_id, None)
+        if old is not None:
+            siblings = self._by_attempt.get(old[0])
+            if siblings is not None:
+                siblings.discard(offer_id)
+                if not siblings:
+                    del self._by_attempt[old[0]]
+        if key is None:
+            return
+        if len(keys) >= KEY_INDEX_LIMIT:
+            self._keys = None  # bounded memory: from now on misses are read from the file
+            self._by_attempt = {}
+            return
+        keys[offer_id] = key
+        self._by_attempt.setdefault(key[0], set()).add(offer_id)
+
     def _stage(self, record: JournalRecord) -> None:
         """Remember ``record`` once the open transaction commits; settled records are not kept."""
         self._staged[record.offer_id] = None if record.state in TERMINAL_STATES else record
@@ -527,6 +600,7 @@ class WorkerJournal:
             conn = self._owned_connection()
             staged = self._staged
             staged.clear()
+            self._staged_keys.clear()
             try:
                 if durable:
                     # The crash barrier itself: fsync the WAL (and every earlier frame) at this commit.
@@ -540,6 +614,8 @@ class WorkerJournal:
                         self._records.pop(offer_id, None)
                     else:
                         self._records[offer_id] = record
+                for offer_id, key in self._staged_keys.items():
+                    self._index(offer_id, key)
                 if durable:
                     conn.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.Error as exc:
@@ -550,6 +626,7 @@ class WorkerJournal:
                 raise
             finally:
                 staged.clear()
+                self._staged_keys.clear()
 
     def _owned_connection(self) -> sqlite3.Connection:
         if self._closed:

@@ -28,6 +28,8 @@ MIN_RETENTION_AGE_MS: Final = 60_000
 MAX_RETENTION_AGE_MS: Final = 30 * 86_400_000
 MAX_OFFER_JSON_BYTES: Final = 192 * 1024
 MAX_LEASE_TOKEN_BYTES: Final = 1024
+# The journal indexes every row's keys in memory up to this many rows (store.WorkerJournal._keys).
+KEY_INDEX_LIMIT: Final = 4 * MAX_CAPACITY
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
 _DIGEST_RE: Final = re.compile(r"[0-9a-f]{64}")
