@@ -113,6 +113,32 @@ def test_a_crash_after_the_launching_barrier_is_never_spawned_again(env: Env) ->
         restarted.stop()
 
 
+def test_a_crash_between_the_starting_ack_and_the_barrier_loses_nothing(env: Env) -> None:
+    # Given a worker that dies after the starting ACK, before the commit that journals it together
+    # with the launching barrier (the journal still says `accepted`, the control plane `starting`)
+    crashing = env.agent(fault="after_starting_ack")
+    crashing.start()
+    offer = env.queue_and_claim(crashing)
+    with pytest.raises(Crash):
+        crashing.receive(offer)
+    crashing.stop()
+
+    # When a new incarnation starts and the offer is delivered again
+    restarted = env.agent()
+    restarted.start()
+    try:
+        record = restarted.journal.get(offer.offer_id)
+        assert record is not None and record.state == "accepted"
+        state = restarted.receive(offer)
+
+        # Then the repeated starting ACK is accepted, the command starts exactly once and succeeds
+        assert state == "running_acknowledged"
+        poll_until(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        assert env.starts() == 1
+    finally:
+        restarted.stop()
+
+
 def test_lease_loss_stops_only_our_process_and_the_old_worker_never_writes_lost(env: Env) -> None:
     # Given a running command
     slow = env.db.transaction(

@@ -109,20 +109,26 @@ class Settlement:
         )
         self._acknowledge(record)
         delete_receipt(self._receipts_dir, attempt_id)
-        self._journal().prune(record.offer_id)
         self._attempts.forget(attempt_id)
         return "completion_acknowledged"
 
     def _acknowledge(self, record: JournalRecord) -> None:
+        """``completion_acknowledged`` and the record's deletion, in one commit: the control plane
+        holds the outcome now, so nothing is left to recover (the receipt is deleted after it)."""
         journal = self._journal()
         for _ in range(4):  # the running-ACK bookkeeping may advance the record concurrently
             current = journal.get(record.offer_id)
-            assert current is not None
+            if current is None:
+                return
             if current.state == "completion_acknowledged":
+                journal.prune(current.offer_id)  # acknowledged before a crash, not deleted yet
                 return
             try:
                 journal.advance(
-                    current.offer_id, expected_revision=current.revision, to_state="completion_acknowledged"
+                    current.offer_id,
+                    expected_revision=current.revision,
+                    to_state="completion_acknowledged",
+                    prune=True,
                 )
                 return
             except JournalConflict:
