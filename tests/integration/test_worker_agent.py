@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 
 import pytest
 
@@ -11,7 +13,9 @@ from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.journal import JournalConflict
 from ql3.domain.workers import parse_capabilities
+from ql3.execution.identity import ProcessHandle
 from ql3.execution.receipts import receipt_path
+from ql3.worker.agent import WorkerAgent
 from tests.support.waits import poll_until
 from tests.support.worker_agent import Crash, Env
 
@@ -174,6 +178,49 @@ def test_lease_loss_stops_only_our_process_and_the_old_worker_never_writes_lost(
         assert lease is not None and lease.status == "leased"
     finally:
         agent.stop()
+
+
+def test_a_process_that_exits_after_its_session_was_replaced_keeps_its_journal_row(env: Env) -> None:
+    # Given a running command whose session another one replaces (its lease is fenced)
+    slow = env.db.transaction(
+        lambda tx: tasks.edit_task(tx, env.project.id, "t", {"command": f"echo x >> {env.marker}; sleep 30"})
+    ).task
+    env.task = slow
+    agent = env.agent()
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+        assert agent.receive(offer) == "running_acknowledged"
+        env.db.transaction(
+            lambda tx: workers.register(
+                tx,
+                worker_id="w1",
+                session_id=new_id(),
+                capabilities=parse_capabilities({"executors": ["local_process"]}),
+                max_concurrent_runs=4,
+                session_lease_ms=30_000,
+            )
+        )
+        record = agent.journal.get(offer.offer_id)
+        assert record is not None and record.executor_handle is not None
+
+        # When its process dies by itself (no receipt) and the exit watcher settles it
+        os.killpg(ProcessHandle.decode(record.executor_handle).pid, signal.SIGKILL)
+
+        # Then the old worker does not write lost, and the row stays as the evidence of the start
+        poll_until(lambda: _state(agent, offer.offer_id) == "recovery_required")
+        kept = agent.journal.get(offer.offer_id)
+        assert kept is not None and kept.recovery_reason == "process_exited_without_receipt"
+        assert env.run_status(offer.fence.run_id) == "running"
+        assert agent.settle(offer.fence.attempt_id) == "fenced"
+        assert agent.journal.get(offer.offer_id) is not None
+    finally:
+        agent.stop()
+
+
+def _state(agent: WorkerAgent, offer_id: str) -> str | None:
+    record = agent.journal.get(offer_id)
+    return None if record is None else record.state
 
 
 def test_a_journal_row_is_pruned_as_soon_as_its_attempt_settles(env: Env) -> None:
