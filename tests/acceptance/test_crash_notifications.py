@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.server import start_server, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 SECRET = "acceptance-webhook-secret-0123456789"
@@ -39,16 +40,6 @@ class Receiver:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def wait_for(predicate: Any, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 def outbox(home: Path) -> list[dict[str, Any]]:
@@ -93,7 +84,7 @@ def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(tmp_path: P
     # Then a restart without the fault delivers it once the dead process's lease has expired
     restarted = start_server(home, env=lease)
     try:
-        wait_for(lambda: [r["status"] for r in outbox(home)] == ["delivered"])
+        wait_for(lambda: [r["status"] for r in outbox(home)] == ["delivered"], 60)
         time.sleep(1.0)  # a second delivery would have to happen now: the row is settled
         assert len(receiver.bodies) == 1
         headers, body = receiver.bodies[0]
