@@ -46,9 +46,9 @@ from ql3.domain.errors import (
 )
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal, Project
+from ql3.ports import channels
 from ql3.ports.storage import Row, Transaction
 
-APPROVED_ACTIONS_CHANNEL: Final = "approved_actions"
 DEFAULT_LIST_PAGE: Final = 50
 DIGEST_PREFIX: Final = 12
 
@@ -250,7 +250,7 @@ def request_run_approval(
             "now": now,
         }
         if tx.run("approval_insert", params) == 1:
-            tx.notify(APPROVED_ACTIONS_CHANNEL)
+            tx.notify(channels.APPROVED_ACTIONS)
             notifications.on_approval_requested(tx, project.id, view.task.id, approval_id)
             return approval_from_row(tx.one("approval_get", {"id": approval_id}) or {})
         existing = tx.one("approval_get", {"id": approval_id})
@@ -331,7 +331,7 @@ def decide(
     if changed != 1:
         raise Conflict("the approval changed concurrently")
     if decision == "approve":
-        tx.notify(APPROVED_ACTIONS_CHANNEL)
+        tx.notify(channels.APPROVED_ACTIONS)
     return approval_from_row(tx.one("approval_get", {"id": request.id}) or {})
 
 
@@ -450,7 +450,7 @@ def consume(
             "now": now,
         },
     )
-    tx.notify(APPROVED_ACTIONS_CHANNEL)
+    tx.notify(channels.APPROVED_ACTIONS)
     return get_dispatch(tx, dispatch_id)
 
 

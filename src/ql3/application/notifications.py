@@ -25,11 +25,11 @@ from ql3.domain.ids import new_id
 from ql3.domain.model import Project, Run, Task
 from ql3.domain.notifications import ChannelTarget, DeliveryFailed, Message
 from ql3.domain.tasks import validate_name
+from ql3.ports import channels
 from ql3.ports.notifications import NotificationSender
 from ql3.ports.storage import Database, Row, Transaction
 
 log = logging.getLogger("ql3.notifications")
-CHANNEL: Final = "notifications"
 PAGE: Final = 8
 
 
@@ -210,22 +210,22 @@ def _enqueue(
 ) -> list[str]:
     """Insert one pending row per matching channel; returns the ids of rows inserted now."""
     if only_channel is not None:
-        channels = [only_channel]
+        channel_ids = [only_channel]
     else:
         matched = [
             r["channel_id"]
             for r in tx.all("notify_rules_for_project", {"project_id": project_id})
             if rules.rule_matches(str(r["events"]), str(r["task_id"]), event, task_id)
         ]
-        channels = sorted(set(matched))
-    if not channels:
+        channel_ids = sorted(set(matched))
+    if not channel_ids:
         return []
     project = auth.resolve_project(tx, project_id).name
     task = _task_name(tx, task_id) if task_id else None
     body = {"event": event, "project": project, "task": task, **facts}
     inserted: list[str] = []
     now = tx.now_ms()
-    for channel_id in channels:
+    for channel_id in channel_ids:
         row_id = new_id()
         payload = {**body, "delivery_id": row_id, "at_ms": now}
         params = {
@@ -240,7 +240,7 @@ def _enqueue(
         if tx.run("notify_outbox_insert", params) == 1:
             inserted.append(row_id)
     if inserted:
-        tx.notify(CHANNEL)
+        tx.notify(channels.NOTIFICATIONS)
     return inserted
 
 

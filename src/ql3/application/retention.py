@@ -20,7 +20,6 @@ from ql3.domain.model import Project
 from ql3.ports.logs import LogFiles
 from ql3.ports.storage import Database, Row, Transaction
 
-CHANNEL: Final = "retention"
 DAY_MS: Final = 86_400_000
 MAX_KEEP_DAYS: Final = 36_500
 MAX_RUNS_PER_TASK: Final = 100_000_000
