@@ -19,7 +19,6 @@ NOT_YET_MIGRATED = {
     "application/approved_action_handlers.py",
     "application/approved_action_recovery.py",
     "application/approved_actions.py",
-    "application/attempt_logs.py",
     "application/auth.py",
     "application/cancellation.py",
     "application/cancellation_management.py",
