@@ -28,7 +28,6 @@ NOT_YET_MIGRATED = {
     "application/leases.py",
     "application/lookup.py",
     "application/notifications.py",
-    "application/retention.py",
     "application/run_queries.py",
     "application/runs.py",
     "application/schedules.py",
