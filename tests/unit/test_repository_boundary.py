@@ -27,7 +27,6 @@ NOT_YET_MIGRATED = {
     "application/dispatcher.py",
     "application/leases.py",
     "application/lookup.py",
-    "application/notifications.py",
     "application/run_queries.py",
     "application/runs.py",
     "application/schedules.py",
