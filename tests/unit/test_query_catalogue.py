@@ -65,9 +65,13 @@ def _strings_in(tree: ast.Module) -> set[str]:
             for target in targets:
                 if isinstance(target, ast.Name):
                     names.setdefault(target.id, set()).update(_string_values(node.value, names))
+    # A docstring names a query without running it.
+    docstrings = {
+        id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+    }
     found: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant | ast.JoinedStr):
+        if isinstance(node, ast.Constant | ast.JoinedStr) and id(node) not in docstrings:
             found |= _string_values(node, names)
     return found
 
@@ -94,6 +98,7 @@ def test_the_string_scan_sees_literals_and_names_built_from_them() -> None:
         "event_list",
     }
     assert "unknown_first" not in _strings_in(ast.parse('def f(tx, x):\n    return tx.all(f"{x}_first")\n'))
+    assert "run_list_first" not in _strings_in(ast.parse('def f():\n    """run_list_first"""\n'))
 
 
 def test_no_query_in_the_catalogue_is_dead() -> None:
