@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ CLI = [sys.executable, "-m", "ql3.cli.main"]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 CLI_TIMEOUT_S = 60.0
+_STARTS = itertools.count(1)
 
 
 def free_port() -> int:
@@ -75,16 +77,18 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+def stop(
+    process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S
+) -> int:
     """Signal, wait with a timeout, kill on timeout; always reaps the process."""
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(sig)
         try:
-            return process.wait(timeout=STOP_TIMEOUT_S)
+            return process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
-    return process.wait(timeout=STOP_TIMEOUT_S)
+    return process.wait(timeout=timeout_s)
 
 
 def start_server(
@@ -99,9 +103,11 @@ def start_server(
     picked was taken. ``env`` adds variables (``QL3_FAULT``...) to the server's environment;
     ``new_session`` puts it in a session of its own (crash tests kill it with its group intact)."""
     last_log = ""
-    for attempt in range(attempts):
+    for _attempt in range(attempts):
         port = free_port()
-        log_path = home.parent / f"serve-{home.name}-{port}-{attempt}.log"
+        # Numbered across the whole session: a restart that is handed the same port again (the chaos
+        # driver restarts one home many times) never overwrites an earlier server's log.
+        log_path = home.parent / f"serve-{home.name}-{port}-{next(_STARTS)}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [*CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra],

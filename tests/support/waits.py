@@ -19,7 +19,7 @@ MAX_PAUSE_S = 0.1
 
 
 def wait_for(
-    predicate: Callable[[], T | None | Literal[False]],
+    predicate: Callable[[], T | Literal[False] | None],
     timeout_s: float = DEADLINE_S,
     *,
     what: str = "the condition",
