@@ -10,6 +10,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,20 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def close(self) -> None:
+        """Stop serving and close the listening socket."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    found = Receiver()
+    try:
+        yield found
+    finally:
+        found.close()
+
 
 def outbox(home: Path) -> list[dict[str, Any]]:
     conn = sqlite3.connect(home / "ql3.db")
@@ -51,8 +66,9 @@ def outbox(home: Path) -> list[dict[str, Any]]:
         conn.close()
 
 
-def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(tmp_path: Path) -> None:
-    receiver = Receiver()
+def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(
+    tmp_path: Path, receiver: Receiver
+) -> None:
     home = tmp_path / "home"
     lease = {"QL3_NOTIFY_LEASE_MS": "2000"}
     # Given a server that dies right after the failing run's outbox row is claimed, before sending
@@ -97,4 +113,3 @@ def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(tmp_path: P
         assert [(r["status"], r["attempts"]) for r in outbox(home)] == [("delivered", 2)]
     finally:
         stop(restarted.process)
-        receiver.server.shutdown()
