@@ -152,20 +152,6 @@ def test_a_dialect_file_overrides_only_shared_names_unless_it_is_dialect_only() 
                 )
 
 
-def test_a_dialect_only_name_is_defined_in_every_dialect() -> None:
-    by_dialect = {
-        dialect: {
-            name
-            for text in _sql_files(f"ql3.storage.{dialect}").values()
-            if text.startswith(DIALECT_ONLY)
-            for name in _names_in(text)
-        }
-        for dialect in DIALECTS
-    }
-    assert by_dialect["sqlite"]  # the locked reads at least
-    assert by_dialect["sqlite"] == by_dialect["postgres"]
-
-
 # -- wake-up channels -------------------------------------------------------------------------------
 
 NOTIFY_CALLS = {"notify", "_notify"}
