@@ -16,7 +16,7 @@ from ql3.domain.workers import parse_capabilities
 from ql3.execution.identity import ProcessHandle
 from ql3.execution.receipts import receipt_path
 from ql3.worker.agent import WorkerAgent
-from tests.support.waits import poll_until
+from tests.support.waits import wait_for
 from tests.support.worker_agent import Crash, Env
 
 
@@ -30,7 +30,7 @@ def test_a_redelivered_offer_starts_the_command_once(env: Env) -> None:
         again = agent.receive(offer)
 
         assert first == "running_acknowledged" and again == "running_acknowledged"
-        poll_until(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
         assert env.starts() == 1
     finally:
         agent.stop()
@@ -137,7 +137,7 @@ def test_a_crash_between_the_starting_ack_and_the_barrier_loses_nothing(env: Env
 
         # Then the repeated starting ACK is accepted, the command starts exactly once and succeeds
         assert state == "running_acknowledged"
-        poll_until(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
         assert env.starts() == 1
     finally:
         restarted.stop()
@@ -208,7 +208,7 @@ def test_a_process_that_exits_after_its_session_was_replaced_keeps_its_journal_r
         os.killpg(ProcessHandle.decode(record.executor_handle).pid, signal.SIGKILL)
 
         # Then the old worker does not write lost, and the row stays as the evidence of the start
-        poll_until(lambda: _state(agent, offer.offer_id) == "recovery_required")
+        wait_for(lambda: _state(agent, offer.offer_id) == "recovery_required")
         kept = agent.journal.get(offer.offer_id)
         assert kept is not None and kept.recovery_reason == "process_exited_without_receipt"
         assert env.run_status(offer.fence.run_id) == "running"
@@ -232,10 +232,10 @@ def test_a_journal_row_is_pruned_as_soon_as_its_attempt_settles(env: Env) -> Non
         agent.receive(offer)
 
         # When the run completes and the completion is acknowledged
-        poll_until(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
 
         # Then its journal row is gone at once (no retention age to wait for)
-        poll_until(lambda: agent.journal.get(offer.offer_id) is None)
+        wait_for(lambda: agent.journal.get(offer.offer_id) is None)
         assert agent.journal.audit().total == 0
     finally:
         agent.stop()
@@ -250,7 +250,7 @@ def test_a_database_restored_from_before_a_run_does_not_stop_the_worker_from_sta
         crashing.receive(offer)
     crashing.stop()
     receipt = receipt_path(env.home / "worker" / "receipts", offer.fence.attempt_id)
-    poll_until(receipt.exists)
+    wait_for(receipt.exists)
     # and a database restored from a backup taken before that run existed
     run_id = offer.fence.run_id
     for table, column in (

@@ -9,7 +9,6 @@ from typing import Any
 
 from ql3.application import rows
 from ql3.application.cancellation import (
-    CANCELLATIONS_CHANNEL,
     REARM_OPERATION,
     dispatch_from_row,
     lock_dispatch,
@@ -27,6 +26,7 @@ from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFaile
 from ql3.domain.ids import new_id
 from ql3.domain.model import Run
 from ql3.domain.states import ATTEMPT_ACTIVE, is_run_terminal
+from ql3.ports import channels
 from ql3.ports.storage import Transaction
 
 log = logging.getLogger("ql3.cancellation.management")
@@ -217,7 +217,7 @@ def rearm(
             "payload_json": canonical_json(receipt),
         },
     )
-    tx.notify(CANCELLATIONS_CHANNEL)
+    tx.notify(channels.CANCELLATIONS)
     return receipt
 
 

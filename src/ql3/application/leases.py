@@ -22,6 +22,7 @@ from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run
 from ql3.domain.offers import LeaseFence
 from ql3.domain.states import ATTEMPT_ACTIVE, ATTEMPT_TERMINAL, is_run_terminal
+from ql3.ports import channels
 from ql3.ports.storage import Row, Transaction
 
 MAX_HANDLE_BYTES: Final = 512
@@ -308,7 +309,7 @@ def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
             new=replace(attempt, status="starting", deadline_at_ms=attempt_deadline_ms(tx, run)),
         ),
     )
-    tx.notify("attempts")
+    tx.notify(channels.ATTEMPTS)
     return "starting", lease
 
 
@@ -489,7 +490,7 @@ def end_attempt(
     )
     if attempt is not None:
         _end_lease(tx, attempt.id, now, lease_end, release_reason)
-    tx.notify("runs")  # a slot was freed: the dispatcher may place the next candidate
+    tx.notify(channels.RUNS)  # a slot was freed: the dispatcher may place the next candidate
     return written
 
 
@@ -644,7 +645,7 @@ def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int) -> None:
                 )
             ],
         )
-        tx.notify("retries")
+        tx.notify(channels.RETRIES)
         return
     write_run(
         tx,
@@ -704,7 +705,7 @@ def admit_retry(tx: Transaction, run_id: str) -> str | None:
             )
         ],
     )
-    tx.notify("runs")
+    tx.notify(channels.RUNS)
     return attempt_id
 
 
@@ -738,7 +739,7 @@ def expire_lease(tx: Transaction, attempt_id: str) -> str:
                     )
                 ],
             )
-            tx.notify("runs")
+            tx.notify(channels.RUNS)
         return "released"
     if attempt.status in ("starting", "running"):
         mark_lost(tx, run.id, attempt_id, error_code="LEASE_EXPIRED")

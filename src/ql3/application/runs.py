@@ -21,12 +21,12 @@ from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run, RunEvent, Task
 from ql3.domain.states import attempt_transition_allowed, is_run_terminal, run_transition_allowed
 from ql3.domain.tasks import build_spec
+from ql3.ports import channels
 from ql3.ports.storage import Transaction
 
 MAX_EVENT_PAYLOAD_BYTES: Final = 2048
 MAX_PAGE: Final = 100
 DEFAULT_PAGE: Final = 50
-RUNS_CHANNEL: Final = "runs"
 # Payload keys that may ever appear in an event: low-sensitivity facts only (no command, env, pid...).
 EVENT_PAYLOAD_KEYS: Final = frozenset(
     {
@@ -342,7 +342,7 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
             EventSpec(type="run.queued", actor_type="system", attempt_id=attempt_id, payload={"attempt": 1}),
         ],
     )
-    tx.notify(RUNS_CHANNEL)
+    tx.notify(channels.RUNS)
     return current, True
 
 

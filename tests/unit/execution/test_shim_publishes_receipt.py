@@ -10,7 +10,7 @@ import pytest
 
 from ql3.execution.receipts import receipt_path
 from tests.support.processes import ExecHarness, group_comms
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ def test_a_published_receipt_is_never_overwritten(ex: ExecHarness) -> None:
 def test_a_killed_shim_leaves_no_receipt(ex: ExecHarness) -> None:
     # Given a running attempt
     launched = ex.shell("att-killed", "sleep 300")
-    assert wait_until(lambda: "sleep" in group_comms(launched.pid))
+    assert wait_for(lambda: "sleep" in group_comms(launched.pid))
 
     # When the shim itself is SIGKILLed (it is our unreaped child, so the pid is still its own)
     os.kill(launched.pid, signal.SIGKILL)
