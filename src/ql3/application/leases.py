@@ -10,6 +10,7 @@ from ql3.application.runs import (
     AttemptChange,
     EventSpec,
     attempt_deadline_ms,
+    event_payload_json,
     latest_attempt,
     lock_attempt,
     lock_run,
@@ -17,7 +18,7 @@ from ql3.application.runs import (
 )
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, sha256_hex
-from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFailed
+from ql3.domain.errors import Conflict, FenceConflict, NotFound, RunVersionConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run
 from ql3.domain.offers import LeaseFence
@@ -119,9 +120,21 @@ def claim(
     """Atomic claim: lease (generation +1) and Run ``queued -> dispatching``; the Attempt stays claimed.
 
     Lock order Run -> Attempt -> worker -> lease. ``token_for_generation(g)`` returns the raw token of
-    lease generation ``g``; only its digest is stored.
+    lease generation ``g``; only its digest is stored. On PostgreSQL the same claim is one statement,
+    the ``ql3_claim`` function (docs/dispatch.md, "Dispatch on PostgreSQL: round trips").
     """
     lease_rules.RUN.validate(lease_ms)
+    if tx.dialect == "postgres":
+        return _claim_in_one_statement(
+            tx,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            worker_id=worker_id,
+            session_id=session_id,
+            worker_generation=worker_generation,
+            token_for_generation=token_for_generation,
+            lease_ms=lease_ms,
+        )
     run = lock_run(tx, run_id)
     if run.status != "queued" or run.cancel_requested_at_ms is not None:
         return ClaimResult(status="not_eligible")
@@ -195,6 +208,71 @@ def claim(
         AttemptChange(attempt=attempt, new=replace(attempt, worker_id=worker_id)),
     )
     return ClaimResult(status="claimed", lease=lease)
+
+
+_CLAIM_ANSWERS: Final[frozenset[str]] = frozenset(
+    {"not_eligible", "worker_unavailable", "capacity_exhausted", "leased"}
+)
+
+
+def _claim_in_one_statement(
+    tx: Transaction,
+    *,
+    run_id: str,
+    attempt_id: str,
+    worker_id: str,
+    session_id: str,
+    worker_generation: int,
+    token_for_generation: Any,
+    lease_ms: int,
+) -> ClaimResult:
+    """The claim as ``ql3_claim`` (PostgreSQL migration 0010): the statements of ``claim`` above, in
+    the same order under the same locks, in one round trip. A lease row that may be reacquired costs
+    one call more in the same transaction (the locks stay held): the function names the generation,
+    whose token only this process can derive."""
+    generation = 1
+    for _ in range(2):
+        row = tx.one(
+            "lease_claim",
+            {
+                "run_id": run_id,
+                "attempt_id": attempt_id,
+                "worker_id": worker_id,
+                "session_id": session_id,
+                "worker_generation": worker_generation,
+                "lease_ms": lease_ms,
+                "generation": generation,
+                "lease_token_digest": lease_digest(token_for_generation(generation)),
+                "event_id": new_id(),
+                "payload_json": event_payload_json(
+                    {
+                        "from": "queued",
+                        "to": "dispatching",
+                        "worker_id": worker_id,
+                        "lease_generation": generation,
+                    }
+                ),
+            },
+        )
+        assert row is not None  # a function call always answers one row
+        status = row["claim_status"]
+        if status == "claimed":
+            return ClaimResult(status="claimed", lease=_lease(row))
+        if status in _CLAIM_ANSWERS:
+            return ClaimResult(status=status)
+        if status == "reacquire" and generation == 1:
+            generation = int(row["lease_generation"])
+            continue
+        if status == "run_missing":
+            raise NotFound("run not found")
+        if status == "attempt_missing":
+            raise NotFound("attempt not found")
+        if status == "run_conflict":
+            raise RunVersionConflict()
+        if status == "attempt_conflict":
+            raise Conflict("the attempt changed concurrently")
+        break
+    raise Conflict("the claim function answered out of turn", status=str(status))
 
 
 def check_fence(

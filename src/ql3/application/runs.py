@@ -77,7 +77,8 @@ class AttemptChange:
     new: Attempt
 
 
-def _payload_json(payload: dict[str, Any] | None) -> str:
+def event_payload_json(payload: dict[str, Any] | None) -> str:
+    """An event's payload as stored: allowlisted keys only, bounded, canonical JSON."""
     body = payload or {}
     unknown = set(body) - EVENT_PAYLOAD_KEYS
     if unknown:
@@ -103,7 +104,7 @@ def append_events(tx: Transaction, run_id: str, first_sequence: int, events: lis
                 "actor_type": ev.actor_type,
                 "actor_id": ev.actor_id,
                 "attempt_id": ev.attempt_id,
-                "payload_json": _payload_json(ev.payload),
+                "payload_json": event_payload_json(ev.payload),
                 "now": now,
             },
         )

@@ -15,7 +15,9 @@ SELECT * FROM workers WHERE worker_id = :worker_id FOR UPDATE
 -- name: schedule_lock
 SELECT * FROM task_schedules WHERE task_id = :task_id FOR UPDATE
 
--- The claim path in fewer round trips, with the same locks in the same order: the attempt row lock
+-- The claim's statements (leases.claim runs them one by one on SQLite; on PostgreSQL it calls
+-- ql3_claim, lease_claim below, which does the same in one statement). With the same locks in the same
+-- order, in fewer round trips where they run on PostgreSQL: the attempt row lock
 -- (after the Run's) answers whether it is the latest attempt too; a first lease is inserted without a
 -- separate lock of its (absent) row, ON CONFLICT falling back to lock-and-reacquire; the lease row and the worker's
 -- active-lease counter (whose row the claim already holds locked) move in one statement, and the
@@ -56,3 +58,9 @@ WITH l AS (
   RETURNING 1
 )
 SELECT l.*, (SELECT count(*) FROM w) AS slot_counted FROM l
+
+-- The whole claim in one statement: migration 0010's ql3_claim (application/leases.py runs the same
+-- claim as separate statements on SQLite, which has no server-side functions).
+-- name: lease_claim
+SELECT * FROM ql3_claim(:run_id, :attempt_id, :worker_id, :session_id, :worker_generation, :lease_ms,
+  :generation, :lease_token_digest, :event_id, :payload_json)
