@@ -167,6 +167,7 @@ def _queries_named_in_src() -> set[str]:
 # statements (which both catalogues keep); the contract tests run the behaviour on both databases.
 POSTGRES_ONLY = {
     "lease_claim": "ql3_claim (migration 0010): leases.claim; SQLite runs the claim's statements",
+    "run_write": "ql3_write_run (migration 0011): runs.write_run; SQLite runs run_cas, attempt_cas, events",
 }
 
 

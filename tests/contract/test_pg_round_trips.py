@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from ql3.application import leases
+from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import StorageUnavailable
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
@@ -228,3 +229,48 @@ def test_one_offer_costs_a_bounded_number_of_round_trips(pg: Harness, round_trip
 
     # Then it took at most the budgeted exchanges with the server
     assert round_trips[0] <= ROUND_TRIPS_PER_OFFER, round_trips[0]
+
+
+# ack_starting: BEGIN + clock + Run lock, Attempt lock, lease lock, worker, task revision (the
+# deadline), the Run write (ql3_write_run), COMMIT with the notification. ack_running: the same less
+# the revision. complete: Run lock, Attempt lock, lease lock, worker, the Run write, the lease lock,
+# its completion, the slot, the outcome's notification outbox row, COMMIT. Each was two or three
+# exchanges more (9, 9, 13): Run CAS, Attempt CAS and one exchange per event.
+ROUND_TRIPS_PER_ACK = {"starting": 7, "running": 6, "complete": 10}
+
+
+def test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips(
+    pg: Harness, round_trips: list[int]
+) -> None:
+    # Given offers past statement preparation
+    register(pg.db, "w1", slots=64, lease_ms=600_000)
+    queued(pg.db, n=4)
+    d = dispatcher(pg.db, lease_ms=600_000)
+    spent: dict[str, list[int]] = {"starting": [], "running": [], "complete": []}
+    for _ in range(4):
+        offer = d.dispatch_once().offer
+        assert offer is not None
+        f = offer.fence
+        steps = {
+            "starting": lambda tx, f=f: leases.ack_starting(tx, f),
+            "running": lambda tx, f=f: leases.ack_running(
+                tx,
+                f,
+                pid=4242,
+                handle="ql3lp1.test",
+                log_artifact_id="a",
+                callback_sequence=1,
+                callback_token_digest=sha256_hex("cb-token"),
+            ),
+            "complete": lambda tx, f=f: leases.complete(
+                tx, f, callback_sequence=1, callback_token="cb-token", exit_code=0
+            ),
+        }
+        # When each step of the run commits
+        for name, step in steps.items():
+            round_trips[0] = 0
+            pg.db.transaction(step)
+            spent[name].append(round_trips[0])
+
+    # Then, once prepared, each took at most its budget of exchanges with the server
+    assert all(n <= ROUND_TRIPS_PER_ACK[name] for name, ns in spent.items() for n in ns[1:]), spent

@@ -64,3 +64,8 @@ SELECT l.*, (SELECT count(*) FROM w) AS slot_counted FROM l
 -- name: lease_claim
 SELECT * FROM ql3_claim(:run_id, :attempt_id, :worker_id, :session_id, :worker_generation, :lease_ms,
   :generation, :lease_token_digest, :event_id, :payload_json)
+
+-- One Run change (Run CAS, optional Attempt CAS, events) in one statement: migration 0011's
+-- ql3_write_run (application/runs.py runs run_cas, attempt_cas and event_insert on SQLite).
+-- name: run_write
+SELECT ql3_write_run(:run_json::jsonb, :attempt_json::jsonb, :events_json::jsonb) AS outcome

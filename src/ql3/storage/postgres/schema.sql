@@ -630,3 +630,4 @@ CONSTRAINT workers.workers_version_check CHECK ((version >= 0))
 FUNCTION ql3_approvals_refuse_update
 FUNCTION ql3_claim
 FUNCTION ql3_now_ms
+FUNCTION ql3_write_run
