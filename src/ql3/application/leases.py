@@ -368,6 +368,7 @@ def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
         return "already_running", lease
     if attempt.status != "claimed" or run.status != "dispatching":
         raise Conflict("the attempt cannot start", status=attempt.status)
+    deadline = attempt_deadline_ms(tx, run)
     write_run(
         tx,
         run,
@@ -381,12 +382,12 @@ def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
                 payload={"attempt": attempt.attempt},
             )
         ],
-        AttemptChange(
-            attempt=attempt,
-            new=replace(attempt, status="starting", deadline_at_ms=attempt_deadline_ms(tx, run)),
-        ),
+        AttemptChange(attempt=attempt, new=replace(attempt, status="starting", deadline_at_ms=deadline)),
     )
-    tx.notify("attempts")
+    if deadline is not None:
+        # A new deadline: the cancellation loop re-plans its sleep at once. An attempt without a
+        # timeout gives it nothing to plan, so it is not woken once per run while work flows.
+        tx.notify("attempts")
     return "starting", lease
 
 
