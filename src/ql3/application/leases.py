@@ -486,6 +486,7 @@ def ack_start_failure(tx: Transaction, fence: LeaseFence, *, error_code: str) ->
         actor_id=fence.worker_id,
         now=now,
         bump_sequence=True,
+        locked_lease=lease,
     )
     return outcome
 
@@ -508,6 +509,7 @@ def end_attempt(
     lease_end: LeaseEnd = "complete",
     release_reason: str = "lease_expired",
     now: int | None = None,
+    locked_lease: Lease | None = None,
 ) -> Run:
     """The one path that ends an attempt: Attempt and Run transitions with their events, the
     attempt's live lease completed (or released) and the worker's slot freed, all in one transaction.
@@ -516,7 +518,8 @@ def end_attempt(
     timeout, lost, lease expiry - so the worker's ``active_leases`` counter can never drift from the
     number of its ``leased`` leases (docs/dispatch.md). ``attempt_status`` defaults to ``run_status``;
     an attempt that is no longer active is left as it is. A non-terminal ``run_status`` (``lost``)
-    keeps the Run's ``finished_at_ms``.
+    keeps the Run's ``finished_at_ms``. ``locked_lease``: the attempt's lease as this transaction
+    already read it under its row lock (``check_fence``), so it is not read a second time.
     """
     now = tx.now_ms() if now is None else now
     events: list[EventSpec] = []
@@ -567,18 +570,23 @@ def end_attempt(
         change,
     )
     if attempt is not None:
-        _end_lease(tx, attempt.id, now, lease_end, release_reason)
+        _end_lease(tx, attempt.id, now, lease_end, release_reason, locked_lease)
     tx.notify("runs")  # a slot was freed: the dispatcher may place the next candidate
     return written
 
 
-def _end_lease(tx: Transaction, attempt_id: str, now: int, how: LeaseEnd, reason: str) -> None:
+def _end_lease(
+    tx: Transaction, attempt_id: str, now: int, how: LeaseEnd, reason: str, locked: Lease | None = None
+) -> None:
     """Complete (or release) the attempt's lease if it is still live, and free its worker slot.
 
     The counter moves only when the lease row itself changed (CAS on its version), so a replay or a
-    lease already ended by another path never frees a slot twice.
+    lease already ended by another path never frees a slot twice. ``locked``: the lease row as this
+    transaction read it under its lock and has not written since (the CAS still checks its version).
     """
-    lease = get_lease(tx, attempt_id, lock=True)
+    if locked is not None and locked.attempt_id != attempt_id:
+        raise FenceConflict(reason="run_mismatch")
+    lease = locked if locked is not None else get_lease(tx, attempt_id, lock=True)
     if lease is None or lease.status != "leased":
         return
     params: dict[str, Any] = {"attempt_id": attempt_id, "expected_version": lease.version, "now": now}
@@ -633,7 +641,7 @@ def complete(
         return "already_terminal", attempt.status
     if callback_sequence != attempt.callback_sequence:
         raise FenceConflict(reason="callback_sequence_mismatch")
-    _, now = check_fence(tx, fence, ignore_version=True)
+    lease, now = check_fence(tx, fence, ignore_version=True)
     outcome, code = _cancel_outcome(
         run, "succeeded" if exit_code == 0 else "failed", None if exit_code == 0 else "EXIT_NONZERO"
     )
@@ -648,6 +656,7 @@ def complete(
         actor_id=fence.worker_id,
         now=now,
         bump_sequence=True,
+        locked_lease=lease,
     )
     return "applied", outcome
 
