@@ -18,9 +18,9 @@ from tests.support.execution_builders import dispatcher, queued, register, run_o
 DIGEST = sha256_hex("cb-token")
 
 
-def _claimed(harness: Harness) -> tuple[Any, LeaseFence]:
+def _claimed(harness: Harness, **spec: Any) -> tuple[Any, LeaseFence]:
     register(harness.db, lease_ms=600_000)
-    project, _, _ = queued(harness.db)
+    project, _, _ = queued(harness.db, **spec)
     offer = dispatcher(harness.db).dispatch_once().offer
     assert offer is not None
     return project, offer.fence
@@ -47,7 +47,8 @@ def _running(harness: Harness, fence: LeaseFence, **overrides: Any) -> Any:
 
 
 def test_starting_writes_one_event_and_wakes_the_deadline_planner(harness: Harness) -> None:
-    project, fence = _claimed(harness)
+    # A task with a timeout: its starting ACK sets a deadline (without one nothing is woken, below)
+    project, fence = _claimed(harness, timeout_ms=60_000)
     before = len(_events(harness, fence.run_id))
 
     woke: list[bool] = []
