@@ -229,7 +229,9 @@ def _claim_in_one_statement(
     """The claim as ``ql3_claim`` (PostgreSQL migration 0010): the statements of ``claim`` above, in
     the same order under the same locks, in one round trip. A lease row that may be reacquired costs
     one call more in the same transaction (the locks stay held): the function names the generation,
-    whose token only this process can derive."""
+    whose token only this process can derive. Like ``write_run`` on SQLite it writes no notification
+    outbox row: ``dispatching`` is not an outcome (``domain.notifications.RUN_STATUS_EVENTS``); were
+    it to become one, the function would have to enqueue it too."""
     generation = 1
     for _ in range(2):
         row = tx.one(
