@@ -27,6 +27,7 @@ DECLARE
   w workers%ROWTYPE;
   l run_leases%ROWTYPE;
   latest TEXT;
+  held_by TEXT;
   now_ms BIGINT := ql3_now_ms();
 BEGIN
   SELECT * INTO r FROM runs WHERE id = p_run_id FOR UPDATE;
@@ -90,6 +91,8 @@ BEGIN
       claim_status := 'leased';  -- reacquired by someone else since the caller derived its token
       RETURN;
     END IF;
+    -- An expired lease the expiry loop has not ended yet still counts in its holder's slots.
+    held_by := CASE WHEN l.status = 'leased' THEN l.worker_id END;
     UPDATE run_leases SET status = 'leased', version = run_leases.version + 1,
       lease_generation = run_leases.lease_generation + 1, worker_id = p_worker_id,
       worker_session_id = p_session_id, worker_generation = p_worker_generation,
@@ -101,6 +104,11 @@ BEGIN
     IF NOT FOUND THEN
       claim_status := 'leased';
       RETURN;
+    END IF;
+    IF held_by IS NOT NULL THEN
+      -- Its slot ends with it, in this transaction, after the lease CAS succeeded (a lost race
+      -- moves nothing); as leases.claim does on SQLite.
+      UPDATE workers SET active_leases = active_leases - 1 WHERE workers.worker_id = held_by;
     END IF;
   END IF;
   UPDATE workers SET active_leases = active_leases + 1 WHERE workers.worker_id = p_worker_id;
