@@ -170,6 +170,9 @@ def claim(
         written = tx.one("lease_reacquire_claim", params)
         if written is None:
             return ClaimResult(status="leased")
+        if existing.status == "leased":
+            # An expired lease that the expiry loop has not ended yet: its holder's slot ends with it.
+            _adjust(tx, existing.worker_id, -1)
     assert written is not None
     if not int(written["slot_counted"]):
         _adjust(tx, worker_id, +1)
