@@ -6,15 +6,13 @@ lapses during inspect refuses the start barrier, and an inspect failure is logge
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from ql3.application import approved_actions
 from ql3.application.approved_action_runner import ApprovedActionDispatcher
 from ql3.domain.approvals import Dispatch, retry_delay_ms
-from ql3.domain.errors import StorageBusy
 from ql3.ports.storage import Transaction
 from tests.support.approval_builders import (
     LEASE_MS,
@@ -29,24 +27,7 @@ from tests.support.approval_builders import (
 )
 from tests.support.builders import count
 from tests.support.databases import Harness
-
-T = TypeVar("T")
-
-
-class _FailingUnit:
-    """The database, except that its ``fail_at``-th transaction (1-based) fails as busy storage."""
-
-    def __init__(self, db: Any, fail_at: int) -> None:
-        self._db = db
-        self._fail_at = fail_at
-        self.units = 0
-
-    def transaction(self, fn: Callable[[Transaction], T], *, write: bool = True) -> T:
-        self.units += 1
-        if self.units == self._fail_at:
-            raise StorageBusy()
-        result: T = self._db.transaction(fn, write=write)
-        return result
+from tests.support.interleaving import FailingUnit
 
 
 def _dispatcher(db: Any, handler: Any = None, **kw: Any) -> ApprovedActionDispatcher:
@@ -98,7 +79,7 @@ def test_a_storage_failure_at_the_claim_is_answered_claim_failed(harness: Harnes
     before = execution(harness.db, dispatch.id)
 
     # unit 1 reads the due page, unit 2 is the claim
-    report = _dispatcher(_FailingUnit(harness.db, 2), handler).dispatch_batch()
+    report = _dispatcher(FailingUnit(harness.db, 2), handler).dispatch_batch()
 
     assert [i.outcome for i in report.items] == ["claim_failed"]
     assert execution(harness.db, dispatch.id) == before
@@ -112,7 +93,7 @@ def test_a_storage_failure_reading_the_dispatch_releases_it_for_a_retry(harness:
     claimed_at = harness.now_ms()
 
     # unit 3 reads the dispatch after the claim
-    report = _dispatcher(_FailingUnit(harness.db, 3), handler).dispatch_batch()
+    report = _dispatcher(FailingUnit(harness.db, 3), handler).dispatch_batch()
 
     # Then the lease is given back before the barrier, due again after the first backoff
     assert [i.outcome for i in report.items] == ["retry_wait"]

@@ -5,37 +5,17 @@ is broken alone here; the lease and the worker's expiry instants are exact on th
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 import pytest
 
 from ql3.application import leases
 from ql3.application.dispatcher import DispatchResult
 from ql3.domain.offers import Offer
-from ql3.ports.storage import Transaction
 from tests.support.databases import Harness
 from tests.support.execution_builders import dispatcher, queued, register
+from tests.support.interleaving import before_unit
 
-T = TypeVar("T")
 LEASE_MS = 5_000
 SESSION_MS = 600_000
-
-
-class _Interleaved:
-    """The database, with ``before(n)`` run just before its n-th transaction (1-based): a concurrent
-    writer that commits between two units of one dispatch cycle."""
-
-    def __init__(self, db: Any, before: Callable[[int], None]) -> None:
-        self._db = db
-        self._before = before
-        self.units = 0
-
-    def transaction(self, fn: Callable[[Transaction], T], *, write: bool = True) -> T:
-        self.units += 1
-        self._before(self.units)
-        result: T = self._db.transaction(fn, write=write)
-        return result
 
 
 def _claimed_then_restart(harness: Harness) -> Offer:
@@ -110,12 +90,12 @@ def test_a_lease_whose_attempt_started_after_the_recovery_page_is_not_offered(ha
     # Given an undelivered claim, and the worker ACKs starting just after the recovery page was read
     offer = _claimed_then_restart(harness)
 
-    def worker_starts(unit: int) -> None:
-        if unit == 2:  # unit 1 reads the recovery page, unit 2 builds the offer
-            harness.db.transaction(lambda tx: leases.ack_starting(tx, offer.fence))
+    def worker_starts() -> None:
+        harness.db.transaction(lambda tx: leases.ack_starting(tx, offer.fence))
 
+    # unit 1 reads the recovery page, unit 2 builds the offer
     since = harness.now_ms()
-    restarted = dispatcher(_Interleaved(harness.db, worker_starts), since=since, lease_ms=LEASE_MS)
+    restarted = dispatcher(before_unit(harness.db, 2, worker_starts), since=since, lease_ms=LEASE_MS)
 
     result = restarted.dispatch_once()
 
