@@ -509,3 +509,62 @@ def test_a_malformed_result_mutation_id_is_refused_naming_its_field(harness: Har
     )
 
     assert refusal == ("ValidationFailed", "invalid mutation_id", "mutation_id")
+
+
+# -- claim --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [None, 12345678901234567890123456789012, "a" * 31, "a" * 257, "é" * 32, "\x01" + "a" * 31],
+    ids=["none", "not_text", "short", "long", "not_ascii", "not_printable"],
+)
+def test_a_malformed_claim_token_is_refused_before_any_read(harness: Harness, bad: Any) -> None:
+    w = world(harness.db)
+    dispatch = dispatched(w)
+
+    refusal = _refusal(
+        harness,
+        dispatch.id,
+        lambda: harness.db.transaction(
+            lambda tx: approved_actions.claim(tx, dispatch_id=dispatch.id, owner="replica-a", token=bad)
+        ),
+    )
+
+    assert refusal == ("ValidationFailed", "invalid lease token", "token")
+
+
+@pytest.mark.parametrize("length", [32, 256])
+def test_a_claim_token_of_32_to_256_printable_ascii_characters_is_accepted(
+    harness: Harness, length: int
+) -> None:
+    w = world(harness.db)
+    dispatch = dispatched(w)
+
+    result = harness.db.transaction(
+        lambda tx: approved_actions.claim(tx, dispatch_id=dispatch.id, owner="replica-a", token="~" * length)
+    )
+
+    assert result.outcome == "claimed"
+
+
+@pytest.mark.parametrize("state", ["missing", "executing", "terminal"])
+def test_every_claim_answer_carries_the_database_instant_it_observed(harness: Harness, state: str) -> None:
+    # Given a dispatch id that is unknown, executing, or finished
+    w = world(harness.db)
+    dispatch = dispatched(w)
+    dispatch_id = new_id() if state == "missing" else dispatch.id
+    if state != "missing":
+        fence = started(harness.db, dispatch)
+        if state == "terminal":
+            complete(harness.db, fence, outcome="failed", result_code="exit_1")
+    before = harness.now_ms()
+
+    result = harness.db.transaction(
+        lambda tx: approved_actions.claim(tx, dispatch_id=dispatch_id, owner="replica-b", token=token())
+    )
+
+    assert (result.outcome, result.fence) == (state, None)
+    assert before <= result.now_ms <= harness.now_ms()
+    if harness.dialect == "sqlite":
+        assert result.now_ms == before
