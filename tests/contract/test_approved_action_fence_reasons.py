@@ -548,23 +548,56 @@ def test_a_claim_token_of_32_to_256_printable_ascii_characters_is_accepted(
     assert result.outcome == "claimed"
 
 
-@pytest.mark.parametrize("state", ["missing", "executing", "terminal"])
+STATES = ["missing", "executing", "terminal", "idempotent", "leased", "not_due", "exhausted", "stale_token"]
+
+
+@pytest.mark.parametrize("state", STATES)
 def test_every_claim_answer_carries_the_database_instant_it_observed(harness: Harness, state: str) -> None:
-    # Given a dispatch id that is unknown, executing, or finished
+    # Given a dispatch id in each state a claim answers without a new lease
     w = world(harness.db)
-    dispatch = dispatched(w)
+    dispatch = consume(w, approved(w).id, max_attempts=1) if state == "exhausted" else dispatched(w)
     dispatch_id = new_id() if state == "missing" else dispatch.id
-    if state != "missing":
+    owner, tok = "replica-b", token()
+    if state in ("executing", "terminal"):
         fence = started(harness.db, dispatch)
         if state == "terminal":
             complete(harness.db, fence, outcome="failed", result_code="exit_1")
+    elif state in ("idempotent", "leased", "exhausted", "stale_token"):
+        leased(harness.db, dispatch.id, owner="replica-b" if state != "leased" else "replica-a", tok=tok)
+        if state in ("exhausted", "stale_token"):
+            harness.advance_clock(LEASE_MS)
+    elif state == "not_due":
+        _release(harness, leased(harness.db, dispatch.id), retry_at_ms=harness.now_ms() + 60_000)
     before = harness.now_ms()
 
     result = harness.db.transaction(
-        lambda tx: approved_actions.claim(tx, dispatch_id=dispatch_id, owner="replica-b", token=token())
+        lambda tx: approved_actions.claim(tx, dispatch_id=dispatch_id, owner=owner, token=tok)
     )
 
-    assert (result.outcome, result.fence) == (state, None)
+    assert result.outcome == state
     assert before <= result.now_ms <= harness.now_ms()
     if harness.dialect == "sqlite":
         assert result.now_ms == before
+
+
+def test_a_claim_that_loses_its_compare_and_set_is_a_conflict(harness: Harness) -> None:
+    w = world(harness.db)
+    dispatch = dispatched(w)
+
+    def other_replica_first(tx: Transaction, params: Params) -> None:
+        assert tx.run("aa_execution_claim", {**params, "lease_owner": "replica-z"}) == 1
+
+    refusal = _refusal(
+        harness,
+        dispatch.id,
+        lambda: harness.db.transaction(
+            lambda tx: approved_actions.claim(
+                StatementLog(tx, {"aa_execution_claim": other_replica_first}),
+                dispatch_id=dispatch.id,
+                owner="replica-a",
+                token=token(),
+            )
+        ),
+    )
+
+    assert refusal == ("Conflict", "the approved action changed concurrently", None)
