@@ -15,6 +15,7 @@ from ql3.application import leases
 from ql3.application.cancellation_supervisor import CancellationSupervisor
 from tests.support.cancellation_builders import (
     FakeSignal,
+    claim,
     claimed_runs,
     dispatch_row,
     request,
@@ -159,3 +160,37 @@ def test_a_failed_signal_is_logged_by_its_kind_only(
         "OSError",
     )
     assert "ql3lp1" not in caplog.text
+
+
+def test_the_claim_lease_is_twice_the_tasks_grace_plus_one_second_when_that_is_longer(
+    harness: Harness,
+) -> None:
+    # Given a running run whose task's grace is 20 s, above what the supervisor's 30 s lease covers
+    project, (fence,) = running_runs(harness.db, grace_ms=20_000)
+    request(harness.db, project, fence.run_id)
+    leases_seen: list[int] = []
+
+    def watching(handle: str, pid: int | None, *, grace_ms: int) -> Any:
+        row = dispatch_row(harness.db, fence.run_id)
+        leases_seen.append(int(row["lease_expires_at_ms"]) - int(row["updated_at_ms"]))
+        return FakeSignal()(handle, pid, grace_ms)
+
+    _supervisor(harness.db, watching, lease_ms=30_000).run_cycle()
+
+    # Then the claim's lease (written with the claim's own instant) is 2 x 20 s + 1 s
+    assert leases_seen == [41_000]
+
+
+def test_a_dispatch_claimed_by_another_supervisor_after_the_page_was_read_is_skipped_as_leased(
+    harness: Harness,
+) -> None:
+    project, (fence,) = running_runs(harness.db)
+    request(harness.db, project, fence.run_id)
+
+    def other_supervisor_claims() -> None:
+        claim(harness.db, fence.run_id, owner="sup-b")
+
+    signal = FakeSignal()
+    report = _supervisor(before_unit(harness.db, 2, other_supervisor_claims), signal).run_cycle()
+
+    assert (report.claimed, report.skipped, signal.calls) == (0, {"leased": 1}, [])
