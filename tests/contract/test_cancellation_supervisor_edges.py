@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases
+from ql3.application import cancellation_supervisor, leases
 from ql3.application.cancellation_supervisor import CancellationSupervisor
 from tests.support.cancellation_builders import (
     FakeSignal,
@@ -194,3 +194,56 @@ def test_a_dispatch_claimed_by_another_supervisor_after_the_page_was_read_is_ski
     report = _supervisor(before_unit(harness.db, 2, other_supervisor_claims), signal).run_cycle()
 
     assert (report.claimed, report.skipped, signal.calls) == (0, {"leased": 1}, [])
+
+
+@pytest.mark.parametrize("broken", ["no_intent_time", "no_run_id"])
+def test_an_intent_row_without_its_key_fails_the_cycle_closed(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, broken: str
+) -> None:
+    project, (fence,) = running_runs(harness.db)
+    request(harness.db, project, fence.run_id)
+    real = cancellation_supervisor._intent_page
+
+    def keyless(tx: Any, *, cursor: Any, limit: int) -> list[Any]:
+        rows = [dict(r) for r in real(tx, cursor=cursor, limit=limit)]
+        for row in rows:
+            row["cancel_requested_at_ms" if broken == "no_intent_time" else "run_id"] = None
+        return rows
+
+    monkeypatch.setattr(cancellation_supervisor, "_intent_page", keyless)
+    signal = FakeSignal()
+
+    report = _supervisor(harness.db, signal).run_cycle()
+
+    assert (report.stop_reason, report.scanned, signal.calls) == ("cursor_stalled", 0, [])
+
+
+def test_a_page_that_starts_again_at_the_cursor_fails_the_cycle_closed(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two intents and a source whose second page repeats the first page's last row
+    project, fences = running_runs(harness.db, 2)
+    for fence in fences:
+        request(harness.db, project, fence.run_id)
+        harness.advance_clock(1)
+    real = cancellation_supervisor._intent_page
+
+    first: list[Any] = []
+
+    def repeating(tx: Any, *, cursor: Any, limit: int) -> list[Any]:
+        if not first:
+            first.extend(real(tx, cursor=cursor, limit=limit))
+        return list(first)  # the first page's rows again, whatever the cursor
+
+    monkeypatch.setattr(cancellation_supervisor, "_intent_page", repeating)
+    signal = FakeSignal()
+
+    report = _supervisor(harness.db, signal, page=1, pages=2).run_cycle()
+
+    # Then the first page's run is handled once, and the repeat stops the cycle
+    assert (report.stop_reason, report.pages, report.scanned, len(signal.calls)) == (
+        "cursor_stalled",
+        2,
+        1,
+        1,
+    )
