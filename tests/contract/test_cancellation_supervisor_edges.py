@@ -13,6 +13,7 @@ import pytest
 
 from ql3.application import cancellation_supervisor, leases
 from ql3.application.cancellation_supervisor import CancellationSupervisor
+from ql3.domain.errors import ValidationFailed
 from tests.support.cancellation_builders import (
     FakeSignal,
     claim,
@@ -247,3 +248,39 @@ def test_a_page_that_starts_again_at_the_cursor_fails_the_cycle_closed(
         1,
         1,
     )
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [
+        ({"page": 0}, ("page must be 1-64", "page")),
+        ({"page": 65}, ("page must be 1-64", "page")),
+        ({"page": True}, ("page must be 1-64", "page")),
+        ({"pages": 0}, ("pages must be 1-64", "pages")),
+        ({"pages": 65}, ("pages must be 1-64", "pages")),
+        ({"pages": True}, ("pages must be 1-64", "pages")),
+        ({"grace_ms": -1}, ("grace_ms must be below half the lease", "grace_ms")),
+        ({"grace_ms": 60_001, "lease_ms": 300_000}, ("grace_ms must be below half the lease", "grace_ms")),
+        ({"grace_ms": 15_000, "lease_ms": 30_000}, ("grace_ms must be below half the lease", "grace_ms")),
+    ],
+)
+def test_a_budget_refusal_names_the_budget_and_its_bounds(
+    harness: Harness, budget: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        _supervisor(harness.db, FakeSignal(), **budget)
+
+    assert (caught.value.message, caught.value.details["field"]) == expected
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        {"page": 1, "pages": 1},
+        {"page": 64, "pages": 64},
+        {"grace_ms": 0},
+        {"grace_ms": 14_999, "lease_ms": 30_000},
+    ],
+)
+def test_the_budget_bounds_themselves_are_accepted(harness: Harness, budget: dict[str, Any]) -> None:
+    assert _supervisor(harness.db, FakeSignal(), **budget).run_cycle().stop_reason == "complete"
