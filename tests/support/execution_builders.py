@@ -177,3 +177,13 @@ def request(session: workers.WorkerSession, token: str | None = None) -> PullReq
 
 def live_leases(db: Any) -> int:
     return int(db.raw("SELECT count(*) AS n FROM run_leases WHERE status = 'leased'")[0]["n"])
+
+
+def busy_and_leased(db: Any) -> list[tuple[str, int, int]]:
+    """Per worker: its busy-slot counter (``active_leases``) and the number of its ``leased`` leases."""
+    rows = db.raw(
+        "SELECT w.worker_id, w.active_leases, "
+        "(SELECT count(*) FROM run_leases l WHERE l.worker_id = w.worker_id AND l.status = 'leased') AS n "
+        "FROM workers w ORDER BY w.worker_id"
+    )
+    return [(str(r["worker_id"]), int(r["active_leases"]), int(r["n"])) for r in rows]

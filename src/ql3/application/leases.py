@@ -184,6 +184,9 @@ def claim(
         written = tx.one("lease_reacquire_claim", params)
         if written is None:
             return ClaimResult(status="leased")
+        if existing.status == "leased":
+            # An expired lease that the expiry loop has not ended yet: its holder's slot ends with it.
+            _adjust(tx, existing.worker_id, -1)
     assert written is not None
     if not int(written["slot_counted"]):
         _adjust(tx, worker_id, +1)
@@ -624,8 +627,9 @@ def complete(
     ):
         raise FenceConflict(reason="callback_token_mismatch")
     if attempt.status in ATTEMPT_TERMINAL or is_run_terminal(run.status):
-        if attempt.status in ATTEMPT_TERMINAL and attempt.callback_sequence == callback_sequence + 1:
-            return "already_terminal", attempt.status
+        # A terminal run is immutable: a replay changes nothing. An attempt that ended while its run
+        # goes on (lost, the run retried) was never completed, so no callback of it is a replay:
+        # each one, under any sequence, is a late callback and is recorded.
         if not is_run_terminal(run.status):
             write_run(
                 tx,
