@@ -287,6 +287,7 @@ def test_a_budget_refusal_names_the_budget_and_its_bounds(
         {"page": 64, "pages": 64},
         {"grace_ms": 0},
         {"grace_ms": 14_999, "lease_ms": 30_000},
+        {"grace_ms": 60_000, "lease_ms": 120_001},
     ],
 )
 def test_the_budget_bounds_themselves_are_accepted(harness: Harness, budget: dict[str, Any]) -> None:
