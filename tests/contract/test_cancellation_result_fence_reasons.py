@@ -1,5 +1,7 @@
 """A cancellation result names why it is fenced when it names another run's attempt, an earlier attempt
-of its run, or a run whose dispatch was never claimed."""
+of its run, or a run whose dispatch was never claimed, or loses its compare-and-set; a settled result
+answers its dispatch's new state, names the attempt on its event and wakes the supervisors only for a
+retry."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import pytest
 
 from ql3.application import cancellation, leases
 from ql3.domain.errors import FenceConflict
+from ql3.ports.storage import Params, Transaction
 from tests.support.builders import count
-from tests.support.cancellation_builders import claim, events, new_token, request, running_runs
+from tests.support.cancellation_builders import claim, dispatch_row, events, new_token, request, running_runs
 from tests.support.databases import Harness
-from tests.support.execution_builders import dispatcher, queued, register, start
+from tests.support.execution_builders import StatementLog, dispatcher, queued, register, start
 
 
 def _record(harness: Harness, **args: Any) -> None:
@@ -83,3 +86,82 @@ def test_a_result_naming_an_earlier_attempt_of_the_run_is_an_attempt_mismatch(ha
 
     # Then the dispatch, bound to the second attempt, fences it
     assert err.value.details["reason"] == "attempt_mismatch"
+
+
+class _Notifications(StatementLog):
+    """Also records the channels the transaction notifies."""
+
+    def __init__(self, tx: Transaction, first: Any = None) -> None:
+        super().__init__(tx, first)
+        self.channels: list[str] = []
+
+    def notify(self, channel: str) -> None:
+        self.channels.append(channel)
+        super().notify(channel)
+
+
+@pytest.mark.parametrize(
+    ("result", "status", "channels"),
+    [
+        ("dispatch_error", "retry_wait", ["cancellations"]),
+        ("termination_requested", "dispatched", []),
+        ("identity_mismatch", "blocked", []),
+    ],
+)
+def test_a_settled_result_answers_its_dispatch_and_names_the_attempt_on_its_event(
+    harness: Harness, result: str, status: str, channels: list[str]
+) -> None:
+    project, (fence,) = running_runs(harness.db)
+    request(harness.db, project, fence.run_id)
+    held = claim(harness.db, fence.run_id, owner="sup-a")
+    seen: list[_Notifications] = []
+
+    def settle(tx: Transaction) -> Any:
+        logged = _Notifications(tx)
+        seen.append(logged)
+        return cancellation.record_result(
+            logged,
+            run_id=fence.run_id,
+            attempt_id=held.attempt_id,
+            owner="sup-a",
+            token=held.token,
+            expected_version=held.dispatch_version,
+            result=result,
+            controller_ran=True,
+        )
+
+    settled = harness.db.transaction(settle)
+
+    row = dispatch_row(harness.db, fence.run_id)
+    assert (settled.status, settled.dispatch_version, settled.dispatch_count) == (status, 2, 1)
+    assert settled.next_attempt_at_ms == row["next_attempt_at_ms"]
+    assert (settled.next_attempt_at_ms is not None) == (status == "retry_wait")
+    assert events(harness.db, fence.run_id)[-1]["attempt_id"] == fence.attempt_id
+    # only a retry wakes the supervisors again (the backoff is theirs to wait out)
+    assert [c for c in seen[-1].channels if c == "cancellations"] == channels
+
+
+def test_a_result_that_loses_its_compare_and_set_is_a_version_mismatch(harness: Harness) -> None:
+    project, (fence,) = running_runs(harness.db)
+    request(harness.db, project, fence.run_id)
+    held = claim(harness.db, fence.run_id, owner="sup-a")
+
+    def another_settles_first(tx: Transaction, params: Params) -> None:
+        assert tx.run("cancel_dispatch_settle", params) == 1
+
+    with pytest.raises(FenceConflict) as err:
+        harness.db.transaction(
+            lambda tx: cancellation.record_result(
+                StatementLog(tx, {"cancel_dispatch_settle": another_settles_first}),
+                run_id=fence.run_id,
+                attempt_id=held.attempt_id,
+                owner="sup-a",
+                token=held.token,
+                expected_version=held.dispatch_version,
+                result="termination_requested",
+                controller_ran=True,
+            )
+        )
+
+    assert err.value.details["reason"] == "version_mismatch"
+    assert dispatch_row(harness.db, fence.run_id)["status"] == "leased"
