@@ -165,3 +165,18 @@ def test_a_result_that_loses_its_compare_and_set_is_a_version_mismatch(harness: 
 
     assert err.value.details["reason"] == "version_mismatch"
     assert dispatch_row(harness.db, fence.run_id)["status"] == "leased"
+
+
+def test_a_terminal_run_is_not_eligible_for_a_claim_even_with_its_attempt_still_active(
+    harness: Harness,
+) -> None:
+    # Given a run with an intent that an operator's repair ended while its attempt still runs
+    project, (fence,) = running_runs(harness.db)
+    request(harness.db, project, fence.run_id)
+    harness.db.raw("UPDATE runs SET status = 'cancelled', finished_at_ms = 1 WHERE id = ?", (fence.run_id,))
+
+    outcome = claim(harness.db, fence.run_id, owner="sup-a")
+
+    # Then nothing is leased: the answer names the run and carries nothing else
+    assert outcome == cancellation.ClaimOutcome(status="not_eligible", run_id=fence.run_id)
+    assert count(harness.db, "cancellation_dispatches") == 0
