@@ -180,3 +180,18 @@ def test_a_terminal_run_is_not_eligible_for_a_claim_even_with_its_attempt_still_
     # Then nothing is leased: the answer names the run and carries nothing else
     assert outcome == cancellation.ClaimOutcome(status="not_eligible", run_id=fence.run_id)
     assert count(harness.db, "cancellation_dispatches") == 0
+
+
+def test_a_run_whose_latest_attempt_already_ended_is_not_eligible_for_a_claim(harness: Harness) -> None:
+    # Given a running run with an intent whose attempt a repair already ended
+    project, (fence,) = running_runs(harness.db)
+    request(harness.db, project, fence.run_id)
+    harness.db.raw(
+        "UPDATE run_attempts SET status = 'failed', finished_at_ms = started_at_ms WHERE id = ?",
+        (fence.attempt_id,),
+    )
+
+    outcome = claim(harness.db, fence.run_id, owner="sup-a")
+
+    assert outcome == cancellation.ClaimOutcome(status="not_eligible", run_id=fence.run_id)
+    assert count(harness.db, "cancellation_dispatches") == 0
