@@ -19,6 +19,7 @@ from tests.support.cancellation_builders import (
     claim,
     claimed_runs,
     dispatch_row,
+    handle_of,
     request,
     running_runs,
     start_fence,
@@ -100,16 +101,20 @@ def test_the_dispatch_records_whether_the_controller_ran(harness: Harness, contr
 
 
 def test_a_retry_backs_off_by_the_supervisors_own_retry_budget(harness: Harness) -> None:
+    # Given a supervisor without a controller, whose retries start at 4 s and are capped at 5 s
     project, (fence,) = running_runs(harness.db)
     request(harness.db, project, fence.run_id)
+    supervisor = _supervisor(harness.db, None, retry_base_ms=4_000, retry_max_ms=5_000)
+    delays = []
+    for _ in range(2):
+        supervisor.run_cycle()
+        row = dispatch_row(harness.db, fence.run_id)
+        assert row["status"] == "retry_wait"
+        delays.append(int(row["next_attempt_at_ms"]) - int(row["updated_at_ms"]))
+        harness.advance_clock(delays[-1])
 
-    _supervisor(harness.db, None, retry_base_ms=4_000, retry_max_ms=8_000).run_cycle()
-
-    row = dispatch_row(harness.db, fence.run_id)
-    assert (row["status"], int(row["next_attempt_at_ms"]) - int(row["updated_at_ms"])) == (
-        "retry_wait",
-        4_000,
-    )
+    # Then the first retry waits the base and the second the cap (not twice the base)
+    assert delays == [4_000, 5_000]
 
 
 def test_the_crash_hook_fires_once_the_claim_committed(harness: Harness) -> None:
@@ -122,23 +127,25 @@ def test_the_crash_hook_fires_once_the_claim_committed(harness: Harness) -> None
     assert points == ["after_cancel_claim"]
 
 
-def test_a_result_fenced_by_a_takeover_is_counted_fenced_and_not_skipped(harness: Harness) -> None:
-    # Given a signal so slow that the claim lease lapses and another supervisor takes the dispatch over
-    project, (fence,) = running_runs(harness.db)
-    request(harness.db, project, fence.run_id)
-    other = FakeSignal()
+def test_results_fenced_by_takeovers_are_each_counted_fenced_and_not_skipped(harness: Harness) -> None:
+    # Given two stops so slow that each claim lease lapses and another supervisor takes the dispatch over
+    project, fences = running_runs(harness.db, 2)
+    for fence in fences:
+        request(harness.db, project, fence.run_id)
+        harness.advance_clock(1)
+    run_of_handle = {handle_of(i): fence.run_id for i, fence in enumerate(fences)}
 
     def slow(handle: str, pid: int | None, *, grace_ms: int) -> Any:
         harness.advance_clock(600_000)
-        assert _supervisor(harness.db, other, owner="sup-b").run_cycle().claimed == 1
+        assert claim(harness.db, run_of_handle[handle], owner="sup-b").status == "claimed"
         return FakeSignal()(handle, pid, grace_ms)
 
-    # When the first supervisor records its result
+    # When the first supervisor records its results
     report = _supervisor(harness.db, slow).run_cycle()
 
-    # Then it is fenced out, counted once as fenced, and the run still counts as claimed
-    assert (report.claimed, report.fenced, report.results, report.skipped) == (1, 1, {}, {})
-    assert len(other.calls) == 1 and dispatch_row(harness.db, fence.run_id)["lease_owner"] is None
+    # Then each is fenced out and counted once as fenced, and both runs still count as claimed
+    assert (report.claimed, report.fenced, report.results, report.skipped) == (2, 2, {}, {})
+    assert all(dispatch_row(harness.db, f.run_id)["lease_owner"] == "sup-b" for f in fences)
 
 
 def test_a_failed_signal_is_logged_by_its_kind_only(
@@ -280,6 +287,7 @@ def test_a_budget_refusal_names_the_budget_and_its_bounds(
         {"page": 64, "pages": 64},
         {"grace_ms": 0},
         {"grace_ms": 14_999, "lease_ms": 30_000},
+        {"grace_ms": 60_000, "lease_ms": 120_001},
     ],
 )
 def test_the_budget_bounds_themselves_are_accepted(harness: Harness, budget: dict[str, Any]) -> None:
