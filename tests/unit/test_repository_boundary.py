@@ -19,9 +19,6 @@ NOT_YET_MIGRATED = {
     "application/approved_action_recovery.py",
     "application/approved_actions.py",
     "application/attempt_logs.py",
-    "application/cancellation.py",
-    "application/cancellation_management.py",
-    "application/cancellation_supervisor.py",
     "application/dispatcher.py",
     "application/leases.py",
     "application/metrics.py",
@@ -32,7 +29,6 @@ NOT_YET_MIGRATED = {
     "application/runs.py",
     "application/workers.py",
     "cluster/pull.py",
-    "cluster/stops.py",
 }
 
 
