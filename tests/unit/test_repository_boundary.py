@@ -15,9 +15,6 @@ QUERY_METHODS = {"one", "all", "run"}
 # Where running a named query is the module's job.
 HOMES = ("repositories/", "storage/")
 NOT_YET_MIGRATED = {
-    "application/approved_action_handlers.py",
-    "application/approved_action_recovery.py",
-    "application/approved_actions.py",
     "application/attempt_logs.py",
     "application/dispatcher.py",
     "application/leases.py",
