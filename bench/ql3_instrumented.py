@@ -95,7 +95,10 @@ def _install_counters(postgres: bool) -> None:
             self: Any, fn: Any, *, write: bool = True, _real: Any = real, _p: str = prefix
         ) -> Any:
             result = _real(self, fn, write=write)
-            _bump(f"{_p}_{'write' if write else 'read'}_units")
+            kind = "write" if write else "read"
+            _bump(f"{_p}_{kind}_units")
+            # and by thread (the loops' threads are named ql3-<loop>), to see who reads while work flows
+            _bump(f"{_p}_{kind}_by_thread:{threading.current_thread().name.split('_')[0]}")
             return result
 
         cls.transaction = transaction  # type: ignore[method-assign]

@@ -9,12 +9,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from ql3.application.control_loops import WAKE_CHANNELS as WAKE_CHANNELS
 from ql3.application.settings import ServeSettings, resolve_home
 from ql3.domain.errors import ConfigurationError
 from ql3.execution.run_as import TaskUser as TaskUser  # re-exported for ``ql3 serve --run-as``
 from ql3.execution.run_as import TaskUsers as TaskUsers
 from ql3.execution.run_as import resolve_task_user as resolve_task_user
+from ql3.ports import channels
 from ql3.ports.storage import Database
 from ql3.storage.migrations import MigrationState, chain
 from ql3.storage.notify import LocalNotifier
@@ -101,7 +101,7 @@ class StandaloneRuntime:
         listen = getattr(self.db, "start_listening", None)
         if listen is not None:
             # PostgreSQL: other replicas' commits wake our loops through LISTEN/NOTIFY.
-            listen(list(WAKE_CHANNELS))
+            listen(list(channels.RELAYED))
         self.worker.start()
         for loop in self.loops:
             loop.start()
@@ -178,7 +178,7 @@ def build_standalone_runtime(
         ),
     )
     notifier = db.notifier
-    worker.on_settled = lambda attempt_id: notifier.notify("runs")
+    worker.on_settled = lambda attempt_id: notifier.notify(channels.RUNS)
 
     def dispatch_cycle() -> bool:
         if worker.active_count >= worker.config.slots:
@@ -192,16 +192,16 @@ def build_standalone_runtime(
 
     def maintain_wait(backstop_s: float) -> bool:
         # Re-adopted processes (from a previous incarnation) are not our children: poll them.
-        return db.wait_for("maintain", min(backstop_s, 0.5) if worker.has_adopted() else backstop_s)
+        return db.wait_for(channels.MAINTAIN, min(backstop_s, 0.5) if worker.has_adopted() else backstop_s)
 
     loop = loop_factory(db, notifier)
     stopper = ProcessController()
     loops = [
-        loop("dispatcher", dispatch_cycle, "runs", budgets.dispatch_backstop_s),
+        loop("dispatcher", dispatch_cycle, channels.RUNS, budgets.dispatch_backstop_s),
         loop(
             "worker-maintain",
             lambda: bool(worker.maintain()),
-            "maintain",
+            channels.MAINTAIN,
             budgets.maintain_backstop_s,
             maintain_wait,
         ),

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.processes import pid_state_and_group, processes_of_run
 from tests.support.server import Server
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +29,6 @@ def _live_members(pgrp: int) -> list[int]:
     return out
 
 
-def _wait_for(predicate: object, timeout_s: float = 30.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not met in time")
-        time.sleep(0.05)
-
-
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 def test_run_cancel_wait_stops_the_whole_process_group(serve: Server) -> None:
     # Given a running run whose script started a child that ignores SIGTERM
@@ -49,7 +40,7 @@ def test_run_cancel_wait_stops_the_whole_process_group(serve: Server) -> None:
         procs.update(processes_of_run(run["id"]))
         return len(procs) >= 3  # the main shell, the trapping shell, and the sleeps
 
-    _wait_for(three_processes)
+    wait_for(three_processes)
     groups = set(procs.values())
     assert len(groups) == 1, procs  # one process group holds the whole script
     (pgrp,) = groups

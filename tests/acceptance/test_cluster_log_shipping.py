@@ -73,11 +73,15 @@ def test_follow_on_another_replica_shows_every_line_live_and_the_quota_marker(
                 proc.kill()
                 pytest.fail(f"follow did not end:\n{lines}\n{cluster.logs()}")
             reader.join(10)
+            error = proc.stderr.read() if proc.stderr else ""
+            for stream in (proc.stdout, proc.stderr):  # the process has ended: close its pipes
+                if stream is not None:
+                    stream.close()
             status = str(api.get(f"{P}/runs/{run_id}").json()["status"])
 
             # Then it showed every line in order, the first while the run was still going on, and it
             # ended by itself once the run was over
-            assert rc == 0, proc.stderr.read() if proc.stderr else ""
+            assert rc == 0, error
             assert lines == [f"line {i}" for i in range(1, LINES + 1)], cluster.logs()
             assert status_at_first_line and status_at_first_line[0] not in TERMINAL
             assert status == "succeeded"

@@ -10,12 +10,14 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.server import start_server, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 SECRET = "acceptance-webhook-secret-0123456789"
@@ -40,15 +42,19 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def close(self) -> None:
+        """Stop serving and close the listening socket."""
+        self.server.shutdown()
+        self.server.server_close()
 
-def wait_for(predicate: Any, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    found = Receiver()
+    try:
+        yield found
+    finally:
+        found.close()
 
 
 def outbox(home: Path) -> list[dict[str, Any]]:
@@ -60,8 +66,9 @@ def outbox(home: Path) -> list[dict[str, Any]]:
         conn.close()
 
 
-def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(tmp_path: Path) -> None:
-    receiver = Receiver()
+def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(
+    tmp_path: Path, receiver: Receiver
+) -> None:
     home = tmp_path / "home"
     lease = {"QL3_NOTIFY_LEASE_MS": "2000"}
     # Given a server that dies right after the failing run's outbox row is claimed, before sending
@@ -93,7 +100,7 @@ def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(tmp_path: P
     # Then a restart without the fault delivers it once the dead process's lease has expired
     restarted = start_server(home, env=lease)
     try:
-        wait_for(lambda: [r["status"] for r in outbox(home)] == ["delivered"])
+        wait_for(lambda: [r["status"] for r in outbox(home)] == ["delivered"], 60)
         time.sleep(1.0)  # a second delivery would have to happen now: the row is settled
         assert len(receiver.bodies) == 1
         headers, body = receiver.bodies[0]
@@ -106,4 +113,3 @@ def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(tmp_path: P
         assert [(r["status"], r["attempts"]) for r in outbox(home)] == [("delivered", 2)]
     finally:
         stop(restarted.process)
-        receiver.server.shutdown()

@@ -91,7 +91,7 @@ def _crash_under_load(tmp_path: Path, database_url: str | None) -> None:
     home, ledger = tmp_path / "home", tmp_path / "ledger"
     ledger.mkdir()
     (ledger / "ledger").touch()
-    server = ServerProcess(home, database_url, slots=8, logs=tmp_path)
+    server = ServerProcess(home, database_url, slots=8)
     api = Api(server)
     server.start()
     try:

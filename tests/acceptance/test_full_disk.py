@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import httpx
 import pytest
 
 from tests.support.server import Server, start_server, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -78,16 +78,6 @@ def _free_bytes(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _wait(what: str, check: Any, deadline_s: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def _runs(api: httpx.Client) -> list[dict[str, Any]]:
     resp = api.get("/runs", params={"limit": 100})
     assert resp.status_code == 200, resp.text
@@ -110,7 +100,11 @@ def test_a_full_disk_gives_no_false_success_and_the_server_recovers(
             assert created.status_code == 201, created.text
         first = api.post("/tasks/hello/runs", json={})
         assert first.status_code == 201, first.text
-        _wait("the first run", lambda: api.get(f"/runs/{first.json()['id']}").json()["status"] in TERMINAL)
+        wait_for(
+            lambda: api.get(f"/runs/{first.json()['id']}").json()["status"] in TERMINAL,
+            DEADLINE_S,
+            what="the first run",
+        )
 
         # A token not used yet: its first use records last_used_at_ms, a write the full disk refuses.
         viewer = api.post("/tokens", json={"role": "viewer", "name": "reader"})
@@ -120,7 +114,11 @@ def test_a_full_disk_gives_no_false_success_and_the_server_recovers(
         filler = api.post("/tasks/filler/runs", json={})
         assert filler.status_code == 201, filler.text
         filler_id = filler.json()["id"]
-        _wait("the task to fill the disk", lambda: fill.exists() and _free_bytes(small_disk) < 64 * 1024)
+        wait_for(
+            lambda: fill.exists() and _free_bytes(small_disk) < 64 * 1024,
+            DEADLINE_S,
+            what="the task to fill the disk",
+        )
 
         # While the disk is full: the server is up, reads work and /readyz names the problem.
         assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
@@ -141,10 +139,15 @@ def test_a_full_disk_gives_no_false_success_and_the_server_recovers(
 
         # Space returns: every run settles, none of the filler's is a success, new runs succeed.
         fill.unlink()
-        _wait("readiness", lambda: httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200)
-        settled = _wait(
-            "every run to reach a terminal state",
+        wait_for(
+            lambda: httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200,
+            DEADLINE_S,
+            what="readiness",
+        )
+        settled = wait_for(
             lambda: (runs := _runs(api)) and all(r["status"] in TERMINAL for r in runs) and runs,
+            DEADLINE_S,
+            what="every run to reach a terminal state",
         )
         by_id = {r["id"]: r for r in settled}
         assert by_id[first.json()["id"]]["status"] == "succeeded"
@@ -159,9 +162,10 @@ def test_a_full_disk_gives_no_false_success_and_the_server_recovers(
         again = api.post("/tasks/hello/runs", json={})
         assert again.status_code == 201, again.text
         run_id = again.json()["id"]
-        done = _wait(
-            "a run after recovery",
+        done = wait_for(
             lambda: (r := api.get(f"/runs/{run_id}").json())["status"] in TERMINAL and r,
+            DEADLINE_S,
+            what="a run after recovery",
         )
         assert done["status"] == "succeeded" and done["exit_code"] == 0, done
         logs = api.get(f"/runs/{run_id}/logs/raw")

@@ -3,13 +3,13 @@ then KILL of whatever is left (issue 8 item 5)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.processes import processes_of_run
 from tests.support.server import Server
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -24,26 +24,17 @@ def _graceful_command(ready: Path, marker: Path) -> str:
     )
 
 
-def _wait_for(predicate: object, timeout_s: float = 60.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not met in time")
-        time.sleep(0.05)
-
-
 def _cancel_after_ready(server: Server, name: str, grace_s: int, tmp: Path) -> tuple[str, Path]:
     ready, marker = tmp / f"{name}.ready", tmp / f"{name}.marker"
     server.cli_json(
         "task", "add", name, "--command", _graceful_command(ready, marker), "--grace", str(grace_s)
     )
     run = server.cli_json("run", "start", name)
-    _wait_for(ready.exists)
+    wait_for(ready.exists, 60)
     done = server.cli("run", "cancel", run["id"], "--wait", "--json")
     assert done.returncode == 0, done.stderr
-    _wait_for(lambda: server.cli_json("run", "show", run["id"])["status"] in ("cancelled", "succeeded"))
-    _wait_for(lambda: processes_of_run(run["id"]) == {})
+    wait_for(lambda: server.cli_json("run", "show", run["id"])["status"] in ("cancelled", "succeeded"), 60)
+    wait_for(lambda: processes_of_run(run["id"]) == {}, 60)
     return run["id"], marker
 
 

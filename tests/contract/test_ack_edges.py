@@ -18,9 +18,9 @@ from tests.support.execution_builders import dispatcher, queued, register, run_o
 DIGEST = sha256_hex("cb-token")
 
 
-def _claimed(harness: Harness) -> tuple[Any, LeaseFence]:
+def _claimed(harness: Harness, **spec: Any) -> tuple[Any, LeaseFence]:
     register(harness.db, lease_ms=600_000)
-    project, _, _ = queued(harness.db)
+    project, _, _ = queued(harness.db, **spec)
     offer = dispatcher(harness.db).dispatch_once().offer
     assert offer is not None
     return project, offer.fence
@@ -47,7 +47,8 @@ def _running(harness: Harness, fence: LeaseFence, **overrides: Any) -> Any:
 
 
 def test_starting_writes_one_event_and_wakes_the_deadline_planner(harness: Harness) -> None:
-    project, fence = _claimed(harness)
+    # A task with a timeout: its starting ACK sets a deadline (without one nothing is woken, below)
+    project, fence = _claimed(harness, timeout_ms=60_000)
     before = len(_events(harness, fence.run_id))
 
     woke: list[bool] = []
@@ -184,3 +185,44 @@ def test_running_before_starting_names_the_status(harness: Harness) -> None:
         _running(harness, fence)
     assert caught.value.message == "running requires starting"
     assert caught.value.details == {"status": "claimed"}
+
+
+class _Channels:
+    """The transaction as it is, recording the channels it notifies at commit."""
+
+    def __init__(self, tx: Any) -> None:
+        self._tx = tx
+        self.dialect = tx.dialect
+        self.notified: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+    def notify(self, channel: str) -> None:
+        self.notified.append(channel)
+        self._tx.notify(channel)
+
+
+@pytest.mark.parametrize("timeout_ms", [None, 60_000])
+def test_the_starting_ack_wakes_the_cancellation_loop_only_for_a_deadline(
+    harness: Harness, timeout_ms: int | None
+) -> None:
+    # Given a claimed attempt of a task with or without a timeout
+    register(harness.db, lease_ms=600_000)
+    spec: dict[str, Any] = {} if timeout_ms is None else {"timeout_ms": timeout_ms}
+    queued(harness.db, **spec)
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None
+    seen: list[_Channels] = []
+
+    def ack(tx: Any) -> Any:
+        seen.append(_Channels(tx))
+        return leases.ack_starting(seen[0], offer.fence)
+
+    # When the starting ACK commits
+    assert harness.db.transaction(ack)[0] == "starting"
+
+    # Then "attempts" (the cancellation loop's re-plan) is notified exactly when a deadline was set
+    attempt = harness.db.transaction(lambda tx: leases.attempt_row(tx, offer.fence.attempt_id))
+    assert attempt is not None and (attempt.deadline_at_ms is not None) == (timeout_ms is not None)
+    assert ("attempts" in seen[0].notified) == (timeout_ms is not None)

@@ -296,3 +296,24 @@ def test_retention_deletes_the_chunks_with_their_runs_in_bounded_batches(
     assert count(harness.db, "attempt_logs") == 1
     assert count(harness.db, "attempt_log_chunks") == 5
     assert read_all(harness.db, recent[0][1])[0] == b"000\n001\n002\n003\n004\n"
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("worker_session_id", "'another-session'"), ("worker_generation", "worker_generation + 1")],
+)
+def test_each_field_of_the_lease_is_checked_before_a_chunk_is_stored(
+    harness: Harness, column: str, value: str
+) -> None:
+    # Given w1's lease, whose session or generation no longer names w1's current session (the
+    # registry still does: only the lease's own field differs)
+    session, fence = leased(harness.db, "w1")
+    harness.db.raw(f"UPDATE run_leases SET {column} = {value} WHERE attempt_id = ?", (fence.attempt_id,))
+
+    # When w1's current session ships a chunk of that attempt
+    with pytest.raises(FenceConflict) as refused:
+        ship(harness.db, session, fence.attempt_id, 0, b"not leased to this session")
+
+    # Then it is refused and nothing is stored
+    assert refused.value.details["reason"] == "log_not_leased"
+    assert count(harness.db, "attempt_logs") == count(harness.db, "attempt_log_chunks") == 0

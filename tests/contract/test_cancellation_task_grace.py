@@ -33,13 +33,16 @@ class LeaseWatchingSignal(FakeSignal):
 
     def __call__(self, handle: str, pid: int | None, grace_ms: int) -> FakeOutcome:
         def left(tx: Any) -> int:
-            row = tx.one("cancel_dispatch_get", {"run_id": self.run_id})
+            row = tx.one(
+                "cancel_dispatch_get_in_project", {"run_id": self.run_id, "project_id": self.project_id}
+            )
             return int(row["lease_expires_at_ms"]) - int(tx.now_ms())
 
         self.lease_left_ms.append(self.db.transaction(left, write=False))
         return super().__call__(handle, pid, grace_ms)
 
     run_id: str = ""
+    project_id: str = ""
 
 
 @pytest.mark.parametrize("grace_ms", [0, 1_000, 8_000, 120_000, 300_000])
@@ -51,6 +54,7 @@ def test_the_signal_gets_the_tasks_grace_and_the_claim_lease_outlasts_it(
     request(harness.db, project, fence.run_id)
     signal = LeaseWatchingSignal(harness.db)
     signal.run_id = fence.run_id
+    signal.project_id = project.id
 
     # When a cycle runs (the supervisor's own default is 5 s, with a 30 s claim lease)
     cancellation_supervisor.CancellationSupervisor(

@@ -141,7 +141,7 @@ def test_a_late_callback_for_a_lost_attempt_of_a_retried_run_is_recorded_and_cha
     assert run_of(harness.db, project, fence.run_id).status == "retry_wait"
 
 
-@pytest.mark.parametrize("seq", [1, 4], ids=["below", "above"])
+@pytest.mark.parametrize("seq", [1, 2, 4], ids=["below", "just_below", "above"])
 def test_a_late_callback_with_another_sequence_for_a_lost_attempt_is_recorded(
     harness: Harness, seq: int
 ) -> None:

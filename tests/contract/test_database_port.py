@@ -163,14 +163,23 @@ def _queries_named_in_src() -> set[str]:
     return names
 
 
+# Queries that call a PostgreSQL function doing what SQLite runs as several of the shared named
+# statements (which both catalogues keep); the contract tests run the behaviour on both databases.
+POSTGRES_ONLY = {
+    "lease_claim": "ql3_claim (migration 0010): leases.claim; SQLite runs the claim's statements",
+    "run_write": "ql3_write_run (migration 0011): runs.write_run; SQLite runs run_cas, attempt_cas, events",
+}
+
+
 def test_every_query_the_code_runs_exists_in_both_dialects_and_both_name_the_same_queries() -> None:
     sqlite, postgres = catalogue("sqlite"), catalogue("postgres")
     used = _queries_named_in_src()
 
     assert len(used) > 100  # the scan sees the code
-    assert sorted(used - set(sqlite)) == []
+    assert sorted(used - set(sqlite) - set(POSTGRES_ONLY)) == []
     assert sorted(used - set(postgres)) == []
-    assert set(sqlite) == set(postgres)
+    assert set(sqlite) == set(postgres) - set(POSTGRES_ONLY)
+    assert set(POSTGRES_ONLY) <= used  # every exception is still called
 
 
 # Queries read with ``all`` whose size is bounded by the schema rather than by a LIMIT.

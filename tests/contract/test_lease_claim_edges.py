@@ -152,8 +152,11 @@ def test_a_leased_row_is_taken_again_at_its_expiry_instant_and_not_before(harnes
         assert _claim(harness, run_id, attempt_id).status == "leased"
         assert int(_lease(harness)["lease_generation"]) == 1
         harness.advance_clock(1)
-    else:
-        harness.advance_clock(LEASE_MS)
+    else:  # the database clock runs on: well before the expiry, it is live
+        harness.advance_clock(LEASE_MS // 2)
+        assert _claim(harness, run_id, attempt_id).status == "leased"
+        assert int(_lease(harness)["lease_generation"]) == 1
+        harness.advance_clock(LEASE_MS - LEASE_MS // 2)
 
     # When it is claimed at the lease's expiry instant, the row is reacquired as the next generation
     result = _claim(harness, run_id, attempt_id)
@@ -202,11 +205,14 @@ def test_a_lease_row_that_vanishes_before_it_is_locked_is_answered_leased(harnes
     assert _claim(harness, run_id, attempt_id).status == "claimed"
     _expire(harness, attempt_id)
 
-    # When another writer deletes the row between the claim's insert and its lock of the row
+    # When another writer deletes the row between the claim's insert and its lock of the row (on
+    # PostgreSQL the claim is one function call; the row goes between the call that found it and
+    # the call that reacquires it)
     def delete(tx: Transaction, params: Params) -> None:
         tx.run("retention_delete_run_leases", {"attempt_ids": json.dumps([params["attempt_id"]])})
 
-    result = _claim(harness, run_id, attempt_id, first={"lease_lock": delete})
+    before = "lease_lock" if harness.dialect == "sqlite" else "lease_claim#2"
+    result = _claim(harness, run_id, attempt_id, first={before: delete})
 
     # Then the claim answers leased (someone else's business now) and writes nothing
     assert (result.status, result.lease) == ("leased", None)
@@ -233,7 +239,34 @@ def test_a_reacquire_that_loses_its_compare_and_set_is_answered_leased(harness: 
         }
         assert tx.one("lease_reacquire_claim", won) is not None
 
-    result = _claim(harness, run_id, attempt_id, first={"lease_reacquire_claim": w2_first})
+    # On PostgreSQL the claim is one function call that names the generation to derive, then a second
+    # that reacquires it: w2 takes the row in between and lets it go again, so the row is free but
+    # its next generation is no longer the one w1's token was derived for.
+    def w2_between(tx: Transaction, params: Params) -> None:
+        now = tx.now_ms()
+        row = tx.one("lease_get", {"attempt_id": attempt_id})
+        assert row is not None
+        won = {
+            "attempt_id": attempt_id,
+            "run_id": run_id,
+            "worker_id": "w2",
+            "worker_session_id": w2["session_id"],
+            "worker_generation": int(w2["generation"]),
+            "expires_at_ms": now + LEASE_MS,
+            "now": now,
+            "lease_token_digest": leases.lease_digest(derive_lease_token(SECRET, attempt_id, 2)),
+            "expected_version": int(row["version"]),
+        }
+        taken = tx.one("lease_reacquire_claim", won)
+        assert taken is not None
+        released = {"attempt_id": attempt_id, "expected_version": int(taken["version"]), "now": now}
+        assert tx.run("lease_release", {**released, "reason": "declined"}) == 1
+        tx.run("worker_leases_adjust", {"worker_id": "w2", "delta": -1})
+
+    if harness.dialect == "sqlite":
+        result = _claim(harness, run_id, attempt_id, first={"lease_reacquire_claim": w2_first})
+    else:
+        result = _claim(harness, run_id, attempt_id, first={"lease_claim#2": w2_between})
 
     # Then w1's claim answers leased: no lease, no slot, no run transition of its own
     assert (result.status, result.lease) == ("leased", None)

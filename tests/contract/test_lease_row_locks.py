@@ -44,7 +44,10 @@ def test_the_fence_is_read_under_the_lease_row_lock(harness: Harness) -> None:
     assert "lease_get" not in log[0].names[: log[0].names.index("lease_renew")]
 
 
-def test_a_claim_locks_run_attempt_worker_then_the_lease_row_it_reacquires(harness: Harness) -> None:
+def test_a_claim_locks_run_attempt_worker_then_the_lease_row_it_reacquires(sqlite_harness: Harness) -> None:
+    # On PostgreSQL the claim is one statement (the ql3_claim function): the same order is proven by
+    # blocking each of its four rows in turn (tests/contract/test_pg_round_trips.py).
+    harness = sqlite_harness
     # Given an attempt whose first lease expired unstarted (its row stays, released)
     fence = _claimed(harness)
     harness.advance_clock(5_000)
@@ -112,3 +115,35 @@ def test_a_renewal_that_loses_its_compare_and_set_is_fenced_as_a_version_mismatc
     assert caught.value.details == {"reason": "version_mismatch"}
     (lease,) = harness.db.raw("SELECT version, expires_at_ms FROM run_leases")
     assert int(lease["version"]) == fence.lease_version
+
+
+@pytest.mark.parametrize("ending", ["complete", "start_failure"])
+def test_an_ending_reads_its_lease_once_under_the_row_lock_and_frees_the_slot(
+    harness: Harness, ending: str
+) -> None:
+    # Given a running attempt (or, for a start failure, one that is starting)
+    offer = _offer(harness, lease_ms=600_000)
+    fence = offer.fence
+    if ending == "complete":
+        start(harness.db, offer)
+    else:
+        harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+    log: list[StatementLog] = []
+
+    def end(tx: Transaction) -> Any:
+        log.append(StatementLog(tx))
+        if ending == "complete":
+            return leases.complete(log[0], fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        return leases.ack_start_failure(log[0], fence, error_code="spawn_failed")
+
+    # When it ends
+    harness.db.transaction(end)
+
+    # Then the fence's read of the lease under its lock is the only one: the lease is completed from it
+    names = log[0].names
+    assert names.count("lease_lock") == 1 and "lease_get" not in names, names
+    assert names.index("lease_lock") < names.index("lease_complete")
+    (lease,) = harness.db.raw("SELECT status FROM run_leases WHERE attempt_id = ?", (fence.attempt_id,))
+    assert lease["status"] == "completed"
+    (worker,) = harness.db.raw("SELECT active_leases FROM workers WHERE worker_id = ?", (fence.worker_id,))
+    assert int(worker["active_leases"]) == 0

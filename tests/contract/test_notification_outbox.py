@@ -163,6 +163,39 @@ def test_a_lease_keeps_others_off_until_it_expires_and_fences_the_late_settle(ha
         other_db.close()
 
 
+class _StaleDuePage:
+    """A transaction whose due page is one read before another deliverer's claim committed (the race
+    a single SQLite writer, or PostgreSQL's SKIP LOCKED, never lets a real page see)."""
+
+    def __init__(self, tx: Any, page: list[Any]) -> None:
+        self._tx = tx
+        self._page = page
+
+    def all(self, query: str, params: Any = None) -> Any:
+        return self._page if query == "notify_due_page" else self._tx.all(query, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+
+def test_a_row_claimed_since_the_due_page_was_read_is_not_claimed_again(harness: Any) -> None:
+    project, task = _setup(harness.db)
+    _finish(harness.db, project, task)
+    stale = harness.db.transaction(lambda tx: tx.all("notify_due_page", {"now": tx.now_ms(), "limit": 8}))
+    a = NotificationDeliverer(harness.db, RecordingSender(), "replica-a")
+    b = NotificationDeliverer(harness.db, RecordingSender(), "replica-b")
+
+    # Given A claimed the row after B read its due page
+    assert len(harness.db.transaction(a.claim)) == 1
+
+    # When B claims from that page, its claim (fenced on the attempt count it read) takes nothing
+    assert harness.db.transaction(lambda tx: b.claim(_StaleDuePage(tx, stale))) == []
+
+    # Then the row is still A's, with one attempt counted
+    row = harness.db.raw("SELECT status, attempts, lease_owner FROM notification_outbox")[0]
+    assert (row["status"], row["attempts"], row["lease_owner"]) == ("leased", 1, "replica-a")
+
+
 def test_failures_back_off_then_go_dead(harness: Any) -> None:
     project, task = _setup(harness.db)
     _finish(harness.db, project, task)

@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from ql3.application import leases
-from ql3.domain.errors import StorageBusy, StorageUnavailable
+from ql3.domain.digests import sha256_hex
+from ql3.domain.errors import StorageUnavailable
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
 from ql3.storage.postgres.adapter import PostgresDatabase
@@ -23,9 +24,10 @@ from tests.support.databases import Harness
 from tests.support.execution_builders import SECRET, dispatcher, queued, register
 from tests.support.round_trips import count_round_trips
 
-# BEGIN + clock + candidate page, two worker pages, COMMIT; BEGIN + clock + Run lock, Attempt lock,
-# worker lock, lease insert with the counter, Run CAS, Attempt CAS, event, COMMIT (was 33).
-ROUND_TRIPS_PER_OFFER = 12
+# BEGIN + clock + candidate page, two worker pages, COMMIT; BEGIN + clock + the claim (one ql3_claim
+# call: Run, Attempt, worker and lease locks, lease with the counter, Run CAS, Attempt CAS, event),
+# COMMIT (was 33, then 12 with the claim as eight exchanges).
+ROUND_TRIPS_PER_OFFER = 6
 
 
 @pytest.fixture
@@ -115,54 +117,94 @@ def _claim(harness: Harness, run_id: str, attempt_id: str) -> Any:
     )
 
 
-@pytest.mark.parametrize(
-    ("table", "statement"),
-    [("runs", "FROM runs WHERE id = $1 FOR UPDATE"), ("run_attempts", "FOR UPDATE OF a")],
-)
-def test_the_claim_locks_the_run_then_the_attempt_before_writing(
-    pg: Harness, table: str, statement: str
+# The claim's row locks in their order (docs/dispatch.md); on PostgreSQL all four are taken inside
+# the one ql3_claim statement, so the order is observed from outside: which row the claim waits on,
+# and which rows it holds by then.
+LOCK_ORDER = [("runs", "id"), ("run_attempts", "id"), ("workers", "worker_id"), ("run_leases", "attempt_id")]
+
+
+def _locked_elsewhere(watch: psycopg.Connection[Any], table: str, column: str, key: str) -> bool:
+    try:
+        watch.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE NOWAIT", (key,))
+    except psycopg.errors.LockNotAvailable:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("held", range(len(LOCK_ORDER)), ids=[t for t, _ in LOCK_ORDER])
+def test_the_claim_locks_run_attempt_worker_then_lease_in_order_before_writing(
+    pg: Harness, held: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a queued run whose Run (or Attempt) row another connection holds locked
+    # Given a queued run whose Run, Attempt, worker or lease row another connection holds locked (for
+    # the lease row: the attempt's first lease expired unstarted, so the claim reacquires that row)
     register(pg.db, "w1", slots=4, lease_ms=600_000)
     _, _, (run,) = queued(pg.db)
     attempt_id = pg.db.raw("SELECT id FROM run_attempts WHERE run_id = ?", (run.id,))[0]["id"]
-    key = run.id if table == "runs" else attempt_id
-    outcome: list[Any] = []
-    with psycopg.connect(pg.db.dsn) as holder:
-        holder.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", (key,))
-        me = holder.info.backend_pid
-
-        def claim() -> None:
-            try:
-                outcome.append(_claim(pg, run.id, attempt_id).status)
-            except StorageBusy as exc:  # lock_timeout (1 s) passed before the holder let go
-                outcome.append(exc)
-
-        # When a claim runs meanwhile
-        worker = threading.Thread(target=claim)
-        worker.start()
-        waiting: str | None = None
-        with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
-            for _ in range(200):
-                row = watch.execute(
-                    "SELECT query FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND %s = ANY(pg_blocking_pids(pid))",
-                    (me,),
-                ).fetchone()
-                if row is not None:
-                    waiting = str(row[0])
-                    break
-                time.sleep(0.005)
-        # Then it waits on that row lock in its locking statement, before it wrote anything
-        assert waiting is not None and statement in waiting, waiting
-        assert count(pg.db, "run_leases") == 0
-        holder.rollback()
-    worker.join(10)
-    assert outcome and (outcome[0] == "claimed" or isinstance(outcome[0], StorageBusy))
-
-    # And once the lock is released the run is claimed (by that claim or this one)
-    if outcome[0] != "claimed":
+    if LOCK_ORDER[held][0] == "run_leases":
         assert _claim(pg, run.id, attempt_id).status == "claimed"
+        pg.advance_clock(600_000)
+        assert pg.db.transaction(lambda tx: leases.expire_lease(tx, attempt_id)) == "released"
+        pg.db.raw("UPDATE workers SET lease_expires_at_ms = lease_expires_at_ms + 600000")  # still online
+    keys = {"runs": run.id, "run_attempts": attempt_id, "workers": "w1", "run_leases": attempt_id}
+    before = (pg.db.raw("SELECT * FROM run_leases"), count(pg.db, "run_events"))
+    # The claim's own database waits longer than the checks below take (the default lock_timeout is 1 s).
+    monkeypatch.setattr(
+        "ql3.storage.postgres.adapter._OPTIONS", "-c statement_timeout=30000 -c lock_timeout=20000"
+    )
+    claimer = PostgresDatabase(pg.db.dsn, min_size=1, max_size=1)
+    outcome: list[Any] = []
+    table, column = LOCK_ORDER[held]
+    try:
+        with psycopg.connect(pg.db.dsn) as holder:
+            holder.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", (keys[table],))
+            me = holder.info.backend_pid
+
+            def claim() -> None:
+                try:
+                    outcome.append(_claim(Harness(db=claimer, dialect="postgres"), run.id, attempt_id).status)
+                except Exception as exc:  # reported by the assertion below
+                    outcome.append(exc)
+
+            # When a claim runs meanwhile
+            worker = threading.Thread(target=claim)
+            worker.start()
+            waiter: int | None = None
+            with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
+                for _ in range(1000):
+                    row = watch.execute(
+                        "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock' AND %s = ANY(pg_blocking_pids(pid))",
+                        (me,),
+                    ).fetchone()
+                    if row is not None:
+                        waiter = int(row[0])
+                        assert "ql3_claim" in str(row[1]), row[1]
+                        break
+                    time.sleep(0.005)
+                assert waiter is not None, "the claim never waited on the held row"
+                # Then it waits on that row, holding exactly the rows before it in the order
+                waits_on = watch.execute(
+                    "SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND locktype = 'tuple'",
+                    (waiter,),
+                ).fetchall()
+                assert [r[0] for r in waits_on] == [table]
+                # (a lease row that does not exist yet is neither)
+                others = [
+                    (i, t, c)
+                    for i, (t, c) in enumerate(LOCK_ORDER)
+                    if i != held and (t != "run_leases" or before[0])
+                ]
+                holds = {t: _locked_elsewhere(watch, t, c, keys[t]) for _, t, c in others}
+                assert holds == {t: i < held for i, t, _ in others}
+                # And it wrote nothing yet
+                assert (pg.db.raw("SELECT * FROM run_leases"), count(pg.db, "run_events")) == before
+            holder.rollback()
+        worker.join(30)
+    finally:
+        claimer.close()
+
+    # And once the lock is released, the claim goes through
+    assert outcome == ["claimed"]
     assert count(pg.db, "run_leases") == 1
 
 
@@ -187,3 +229,48 @@ def test_one_offer_costs_a_bounded_number_of_round_trips(pg: Harness, round_trip
 
     # Then it took at most the budgeted exchanges with the server
     assert round_trips[0] <= ROUND_TRIPS_PER_OFFER, round_trips[0]
+
+
+# ack_starting: BEGIN + clock + Run lock, Attempt lock, lease lock, worker, task revision (the
+# deadline), the Run write (ql3_write_run), COMMIT with the notification. ack_running: the same less
+# the revision. complete: Run lock, Attempt lock, lease lock, worker, the Run write, the outcome's
+# notification rules, the lease completed from the row already locked, the slot, COMMIT. They were
+# 9, 9 and 13: Run CAS, Attempt CAS and one exchange per event, and the lease locked a second time.
+ROUND_TRIPS_PER_ACK = {"starting": 7, "running": 6, "complete": 9}
+
+
+def test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips(
+    pg: Harness, round_trips: list[int]
+) -> None:
+    # Given offers past statement preparation
+    register(pg.db, "w1", slots=64, lease_ms=600_000)
+    queued(pg.db, n=4)
+    d = dispatcher(pg.db, lease_ms=600_000)
+    spent: dict[str, list[int]] = {"starting": [], "running": [], "complete": []}
+    for _ in range(4):
+        offer = d.dispatch_once().offer
+        assert offer is not None
+        f = offer.fence
+        steps = {
+            "starting": lambda tx, f=f: leases.ack_starting(tx, f),
+            "running": lambda tx, f=f: leases.ack_running(
+                tx,
+                f,
+                pid=4242,
+                handle="ql3lp1.test",
+                log_artifact_id="a",
+                callback_sequence=1,
+                callback_token_digest=sha256_hex("cb-token"),
+            ),
+            "complete": lambda tx, f=f: leases.complete(
+                tx, f, callback_sequence=1, callback_token="cb-token", exit_code=0
+            ),
+        }
+        # When each step of the run commits
+        for name, step in steps.items():
+            round_trips[0] = 0
+            pg.db.transaction(step)
+            spent[name].append(round_trips[0])
+
+    # Then, once prepared, each took at most its budget of exchanges with the server
+    assert all(n <= ROUND_TRIPS_PER_ACK[name] for name, ns in spent.items() for n in ns[1:]), spent

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -51,6 +52,97 @@ def test_stale_version_is_a_conflict_and_writes_nothing(harness: Harness) -> Non
     stored = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
     assert stored.status == "dispatching" and stored.version == 1
     assert count(harness.db, "run_events") == 3
+
+
+def _dispatching(run: Any) -> list[runs.EventSpec]:
+    return [runs.EventSpec(type="run.dispatching", actor_type="system", payload={"from": run.status})]
+
+
+def test_a_write_from_a_stale_run_row_is_a_conflict_and_writes_nothing(harness: Harness) -> None:
+    # Given a writer holding the run as it was before another change committed (version 0, now 1)
+    project = seed_project(harness.db)
+    run, _ = start_run(harness.db, project, seed_task(harness.db, project))
+    stale = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    harness.db.transaction(lambda tx: runs.transition(tx, run.id, 0, "dispatching", actor_type="system"))
+
+    # When it writes from that row (write_run's own CAS, below the lock that transition() re-checks)
+    with pytest.raises(RunVersionConflict):
+        harness.db.transaction(
+            lambda tx: runs.write_run(tx, stale, replace(stale, status="dispatching"), _dispatching(stale))
+        )
+
+    # Then nothing of it was written: neither the Run nor an event
+    stored = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    assert (stored.status, stored.version, stored.event_sequence) == ("dispatching", 1, 3)
+    assert count(harness.db, "run_events") == 3
+
+
+def test_a_write_whose_attempt_changed_is_a_conflict_and_rolls_the_run_back(harness: Harness) -> None:
+    # Given a writer that believes the attempt is starting while it is still claimed
+    project = seed_project(harness.db)
+    run, _ = start_run(harness.db, project, seed_task(harness.db, project))
+    current = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    attempt = harness.db.transaction(lambda tx: runs.latest_attempt(tx, run.id))
+    assert attempt is not None and attempt.status == "claimed"
+    believed = replace(attempt, status="starting")
+    change = runs.AttemptChange(attempt=believed, new=replace(believed, status="running", pid=7))
+
+    # When it writes the Run with that Attempt change
+    with pytest.raises(Conflict, match="attempt changed concurrently"):
+        harness.db.transaction(lambda tx: runs.write_run(tx, current, current, _dispatching(current), change))
+
+    # Then the Run CAS that went first is rolled back with it, and no event was written
+    stored = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    assert (stored.version, stored.event_sequence) == (current.version, current.event_sequence)
+    assert count(harness.db, "run_events") == 2
+    after = harness.db.transaction(lambda tx: runs.latest_attempt(tx, run.id))
+    assert after is not None and (after.status, after.pid) == ("claimed", None)
+
+
+def test_a_write_stores_every_field_of_the_run_and_the_attempt_and_its_events_in_order(
+    harness: Harness,
+) -> None:
+    # Given a queued run and its claimed attempt
+    project = seed_project(harness.db)
+    run, _ = start_run(harness.db, project, seed_task(harness.db, project))
+    current = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    attempt = harness.db.transaction(lambda tx: runs.latest_attempt(tx, run.id))
+    assert attempt is not None
+    new_run = replace(current, status="dispatching", error_code="E1", exit_code=3, started_at_ms=11)
+    new_attempt = replace(attempt, worker_id="w1", deadline_at_ms=99, callback_sequence=2, error_code="E2")
+    events = [
+        runs.EventSpec(type="run.a", actor_type="system", payload={"from": "queued"}, dedupe_key="k1"),
+        runs.EventSpec(type="run.b", actor_type="worker", actor_id="w1", attempt_id=attempt.id),
+    ]
+
+    # When one write changes both rows with two events
+    written = harness.db.transaction(
+        lambda tx: runs.write_run(
+            tx, current, new_run, events, runs.AttemptChange(attempt=attempt, new=new_attempt)
+        )
+    )
+
+    # Then the rows hold exactly what was written, and the events follow the run's sequence
+    stored = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    assert stored == written
+    assert (stored.version, stored.event_sequence) == (current.version + 1, current.event_sequence + 2)
+    assert (stored.status, stored.error_code, stored.exit_code, stored.started_at_ms) == (
+        "dispatching",
+        "E1",
+        3,
+        11,
+    )
+    after = harness.db.transaction(lambda tx: runs.latest_attempt(tx, run.id))
+    assert after == new_attempt
+    listed = harness.db.transaction(
+        lambda tx: runs.list_events(tx, run.id, after=current.event_sequence, limit=10)
+    )
+    assert [(e.sequence, e.type, e.actor_type, e.actor_id, e.attempt_id, e.payload) for e in listed] == [
+        (current.event_sequence + 1, "run.a", "system", None, None, {"from": "queued"}),
+        (current.event_sequence + 2, "run.b", "worker", "w1", attempt.id, {}),
+    ]
+    keys = harness.db.raw("SELECT dedupe_key FROM run_events WHERE run_id = ? ORDER BY sequence", (run.id,))
+    assert [k["dedupe_key"] for k in keys][-2:] == ["k1", None]
 
 
 @pytest.mark.parametrize("target", ["succeeded", "waiting_approval", "created"])

@@ -12,23 +12,14 @@ from ql3.application import cancellation, cancellation_supervisor, leases
 from ql3.domain.offers import LeaseFence
 from tests.support.cancellation_builders import FakeSignal, request, start_fence
 from tests.support.databases import Harness
-from tests.support.execution_builders import dispatcher, queued, register
+from tests.support.execution_builders import busy_and_leased, dispatcher, queued, register
 
 LONG_MS = 600_000
 SHORT_MS = 5_000
 
 
-def _busy_and_leased(harness: Harness) -> list[tuple[str, int, int]]:
-    rows = harness.db.raw(
-        "SELECT w.worker_id, w.active_leases, "
-        "(SELECT count(*) FROM run_leases l WHERE l.worker_id = w.worker_id AND l.status = 'leased') AS n "
-        "FROM workers w ORDER BY w.worker_id"
-    )
-    return [(str(r["worker_id"]), int(r["active_leases"]), int(r["n"])) for r in rows]
-
-
 def _assert_consistent(harness: Harness) -> None:
-    for worker_id, busy, leased in _busy_and_leased(harness):
+    for worker_id, busy, leased in busy_and_leased(harness.db):
         assert busy == leased, f"worker {worker_id}: busy {busy} != leased leases {leased}"
 
 
@@ -139,7 +130,7 @@ def test_every_ending_path_frees_the_worker_slot(harness: Harness, path: str) ->
 
     # Then the busy counter equals the leased leases, and the slot places the next run
     _assert_consistent(harness)
-    assert _busy_and_leased(harness)[-1][1] == 0
+    assert busy_and_leased(harness.db)[-1][1] == 0
     nxt = d.dispatch_once()
     assert nxt.reason == "claimed" and nxt.offer is not None
     _assert_consistent(harness)

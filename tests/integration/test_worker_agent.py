@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 
 import pytest
 
@@ -11,8 +13,10 @@ from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.journal import JournalConflict
 from ql3.domain.workers import parse_capabilities
+from ql3.execution.identity import ProcessHandle
 from ql3.execution.receipts import receipt_path
-from tests.support.waits import poll_until
+from ql3.worker.agent import WorkerAgent
+from tests.support.waits import wait_for
 from tests.support.worker_agent import Crash, Env
 
 
@@ -26,7 +30,7 @@ def test_a_redelivered_offer_starts_the_command_once(env: Env) -> None:
         again = agent.receive(offer)
 
         assert first == "running_acknowledged" and again == "running_acknowledged"
-        poll_until(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
         assert env.starts() == 1
     finally:
         agent.stop()
@@ -113,6 +117,32 @@ def test_a_crash_after_the_launching_barrier_is_never_spawned_again(env: Env) ->
         restarted.stop()
 
 
+def test_a_crash_between_the_starting_ack_and_the_barrier_loses_nothing(env: Env) -> None:
+    # Given a worker that dies after the starting ACK, before the commit that journals it together
+    # with the launching barrier (the journal still says `accepted`, the control plane `starting`)
+    crashing = env.agent(fault="after_starting_ack")
+    crashing.start()
+    offer = env.queue_and_claim(crashing)
+    with pytest.raises(Crash):
+        crashing.receive(offer)
+    crashing.stop()
+
+    # When a new incarnation starts and the offer is delivered again
+    restarted = env.agent()
+    restarted.start()
+    try:
+        record = restarted.journal.get(offer.offer_id)
+        assert record is not None and record.state == "accepted"
+        state = restarted.receive(offer)
+
+        # Then the repeated starting ACK is accepted, the command starts exactly once and succeeds
+        assert state == "running_acknowledged"
+        wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        assert env.starts() == 1
+    finally:
+        restarted.stop()
+
+
 def test_lease_loss_stops_only_our_process_and_the_old_worker_never_writes_lost(env: Env) -> None:
     # Given a running command
     slow = env.db.transaction(
@@ -150,6 +180,49 @@ def test_lease_loss_stops_only_our_process_and_the_old_worker_never_writes_lost(
         agent.stop()
 
 
+def test_a_process_that_exits_after_its_session_was_replaced_keeps_its_journal_row(env: Env) -> None:
+    # Given a running command whose session another one replaces (its lease is fenced)
+    slow = env.db.transaction(
+        lambda tx: tasks.edit_task(tx, env.project.id, "t", {"command": f"echo x >> {env.marker}; sleep 30"})
+    ).task
+    env.task = slow
+    agent = env.agent()
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+        assert agent.receive(offer) == "running_acknowledged"
+        env.db.transaction(
+            lambda tx: workers.register(
+                tx,
+                worker_id="w1",
+                session_id=new_id(),
+                capabilities=parse_capabilities({"executors": ["local_process"]}),
+                max_concurrent_runs=4,
+                session_lease_ms=30_000,
+            )
+        )
+        record = agent.journal.get(offer.offer_id)
+        assert record is not None and record.executor_handle is not None
+
+        # When its process dies by itself (no receipt) and the exit watcher settles it
+        os.killpg(ProcessHandle.decode(record.executor_handle).pid, signal.SIGKILL)
+
+        # Then the old worker does not write lost, and the row stays as the evidence of the start
+        wait_for(lambda: _state(agent, offer.offer_id) == "recovery_required")
+        kept = agent.journal.get(offer.offer_id)
+        assert kept is not None and kept.recovery_reason == "process_exited_without_receipt"
+        assert env.run_status(offer.fence.run_id) == "running"
+        assert agent.settle(offer.fence.attempt_id) == "fenced"
+        assert agent.journal.get(offer.offer_id) is not None
+    finally:
+        agent.stop()
+
+
+def _state(agent: WorkerAgent, offer_id: str) -> str | None:
+    record = agent.journal.get(offer_id)
+    return None if record is None else record.state
+
+
 def test_a_journal_row_is_pruned_as_soon_as_its_attempt_settles(env: Env) -> None:
     # Given a worker running a short command
     agent = env.agent()
@@ -159,10 +232,10 @@ def test_a_journal_row_is_pruned_as_soon_as_its_attempt_settles(env: Env) -> Non
         agent.receive(offer)
 
         # When the run completes and the completion is acknowledged
-        poll_until(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
 
         # Then its journal row is gone at once (no retention age to wait for)
-        poll_until(lambda: agent.journal.get(offer.offer_id) is None)
+        wait_for(lambda: agent.journal.get(offer.offer_id) is None)
         assert agent.journal.audit().total == 0
     finally:
         agent.stop()
@@ -177,7 +250,7 @@ def test_a_database_restored_from_before_a_run_does_not_stop_the_worker_from_sta
         crashing.receive(offer)
     crashing.stop()
     receipt = receipt_path(env.home / "worker" / "receipts", offer.fence.attempt_id)
-    poll_until(receipt.exists)
+    wait_for(receipt.exists)
     # and a database restored from a backup taken before that run existed
     run_id = offer.fence.run_id
     for table, column in (

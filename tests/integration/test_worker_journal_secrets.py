@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ql3.application import tasks
-from tests.support.waits import poll_until
+from tests.support.waits import wait_for
 from tests.support.worker_agent import Env
 
 CANARIES = ("canary-command-7f3a", "canary-env-value-91c2", "canary-cwd-d40e")
@@ -62,8 +62,8 @@ def test_no_planted_secret_reaches_the_journal_and_the_settled_row_is_gone(
 
         # And once the run completes, the row (and the sealed token in it) is gone
         gate.write_text("go")
-        poll_until(lambda: env.run_status(offer.fence.run_id) == "succeeded")
-        poll_until(lambda: agent.journal.get(offer.offer_id) is None)
+        wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        wait_for(lambda: agent.journal.get(offer.offer_id) is None)
         assert offer.fence.lease_token.encode() not in _journal_bytes(env.home)
         assert agent.journal.audit().total == 0
         assert not [c for c in CANARIES if c.encode() in _journal_bytes(env.home)]

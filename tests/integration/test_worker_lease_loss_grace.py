@@ -9,7 +9,7 @@ import pytest
 from ql3.application import tasks, workers
 from ql3.domain.ids import new_id
 from ql3.domain.workers import parse_capabilities
-from tests.support.waits import poll_until
+from tests.support.waits import wait_for
 from tests.support.worker_agent import Env
 
 HANDLER_S = 6  # longer than the old fixed 5 s grace
@@ -29,7 +29,7 @@ def _lose_the_lease_while_running(world: Env, grace_ms: int, tmp_path: Path) -> 
     try:
         offer = world.queue_and_claim(agent)
         assert agent.receive(offer) == "running_acknowledged"
-        poll_until(ready.exists)
+        wait_for(ready.exists)
         # Another session replaces ours: every lease we hold is fenced, so the worker stops its process.
         world.db.transaction(
             lambda tx: workers.register(

@@ -9,7 +9,7 @@ import pytest
 
 from ql3.application import runs, tasks
 from ql3.worker import settlement as settlement_module
-from tests.support.waits import poll_until
+from tests.support.waits import wait_for
 from tests.support.worker_agent import Env
 
 
@@ -36,7 +36,7 @@ def test_a_receipt_that_appears_after_the_first_look_completes_the_run(
 
         # When it runs and exits
         agent.receive(offer)
-        poll_until(lambda: env.run_status(offer.fence.run_id) not in ("dispatching", "running"))
+        wait_for(lambda: env.run_status(offer.fence.run_id) not in ("dispatching", "running"))
 
         # Then the worker looked again once the shim was proven gone, and completed it with exit 4
         run = env.db.transaction(lambda tx: runs.get_run(tx, env.project.id, offer.fence.run_id))

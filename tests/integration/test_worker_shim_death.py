@@ -10,7 +10,7 @@ from pathlib import Path
 from ql3.application import runs, tasks
 from ql3.execution.identity import ProcessHandle
 from tests.support.processes import group_comms, live_group_members
-from tests.support.waits import poll_until
+from tests.support.waits import wait_for
 from tests.support.worker_agent import Env
 
 CHAIN = "sh -c 'sleep 300 & sleep 300; wait' & sleep 300 & wait"
@@ -31,16 +31,16 @@ def test_a_killed_shim_ends_the_run_lost_and_takes_its_group_along(env: Env, tmp
         assert record is not None and record.executor_handle is not None
         handle = ProcessHandle.decode(record.executor_handle)
         pgid = handle.pgid
-        poll_until(lambda: group_comms(handle.pgid).count("sleep") == 3)
+        wait_for(lambda: group_comms(handle.pgid).count("sleep") == 3)
 
         # When only the shim is SIGKILLed
         os.kill(handle.pid, signal.SIGKILL)
 
         # Then the run is lost for the reason the worker knows, and nothing of its group is left
-        poll_until(lambda: env.run_status(offer.fence.run_id) not in ("dispatching", "running"))
+        wait_for(lambda: env.run_status(offer.fence.run_id) not in ("dispatching", "running"))
         run = env.db.transaction(lambda tx: runs.get_run(tx, env.project.id, offer.fence.run_id))
         assert (run.status, run.error_code) == ("failed", "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT")
-        poll_until(lambda: live_group_members(handle.pgid) == [])
+        wait_for(lambda: live_group_members(handle.pgid) == [])
     finally:
         for pid in live_group_members(pgid) if pgid else []:
             os.kill(pid, signal.SIGKILL)

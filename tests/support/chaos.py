@@ -33,7 +33,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -47,7 +46,8 @@ from typing import Any
 
 import httpx
 
-CLI = [sys.executable, "-m", "ql3.cli.main"]
+from tests.support.server import start_server, stop
+
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 PROJECT = "default"
 BIG_LINE = "0123456789abcdef\n"
@@ -159,60 +159,25 @@ def pick_seed(explicit: int | None = None) -> int:
 # -- the server ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class ServerProcess:
-    """``ql3 serve`` on one home (and database), restartable after a ``kill -9``."""
+    """``ql3 serve`` on one home (and database), restartable after a ``kill -9``; each start goes through
+    the suite's one server starter (``tests/support/server.py``: a free port, retried on a clash)."""
 
-    def __init__(self, home: Path, database_url: str | None, slots: int, logs: Path) -> None:
+    def __init__(self, home: Path, database_url: str | None, slots: int) -> None:
         self.home = home
         self.database_url = database_url
         self.slots = slots
-        self.logs = logs
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.starts = 0
 
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("QL3_")}
-        env["QL3_HOME"] = str(self.home)
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
-
     def start(self, timeout_s: float = 60.0) -> None:
-        for _ in range(3):
-            port = _free_port()
-            argv = [*CLI, "serve", "--listen", f"127.0.0.1:{port}", "--slots", str(self.slots)]
-            if self.database_url:
-                argv += ["--database-url", self.database_url]
-            self.starts += 1
-            log_path = self.logs / f"serve-{self.starts}.log"
-            with log_path.open("wb") as log:
-                self.process = subprocess.Popen(
-                    argv,
-                    env=self.env(),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            self.url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and self.process.poll() is None:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                        return
-                time.sleep(0.05)
-            self.stop()
-            text = log_path.read_text(errors="replace")
-            if "address already in use" not in text.lower():
-                raise RuntimeError(f"ql3 serve did not become healthy:\n{text[-4000:]}")
-        raise RuntimeError("ql3 serve could not find a free port")
+        extra = ["--slots", str(self.slots)]
+        if self.database_url:
+            extra += ["--database-url", self.database_url]
+        server = start_server(self.home, *extra, new_session=True, timeout_s=timeout_s)
+        self.starts += 1
+        self.process, self.url = server.process, server.url
 
     def kill9(self) -> None:
         assert self.process is not None
@@ -220,15 +185,8 @@ class ServerProcess:
         self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
+        if self.process is not None:
+            stop(self.process, timeout_s=30.0)
 
     def token(self) -> str:
         token: str = json.loads((self.home / "credentials").read_text())["token"]
@@ -314,7 +272,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
     ledger.mkdir(exist_ok=True)
     (ledger / "ledger").touch()
     tag = f"{seed}-{os.getpid()}-{time.monotonic_ns()}"
-    server = ServerProcess(home, config.database_url, config.slots, workdir)
+    server = ServerProcess(home, config.database_url, config.slots)
     api = Api(server)
     violations: list[str] = []
     figures: dict[str, Any] = {"seed": seed}

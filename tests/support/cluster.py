@@ -19,7 +19,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.support.server import CLI, START_TIMEOUT_S, base_env, free_port, run_cli, stop
+from tests.support.server import CLI, START_TIMEOUT_S, base_env, free_port, run_cli, start_listener, stop
 
 P = "/api/v1/projects/default"
 SETTLE_S = 50.0
@@ -89,39 +89,31 @@ class Cluster:
     ) -> Replica:
         home = self.base / name
         home.mkdir(mode=0o700, exist_ok=True)
-        port = free_port()
-        log_path = self.base / f"{name}-{port}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    *CLI,
-                    "control",
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                    "--database-url",
-                    self.db_url,
-                    "--replica-id",
-                    name,
-                    *extra,
-                ],
-                env={**base_env(home), **(env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        url = f"{'https' if '--tls-cert' in extra else 'http'}://127.0.0.1:{port}"
         verify: ssl.SSLContext | bool = True if ca is None else ssl.create_default_context(cafile=ca)
+        process, url, log_path = start_listener(
+            lambda port: [
+                *CLI,
+                "control",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--database-url",
+                self.db_url,
+                "--replica-id",
+                name,
+                *extra,
+            ],
+            home=home,
+            log_dir=self.base,
+            log_stem=name,
+            what=f"ql3 control {name}",
+            env=env,
+            scheme="https" if "--tls-cert" in extra else "http",
+            verify=verify,
+        )
         self.verify = verify
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and process.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=1.0, verify=verify).status_code == 200:
-                    replica = Replica(home=home, url=url, process=process, log_path=log_path)
-                    self.replicas.append(replica)
-                    return replica
-            time.sleep(0.05)
-        stop(process)
-        pytest.fail(f"ql3 control {name} did not start:\n{log_path.read_text(errors='replace')}")
+        replica = Replica(home=home, url=url, process=process, log_path=log_path)
+        self.replicas.append(replica)
+        return replica
 
     def worker_token(self, worker_id: str, env: dict[str, str] | None = None) -> Path:
         done = self.cli("worker", "token", "create", worker_id, env=env)

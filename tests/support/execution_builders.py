@@ -124,7 +124,8 @@ class StatementLog:
 
     ``first`` lets another writer in just before a named statement (once): ``first[name](tx, params)``
     runs in the same transaction, as if a concurrent transaction had committed that write a moment
-    earlier. It is how a test reaches the paths that answer a lost compare-and-set.
+    earlier. It is how a test reaches the paths that answer a lost compare-and-set. ``name#2`` names
+    the statement's second run in the transaction (``name`` alone is its first).
     """
 
     def __init__(self, tx: Transaction, first: Mapping[str, Interference] | None = None) -> None:
@@ -135,7 +136,8 @@ class StatementLog:
 
     def _enter(self, query: str, params: Params | None) -> None:
         self.names.append(query)
-        interfere = self._first.pop(query, None)
+        seen = self.names.count(query)
+        interfere = self._first.pop(query if seen == 1 else f"{query}#{seen}", None)
         if interfere is not None:
             interfere(self._tx, params or {})
 
@@ -175,3 +177,13 @@ def request(session: workers.WorkerSession, token: str | None = None) -> PullReq
 
 def live_leases(db: Any) -> int:
     return int(db.raw("SELECT count(*) AS n FROM run_leases WHERE status = 'leased'")[0]["n"])
+
+
+def busy_and_leased(db: Any) -> list[tuple[str, int, int]]:
+    """Per worker: its busy-slot counter (``active_leases``) and the number of its ``leased`` leases."""
+    rows = db.raw(
+        "SELECT w.worker_id, w.active_leases, "
+        "(SELECT count(*) FROM run_leases l WHERE l.worker_id = w.worker_id AND l.status = 'leased') AS n "
+        "FROM workers w ORDER BY w.worker_id"
+    )
+    return [(str(r["worker_id"]), int(r["active_leases"]), int(r["n"])) for r in rows]

@@ -7,13 +7,16 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ CLI = [sys.executable, "-m", "ql3.cli.main"]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 CLI_TIMEOUT_S = 60.0
+_STARTS = itertools.count(1)
 
 
 def free_port() -> int:
@@ -75,16 +79,63 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+def stop(
+    process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S
+) -> int:
     """Signal, wait with a timeout, kill on timeout; always reaps the process."""
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(sig)
         try:
-            return process.wait(timeout=STOP_TIMEOUT_S)
+            return process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
-    return process.wait(timeout=STOP_TIMEOUT_S)
+    return process.wait(timeout=timeout_s)
+
+
+def start_listener(
+    command: Callable[[int], list[str]],
+    *,
+    home: Path,
+    log_dir: Path,
+    log_stem: str,
+    what: str,
+    attempts: int = 3,
+    env: dict[str, str] | None = None,
+    new_session: bool = False,
+    timeout_s: float | None = None,
+    scheme: str = "http",
+    verify: ssl.SSLContext | bool = True,
+) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """Start ``command(port)`` (``ql3 serve`` or ``ql3 control``) on a free port and wait for its
+    /healthz; retry on another port when the one picked was taken meanwhile. Returns the process, its
+    URL and its log file. Log files are numbered across the session: a restart that is handed the same
+    port again (the chaos driver restarts one home many times) never overwrites an earlier log."""
+    last_log = ""
+    for _attempt in range(attempts):
+        port = free_port()
+        log_path = log_dir / f"{log_stem}-{port}-{next(_STARTS)}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                command(port),
+                env={**base_env(home), **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=new_session,
+            )
+        url = f"{scheme}://127.0.0.1:{port}"
+        deadline = time.monotonic() + (timeout_s or START_TIMEOUT_S)
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1.0, verify=verify).status_code == 200:
+                    return process, url, log_path
+            time.sleep(0.05)
+        stop(process)
+        last_log = log_path.read_text(errors="replace")
+        if "address already in use" not in last_log.lower():
+            break
+    pytest.fail(f"{what} did not become healthy:\n{last_log}")
 
 
 def start_server(
@@ -95,34 +146,21 @@ def start_server(
     new_session: bool = False,
     timeout_s: float | None = None,
 ) -> Server:
-    """The one way the suite starts ``ql3 serve``: wait for /healthz, retry on another port if the one
-    picked was taken. ``env`` adds variables (``QL3_FAULT``...) to the server's environment;
+    """The one way the suite starts ``ql3 serve`` (``start_listener``: a free port, /healthz, a retry
+    on a port clash). ``env`` adds variables (``QL3_FAULT``...) to the server's environment;
     ``new_session`` puts it in a session of its own (crash tests kill it with its group intact)."""
-    last_log = ""
-    for attempt in range(attempts):
-        port = free_port()
-        log_path = home.parent / f"serve-{home.name}-{port}-{attempt}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [*CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra],
-                env={**base_env(home), **(env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=new_session,
-            )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + (timeout_s or START_TIMEOUT_S)
-        while time.monotonic() < deadline and process.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                    return Server(home=home, url=url, process=process, log_path=log_path)
-            time.sleep(0.05)
-        stop(process)
-        last_log = log_path.read_text(errors="replace")
-        if "address already in use" not in last_log.lower():
-            break
-    pytest.fail(f"ql3 serve did not become healthy:\n{last_log}")
+    process, url, log_path = start_listener(
+        lambda port: [*CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra],
+        home=home,
+        log_dir=home.parent,
+        log_stem=f"serve-{home.name}",
+        what="ql3 serve",
+        attempts=attempts,
+        env=env,
+        new_session=new_session,
+        timeout_s=timeout_s,
+    )
+    return Server(home=home, url=url, process=process, log_path=log_path)
 
 
 # -- following runs and logs (test_cli_logs*, test_cli_wait*, test_cli_workers*) -------------------

@@ -1,44 +1,40 @@
-"""Waiting for a condition a real process or thread will bring about: poll with a generous deadline.
+"""Waiting for a condition a real process or thread will bring about: the suite's one wait helper.
 
-These are never timing assertions: the deadline only bounds how long a broken test hangs.
+Never a timing assertion: the deadline only bounds how long a broken test hangs, so it is generous.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Literal, TypeVar
 
-DEADLINE_S = 15.0
+T = TypeVar("T")
+
+DEADLINE_S = 30.0
+# The first polls come quickly (a process state that changes within milliseconds is seen at once);
+# the pause then doubles up to the cap, so a long wait on a CLI or HTTP round trip stays cheap.
+FIRST_PAUSE_S = 0.005
+MAX_PAUSE_S = 0.1
 
 
-def wait_for(predicate: Any, timeout_s: float = 30.0) -> Any:
-    """Poll every 100 ms until ``predicate()`` is truthy and return that value; raise after ``timeout_s``."""
+def wait_for(
+    predicate: Callable[[], T | Literal[False] | None],
+    timeout_s: float = DEADLINE_S,
+    *,
+    what: str = "the condition",
+) -> T:
+    """Call ``predicate`` until it returns a truthy value and return that value; fail the test with
+    ``what`` in the message when ``timeout_s`` passes first. (A predicate written ``cond and value``
+    returns ``False`` or the value: the type returned is the value's.)"""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    pause = FIRST_PAUSE_S
+    while True:
         value = predicate()
         if value:
             return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
-
-
-def wait_until(predicate: Callable[[], object], timeout_s: float = DEADLINE_S) -> bool:
-    """Poll a condition until it holds or a generous deadline passes; never a timing assertion."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.005)
-
-
-def poll_until(predicate: Any, timeout_s: float = DEADLINE_S) -> None:
-    """Poll every 20 ms until ``predicate()`` holds; raise after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, MAX_PAUSE_S)

@@ -15,13 +15,8 @@ QUERY_METHODS = {"one", "all", "run"}
 # Where running a named query is the module's job.
 HOMES = ("repositories/", "storage/")
 NOT_YET_MIGRATED = {
-    "application/attempt_logs.py",
     "application/dispatcher.py",
     "application/leases.py",
-    "application/metrics.py",
-    "application/notifications.py",
-    "application/outcome_metrics.py",
-    "application/retention.py",
     "application/run_queries.py",
     "application/runs.py",
     "application/workers.py",

@@ -49,12 +49,12 @@ from ql3.domain.errors import (
 )
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal, Project
+from ql3.ports import channels
 from ql3.ports.storage import Transaction
 from ql3.repositories import actions as action_store
 from ql3.repositories import approvals as approval_store
 from ql3.repositories import auth as auth_store
 
-APPROVED_ACTIONS_CHANNEL: Final = "approved_actions"
 DEFAULT_LIST_PAGE: Final = 50
 DIGEST_PREFIX: Final = 12
 
@@ -160,7 +160,7 @@ def request_run_approval(
             ttl_ms=ttl_ms,
         )
         if approval_store.insert_approval(tx, new):
-            tx.notify(APPROVED_ACTIONS_CHANNEL)
+            tx.notify(channels.APPROVED_ACTIONS)
             notifications.on_approval_requested(tx, project.id, view.task.id, approval_id)
             return _written(tx, approval_id)
         stored = approval_store.get_approval(tx, approval_id)
@@ -284,7 +284,7 @@ def decide(
     if not decided:
         raise Conflict("the approval changed concurrently")
     if chosen == "approve":
-        tx.notify(APPROVED_ACTIONS_CHANNEL)
+        tx.notify(channels.APPROVED_ACTIONS)
     return _written(tx, request.id)
 
 
@@ -358,7 +358,7 @@ def consume(
             created_at_ms=now,
         ),
     )
-    tx.notify(APPROVED_ACTIONS_CHANNEL)
+    tx.notify(channels.APPROVED_ACTIONS)
     return get_dispatch(tx, dispatch.id)
 
 

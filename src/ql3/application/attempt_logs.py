@@ -18,9 +18,12 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from ql3.application import workers
+from ql3.domain.attempt_logs import LogHead as LogHead
+from ql3.domain.attempt_logs import truncation_marker as truncation_marker
 from ql3.domain.errors import Conflict, FenceConflict, ValidationFailed
 from ql3.domain.ids import is_id
-from ql3.ports.storage import Row, Transaction
+from ql3.ports.storage import Transaction
+from ql3.repositories import attempt_logs as repo
 
 MAX_CHUNK_BYTES: Final = 64 * 1024  # one shipped chunk (and one stored row) at most
 MAX_OFFSET: Final = 1 << 62
@@ -48,41 +51,12 @@ class LogOverlap(Conflict):
     code = "log_overlap"
 
 
-def truncation_marker(cap_bytes: int) -> bytes:
-    """What readers see after the first ``cap_bytes`` bytes: the same text as a capped local log."""
-    return f"\n[ql3: log truncated at {cap_bytes} bytes]\n".encode("ascii")
-
-
 def check_cap(cap_bytes: object) -> int:
     if type(cap_bytes) is not int or not MIN_CAP_BYTES <= cap_bytes <= MAX_CAP_BYTES:
         raise ValidationFailed(
             f"the log cap must be {MIN_CAP_BYTES}-{MAX_CAP_BYTES} bytes", field="log_cap_bytes"
         )
     return cap_bytes
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LogHead:
-    attempt_id: str
-    stored_bytes: int
-    cap_bytes: int
-    truncated: bool
-    closed: bool
-
-    @property
-    def length(self) -> int:
-        """The length readers see: the stored bytes, then the marker when truncated."""
-        return self.stored_bytes + (len(truncation_marker(self.cap_bytes)) if self.truncated else 0)
-
-
-def _head(row: Row) -> LogHead:
-    return LogHead(
-        attempt_id=str(row["attempt_id"]),
-        stored_bytes=int(row["stored_bytes"]),
-        cap_bytes=int(row["cap_bytes"]),
-        truncated=row["truncated_at_ms"] is not None,
-        closed=row["closed_at_ms"] is not None,
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,12 +68,12 @@ class AppendResult:
 def _fence(tx: Transaction, *, worker_id: str, session_id: str, generation: int, attempt_id: str) -> None:
     """The registry's current session of this worker holds (or held) the attempt's lease."""
     workers.current_session(tx, worker_id, session_id, generation)
-    lease = tx.one("attempt_log_lease", {"attempt_id": attempt_id})
+    lease = repo.get_log_lease(tx, attempt_id)
     if (
         lease is None
-        or lease["worker_id"] != worker_id
-        or lease["worker_session_id"] != session_id
-        or int(lease["worker_generation"]) != generation
+        or lease.worker_id != worker_id
+        or lease.worker_session_id != session_id
+        or lease.worker_generation != generation
     ):
         raise FenceConflict("the attempt is not leased to this worker session", reason="log_not_leased")
 
@@ -127,10 +101,9 @@ def append(
         raise ValidationFailed(f"a chunk is at most {MAX_CHUNK_BYTES} bytes", field="data")
     _fence(tx, worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id)
     now = tx.now_ms()
-    tx.run("attempt_log_create", {"attempt_id": attempt_id, "cap_bytes": cap_bytes, "now": now})
-    row = tx.one("attempt_log_lock", {"attempt_id": attempt_id})
-    assert row is not None  # created above, and never deleted while its run is not pruned
-    head = _head(row)
+    repo.insert_log_if_absent(tx, attempt_id=attempt_id, cap_bytes=cap_bytes, now=now)
+    head = repo.lock_log(tx, attempt_id)
+    assert head is not None  # created above, and never deleted while its run is not pruned
     stored = head.stored_bytes
     outcome: AppendOutcome
     if head.truncated:
@@ -144,41 +117,34 @@ def append(
     else:
         keep = data[: head.cap_bytes - stored]
         if keep:
-            tx.run(
-                "attempt_log_chunk_insert",
-                {"attempt_id": attempt_id, "start_offset": stored, "data": keep, "now": now},
-            )
+            repo.insert_chunk(tx, attempt_id=attempt_id, start_offset=stored, data=keep, now=now)
         truncated = len(keep) < len(data)
-        changed = tx.run(
-            "attempt_log_advance",
-            {
-                "attempt_id": attempt_id,
-                "stored_bytes": stored + len(keep),
-                "truncated_at_ms": now if truncated else None,
-                "expected_bytes": stored,
-                "now": now,
-            },
+        advanced = repo.update_log_length(
+            tx,
+            attempt_id=attempt_id,
+            stored_bytes=stored + len(keep),
+            truncated_at_ms=now if truncated else None,
+            expected_bytes=stored,
+            now=now,
         )
-        if changed != 1:  # the row lock makes this impossible; refuse rather than corrupt
+        if not advanced:  # the row lock makes this impossible; refuse rather than corrupt
             raise Conflict("the log moved underneath this append")
         outcome = "truncated" if truncated else "appended"
     if final:
-        tx.run("attempt_log_close", {"attempt_id": attempt_id, "now": now})
-    found = tx.one("attempt_log_head", {"attempt_id": attempt_id})
+        repo.close_log(tx, attempt_id, now)
+    found = repo.get_log(tx, attempt_id)
     assert found is not None
-    return AppendResult(outcome=outcome, head=_head(found))
+    return AppendResult(outcome=outcome, head=found)
 
 
 def _is_stored(tx: Transaction, attempt_id: str, offset: int, data: bytes) -> bool:
     """The identical chunk is stored at ``offset`` (a replay of one whose response was lost)."""
-    row = tx.one("attempt_log_chunk_at", {"attempt_id": attempt_id, "start_offset": offset})
-    return row is not None and bytes(row["data"]) == data
+    return repo.get_chunk_at(tx, attempt_id, offset) == data
 
 
 def head(tx: Transaction, attempt_id: str) -> LogHead | None:
     """The attempt's shipped log, or None when nothing was ever shipped for it."""
-    row = tx.one("attempt_log_head", {"attempt_id": attempt_id})
-    return _head(row) if row else None
+    return repo.get_log(tx, attempt_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,11 +165,8 @@ def read(tx: Transaction, log: LogHead, offset: int, max_bytes: int) -> StoredPa
     out = bytearray()
     position = offset
     if offset < log.stored_bytes:
-        rows = tx.all(
-            "attempt_log_page", {"attempt_id": log.attempt_id, "from_offset": offset, "limit": PAGE_ROWS}
-        )
-        for row in rows:
-            start, chunk = int(row["start_offset"]), bytes(row["data"])
+        for stored in repo.list_chunks(tx, attempt_id=log.attempt_id, from_offset=offset, limit=PAGE_ROWS):
+            start, chunk = stored.start_offset, stored.data
             if start > position or len(out) >= max_bytes:
                 break  # never a hole: a page ends where the stored bytes stop being contiguous
             piece = chunk[position - start : position - start + max_bytes - len(out)]

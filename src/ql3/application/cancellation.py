@@ -27,12 +27,12 @@ from ql3.domain.digests import digest_equals
 from ql3.domain.errors import FenceConflict, NotFound, ValidationFailed
 from ql3.domain.model import Attempt, Run
 from ql3.domain.states import ATTEMPT_ACTIVE, is_run_terminal
+from ql3.ports import channels
 from ql3.ports.storage import Database, Transaction
 from ql3.repositories import cancellation as dispatches
 from ql3.repositories import runs as run_records
 from ql3.repositories.cancellation import TimedOutAttempt
 
-CANCELLATIONS_CHANNEL: Final = "cancellations"
 REARM_OPERATION: Final = "cancellation.rearm"
 TIMEOUT_PAGE_DEFAULT: Final = 16
 
@@ -128,7 +128,7 @@ def request_cancel(
     if written.status in ("created", "queued", "retry_wait", "lost"):
         live = lock_attempt(tx, attempt.id) if attempt is not None else None
         _end_run(tx, written, live, actor_type=actor_type, actor_id=actor_id, bump_sequence=False)
-    tx.notify(CANCELLATIONS_CHANNEL)
+    tx.notify(channels.CANCELLATIONS)
     return "requested"
 
 
@@ -339,7 +339,7 @@ def record_result(
     if status == "blocked":
         notifications.on_cancellation_blocked(tx, run, dispatch.version + 1)
     if status == "retry_wait":
-        tx.notify(CANCELLATIONS_CHANNEL)
+        tx.notify(channels.CANCELLATIONS)
     return outcome
 
 

@@ -7,7 +7,6 @@ import logging
 from typing import Any
 
 from ql3.application.cancellation import (
-    CANCELLATIONS_CHANNEL,
     REARM_OPERATION,
 )
 from ql3.application.runs import (
@@ -24,6 +23,7 @@ from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFaile
 from ql3.domain.ids import new_id
 from ql3.domain.model import Run
 from ql3.domain.states import ATTEMPT_ACTIVE, is_run_terminal
+from ql3.ports import channels
 from ql3.ports.storage import Transaction
 from ql3.repositories import cancellation as dispatches
 
@@ -206,7 +206,7 @@ def rearm(
         payload_json=canonical_json(receipt),
         now_ms=now,
     )
-    tx.notify(CANCELLATIONS_CHANNEL)
+    tx.notify(channels.CANCELLATIONS)
     return receipt
 
 

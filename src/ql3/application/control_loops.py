@@ -23,6 +23,7 @@ from ql3.application.cron import CronScheduler
 from ql3.application.lifecycle import LifecycleRunner
 from ql3.application.settings import ServeSettings
 from ql3.domain.errors import Conflict
+from ql3.ports import channels
 from ql3.ports.logs import LogFiles
 from ql3.ports.notifications import NotificationSender
 from ql3.ports.storage import Database
@@ -30,8 +31,6 @@ from ql3.ports.storage import Database
 # One cancellation cycle waits out the TERM -> KILL grace of every stop it sends, so a busy cycle may
 # legitimately last minutes; only a longer silence counts as stuck.
 CANCELLATION_STUCK_AFTER_S: Final = 300.0
-# The channels a replica relays from other replicas' commits (PostgreSQL LISTEN/NOTIFY).
-WAKE_CHANNELS: Final = ("runs", "schedules", "cancellations", "attempts", "approved_actions", "retries")
 
 
 class Wakeups(Protocol):
@@ -122,7 +121,7 @@ def control_loops(
     def cron_wait(backstop_s: float) -> bool:
         # Until the earliest occurrence (or a task change), on the clock the scheduler decides with.
         earliest, now = db.transaction(lambda tx: (schedules.earliest_fire_at(tx), tx.now_ms()), write=False)
-        return db.wait_for("schedules", _delay_s(earliest, now, backstop_s))
+        return db.wait_for(channels.SCHEDULES, _delay_s(earliest, now, backstop_s))
 
     action_dispatcher = ApprovedActionDispatcher(
         db,
@@ -171,7 +170,7 @@ def control_loops(
         # Until the next deadline, backoff or lease expiry, on the database's clock. A new intent wakes
         # us on "cancellations"; a new deadline (the starting ACK) on "attempts", so we re-plan at once.
         due, now = db.transaction(lambda tx: (supervisor.next_wake_ms(tx), tx.now_ms()), write=False)
-        return wakeups.wait_any(("cancellations", "attempts"), _delay_s(due, now, backstop_s))
+        return wakeups.wait_any((channels.CANCELLATIONS, channels.ATTEMPTS), _delay_s(due, now, backstop_s))
 
     delivery = notifications.DeliveryBudget(lease_ms=settings.notify_lease_ms)
     deliverer = notifications.NotificationDeliverer(db, adapters.sender, owner, budget=delivery, fault=fault)
@@ -181,22 +180,22 @@ def control_loops(
 
     def notify_wait(backstop_s: float) -> bool:
         # Until the next retry or lease expiry (or a new outcome), within the backstop.
-        return db.wait_for(notifications.CHANNEL, _delay_s(deliverer.next_due_ms(), clock(), backstop_s))
+        return db.wait_for(channels.NOTIFICATIONS, _delay_s(deliverer.next_due_ms(), clock(), backstop_s))
 
     pruner = retention.RetentionPruner(db, adapters.logs)
 
     return [
-        loop("lease-expiry", expiry_cycle, "retries", budgets.expiry_backstop_s),
+        loop("lease-expiry", expiry_cycle, channels.RETRIES, budgets.expiry_backstop_s),
         loop(
             "cancellation",
             cancellation_cycle,
-            "cancellations",
+            channels.CANCELLATIONS,
             budgets.cancellation_backstop_s,
             cancellation_wait,
             stuck_after_s=CANCELLATION_STUCK_AFTER_S,
         ),
-        loop("approved-actions", actions_cycle, "approved_actions", budgets.actions_backstop_s),
-        loop("cron", cron_cycle, "schedules", budgets.cron_backstop_s, cron_wait),
-        loop("notifications", notify_cycle, notifications.CHANNEL, budgets.notify_backstop_s, notify_wait),
-        loop("retention", lambda: pruner.prune_once().more, retention.CHANNEL, budgets.retention_backstop_s),
+        loop("approved-actions", actions_cycle, channels.APPROVED_ACTIONS, budgets.actions_backstop_s),
+        loop("cron", cron_cycle, channels.SCHEDULES, budgets.cron_backstop_s, cron_wait),
+        loop("notifications", notify_cycle, channels.NOTIFICATIONS, budgets.notify_backstop_s, notify_wait),
+        loop("retention", lambda: pruner.prune_once().more, channels.RETENTION, budgets.retention_backstop_s),
     ]

@@ -10,6 +10,7 @@ from ql3.application.runs import (
     AttemptChange,
     EventSpec,
     attempt_deadline_ms,
+    event_payload_json,
     latest_attempt,
     lock_attempt,
     lock_run,
@@ -17,11 +18,12 @@ from ql3.application.runs import (
 )
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, sha256_hex
-from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFailed
+from ql3.domain.errors import Conflict, FenceConflict, NotFound, RunVersionConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run
 from ql3.domain.offers import LeaseFence
 from ql3.domain.states import ATTEMPT_ACTIVE, ATTEMPT_TERMINAL, is_run_terminal
+from ql3.ports import channels
 from ql3.ports.storage import Row, Transaction
 
 MAX_HANDLE_BYTES: Final = 512
@@ -119,9 +121,21 @@ def claim(
     """Atomic claim: lease (generation +1) and Run ``queued -> dispatching``; the Attempt stays claimed.
 
     Lock order Run -> Attempt -> worker -> lease. ``token_for_generation(g)`` returns the raw token of
-    lease generation ``g``; only its digest is stored.
+    lease generation ``g``; only its digest is stored. On PostgreSQL the same claim is one statement,
+    the ``ql3_claim`` function (docs/dispatch.md, "Dispatch on PostgreSQL: round trips").
     """
     lease_rules.RUN.validate(lease_ms)
+    if tx.dialect == "postgres":
+        return _claim_in_one_statement(
+            tx,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            worker_id=worker_id,
+            session_id=session_id,
+            worker_generation=worker_generation,
+            token_for_generation=token_for_generation,
+            lease_ms=lease_ms,
+        )
     run = lock_run(tx, run_id)
     if run.status != "queued" or run.cancel_requested_at_ms is not None:
         return ClaimResult(status="not_eligible")
@@ -170,6 +184,9 @@ def claim(
         written = tx.one("lease_reacquire_claim", params)
         if written is None:
             return ClaimResult(status="leased")
+        if existing.status == "leased":
+            # An expired lease that the expiry loop has not ended yet: its holder's slot ends with it.
+            _adjust(tx, existing.worker_id, -1)
     assert written is not None
     if not int(written["slot_counted"]):
         _adjust(tx, worker_id, +1)
@@ -195,6 +212,73 @@ def claim(
         AttemptChange(attempt=attempt, new=replace(attempt, worker_id=worker_id)),
     )
     return ClaimResult(status="claimed", lease=lease)
+
+
+_CLAIM_ANSWERS: Final[frozenset[str]] = frozenset(
+    {"not_eligible", "worker_unavailable", "capacity_exhausted", "leased"}
+)
+
+
+def _claim_in_one_statement(
+    tx: Transaction,
+    *,
+    run_id: str,
+    attempt_id: str,
+    worker_id: str,
+    session_id: str,
+    worker_generation: int,
+    token_for_generation: Any,
+    lease_ms: int,
+) -> ClaimResult:
+    """The claim as ``ql3_claim`` (PostgreSQL migration 0010): the statements of ``claim`` above, in
+    the same order under the same locks, in one round trip. A lease row that may be reacquired costs
+    one call more in the same transaction (the locks stay held): the function names the generation,
+    whose token only this process can derive. Like ``write_run`` on SQLite it writes no notification
+    outbox row: ``dispatching`` is not an outcome (``domain.notifications.RUN_STATUS_EVENTS``); were
+    it to become one, the function would have to enqueue it too."""
+    generation = 1
+    for _ in range(2):
+        row = tx.one(
+            "lease_claim",
+            {
+                "run_id": run_id,
+                "attempt_id": attempt_id,
+                "worker_id": worker_id,
+                "session_id": session_id,
+                "worker_generation": worker_generation,
+                "lease_ms": lease_ms,
+                "generation": generation,
+                "lease_token_digest": lease_digest(token_for_generation(generation)),
+                "event_id": new_id(),
+                "payload_json": event_payload_json(
+                    {
+                        "from": "queued",
+                        "to": "dispatching",
+                        "worker_id": worker_id,
+                        "lease_generation": generation,
+                    }
+                ),
+            },
+        )
+        assert row is not None  # a function call always answers one row
+        status = row["claim_status"]
+        if status == "claimed":
+            return ClaimResult(status="claimed", lease=_lease(row))
+        if status in _CLAIM_ANSWERS:
+            return ClaimResult(status=status)
+        if status == "reacquire" and generation == 1:
+            generation = int(row["lease_generation"])
+            continue
+        if status == "run_missing":
+            raise NotFound("run not found")
+        if status == "attempt_missing":
+            raise NotFound("attempt not found")
+        if status == "run_conflict":
+            raise RunVersionConflict()
+        if status == "attempt_conflict":
+            raise Conflict("the attempt changed concurrently")
+        break
+    raise Conflict("the claim function answered out of turn", status=str(status))
 
 
 def check_fence(
@@ -290,6 +374,7 @@ def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
         return "already_running", lease
     if attempt.status != "claimed" or run.status != "dispatching":
         raise Conflict("the attempt cannot start", status=attempt.status)
+    deadline = attempt_deadline_ms(tx, run)
     write_run(
         tx,
         run,
@@ -303,12 +388,12 @@ def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
                 payload={"attempt": attempt.attempt},
             )
         ],
-        AttemptChange(
-            attempt=attempt,
-            new=replace(attempt, status="starting", deadline_at_ms=attempt_deadline_ms(tx, run)),
-        ),
+        AttemptChange(attempt=attempt, new=replace(attempt, status="starting", deadline_at_ms=deadline)),
     )
-    tx.notify("attempts")
+    if deadline is not None:
+        # A new deadline: the cancellation loop re-plans its sleep at once. An attempt without a
+        # timeout gives it nothing to plan, so it is not woken once per run while work flows.
+        tx.notify(channels.ATTEMPTS)
     return "starting", lease
 
 
@@ -407,6 +492,7 @@ def ack_start_failure(tx: Transaction, fence: LeaseFence, *, error_code: str) ->
         actor_id=fence.worker_id,
         now=now,
         bump_sequence=True,
+        locked_lease=lease,
     )
     return outcome
 
@@ -429,6 +515,7 @@ def end_attempt(
     lease_end: LeaseEnd = "complete",
     release_reason: str = "lease_expired",
     now: int | None = None,
+    locked_lease: Lease | None = None,
 ) -> Run:
     """The one path that ends an attempt: Attempt and Run transitions with their events, the
     attempt's live lease completed (or released) and the worker's slot freed, all in one transaction.
@@ -437,7 +524,8 @@ def end_attempt(
     timeout, lost, lease expiry - so the worker's ``active_leases`` counter can never drift from the
     number of its ``leased`` leases (docs/dispatch.md). ``attempt_status`` defaults to ``run_status``;
     an attempt that is no longer active is left as it is. A non-terminal ``run_status`` (``lost``)
-    keeps the Run's ``finished_at_ms``.
+    keeps the Run's ``finished_at_ms``. ``locked_lease``: the attempt's lease as this transaction
+    already read it under its row lock (``check_fence``), so it is not read a second time.
     """
     now = tx.now_ms() if now is None else now
     events: list[EventSpec] = []
@@ -488,18 +576,23 @@ def end_attempt(
         change,
     )
     if attempt is not None:
-        _end_lease(tx, attempt.id, now, lease_end, release_reason)
-    tx.notify("runs")  # a slot was freed: the dispatcher may place the next candidate
+        _end_lease(tx, attempt.id, now, lease_end, release_reason, locked_lease)
+    tx.notify(channels.RUNS)  # a slot was freed: the dispatcher may place the next candidate
     return written
 
 
-def _end_lease(tx: Transaction, attempt_id: str, now: int, how: LeaseEnd, reason: str) -> None:
+def _end_lease(
+    tx: Transaction, attempt_id: str, now: int, how: LeaseEnd, reason: str, locked: Lease | None = None
+) -> None:
     """Complete (or release) the attempt's lease if it is still live, and free its worker slot.
 
     The counter moves only when the lease row itself changed (CAS on its version), so a replay or a
-    lease already ended by another path never frees a slot twice.
+    lease already ended by another path never frees a slot twice. ``locked``: the lease row as this
+    transaction read it under its lock and has not written since (the CAS still checks its version).
     """
-    lease = get_lease(tx, attempt_id, lock=True)
+    if locked is not None and locked.attempt_id != attempt_id:
+        raise FenceConflict(reason="run_mismatch")
+    lease = locked if locked is not None else get_lease(tx, attempt_id, lock=True)
     if lease is None or lease.status != "leased":
         return
     params: dict[str, Any] = {"attempt_id": attempt_id, "expected_version": lease.version, "now": now}
@@ -534,8 +627,9 @@ def complete(
     ):
         raise FenceConflict(reason="callback_token_mismatch")
     if attempt.status in ATTEMPT_TERMINAL or is_run_terminal(run.status):
-        if attempt.status in ATTEMPT_TERMINAL and attempt.callback_sequence == callback_sequence + 1:
-            return "already_terminal", attempt.status
+        # A terminal run is immutable: a replay changes nothing. An attempt that ended while its run
+        # goes on (lost, the run retried) was never completed, so no callback of it is a replay:
+        # each one, under any sequence, is a late callback and is recorded.
         if not is_run_terminal(run.status):
             write_run(
                 tx,
@@ -554,7 +648,7 @@ def complete(
         return "already_terminal", attempt.status
     if callback_sequence != attempt.callback_sequence:
         raise FenceConflict(reason="callback_sequence_mismatch")
-    _, now = check_fence(tx, fence, ignore_version=True)
+    lease, now = check_fence(tx, fence, ignore_version=True)
     outcome, code = _cancel_outcome(
         run, "succeeded" if exit_code == 0 else "failed", None if exit_code == 0 else "EXIT_NONZERO"
     )
@@ -569,6 +663,7 @@ def complete(
         actor_id=fence.worker_id,
         now=now,
         bump_sequence=True,
+        locked_lease=lease,
     )
     return "applied", outcome
 
@@ -644,7 +739,7 @@ def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int) -> None:
                 )
             ],
         )
-        tx.notify("retries")
+        tx.notify(channels.RETRIES)
         return
     write_run(
         tx,
@@ -704,7 +799,7 @@ def admit_retry(tx: Transaction, run_id: str) -> str | None:
             )
         ],
     )
-    tx.notify("runs")
+    tx.notify(channels.RUNS)
     return attempt_id
 
 
@@ -738,7 +833,7 @@ def expire_lease(tx: Transaction, attempt_id: str) -> str:
                     )
                 ],
             )
-            tx.notify("runs")
+            tx.notify(channels.RUNS)
         return "released"
     if attempt.status in ("starting", "running"):
         mark_lost(tx, run.id, attempt_id, error_code="LEASE_EXPIRED")

@@ -23,25 +23,18 @@ from ql3.domain import notifications as rules
 from ql3.domain.errors import Conflict, NotFound, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.model import Project, Run, Task
-from ql3.domain.notifications import ChannelTarget, DeliveryFailed, Message
+from ql3.domain.notifications import ChannelTarget, DeliveryFailed, DeliveryStatus, Message
 from ql3.domain.tasks import validate_name
+from ql3.ports import channels
 from ql3.ports.notifications import NotificationSender
-from ql3.ports.storage import Database, Row, Transaction
+from ql3.ports.storage import Database, Transaction
+from ql3.repositories import notifications as repo
+from ql3.repositories.notifications import ChannelView as ChannelView
+from ql3.repositories.notifications import Delivery as Delivery
+from ql3.repositories.notifications import OutboxMessage
 
 log = logging.getLogger("ql3.notifications")
-CHANNEL: Final = "notifications"
 PAGE: Final = 8
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChannelView:
-    """A channel as management surfaces show it: never its URL or secret."""
-
-    id: str
-    name: str
-    kind: str
-    scheme: str
-    created_at_ms: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,41 +46,6 @@ class RuleView:
     created_at_ms: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Delivery:
-    id: str
-    channel_id: str
-    event: str
-    status: str
-    attempts: int
-    last_error: str | None
-    created_at_ms: int
-    updated_at_ms: int
-
-
-def _channel_view(row: Row) -> ChannelView:
-    return ChannelView(
-        id=row["id"],
-        name=row["name"],
-        kind=row["kind"],
-        scheme=row["scheme"],
-        created_at_ms=int(row["created_at_ms"]),
-    )
-
-
-def _delivery(row: Row) -> Delivery:
-    return Delivery(
-        id=row["id"],
-        channel_id=row["channel_id"],
-        event=row["event"],
-        status=row["status"],
-        attempts=int(row["attempts"]),
-        last_error=row["last_error"],
-        created_at_ms=int(row["created_at_ms"]),
-        updated_at_ms=int(row["updated_at_ms"]),
-    )
-
-
 # -- channels and rules (admin) --------------------------------------------------------------------
 
 
@@ -97,46 +55,39 @@ def create_channel(
     """Store a channel; its URL and secret are write-only from here on."""
     validate_name(name, "channel name")
     checked_kind, scheme = rules.validate_channel(kind, url, secret)
-    count = int((tx.one("notify_channel_count", {"project_id": project.id}) or {"n": 0})["n"])
-    if count >= rules.MAX_CHANNELS_PER_PROJECT:
+    if repo.count_channels(tx, project.id) >= rules.MAX_CHANNELS_PER_PROJECT:
         raise ValidationFailed("too many channels in this project", limit=rules.MAX_CHANNELS_PER_PROJECT)
-    params = {
-        "id": new_id(),
-        "project_id": project.id,
-        "name": name,
-        "kind": checked_kind,
-        "target": url,
-        "secret": secret,
-        "scheme": scheme,
-        "now": tx.now_ms(),
-    }
-    if tx.run("notify_channel_insert", params) != 1:
+    inserted = repo.insert_channel(
+        tx,
+        channel_id=new_id(),
+        project_id=project.id,
+        name=name,
+        kind=checked_kind,
+        target=url,
+        secret=secret,
+        scheme=scheme,
+        now=tx.now_ms(),
+    )
+    if not inserted:
         raise Conflict("a channel with that name exists", code_hint="name_taken")
     return get_channel(tx, project, name)
 
 
 def get_channel(tx: Transaction, project: Project, name: str) -> ChannelView:
-    row = tx.one("notify_channel_by_name", {"project_id": project.id, "name": name})
-    if row is None:
+    found = repo.get_channel_by_name(tx, project.id, name)
+    if found is None:
         raise NotFound("channel not found")
-    return _channel_view(row)
+    return found
 
 
 def list_channels(tx: Transaction, project: Project) -> list[ChannelView]:
-    return [_channel_view(r) for r in tx.all("notify_channel_list", {"project_id": project.id})]
+    return repo.list_channels(tx, project.id)
 
 
 def delete_channel(tx: Transaction, project: Project, name: str) -> None:
     """Remove a channel, its rules and its undelivered messages (delivered ones stay as history)."""
     channel = get_channel(tx, project, name)
-    tx.run("notify_rules_delete_for_channel", {"channel_id": channel.id})
-    tx.run("notify_outbox_drop_unsent", {"channel_id": channel.id})
-    tx.run("notify_channel_delete", {"id": channel.id, "project_id": project.id})
-
-
-def _task_name(tx: Transaction, task_id: str) -> str | None:
-    row = tx.one("task_get_any", {"id": task_id})
-    return str(row["name"]) if row else None
+    repo.delete_channel(tx, project.id, channel.id)
 
 
 def create_rule(
@@ -145,21 +96,18 @@ def create_rule(
     """Route ``events`` of one task (or of every task when ``task`` is None) to ``channel``."""
     found = get_channel(tx, project, channel)
     events_csv = rules.validate_events(events)
-    count = int((tx.one("notify_rule_count", {"project_id": project.id}) or {"n": 0})["n"])
-    if count >= rules.MAX_RULES_PER_PROJECT:
+    if repo.count_rules(tx, project.id) >= rules.MAX_RULES_PER_PROJECT:
         raise ValidationFailed("too many rules in this project", limit=rules.MAX_RULES_PER_PROJECT)
     rule_id = new_id()
     now = tx.now_ms()
-    tx.run(
-        "notify_rule_insert",
-        {
-            "id": rule_id,
-            "project_id": project.id,
-            "channel_id": found.id,
-            "task_id": task.id if task else "",
-            "events": events_csv,
-            "now": now,
-        },
+    repo.insert_rule(
+        tx,
+        rule_id=rule_id,
+        project_id=project.id,
+        channel_id=found.id,
+        task_id=task.id if task else "",
+        events=events_csv,
+        now=now,
     )
     return RuleView(
         id=rule_id,
@@ -173,25 +121,21 @@ def create_rule(
 def list_rules(tx: Transaction, project: Project) -> list[RuleView]:
     names = {c.id: c.name for c in list_channels(tx, project)}
     out: list[RuleView] = []
-    for row in tx.all("notify_rules_for_project", {"project_id": project.id}):
+    for rule in repo.list_rules(tx, project.id):
         out.append(
             RuleView(
-                id=row["id"],
-                channel=names.get(row["channel_id"], ""),
-                task=_task_name(tx, row["task_id"]) if row["task_id"] else None,
-                events=str(row["events"]).split(","),
-                created_at_ms=int(row["created_at_ms"]),
+                id=rule.id,
+                channel=names.get(rule.channel_id, ""),
+                task=repo.get_task_name(tx, rule.task_id) if rule.task_id else None,
+                events=rule.events.split(","),
+                created_at_ms=rule.created_at_ms,
             )
         )
     return out
 
 
 def delete_rule(tx: Transaction, project: Project, rule_id: str) -> None:
-    if (
-        not isinstance(rule_id, str)
-        or len(rule_id) > 64
-        or tx.run("notify_rule_delete", {"id": rule_id, "project_id": project.id}) != 1
-    ):
+    if not isinstance(rule_id, str) or len(rule_id) > 64 or not repo.delete_rule(tx, project.id, rule_id):
         raise NotFound("rule not found")
 
 
@@ -210,37 +154,37 @@ def _enqueue(
 ) -> list[str]:
     """Insert one pending row per matching channel; returns the ids of rows inserted now."""
     if only_channel is not None:
-        channels = [only_channel]
+        channel_ids = [only_channel]
     else:
         matched = [
-            r["channel_id"]
-            for r in tx.all("notify_rules_for_project", {"project_id": project_id})
-            if rules.rule_matches(str(r["events"]), str(r["task_id"]), event, task_id)
+            rule.channel_id
+            for rule in repo.list_rules(tx, project_id)
+            if rules.rule_matches(rule.events, rule.task_id, event, task_id)
         ]
-        channels = sorted(set(matched))
-    if not channels:
+        channel_ids = sorted(set(matched))
+    if not channel_ids:
         return []
     project = auth.resolve_project(tx, project_id).name
-    task = _task_name(tx, task_id) if task_id else None
+    task = repo.get_task_name(tx, task_id) if task_id else None
     body = {"event": event, "project": project, "task": task, **facts}
     inserted: list[str] = []
     now = tx.now_ms()
-    for channel_id in channels:
+    for channel_id in channel_ids:
         row_id = new_id()
         payload = {**body, "delivery_id": row_id, "at_ms": now}
-        params = {
-            "id": row_id,
-            "project_id": project_id,
-            "channel_id": channel_id,
-            "outcome_key": outcome_key,
-            "event": event,
-            "payload_json": json.dumps(payload, separators=(",", ":"), sort_keys=True),
-            "now": now,
-        }
-        if tx.run("notify_outbox_insert", params) == 1:
+        if repo.insert_outbox(
+            tx,
+            delivery_id=row_id,
+            project_id=project_id,
+            channel_id=channel_id,
+            outcome_key=outcome_key,
+            event=event,
+            payload_json=json.dumps(payload, separators=(",", ":"), sort_keys=True),
+            now=now,
+        ):
             inserted.append(row_id)
     if inserted:
-        tx.notify(CHANNEL)
+        tx.notify(channels.NOTIFICATIONS)
     return inserted
 
 
@@ -304,14 +248,14 @@ def enqueue_test(tx: Transaction, project: Project, channel: str) -> Delivery:
 
 
 def get_delivery(tx: Transaction, project: Project, delivery_id: str) -> Delivery:
-    row = (
-        tx.one("notify_outbox_get_in_project", {"id": delivery_id, "project_id": project.id})
+    found = (
+        repo.get_delivery(tx, project.id, delivery_id)
         if isinstance(delivery_id, str) and len(delivery_id) <= 64
         else None
     )
-    if row is None:
+    if found is None:
         raise NotFound("delivery not found")
-    return _delivery(row)
+    return found
 
 
 # -- delivery -----------------------------------------------------------------------------------------
@@ -351,12 +295,12 @@ class BatchReport:
     dead: int
 
 
-def _message(row: Row) -> Message:
-    body: dict[str, Any] = json.loads(row["payload_json"])
+def _message(stored: OutboxMessage) -> Message:
+    body = stored.payload
     return Message(
-        delivery_id=row["id"],
-        event=row["event"],
-        title=rules.title_for(row["event"], str(body.get("project")), body.get("task")),
+        delivery_id=stored.id,
+        event=stored.event,
+        title=rules.title_for(stored.event, str(body.get("project")), body.get("task")),
         body=body,
     )
 
@@ -389,38 +333,29 @@ class NotificationDeliverer:
         """Lease up to one page of due rows (pending, or leased with an expired lease)."""
         now = tx.now_ms()
         out: list[Claimed] = []
-        for due in tx.all("notify_due_page", {"now": now, "limit": self._budget.page}):
-            attempts = int(due["attempts"])
-            claimed = tx.run(
-                "notify_outbox_claim",
-                {
-                    "id": due["id"],
-                    "expected_attempts": attempts,
-                    "owner": self._owner,
-                    "lease_expires_at_ms": now + self._budget.lease_ms,
-                    "now": now,
-                },
+        for due in repo.list_due(tx, now=now, limit=self._budget.page):
+            claimed = repo.claim_outbox(
+                tx,
+                delivery_id=due.id,
+                expected_attempts=due.attempts,
+                owner=self._owner,
+                lease_expires_at_ms=now + self._budget.lease_ms,
+                now=now,
             )
-            if claimed != 1:
+            if not claimed:
                 continue
-            row = tx.one("notify_outbox_get", {"id": due["id"]}) or {}
-            target_row = tx.one("notify_channel_target", {"id": row["channel_id"]})
-            target = (
-                ChannelTarget(
-                    id=target_row["id"],
-                    kind=target_row["kind"],
-                    target=target_row["target"],
-                    secret=target_row["secret"],
-                )
-                if target_row
-                else None
+            stored = repo.get_outbox_message(tx, due.id)
+            assert stored is not None  # claimed just now, in this transaction
+            target = repo.get_channel_target(tx, stored.channel_id)
+            out.append(
+                Claimed(id=stored.id, attempts=due.attempts + 1, target=target, message=_message(stored))
             )
-            out.append(Claimed(id=row["id"], attempts=attempts + 1, target=target, message=_message(row)))
         return out
 
     def settle(self, tx: Transaction, claimed: Claimed, error: str | None) -> str:
         """Record one delivery result; returns the new status (or ``stale`` when the claim was lost)."""
         now = tx.now_ms()
+        status: DeliveryStatus
         if error is None:
             status, due = "delivered", None
         elif claimed.attempts >= self._budget.max_attempts or claimed.target is None:
@@ -430,19 +365,17 @@ class NotificationDeliverer:
             due = now + rules.backoff_ms(
                 claimed.attempts, self._budget.backoff_base_ms, self._budget.backoff_max_ms
             )
-        count = tx.run(
-            "notify_outbox_settle",
-            {
-                "id": claimed.id,
-                "status": status,
-                "due_at_ms": due,
-                "last_error": error,
-                "now": now,
-                "owner": self._owner,
-                "expected_attempts": claimed.attempts,
-            },
+        settled = repo.settle_outbox(
+            tx,
+            delivery_id=claimed.id,
+            status=status,
+            due_at_ms=due,
+            last_error=error,
+            owner=self._owner,
+            expected_attempts=claimed.attempts,
+            now=now,
         )
-        return status if count == 1 else "stale"
+        return status if settled else "stale"
 
     def deliver_batch(self) -> BatchReport:
         """One cycle: claim a page, send each message, settle each. Bounded by the page size."""
@@ -473,9 +406,7 @@ class NotificationDeliverer:
         return BatchReport(claimed=len(claimed), delivered=delivered, retried=retried, dead=dead)
 
     def next_due_ms(self) -> int | None:
-        row = self._db.transaction(lambda tx: tx.one("notify_next_due"), write=False) or {}
-        due = row.get("due")
-        return int(due) if due is not None else None
+        return self._db.transaction(repo.next_due_ms, write=False)
 
 
 def new_webhook_secret() -> str:

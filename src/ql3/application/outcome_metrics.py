@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ql3.ports.storage import Transaction
+from ql3.repositories import metrics as repo
 
 MAX_TASKS: Final = 1000
 PAGE: Final = 5000
@@ -34,12 +35,12 @@ def task_label(project: str, task: str) -> str:
 
 def task_outcomes(tx: Transaction) -> list[TaskOutcome]:
     out: list[TaskOutcome] = []
-    for r in tx.all("metrics_task_outcomes", {"limit": MAX_TASKS}):
-        failures = [int(v) for v in (r["last_failed_ms"], r["last_timed_out_ms"]) if v is not None]
+    for times in repo.list_task_finish_times(tx, limit=MAX_TASKS):
+        failures = [v for v in (times.last_failed_ms, times.last_timed_out_ms) if v is not None]
         out.append(
             TaskOutcome(
-                task=task_label(str(r["project"]), str(r["task"])),
-                last_success_ms=int(r["last_success_ms"]) if r["last_success_ms"] is not None else None,
+                task=task_label(times.project, times.task),
+                last_success_ms=times.last_success_ms,
                 last_failure_ms=max(failures) if failures else None,
             )
         )
@@ -48,11 +49,11 @@ def task_outcomes(tx: Transaction) -> list[TaskOutcome]:
 
 def notifications_by_status(tx: Transaction) -> dict[str, int]:
     """Outbox rows by status (``dead`` ones never reached their channel)."""
-    return {str(r["status"]): int(r["n"]) for r in tx.all("notify_outbox_counts")}
+    return repo.count_outbox_by_status(tx)
 
 
 def queue_depth(tx: Transaction) -> int:
-    return int((tx.one("metrics_queue_depth") or {"n": 0})["n"])
+    return repo.count_queued_runs(tx)
 
 
 @dataclass
@@ -87,12 +88,11 @@ class DurationHistogram:
             if self.cursor is None:
                 self.cursor = (until, "")
                 return
-            rows = tx.all(
-                "metrics_finished_since",
-                {"after_ms": self.cursor[0], "after_id": self.cursor[1], "until_ms": until, "limit": PAGE},
+            finished = repo.list_finished_since(
+                tx, after_ms=self.cursor[0], after_id=self.cursor[1], until_ms=until, limit=PAGE
             )
-            for r in rows:
-                if r["started_at_ms"] is not None:
-                    self.observe(max(0, int(r["finished_at_ms"]) - int(r["started_at_ms"])) / 1000)
-            if rows:
-                self.cursor = (int(rows[-1]["finished_at_ms"]), str(rows[-1]["id"]))
+            for run in finished:
+                if run.started_at_ms is not None:
+                    self.observe(max(0, run.finished_at_ms - run.started_at_ms) / 1000)
+            if finished:
+                self.cursor = (finished[-1].finished_at_ms, finished[-1].id)

@@ -10,17 +10,17 @@ See docs/retention.md.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.model import Project
+from ql3.domain.retention import RetentionPolicy as RetentionPolicy
 from ql3.ports.logs import LogFiles
-from ql3.ports.storage import Database, Row, Transaction
+from ql3.ports.storage import Database, Transaction
+from ql3.repositories import retention as repo
 
-CHANNEL: Final = "retention"
 DAY_MS: Final = 86_400_000
 MAX_KEEP_DAYS: Final = 36_500
 MAX_RUNS_PER_TASK: Final = 100_000_000
@@ -30,39 +30,7 @@ OUTBOX_KEEP_MS: Final = 7 * DAY_MS
 DEFAULT_PAGE: Final = 200
 CHUNK_BATCH: Final = 1000  # shipped log chunks deleted per transaction (64 MiB at most)
 MAX_CHUNK_BATCHES: Final = 1000  # per page of runs; a page left with chunks fails and is retried
-# Rows of a run besides its leases (deleted by attempt id first), children before parents.
-_CHILD_DELETES: Final = (
-    "retention_delete_cancellation_audit",
-    "retention_delete_cancellation_dispatches",
-    "retention_delete_run_retry_policies",
-    "retention_delete_run_events",
-    "retention_delete_run_attempts",
-)
-
-
-def _attempt_ids(tx: Transaction, *, ids: str) -> list[str]:
-    return [str(r["id"]) for r in tx.all("retention_attempt_ids", {"ids": ids})]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetentionPolicy:
-    project_id: str
-    keep_days: int | None
-    runs_per_task: int | None
-    log_bytes_per_run: int | None
-    version: int
-    updated_at_ms: int
-
-
-def _policy(row: Row) -> RetentionPolicy:
-    return RetentionPolicy(
-        project_id=row["project_id"],
-        keep_days=row["keep_days"],
-        runs_per_task=row["runs_per_task"],
-        log_bytes_per_run=row["log_bytes_per_run"],
-        version=int(row["version"]),
-        updated_at_ms=int(row["updated_at_ms"]),
-    )
+TASK_PAGE: Final = 64  # tasks read per page when looking for runs beyond runs_per_task
 
 
 def _bounded(value: object, low: int, high: int, field: str) -> int | None:
@@ -82,22 +50,21 @@ def set_policy(
     log_bytes_per_run: int | None,
 ) -> RetentionPolicy:
     """Replace the project's policy; None switches a limit off (all None keeps everything)."""
-    params = {
-        "project_id": project.id,
-        "keep_days": _bounded(keep_days, 1, MAX_KEEP_DAYS, "keep_days"),
-        "runs_per_task": _bounded(runs_per_task, 1, MAX_RUNS_PER_TASK, "runs_per_task"),
-        "log_bytes_per_run": _bounded(log_bytes_per_run, MIN_LOG_BYTES, MAX_LOG_BYTES, "log_bytes_per_run"),
-        "now": tx.now_ms(),
-    }
-    tx.run("retention_upsert", params)
+    repo.upsert_policy(
+        tx,
+        project_id=project.id,
+        keep_days=_bounded(keep_days, 1, MAX_KEEP_DAYS, "keep_days"),
+        runs_per_task=_bounded(runs_per_task, 1, MAX_RUNS_PER_TASK, "runs_per_task"),
+        log_bytes_per_run=_bounded(log_bytes_per_run, MIN_LOG_BYTES, MAX_LOG_BYTES, "log_bytes_per_run"),
+        now=tx.now_ms(),
+    )
     found = get_policy(tx, project)
     assert found is not None
     return found
 
 
 def get_policy(tx: Transaction, project: Project) -> RetentionPolicy | None:
-    row = tx.one("retention_get", {"project_id": project.id})
-    return _policy(row) if row else None
+    return repo.get_policy(tx, project.id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,33 +104,26 @@ class RetentionPruner:
         """Remove the runs' log files, then their rows in one transaction; (runs deleted, bytes freed)."""
         if not run_ids:
             return 0, 0
-        ids = json.dumps(run_ids)
         freed = 0
         if self._logs is not None:
-            attempts = self._db.transaction(partial(_attempt_ids, ids=ids), write=False)
+            attempts = self._db.transaction(partial(repo.list_attempt_ids, run_ids=run_ids), write=False)
             for attempt_id in attempts:
                 freed += self._logs.remove(attempt_id)
 
-        attempt_ids = json.dumps(self._db.transaction(partial(_attempt_ids, ids=ids), write=False))
+        attempt_ids = self._db.transaction(partial(repo.list_attempt_ids, run_ids=run_ids), write=False)
         for _ in range(MAX_CHUNK_BATCHES):
             # Shipped log chunks (docs/cluster.md) in bounded batches before the rows that own them.
             deleted = self._db.transaction(
-                lambda tx: tx.run(
-                    "retention_delete_log_chunks", {"attempt_ids": attempt_ids, "limit": CHUNK_BATCH}
-                )
+                lambda tx: repo.delete_log_chunks(tx, attempt_ids, limit=CHUNK_BATCH)
             )
             if deleted < CHUNK_BATCH:
                 break
 
         def unit(tx: Transaction) -> int:
-            attempts = json.dumps(_attempt_ids(tx, ids=ids))
+            attempts = repo.list_attempt_ids(tx, run_ids)
             # A chunk shipped after the batches above (a worker's last flush) goes with its head.
-            tx.run("retention_delete_log_chunks", {"attempt_ids": attempts, "limit": CHUNK_BATCH})
-            tx.run("retention_delete_attempt_logs", {"attempt_ids": attempts})
-            tx.run("retention_delete_run_leases", {"attempt_ids": attempts})
-            for query in _CHILD_DELETES:
-                tx.run(query, {"ids": ids})
-            return tx.run("retention_delete_runs", {"ids": ids})
+            repo.delete_log_chunks(tx, attempts, limit=CHUNK_BATCH)
+            return repo.delete_runs(tx, run_ids, attempts)
 
         return self._db.transaction(unit), freed
 
@@ -173,40 +133,29 @@ class RetentionPruner:
         def unit(tx: Transaction) -> list[str]:
             if policy.keep_days is not None:
                 before = tx.now_ms() - policy.keep_days * DAY_MS
-                found = tx.all(
-                    "retention_old_runs",
-                    {"project_id": policy.project_id, "before_ms": before, "limit": self._page},
+                found = repo.list_old_run_ids(
+                    tx, project_id=policy.project_id, before_ms=before, limit=self._page
                 )
                 if found:
-                    return [str(r["id"]) for r in found]
+                    return found
             if policy.runs_per_task is None:
                 return []
             after = ""
             scanned = 0
             while scanned < self._max_tasks:
-                tasks = tx.all(
-                    "retention_task_page", {"project_id": policy.project_id, "after": after, "limit": 64}
-                )
-                for task in tasks:
-                    boundary = tx.one(
-                        "retention_task_boundary", {"task_id": task["id"], "keep": policy.runs_per_task}
-                    )
+                tasks = repo.list_task_ids(tx, project_id=policy.project_id, after=after, limit=TASK_PAGE)
+                for task_id in tasks:
+                    boundary = repo.get_task_boundary(tx, task_id=task_id, keep=policy.runs_per_task)
                     if boundary is not None:
-                        found = tx.all(
-                            "retention_task_runs_before",
-                            {
-                                "task_id": task["id"],
-                                "before_ms": boundary["created_at_ms"],
-                                "before_id": boundary["id"],
-                                "limit": self._page,
-                            },
+                        found = repo.list_task_run_ids_up_to(
+                            tx, task_id=task_id, boundary=boundary, limit=self._page
                         )
                         if found:
-                            return [str(r["id"]) for r in found]
+                            return found
                 scanned += len(tasks)
-                if len(tasks) < 64:
+                if len(tasks) < TASK_PAGE:
                     break
-                after = str(tasks[-1]["id"])
+                after = tasks[-1]
             return []
 
         return self._db.transaction(unit, write=False)
@@ -214,42 +163,29 @@ class RetentionPruner:
     def _cap_logs(self, policy: RetentionPolicy, cursor: tuple[int, str]) -> tuple[int, int, bool]:
         """Cap the logs of one page of attempts finished after the cursor; (capped, freed, more)."""
         assert policy.log_bytes_per_run is not None and self._logs is not None
-        rows = self._db.transaction(
-            lambda tx: tx.all(
-                "retention_finished_attempts",
-                {
-                    "project_id": policy.project_id,
-                    "after_ms": cursor[0],
-                    "after_id": cursor[1],
-                    "limit": self._page,
-                },
+        finished = self._db.transaction(
+            lambda tx: repo.list_finished_attempts(
+                tx, project_id=policy.project_id, after_ms=cursor[0], after_id=cursor[1], limit=self._page
             ),
             write=False,
         )
         capped = freed = 0
-        for row in rows:
-            cut = self._logs.cap(str(row["id"]), policy.log_bytes_per_run)
+        for attempt in finished:
+            cut = self._logs.cap(attempt.id, policy.log_bytes_per_run)
             capped += 1 if cut else 0
             freed += cut
-        if rows:
-            last = rows[-1]
+        if finished:
+            last = finished[-1]
             self._db.transaction(
-                lambda tx: tx.run(
-                    "retention_log_cursor",
-                    {
-                        "project_id": policy.project_id,
-                        "cursor_ms": int(last["finished_at_ms"]),
-                        "cursor_id": str(last["id"]),
-                    },
+                lambda tx: repo.update_log_cursor(
+                    tx, project_id=policy.project_id, cursor_ms=last.finished_at_ms, cursor_id=last.id
                 )
             )
-        return capped, freed, len(rows) == self._page
+        return capped, freed, len(finished) == self._page
 
     def _prune_outbox(self, tx: Transaction) -> int:
         """One page of delivered and dead notifications older than a week, in every project."""
-        return tx.run(
-            "retention_outbox_prune", {"before_ms": tx.now_ms() - OUTBOX_KEEP_MS, "limit": self._page}
-        )
+        return repo.delete_outbox_page(tx, before_ms=tx.now_ms() - OUTBOX_KEEP_MS, limit=self._page)
 
     # -- the cycle ------------------------------------------------------------------------------------
 
@@ -257,8 +193,8 @@ class RetentionPruner:
         """Up to ``max_pages`` pages of work across all policies; ``more`` when work was left over."""
         policies = self._db.transaction(
             lambda tx: [
-                (_policy(r), (int(r["log_cursor_ms"]), str(r["log_cursor_id"])))
-                for r in tx.all("retention_policy_page", {"after": "", "limit": self._max_projects})
+                (p.policy, (p.log_cursor_ms, p.log_cursor_id))
+                for p in repo.list_policies(tx, after="", limit=self._max_projects)
             ],
             write=False,
         )

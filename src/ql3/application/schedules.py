@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ql3.domain.tasks import next_fire_ms
+from ql3.ports import channels
 from ql3.ports.storage import Transaction
 from ql3.repositories import tasks as task_store
 
@@ -22,7 +23,7 @@ def sync_schedule(tx: Transaction, view: TaskView) -> None:
     A new or changed schedule starts at the change time: it never invents past occurrences.
     """
     task = view.task
-    tx.notify("schedules")
+    tx.notify(channels.SCHEDULES)
     if not task.enabled or view.spec.cron is None:
         task_store.delete_schedule(tx, task.id)
         return

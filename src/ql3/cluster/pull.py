@@ -33,6 +33,7 @@ from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFaile
 from ql3.domain.offers import Offer, spec_digest
 from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
+from ql3.ports import channels
 from ql3.ports.storage import Database, Row, Transaction
 
 PULL_OFFER_DOMAIN: Final = "ql3.pull-offer.v1"
@@ -44,7 +45,7 @@ LIVE_LEASE_PAGES: Final = 16  # 1,024 = the largest worker capacity
 SPEC_CACHE_SIZE: Final = 256
 MAX_IMMEDIATE_RETRIES: Final = 4
 MAX_SCAN_CURSORS: Final = 4096  # per replica; past it the oldest walk starts again at the head
-WAKE_CHANNELS: Final = ("runs",)
+WAKE_CHANNELS: Final = (channels.RUNS,)
 
 
 class OfferConflict(Conflict):
@@ -209,7 +210,7 @@ class PullService:
         self._closing.set()
         notifier = getattr(self._db, "notifier", None)
         if notifier is not None:
-            notifier.notify(WAKE_CHANNELS[0])
+            notifier.notify(channels.RUNS)
 
     def _spec(self, task_id: str, revision: int) -> TaskSpec:
         key = (task_id, revision)

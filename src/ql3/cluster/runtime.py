@@ -13,9 +13,10 @@ from fastapi import FastAPI
 
 from ql3.application import attempt_logs
 from ql3.application.settings import ServeSettings
-from ql3.bootstrap import WAKE_CHANNELS, ManagedDatabase, fault_injector
+from ql3.bootstrap import ManagedDatabase, fault_injector
 from ql3.cluster.pull import PullBudget, PullService
 from ql3.cluster.stops import NO_LOCAL_WORKER, StopWatch
+from ql3.ports import channels
 
 # Each attached worker holds up to two long-polls (pull and stops), each in a worker thread of the
 # HTTP server for up to 20 s: the pool is sized so that 100 workers still leave room for the API.
@@ -62,7 +63,7 @@ class ControlRuntime:
             anyio.to_thread.current_default_thread_limiter().total_tokens = HTTP_THREADS
         listen = getattr(self.db, "start_listening", None)
         if listen is not None:
-            listen(list(WAKE_CHANNELS))  # other replicas' commits wake our loops and long-polls
+            listen(list(channels.RELAYED))  # other replicas' commits wake our loops and long-polls
         for loop in self.loops:
             loop.start()
 

@@ -27,12 +27,13 @@ from ql3.domain.model import Run
 from ql3.domain.offers import LeaseFence
 from ql3.domain.states import is_run_terminal
 from ql3.domain.tasks import build_spec
+from ql3.ports import channels
 from ql3.ports.storage import Database, Transaction
 
 Decision = Literal["run", "stop_requested", "terminal", "pending"]
 STOP_PAGE: Final = 64
 MAX_WAIT_MS: Final = 20_000
-WAKE_CHANNELS: Final = ("cancellations",)
+WAKE_CHANNELS: Final = (channels.CANCELLATIONS,)
 # The supervisor of ``ql3 control`` signals nothing itself: no worker can have this id (it is not a
 # valid worker id), so every started attempt is left to its worker's lease control.
 NO_LOCAL_WORKER: Final = "(remote workers stop through lease control)"
@@ -116,7 +117,7 @@ class StopWatch:
     def close(self) -> None:
         """Long-polls in flight answer at once (graceful shutdown)."""
         self._closing = True
-        self._notify(WAKE_CHANNELS[0])
+        self._notify(channels.CANCELLATIONS)
 
     def wait(self, worker_id: str, session_id: str, *, wait_ms: int, known: frozenset[str]) -> list[str]:
         """Attempts with a stop intent, beyond those the worker says it already handles (``known``)."""

@@ -18,6 +18,10 @@ from ql3.domain.errors import Ql3Error, ValidationFailed
 
 ChannelKind = Literal["webhook", "apprise"]
 CHANNEL_KINDS: Final = ("webhook", "apprise")
+# An outbox row: waiting (``pending``, due at ``due_at_ms``), claimed by a deliverer (``leased``), or
+# settled for good (``delivered``, or ``dead`` after its last attempt).
+DeliveryStatus = Literal["pending", "leased", "delivered", "dead"]
+DELIVERY_STATUSES: Final[tuple[DeliveryStatus, ...]] = ("pending", "leased", "delivered", "dead")
 # Outcomes that can notify. ``succeeded`` is opt-in; the rest are the default set of a new rule.
 EVENTS: Final = (
     "failed",

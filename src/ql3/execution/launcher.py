@@ -1,10 +1,11 @@
 """Start commands under the per-attempt shim, and reap the shims from one watcher thread.
 
 Per run the cost is one ``posix_spawn`` of ``/bin/sh`` (the shim, which is the new session's and
-process group's leader), one fork+exec for the command (``/bin/sh -c`` for a shell command, the program
-itself for an argv command) and one fork+exec of ``ln`` to publish the receipt: no Python interpreter is
-ever started per run. The shim lives outside this process, so if the worker
-dies the command keeps running, its log keeps growing and its receipt is still published.
+process group's leader) and one fork+exec for the command (``/bin/sh -c`` for a shell command, the
+program itself for an argv command); the shim writes the receipt itself, with no further process
+(``shim.sh``, ``receipts.py``): no Python interpreter is ever started per run. The shim lives outside
+this process, so if the worker dies the command keeps running, its log keeps growing and its receipt
+is still published.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import os
 import pwd
 import re
-import selectors
+import select
 import signal
 import threading
 import time
@@ -33,7 +34,6 @@ from ql3.execution.receipts import (
     launch_identity_path,
     receipt_path,
     receipt_prefix,
-    receipt_temp_path,
 )
 from ql3.execution.run_as import TaskUser, TaskUsers
 from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, LaunchRequest, ShellCommand
@@ -71,7 +71,6 @@ class Launched:
     pidfd: int
     log_path: Path
     log_cap_bytes: int
-    receipt_temp_path: Path
     receipt_path: Path
 
 
@@ -95,7 +94,6 @@ class LocalLauncher:
         self._users = task_users if task_users is not None else TaskUsers(default=run_as)
         self._script = resources.files("ql3.execution").joinpath("shim.sh").read_text("utf-8")
         self._boot_id = read_boot_id()
-        self._ln = _find_tool("ln")
         self._sync = _find_tool("sync") if durable_receipts else ""
         self._home = _home_directory()
         self._sigdef = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
@@ -166,7 +164,6 @@ class LocalLauncher:
             pidfd=pidfd,
             log_path=log_path,
             log_cap_bytes=request.log_cap_bytes,
-            receipt_temp_path=receipt_temp_path(receipt_dir, request.attempt_id),
             receipt_path=receipt_path(receipt_dir, request.attempt_id),
         )
 
@@ -199,10 +196,8 @@ class LocalLauncher:
             "QL3_SHIM_SH": self._shell,
             "QL3_SHIM_HEAD": _prefix(request),
             "QL3_SHIM_STARTED": str(request.started_at_ms),
-            "QL3_SHIM_TMP": str(receipt_temp_path(receipt_dir, request.attempt_id)),
             "QL3_SHIM_DST": str(receipt_path(receipt_dir, request.attempt_id)),
             "QL3_SHIM_DIR": str(receipt_dir),
-            "QL3_SHIM_LN": self._ln,
             "QL3_SHIM_SYNC": self._sync,
             "QL3_SHIM_BOOT": self._boot_id,
             "QL3_SHIM_UMASK": self._umask,
@@ -372,12 +367,14 @@ class ExitWatcher:
     """Reaps launched shims and reports each exit, from one background thread.
 
     ``start()`` creates the thread and ``stop()`` ends it; nothing creates a thread per run. The thread
-    sleeps in ``select`` over the shims' pidfds and a self-pipe (written by ``watch`` and ``stop``); idle,
-    it blocks without a timeout. While attempts run it also wakes every ``log_check_interval_s`` to cut
-    logs that outgrew their cap. On each exit, a shim that left no receipt first takes its group along
-    (SIGKILL through its pidfd while it is still an unreaped zombie, so the group cannot be another's);
-    then it reaps the shim, removes the receipt's temp file, cuts the log to its cap and calls
-    ``on_exit(attempt_id)`` on the watcher thread (keep it short).
+    sleeps in ``epoll`` over the shims' pidfds and a self-pipe; idle, it blocks without a timeout.
+    ``watch`` adds the pidfd to the epoll set itself, from the caller's thread, so a busy watcher is not
+    woken once per run to register it: the self-pipe is written only to wake a thread asleep without a
+    timeout (nothing was watched: it must start its log checks) and by ``stop``. While attempts run it
+    also wakes every ``log_check_interval_s`` to cut logs that outgrew their cap. On each exit, a shim
+    that left no receipt first takes its group along (SIGKILL through its pidfd while it is still an
+    unreaped zombie, so the group cannot be another's); then it reaps the shim, cuts the log to its
+    cap and calls ``on_exit(attempt_id)`` on the watcher thread (keep it short).
     Errors go to ``on_error`` (or the module logger) and never stop the thread.
 
     Only children of this process can be reaped. After a restart, shims started by a previous
@@ -398,8 +395,10 @@ class ExitWatcher:
         self._on_error = on_error
         self._interval = log_check_interval_s
         self._lock = threading.Lock()
-        self._incoming: list[Launched] = []
-        self._pending = 0
+        # pidfd -> attempt: added by ``watch`` (any thread), removed by the watcher thread only.
+        self._watched: dict[int, Launched] = {}
+        self._epoll: select.epoll | None = None
+        self._asleep = False  # the thread is (about to be) blocked without a timeout
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._wake_r = -1
@@ -409,14 +408,17 @@ class ExitWatcher:
     def pending(self) -> int:
         """Attempts handed to ``watch`` whose exit has not been reported yet."""
         with self._lock:
-            return self._pending
+            return len(self._watched)
 
     def start(self) -> None:
         with self._lock:
             if self._thread is not None:
                 raise RuntimeError("exit watcher already started")
             self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._epoll = select.epoll()  # close-on-exec
+            self._epoll.register(self._wake_r, select.EPOLLIN)
             self._stopping = False
+            self._asleep = False
             self._thread = threading.Thread(target=self._run, name="ql3-exit-watcher", daemon=True)
             self._thread.start()
 
@@ -436,12 +438,22 @@ class ExitWatcher:
 
     def watch(self, launched: Launched) -> None:
         """Take ownership of ``launched.pidfd`` and report its exit once. Raises if not running."""
+        failure: OSError | None = None
         with self._lock:
-            if self._thread is None or self._stopping:
+            if self._thread is None or self._stopping or self._epoll is None:
                 raise RuntimeError("exit watcher is not running")
-            self._incoming.append(launched)
-            self._pending += 1
-            self._wake_locked()
+            try:
+                # epoll_ctl while the watcher thread waits in epoll_wait is safe: the wait sees it.
+                self._epoll.register(launched.pidfd, select.EPOLLIN)
+            except OSError as exc:
+                failure = exc
+            else:
+                self._watched[launched.pidfd] = launched
+                if self._asleep:
+                    self._asleep = False
+                    self._wake_locked()
+        if failure is not None:
+            self._report(failure)
 
     def _wake_locked(self) -> None:
         try:
@@ -450,73 +462,61 @@ class ExitWatcher:
             pass  # the pipe is full, so a wake-up is already pending
 
     def _run(self) -> None:
-        watched: dict[int, Launched] = {}
-        selector = selectors.DefaultSelector()
-        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        epoll = self._epoll
+        assert epoll is not None
         next_check: float | None = None
         try:
             while True:
-                timeout = None if next_check is None else max(0.0, next_check - time.monotonic())
-                for key, _ in selector.select(timeout):
-                    if key.data is None:
-                        self._drain_wake_pipe()
-                    else:
-                        self._collect(selector, watched, key.data)
                 with self._lock:
-                    incoming, self._incoming = self._incoming, []
-                    stopping = self._stopping
-                for launched in incoming:
-                    self._register(selector, watched, launched)
-                if stopping:
-                    return
+                    if self._stopping:
+                        return
+                    busy = bool(self._watched)
+                    # Asleep without a timeout only while nothing is watched; watch() wakes us then.
+                    self._asleep = not busy
                 now = time.monotonic()
-                if not watched:
+                if not busy:
                     next_check = None
                 elif next_check is None:
                     next_check = now + self._interval
                 elif now >= next_check:
-                    self._enforce_caps(watched.values())
+                    with self._lock:
+                        running = list(self._watched.values())
+                    self._enforce_caps(running)
                     next_check = now + self._interval
+                timeout = None if next_check is None else max(0.0, next_check - time.monotonic())
+                for fd, _ in epoll.poll(timeout):
+                    if fd == self._wake_r:
+                        self._drain_wake_pipe()
+                        continue
+                    item = self._watched.get(fd)  # only this thread removes entries
+                    if item is not None:
+                        self._collect(epoll, item)
         finally:
             with self._lock:
-                leftovers, self._incoming = self._incoming, []
-            for launched in [*watched.values(), *leftovers]:
+                leftovers = list(self._watched.values())
+                self._watched.clear()
+                self._epoll = None
+            for launched in leftovers:
                 os.close(launched.pidfd)
-            selector.close()
+            epoll.close()
 
-    def _register(
-        self, selector: selectors.BaseSelector, watched: dict[int, Launched], item: Launched
-    ) -> None:
-        try:
-            selector.register(item.pidfd, selectors.EVENT_READ, item)
-        except (OSError, ValueError, KeyError) as exc:
-            with self._lock:
-                self._pending -= 1
-            self._report(exc)
-            return
-        watched[item.pidfd] = item
-
-    def _collect(
-        self, selector: selectors.BaseSelector, watched: dict[int, Launched], item: Launched
-    ) -> None:
+    def _collect(self, epoll: select.epoll, item: Launched) -> None:
         # Has it exited? Ask without reaping (WNOWAIT): the zombie keeps the group's identity pinned.
         if not _has_exited(item.pidfd):
             return
         # Still unreaped, the shim pins its pid and group id. A shim that exited without publishing its
         # receipt was killed (or could not write): the rest of its group must not outlive it.
-        if not item.receipt_path.exists():
+        if not os.path.exists(item.receipt_path):
             try:
                 _kill_pinned_group(item.pidfd, item.pid)
             except OSError as exc:
                 self._report(exc)
         self._reap(item)
-        selector.unregister(item.pidfd)
-        del watched[item.pidfd]
-        os.close(item.pidfd)
         with self._lock:
-            self._pending -= 1
+            epoll.unregister(item.pidfd)
+            del self._watched[item.pidfd]
+        os.close(item.pidfd)
         try:
-            item.receipt_temp_path.unlink(missing_ok=True)
             enforce_log_cap(item.log_path, item.log_cap_bytes)
         except OSError as exc:
             self._report(exc)

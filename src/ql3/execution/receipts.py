@@ -5,9 +5,12 @@ Exact shape, at most 4 KiB, keys in this order::
     {"schemaVersion":1,"runId":..,"attemptId":..,"callbackSequence":..,"token":..,
      "startedAtMs":..,"finishedAtMs":..,"exitCode":..}
 
-Publication never overwrites: the payload goes to a new temp file in the same directory, which is then
-hard-linked to ``<receipt_dir>/<attempt_id>.json``. Readers therefore see nothing or the whole receipt.
-Anything that does not match the shape exactly is ``ReceiptInvalid`` and belongs in quarantine.
+followed by one newline. Publication never overwrites: the writer creates
+``<receipt_dir>/<attempt_id>.json`` exclusively (``O_EXCL``) and writes the receipt in one go, the
+newline last. A file without that final newline is a write still in progress, or one cut short by the
+writer's death (a prefix of a receipt, as appends are all there is): readers take it for no receipt,
+never for a valid one and never for one to quarantine. Anything complete that does not match the shape
+exactly is ``ReceiptInvalid`` and belongs in quarantine.
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ def receipt_path(receipt_dir: Path, attempt_id: str) -> Path:
 
 
 def receipt_temp_path(receipt_dir: Path, attempt_id: str) -> Path:
+    """The temp file of the earlier publication protocol (temp file + ``ln``): shims started by an
+    earlier version may still leave one, which ``delete_receipt`` removes."""
     return receipt_dir / f".{check_file_id(attempt_id)}.tmp"
 
 
@@ -176,35 +181,31 @@ def receipt_prefix(
 
 
 def publish_receipt(receipt_dir: Path, receipt: Receipt, *, durable: bool = False) -> bool:
-    """The shim's protocol in Python: new temp file, hard link, remove the temp.
+    """The shim's protocol in Python: create the receipt exclusively, write it, the newline last.
 
     Returns False when a receipt is already published (it is never replaced). Raises ``OSError`` when
-    writing fails (for example ENOSPC), leaving no final receipt.
+    writing fails (for example ENOSPC); what it wrote by then lacks the final newline, so it reads as
+    no receipt.
     """
     data = (receipt.to_json() + "\n").encode("utf-8")
     if len(data) > MAX_RECEIPT_BYTES:
         raise ReceiptInvalid("too_large")
-    tmp = receipt_temp_path(receipt_dir, receipt.attempt_id)
     final = receipt_path(receipt_dir, receipt.attempt_id)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, final)
-        except FileExistsError:
-            return False
+        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         if durable:
-            _fsync_dir(receipt_dir)
-        return True
+            os.fsync(fd)
     finally:
-        _unlink_quietly(tmp)
+        os.close(fd)
+    if durable:
+        _fsync_dir(receipt_dir)
+    return True
 
 
 def read_receipt(
@@ -215,7 +216,8 @@ def read_receipt(
     expected_sequence: int,
     expected_token_digest: str,
 ) -> Receipt | None:
-    """The published receipt of one attempt, fully validated; ``None`` when none is published.
+    """The published receipt of one attempt, fully validated; ``None`` when none is published, which
+    includes a file without its final newline (being written, or cut short: see the module docstring).
 
     Raises ``ReceiptInvalid(reason)`` (quarantine it) with a fixed reason code: ``not_regular_file``,
     ``too_large``, ``encoding``, ``json``, ``duplicate_key``, ``shape``, ``unknown_key``, ``missing_key``,
@@ -239,6 +241,8 @@ def read_receipt(
         raw = _read_at_most(fd, MAX_RECEIPT_BYTES + 1)
     finally:
         os.close(fd)
+    if len(raw) <= MAX_RECEIPT_BYTES and not raw.endswith(b"\n"):
+        return None  # not published (yet): a prefix of a receipt is never trusted nor quarantined
     receipt = parse_receipt(raw)
     if receipt.run_id != expected_run_id:
         raise ReceiptInvalid("run_id")

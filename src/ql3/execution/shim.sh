@@ -11,11 +11,11 @@ _ql3_on_signal() { :; }
 trap _ql3_on_signal TERM INT HUP
 _ql3_mode=$QL3_SHIM_MODE _ql3_cmd=$QL3_SHIM_COMMAND _ql3_cwd=$QL3_SHIM_CWD _ql3_sh=$QL3_SHIM_SH
 _ql3_head=$QL3_SHIM_HEAD _ql3_start=$QL3_SHIM_STARTED _ql3_base=$QL3_SHIM_CLOCK_BASE
-_ql3_tmp=$QL3_SHIM_TMP _ql3_dst=$QL3_SHIM_DST _ql3_dir=$QL3_SHIM_DIR
-_ql3_ln=$QL3_SHIM_LN _ql3_sync=$QL3_SHIM_SYNC _ql3_boot=$QL3_SHIM_BOOT _ql3_idf=$QL3_SHIM_IDENTITY
+_ql3_dst=$QL3_SHIM_DST _ql3_dir=$QL3_SHIM_DIR
+_ql3_sync=$QL3_SHIM_SYNC _ql3_boot=$QL3_SHIM_BOOT _ql3_idf=$QL3_SHIM_IDENTITY
 _ql3_umask=$QL3_SHIM_UMASK _ql3_as=$QL3_SHIM_AS
 unset QL3_SHIM_MODE QL3_SHIM_COMMAND QL3_SHIM_CWD QL3_SHIM_SH QL3_SHIM_HEAD QL3_SHIM_STARTED \
-  QL3_SHIM_CLOCK_BASE QL3_SHIM_TMP QL3_SHIM_DST QL3_SHIM_DIR QL3_SHIM_LN QL3_SHIM_SYNC \
+  QL3_SHIM_CLOCK_BASE QL3_SHIM_DST QL3_SHIM_DIR QL3_SHIM_SYNC \
   QL3_SHIM_BOOT QL3_SHIM_IDENTITY QL3_SHIM_UMASK QL3_SHIM_AS
 # _ql3_as: empty, or the task user's `setpriv ... --` words (no spaces or globs in any of them); the
 # command execs through it, the shim stays the server's user to publish the receipt.
@@ -60,16 +60,16 @@ if { read -r _ql3_up _ql3_idle; } 2>/dev/null </proc/uptime; then
 fi
 [ "$_ql3_fin" -ge "$_ql3_start" ] 2>/dev/null || _ql3_fin=$_ql3_start
 
-# Publish: a new temp file (noclobber opens with O_EXCL), then a hard link that never replaces an
-# existing receipt. The caller removes the temp after reaping us, which saves an rm(1) exec per run.
+# Publish: noclobber creates the receipt with O_EXCL (an existing receipt is never replaced) and one
+# printf writes it, its newline last. A reader takes a file without that final newline (a write in
+# progress, or one cut short by the shim's death) for no receipt: never valid, never quarantined
+# (execution/receipts.py). No temp file and no ln(1): one process per run fewer.
 # Any failure here only means "no receipt"; the exit status stays the command's.
 umask 077
 set -C
-if { printf '%s%s,"exitCode":%s}\n' "$_ql3_head" "$_ql3_fin" "$_ql3_rc" >"$_ql3_tmp"; } 2>/dev/null; then
-  if [ -z "$_ql3_sync" ]; then
-    "$_ql3_ln" "$_ql3_tmp" "$_ql3_dst" 2>/dev/null
-  elif "$_ql3_sync" "$_ql3_tmp" 2>/dev/null && "$_ql3_ln" "$_ql3_tmp" "$_ql3_dst" 2>/dev/null; then
-    "$_ql3_sync" "$_ql3_dir" 2>/dev/null
+if { printf '%s%s,"exitCode":%s}\n' "$_ql3_head" "$_ql3_fin" "$_ql3_rc" >"$_ql3_dst"; } 2>/dev/null; then
+  if [ -n "$_ql3_sync" ]; then
+    "$_ql3_sync" "$_ql3_dst" 2>/dev/null && "$_ql3_sync" "$_ql3_dir" 2>/dev/null
   fi
 fi
 exit "$_ql3_rc"

@@ -166,10 +166,14 @@ class Journal(Protocol):
         executor_handle: str | None = None,
         executor_started_at_ms: int | None = None,
         recovery_reason: RecoveryReason | None = None,
+        via: JournalState | None = None,
+        prune: bool = False,
     ) -> JournalRecord:
         """Move one record forward by exactly one transition, CAS on ``expected_revision``; the
-        ``launching`` barrier is durable before this returns. ``JournalInvalid`` for bad fields,
-        ``JournalConflict`` (``not_found``, ``stale_revision``, ``invalid_transition``) otherwise."""
+        ``launching`` barrier is durable before this returns. ``via``: pass through that field-less
+        state first, in the same commit; ``prune``: delete a record reaching a settled state in the
+        same commit. ``JournalInvalid`` for bad fields, ``JournalConflict`` (``not_found``,
+        ``stale_revision``, ``invalid_transition``) otherwise."""
         ...
 
     def get(self, offer_id: str) -> JournalRecord | None:

@@ -33,6 +33,9 @@ class ActiveAttempt:
     pid: int | None = None
     adopted: bool = False
     stop_requested: bool = False
+    # The lease is lost and LocalStops is stopping the process: that path records the outcome in the
+    # journal, so the exit it causes is not settled (nor reported lost) beside it.
+    lease_lost: bool = False
     acked: bool = False  # running ACK committed: completion may be submitted
     ack_pending: bool = False  # the running ACK failed transiently: maintain() sends it again
     exited: bool = False  # the process exited; completion pending or to be retried

@@ -120,8 +120,8 @@ class Intake(Generic[LaunchedT]):
             )
         self._fault("after_accept")
         if record.state == "accepted":
-            record = self._ack_starting(record, offer)
-        if record.state == "starting_acknowledged":
+            self._ack_starting(record, offer)
+        if record.state in ("accepted", "starting_acknowledged"):
             record = self._launch(record, offer)
         elif record.state == "started":
             record = self.ack_running(record)
@@ -148,7 +148,11 @@ class Intake(Generic[LaunchedT]):
         ) != (f.run_id, f.attempt_id):
             raise ValidationFailed("offer spec does not match its digest or identity", field="spec")
 
-    def _ack_starting(self, record: JournalRecord, offer: Offer) -> JournalRecord:
+    def _ack_starting(self, record: JournalRecord, offer: Offer) -> None:
+        """The starting ACK; its journal step (``starting_acknowledged``) is committed with the
+        ``launching`` barrier (``_launch``), so the ACK costs no commit of its own. A crash before that
+        commit leaves ``accepted``, which recovery treats like ``starting_acknowledged`` (nothing was
+        spawned; a redelivery sends the ACK again, which the control plane answers ``already_starting``)."""
         try:
             # The deadline is the control plane's: pinned timeout plus its clock, never ours.
             self._client.ack_starting(offer.fence)
@@ -158,14 +162,11 @@ class Intake(Generic[LaunchedT]):
             # again. Kept in the active set, the lease would be renewed forever and never run.
             self._attempts.forget(record.attempt_id)
             raise
-        record = self._journal().advance(
-            record.offer_id, expected_revision=record.revision, to_state="starting_acknowledged"
-        )
         self._fault("after_starting_ack")
-        return record
 
     def _launch(self, record: JournalRecord, offer: Offer) -> JournalRecord:
         token = new_token()
+        # The crash barrier: durable (fsynced) before the spawn below.
         record = self._journal().advance(
             record.offer_id,
             expected_revision=record.revision,
@@ -173,6 +174,7 @@ class Intake(Generic[LaunchedT]):
             completion_callback_sequence=CALLBACK_SEQUENCE,
             completion_token_digest=sha256_hex(token),
             log_artifact_id=record.attempt_id,
+            via="starting_acknowledged" if record.state == "accepted" else None,
         )
         self._fault("after_launching")
         try:
@@ -243,11 +245,12 @@ class Intake(Generic[LaunchedT]):
             )
             return record
         self._attempts.forget(record.attempt_id)
-        settled = journal.advance(
-            record.offer_id, expected_revision=record.revision, to_state="start_failure_acknowledged"
+        return journal.advance(
+            record.offer_id,
+            expected_revision=record.revision,
+            to_state="start_failure_acknowledged",
+            prune=True,
         )
-        journal.prune(record.offer_id)
-        return settled
 
     def ack_running(self, record: JournalRecord) -> JournalRecord:
         """Send the running ACK of a ``started`` record; a transient failure leaves ``ack_pending`` set

@@ -62,7 +62,13 @@ class Settlement:
 
     def settle(self, attempt_id: str) -> str:
         """Receipt first: complete with the journal's original authority, then acknowledge, then delete.
-        ``settling`` when another thread is settling the same attempt (it finishes the work)."""
+        ``settling`` when another thread is settling the same attempt (it finishes the work),
+        ``stopping`` while a lost lease's stop owns it, ``fenced`` when it exited without a receipt
+        and the lease was no longer ours (the row stays, ``recovery_required``)."""
+        with self._attempts.lock:
+            active = self._attempts.get(attempt_id)
+            if active is not None and active.lease_lost:
+                return "stopping"  # LocalStops.lease_lost stopped it and records why (recovery_required)
         with self._settling_lock:
             if attempt_id in self._settling:
                 return "settling"
@@ -109,20 +115,26 @@ class Settlement:
         )
         self._acknowledge(record)
         delete_receipt(self._receipts_dir, attempt_id)
-        self._journal().prune(record.offer_id)
         self._attempts.forget(attempt_id)
         return "completion_acknowledged"
 
     def _acknowledge(self, record: JournalRecord) -> None:
+        """``completion_acknowledged`` and the record's deletion, in one commit: the control plane
+        holds the outcome now, so nothing is left to recover (the receipt is deleted after it)."""
         journal = self._journal()
         for _ in range(4):  # the running-ACK bookkeeping may advance the record concurrently
             current = journal.get(record.offer_id)
-            assert current is not None
+            if current is None:
+                return
             if current.state == "completion_acknowledged":
+                journal.prune(current.offer_id)  # acknowledged before a crash, not deleted yet
                 return
             try:
                 journal.advance(
-                    current.offer_id, expected_revision=current.revision, to_state="completion_acknowledged"
+                    current.offer_id,
+                    expected_revision=current.revision,
+                    to_state="completion_acknowledged",
+                    prune=True,
                 )
                 return
             except JournalConflict:
@@ -153,8 +165,9 @@ class Settlement:
         active = self._attempts.for_record(record)
         try:
             self._client.report_lost(active.fence, error_code=LOST_EXITED_WITHOUT_RECEIPT)
+            reported = True
         except FenceConflict:
-            pass
+            reported = False  # the lease is not ours any more: the old worker never writes lost
         journal = self._journal()
         current = journal.get(record.offer_id)
         if current is not None and current.state in ("started", "running_acknowledged"):
@@ -164,7 +177,11 @@ class Settlement:
                 to_state="recovery_required",
                 recovery_reason="process_exited_without_receipt",
             )
-        # The control plane holds the outcome now (or the lease was no longer ours): nothing to recover.
-        journal.prune(record.offer_id)
         self._attempts.forget(record.attempt_id)
+        if not reported:
+            # Nobody holds the outcome: the row stays (recovery_required, pruned by age) as the
+            # evidence that this attempt was started here, whatever the lease's next holder does.
+            return "fenced"
+        # The control plane holds the outcome now: nothing to recover.
+        journal.prune(record.offer_id)
         return "lost"

@@ -36,6 +36,8 @@ class LocalStops:
     def lease_lost(self, record: JournalRecord, active: ActiveAttempt) -> JournalRecord:
         """Stop the local process only on a full authority match; the old worker never writes lost."""
         reason: RecoveryReason = "lease_lost_local_execution_unverified"
+        with self._attempts.lock:
+            active.lease_lost = True
         if record.executor_handle is not None:
             try:
                 outcome = self._controller.stop(

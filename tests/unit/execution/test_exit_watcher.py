@@ -13,7 +13,7 @@ import pytest
 from ql3.execution.launcher import ExitWatcher, LocalLauncher
 from ql3.ports.execution import LaunchRequest, ShellCommand
 from tests.support.processes import ExecHarness
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 
 def _watcher_thread() -> threading.Thread:
@@ -47,7 +47,7 @@ def test_every_exit_is_reported_exactly_once_and_every_shim_is_reaped(tmp_path: 
             watcher.watch(launched)
 
         # When they have all finished
-        assert wait_until(lambda: watcher.pending == 0)
+        assert wait_for(lambda: watcher.pending == 0)
     finally:
         watcher.stop()
 
@@ -63,7 +63,7 @@ def test_an_idle_watcher_blocks_without_waking_up(ex: ExecHarness) -> None:
     # Given a started watcher with nothing to watch
     thread = _watcher_thread()
     wchan = Path(f"/proc/self/task/{thread.native_id}/wchan")
-    assert wait_until(lambda: "epoll" in wchan.read_text())
+    assert wait_for(lambda: "epoll" in wchan.read_text())
     before = _context_switches(thread)
 
     # When time passes
@@ -89,7 +89,7 @@ def test_a_failing_callback_is_reported_and_does_not_stop_the_watcher(tmp_path: 
     try:
         # When two attempts exit one after the other
         watcher.watch(launcher.start(_request(tmp_path, "att-bad", "true")))
-        assert wait_until(lambda: watcher.pending == 0)
+        assert wait_for(lambda: watcher.pending == 0)
         watcher.watch(launcher.start(_request(tmp_path, "att-good", "true")))
 
         # Then the error went to on_error and the second exit was still reported

@@ -8,7 +8,7 @@ import pytest
 
 from ql3.execution.logs import LogReader, LogUnavailable, enforce_log_cap, log_path_for, truncation_marker
 from tests.support.processes import ExecHarness
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 CAP = 1000
 # 200 lines of 50 bytes: 10,000 bytes of output, ten times the cap.
@@ -36,7 +36,7 @@ def test_the_cap_is_enforced_while_the_command_still_runs(ex: ExecHarness) -> No
 
     # Then the watcher's periodic check cuts the log before the command ends
     try:
-        assert wait_until(
+        assert wait_for(
             lambda: ex.log_path("att-running").read_bytes() == EXPECTED[:CAP] + truncation_marker(CAP)
         )
         assert not ex.exited["att-running"].is_set()

@@ -24,7 +24,7 @@ from ql3.execution.controller import ProcessController, StopOutcome, finish_stop
 from ql3.execution.identity import InvalidHandle, capture, read_stat
 from ql3.execution.launcher import Launched
 from tests.support.processes import ExecHarness, group_comms, live_group_members
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 # A member of the attempt's session that leaves its group for a group of its own.
 _OWN_GROUP = "import os, time; os.setpgid(0, 0); print('moved', flush=True); time.sleep(300)"
@@ -53,7 +53,7 @@ def _ended_with(ex: ExecHarness, attempt_id: str, command: str, sleeps: int) -> 
     launched = ex.shell(attempt_id, command)
     ex.wait_exit(attempt_id)
     assert read_stat(launched.pid) is None  # the shim is reaped: nothing pins its group any more
-    assert wait_until(lambda: group_comms(launched.handle.pgid).count("sleep") == sleeps)
+    assert wait_for(lambda: group_comms(launched.handle.pgid).count("sleep") == sleeps)
     return launched
 
 
@@ -72,7 +72,7 @@ def test_every_orphan_of_an_ended_attempt_is_killed_and_counted(ex: ExecHarness)
 
     # Then both got SIGKILL, and the count says so
     assert killed == 2
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
     # and a second sweep finds nothing left
     assert kill_orphans(launched.handle) == 0
 
@@ -87,11 +87,11 @@ def test_an_orphan_whose_name_holds_parentheses_or_spaces_is_still_recognised(
     link.symlink_to("/bin/sleep")
     launched = ex.shell("att-odd", f"'{link}' 300 & exit 0")
     ex.wait_exit("att-odd")
-    assert wait_until(lambda: group_comms(launched.handle.pgid) == [name.strip()])
+    assert wait_for(lambda: group_comms(launched.handle.pgid) == [name.strip()])
 
     # When its orphans are swept, Then it is found and killed
     assert kill_orphans(launched.handle) == 1
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
 
 
 def test_a_member_without_the_attempt_id_in_its_environment_is_left_alone(
@@ -110,7 +110,7 @@ def test_a_member_without_the_attempt_id_in_its_environment_is_left_alone(
     # When the orphans are swept
     # Then only the one that carries the attempt's id is killed
     assert kill_orphans(launched.handle) == 1
-    assert wait_until(lambda: live_group_members(pgid) == [stranger])
+    assert wait_for(lambda: live_group_members(pgid) == [stranger])
 
 
 def test_the_attempt_id_must_match_exactly_not_as_a_prefix(ex: ExecHarness, leftovers: list[int]) -> None:
@@ -130,8 +130,8 @@ def test_a_member_that_moved_to_another_group_is_left_alone(ex: ExecHarness, lef
         "att-moved", f"{sys.executable} -c \"{_OWN_GROUP}\" > '{ex.root}/moved' & sleep 300 & exit 0"
     )
     ex.wait_exit("att-moved")
-    assert wait_until(lambda: (ex.root / "moved").read_text() == "moved\n")
-    assert wait_until(lambda: group_comms(launched.handle.pgid) == ["sleep"])
+    assert wait_for(lambda: (ex.root / "moved").read_text() == "moved\n")
+    assert wait_for(lambda: group_comms(launched.handle.pgid) == ["sleep"])
     mover = next(
         int(name)
         for name in os.listdir("/proc")
@@ -144,7 +144,7 @@ def test_a_member_that_moved_to_another_group_is_left_alone(ex: ExecHarness, lef
 
     # When the orphans are swept, Then the sleep in the group is killed and the mover is not
     assert kill_orphans(launched.handle) == 1
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
     stat = read_stat(mover)
     assert stat is not None and stat.state != "Z"
 
@@ -172,7 +172,7 @@ def test_a_process_that_started_before_the_shim_is_never_its_descendant(
 
     # But a shim that started in the very same tick may have left it: it is killed
     assert kill_orphans(dataclasses.replace(launched.handle, start_ticks=str(ticks))) == 1
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
 
 
 def test_a_handle_of_another_boot_kills_nothing(ex: ExecHarness, leftovers: list[int]) -> None:
@@ -190,7 +190,7 @@ def test_sweep_orphans_takes_the_handle_text(ex: ExecHarness) -> None:
     launched = _ended_with(ex, "att-text", "sleep 300 & sleep 300 & exit 0", sleeps=2)
 
     assert ProcessController().sweep_orphans(launched.handle.encode()) == 2
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
     with pytest.raises(InvalidHandle):
         ProcessController().sweep_orphans("pid:1234")
 
@@ -201,7 +201,7 @@ NOTHING_SENT = StopOutcome(status="already_exited", term_signal_sent=False, kill
 def test_finish_stop_of_a_running_leader_is_a_whole_stop(ex: ExecHarness) -> None:
     # Given an attempt whose shim still runs its command
     launched = ex.shell("att-live", "sleep 300")
-    assert wait_until(lambda: "sleep" in group_comms(launched.handle.pgid))
+    assert wait_for(lambda: "sleep" in group_comms(launched.handle.pgid))
 
     # When a crashed stop is finished, Then the leader's group gets the stop itself
     outcome = finish_stop(ProcessController(), launched.handle.encode(), launched.pid, grace_ms=60_000)
@@ -209,7 +209,7 @@ def test_finish_stop_of_a_running_leader_is_a_whole_stop(ex: ExecHarness) -> Non
     assert outcome == StopOutcome(
         status="termination_requested", term_signal_sent=True, kill_signal_sent=False
     )
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
 
 
 def test_finish_stop_kills_the_single_survivor_of_a_gone_leader(ex: ExecHarness) -> None:
@@ -221,7 +221,7 @@ def test_finish_stop_kills_the_single_survivor_of_a_gone_leader(ex: ExecHarness)
 
     # Then the leader was already gone, and the survivor got the KILL
     assert outcome == StopOutcome(status="already_exited", term_signal_sent=False, kill_signal_sent=True)
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
 
 
 def test_finish_stop_with_nothing_left_sends_nothing(ex: ExecHarness) -> None:
@@ -275,7 +275,7 @@ def test_a_descendant_forked_during_the_sweep_is_caught_by_the_next_pass(
     commands = os.open(fifo, os.O_RDWR)  # never blocks, unlike a write-only open of a FIFO
     try:
         ex.wait_exit("att-fork")
-        assert wait_until(lambda: acks.exists() and acks.read_text() == "ready\n")
+        assert wait_for(lambda: acks.exists() and acks.read_text() == "ready\n")
 
         # When it forks a new descendant right after the sweep's first pass listed /proc
         real_pidfd_open = os.pidfd_open
@@ -284,7 +284,7 @@ def test_a_descendant_forked_during_the_sweep_is_caught_by_the_next_pass(
         def pidfd_open_after_a_fork(pid: int, flags: int = 0) -> int:
             if not forked:
                 os.write(commands, b"fork\n")
-                assert wait_until(lambda: len(acks.read_text().split()) == 2)
+                assert wait_for(lambda: len(acks.read_text().split()) == 2)
                 forked.append(int(acks.read_text().split()[1]))
             return real_pidfd_open(pid, flags)
 
@@ -295,7 +295,7 @@ def test_a_descendant_forked_during_the_sweep_is_caught_by_the_next_pass(
         # Then the first pass kills the forker, and the next pass the process it forked meanwhile
         assert len(forked) == 1
         assert killed == 2
-        assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+        assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
     finally:
         os.close(commands)
 
@@ -327,7 +327,7 @@ def test_an_orphan_still_alive_after_its_kill_is_neither_signalled_nor_counted_t
         for pidfd in deferred:
             real_send(pidfd, signal.SIGKILL)
             os.close(pidfd)
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
 
 
 def test_an_orphan_that_vanishes_before_its_pidfd_opens_does_not_end_the_pass(
@@ -351,7 +351,7 @@ def test_an_orphan_that_vanishes_before_its_pidfd_opens_does_not_end_the_pass(
     # Then the pass goes on to the second one, and the next pass finds the first still there
     assert len(refused) == 1
     assert killed == 2
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])
 
 
 ENVIRON_CAP = 256 * 1024  # what kill_orphans reads of /proc/<pid>/environ
@@ -388,7 +388,7 @@ def test_the_environment_is_read_up_to_its_cap_only(marker_end: int, killed: int
         leader.stdin.write(json.dumps(env).encode())
         leader.stdin.close()
         child = int(leader.stdout.readline())
-        assert wait_until(lambda: marker.encode() in _environ(child))
+        assert wait_for(lambda: marker.encode() in _environ(child))
         assert Path(f"/proc/{child}/environ").read_bytes().index(marker.encode()) + len(marker) == marker_end
 
         # When the orphans are swept, Then the child is found only when its attempt id is within the cap

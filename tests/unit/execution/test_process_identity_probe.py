@@ -18,7 +18,7 @@ from ql3.execution.identity import (
     read_boot_id,
     read_stat,
 )
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 PAST_PID_MAX = 4_194_304 + 1  # above the largest pid_max Linux allows: never a live process
 
@@ -87,7 +87,7 @@ def test_capture_then_probe_follows_the_process_through_its_exit(
 
     # When it is killed (a zombie until reaped, then gone)
     odd_name_sleeper.kill()
-    assert wait_until(lambda: probe(handle) == "exited")
+    assert wait_for(lambda: probe(handle) == "exited")
     odd_name_sleeper.wait()
 
     # Then it stays exited
@@ -116,7 +116,7 @@ def test_capture_refuses_a_zombie_unless_the_launcher_allows_it() -> None:
     # Given an exited but unreaped child
     proc = subprocess.Popen(["/bin/true"], start_new_session=True)
     try:
-        assert wait_until(lambda: (stat := read_stat(proc.pid)) is not None and stat.state == "Z")
+        assert wait_for(lambda: (stat := read_stat(proc.pid)) is not None and stat.state == "Z")
 
         # Then plain capture refuses it, while the launcher's variant still gets its identity
         with pytest.raises(CaptureFailed):

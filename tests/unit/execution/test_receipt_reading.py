@@ -46,7 +46,8 @@ def _read(directory: Path, attempt_id: str = "att-1") -> Receipt | None:
 
 
 def _write_raw(directory: Path, raw: bytes, attempt_id: str = "att-1") -> None:
-    receipt_path(directory, attempt_id).write_bytes(raw)
+    """A complete file: what a writer leaves once it is done, its newline last."""
+    receipt_path(directory, attempt_id).write_bytes(raw + b"\n")
 
 
 def _with(**changes: Any) -> bytes:
@@ -140,7 +141,7 @@ def test_quarantine_moves_invalid_receipts_without_overwriting(tmp_path: Path) -
     # Then both survive side by side in a private directory, and nothing is left in place
     qdir = tmp_path / QUARANTINE_DIR
     assert first is not None and second is not None and first != second
-    assert (first.read_bytes(), second.read_bytes()) == (b"first", b"second")
+    assert (first.read_bytes(), second.read_bytes()) == (b"first\n", b"second\n")
     assert stat.S_IMODE(qdir.stat().st_mode) == 0o700
     assert not receipt_path(tmp_path, "att-1").exists()
     assert quarantine_receipt(tmp_path, "att-1") is None
@@ -164,3 +165,59 @@ def test_publish_then_delete(tmp_path: Path) -> None:
     assert delete_receipt(tmp_path, "att-1") is True
     assert delete_receipt(tmp_path, "att-1") is False
     assert os.listdir(tmp_path) == []
+
+
+def _good_receipt() -> Receipt:
+    return Receipt(
+        run_id="run-1",
+        attempt_id="att-1",
+        callback_sequence=2,
+        token=TOKEN,
+        started_at_ms=1000,
+        finished_at_ms=1500,
+        exit_code=42,
+    )
+
+
+def test_a_receipt_cut_anywhere_before_its_final_newline_is_no_receipt_and_stays_in_place(
+    tmp_path: Path,
+) -> None:
+    # Given every prefix of a published receipt, as a writer in progress (or killed) leaves it
+    whole = (_good_receipt().to_json() + "\n").encode()
+    path = receipt_path(tmp_path, "att-1")
+    for cut in range(len(whole)):
+        path.write_bytes(whole[:cut])
+
+        # Then none of them reads as a receipt, valid or invalid, and the file is left for its writer
+        assert _read(tmp_path) is None, whole[:cut]
+        assert path.read_bytes() == whole[:cut]
+
+    # And the whole one is the receipt
+    path.write_bytes(whole)
+    assert _read(tmp_path) == _good_receipt()
+
+
+def test_a_write_cut_short_by_a_full_disk_is_no_receipt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a disk that takes only the first 40 bytes of the receipt
+    real_write = os.write
+    writes: list[int] = []
+
+    def short_write(fd: int, data: Any) -> int:
+        if writes:
+            raise OSError(28, "No space left on device")
+        writes.append(fd)
+        return real_write(fd, bytes(data[:40]))
+
+    monkeypatch.setattr(os, "write", short_write)
+
+    # When the receipt is published
+    with pytest.raises(OSError):
+        publish_receipt(tmp_path, _good_receipt())
+    monkeypatch.undo()
+
+    # Then what was written is no receipt, and a later publication does not replace it
+    assert receipt_path(tmp_path, "att-1").stat().st_size == 40
+    assert _read(tmp_path) is None
+    assert publish_receipt(tmp_path, _good_receipt()) is False

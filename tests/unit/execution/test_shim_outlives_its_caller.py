@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ql3.execution.identity import ProcessHandle, probe
 from tests.support.processes import ExecHarness
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 SRC = Path(__file__).resolve().parents[3] / "src"
 
@@ -50,8 +50,8 @@ def test_the_attempt_completes_with_a_receipt_after_its_caller_died(ex: ExecHarn
         go.touch()
 
     # Then the orphaned shim still publishes the real exit code, and the log holds all output
-    assert wait_until(lambda: ex.receipt("att-orphan") is not None)
+    assert wait_for(lambda: ex.receipt("att-orphan") is not None)
     receipt = ex.receipt("att-orphan")
     assert receipt is not None and receipt.exit_code == 5
     assert ex.log_path("att-orphan").read_text() == "before\nafter\n"
-    assert wait_until(lambda: probe(handle) == "exited")
+    assert wait_for(lambda: probe(handle) == "exited")

@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from ql3.execution.receipts import receipt_path, receipt_temp_path
+from ql3.execution.receipts import receipt_path
 from tests.support.processes import ExecHarness, group_comms
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 
 @pytest.mark.parametrize(
@@ -33,7 +33,7 @@ def test_the_receipt_holds_the_commands_exit_code(ex: ExecHarness, command: str,
     assert receipt.exit_code == exit_code
 
 
-def test_the_receipt_has_the_exact_shape_and_the_temp_file_is_gone(ex: ExecHarness) -> None:
+def test_the_receipt_has_the_exact_shape_and_nothing_else_is_left(ex: ExecHarness) -> None:
     # Given a command started at a known time
     ex.shell("att-shape", "exit 3", callback_sequence=1, started_at_ms=1_700_000_000_000)
 
@@ -45,7 +45,9 @@ def test_the_receipt_has_the_exact_shape_and_the_temp_file_is_gone(ex: ExecHarne
     assert sorted(os.listdir(ex.receipts)) == ["att-shape.json", "att-shape.launch"]
     path = receipt_path(ex.receipts, "att-shape")
     assert oct(path.stat().st_mode & 0o777) == "0o600"
-    body = json.loads(path.read_text())
+    text = path.read_text()
+    assert text.endswith("}\n") and text.count("\n") == 1  # complete: its newline last, and only there
+    body = json.loads(text)
     assert list(body) == [
         "schemaVersion",
         "runId",
@@ -78,7 +80,7 @@ def test_a_published_receipt_is_never_overwritten(ex: ExecHarness) -> None:
 def test_a_killed_shim_leaves_no_receipt(ex: ExecHarness) -> None:
     # Given a running attempt
     launched = ex.shell("att-killed", "sleep 300")
-    assert wait_until(lambda: "sleep" in group_comms(launched.pid))
+    assert wait_for(lambda: "sleep" in group_comms(launched.pid))
 
     # When the shim itself is SIGKILLed (it is our unreaped child, so the pid is still its own)
     os.kill(launched.pid, signal.SIGKILL)
@@ -90,12 +92,9 @@ def test_a_killed_shim_leaves_no_receipt(ex: ExecHarness) -> None:
 
 
 def test_a_failed_publication_leaves_no_receipt_and_keeps_the_exit_code(ex: ExecHarness) -> None:
-    # Given a receipt temp path that cannot be created as a file
-    ex.receipts.mkdir(parents=True, exist_ok=True)
-    receipt_temp_path(ex.receipts, "att-nopub").mkdir()
-
-    # When a command runs to completion
-    launched = ex.shell("att-nopub", "echo ran; exit 4", watch=False)
+    # Given a command that removes the receipts directory, so that the receipt cannot be created
+    # When it runs to completion
+    launched = ex.shell("att-nopub", f"rm -rf '{ex.receipts}'; echo ran; exit 4", watch=False)
     _, status = os.waitpid(launched.pid, 0)
 
     # Then the shim still exits with the command's code, and no receipt appears

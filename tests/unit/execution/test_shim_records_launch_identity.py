@@ -10,7 +10,7 @@ from ql3.execution.receipts import (
     read_launch_identity,
 )
 from tests.support.processes import ExecHarness, group_comms
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 
 def test_the_launch_identity_is_the_handle_the_launcher_captured(ex: ExecHarness) -> None:
@@ -18,7 +18,7 @@ def test_the_launch_identity_is_the_handle_the_launcher_captured(ex: ExecHarness
     launched = ex.shell("att-ident", "sleep 300")
 
     # When its command runs
-    assert wait_until(lambda: "sleep" in group_comms(launched.pid))
+    assert wait_for(lambda: "sleep" in group_comms(launched.pid))
 
     # Then the shim's self-recorded identity is exactly the launcher's handle, and it proves the process
     found = read_launch_identity(ex.receipts, "att-ident")

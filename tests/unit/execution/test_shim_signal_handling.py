@@ -10,7 +10,7 @@ import pytest
 
 from ql3.ports.execution import ArgvCommand
 from tests.support.processes import ExecHarness
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 DISPOSITION_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGPIPE)
 
@@ -22,7 +22,7 @@ def test_a_signal_to_the_shim_alone_does_not_lose_the_commands_exit_code(
     # Given a command that waits for a go file and then exits 9
     started, go = tmp_path / "started", tmp_path / "go"
     launched = ex.shell("att-sig", f"touch '{started}'; while [ ! -e '{go}' ]; do sleep 0.01; done; exit 9")
-    assert wait_until(started.exists)
+    assert wait_for(started.exists)
 
     # When only the shim receives the signal (our unreaped child), and afterwards the command finishes
     os.kill(launched.pid, sig)

@@ -6,7 +6,7 @@ import signal
 
 from ql3.execution.controller import ProcessController
 from tests.support.processes import ExecHarness, group_comms, live_group_members, signal_ignored
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 
 def test_a_group_member_that_ignores_term_is_killed_after_the_grace(ex: ExecHarness) -> None:
@@ -20,7 +20,7 @@ def test_a_group_member_that_ignores_term_is_killed_after_the_grace(ex: ExecHarn
             signal_ignored(p, signal.SIGTERM) for p in members
         )
 
-    assert wait_until(stubborn_child_ready)
+    assert wait_for(stubborn_child_ready)
 
     # When the attempt is stopped with a short grace
     outcome = ProcessController().stop(launched.handle.encode(), launched.pid, grace_ms=300, poll_ms=20)
@@ -29,7 +29,7 @@ def test_a_group_member_that_ignores_term_is_killed_after_the_grace(ex: ExecHarn
     assert outcome.status == "termination_requested"
     assert outcome.term_signal_sent is True
     assert outcome.kill_signal_sent is True
-    assert wait_until(lambda: live_group_members(pgid) == [])
+    assert wait_for(lambda: live_group_members(pgid) == [])
 
 
 def test_a_cooperative_group_ends_on_term_without_kill(ex: ExecHarness) -> None:
@@ -37,7 +37,7 @@ def test_a_cooperative_group_ends_on_term_without_kill(ex: ExecHarness) -> None:
     launched = ex.shell("att-coop", "sleep 300")
     # (running the command itself: a TERM in the instant between the shim's fork and the exec is
     # absorbed by the shim's inherited handler, and only the KILL after the grace would end it)
-    assert wait_until(lambda: "sleep" in group_comms(launched.handle.pgid))
+    assert wait_for(lambda: "sleep" in group_comms(launched.handle.pgid))
 
     # When it is stopped with a long grace
     outcome = ProcessController().stop(launched.handle.encode(), launched.pid, grace_ms=60_000, poll_ms=20)
@@ -57,7 +57,7 @@ def test_a_cooperative_group_ends_on_term_without_kill(ex: ExecHarness) -> None:
 def test_the_killpg_fallback_for_kernels_without_pidfd_group_signals(ex: ExecHarness) -> None:
     # Given a running command and a controller forced onto the pre-6.9 fallback
     launched = ex.shell("att-fallback", "sleep 300")
-    assert wait_until(lambda: "sleep" in group_comms(launched.handle.pgid))
+    assert wait_for(lambda: "sleep" in group_comms(launched.handle.pgid))
     controller = ProcessController(group_signal_via_pidfd=False)
 
     # When it is stopped
@@ -69,4 +69,4 @@ def test_the_killpg_fallback_for_kernels_without_pidfd_group_signals(ex: ExecHar
         True,
         False,
     )
-    assert wait_until(lambda: live_group_members(launched.handle.pgid) == [])
+    assert wait_for(lambda: live_group_members(launched.handle.pgid) == [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ql3.execution.controller import ProcessController, StopOutcome
 from ql3.execution.identity import read_stat
 from tests.support.processes import ExecHarness
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 ALREADY_EXITED = StopOutcome(status="already_exited", term_signal_sent=False, kill_signal_sent=False)
 
@@ -23,7 +23,7 @@ def test_stop_after_the_shim_was_reaped(ex: ExecHarness) -> None:
 def test_stop_of_an_unreaped_zombie_shim(ex: ExecHarness) -> None:
     # Given an attempt whose shim exited but was not reaped yet
     launched = ex.shell("att-zombie", "exit 0", watch=False)
-    assert wait_until(lambda: (stat := read_stat(launched.pid)) is not None and stat.state == "Z")
+    assert wait_for(lambda: (stat := read_stat(launched.pid)) is not None and stat.state == "Z")
 
     # When it is stopped, Then a zombie counts as exited and gets no signal
     assert ProcessController().stop(launched.handle.encode(), launched.pid) == ALREADY_EXITED

@@ -29,7 +29,7 @@ from ql3.execution.controller import (
 )
 from ql3.execution.identity import MAX_PID, ProcessHandle, capture, classify, read_stat
 from tests.support.processes import live_group_members, signal_ignored, signal_pending
-from tests.support.waits import wait_until
+from tests.support.waits import wait_for
 
 MODES = pytest.mark.parametrize("group_signal_via_pidfd", [None, False], ids=["pidfd-group", "killpg"])
 CATCHABLE = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP) and s < 32]
@@ -96,7 +96,7 @@ def test_stop_delivers_term_and_no_other_signal(
     stopper.start()
     try:
         # When the TERM has arrived (the liveness re-checks run every 20 ms meanwhile)
-        assert wait_until(lambda: signal_pending(target.proc.pid, signal.SIGTERM))
+        assert wait_for(lambda: signal_pending(target.proc.pid, signal.SIGTERM))
         pending = _pending(target.proc.pid)
     finally:
         os.kill(target.proc.pid, signal.SIGKILL)  # ends the stop: the group has no live member left
@@ -139,7 +139,7 @@ def _leader_and_term_ignoring_member(targets: Callable[..., Target]) -> Target:
         members = live_group_members(target.handle.pgid)
         return len(members) == 2 and any(signal_ignored(p, signal.SIGTERM) for p in members)
 
-    assert wait_until(ready)
+    assert wait_for(ready)
     return target
 
 
@@ -166,7 +166,7 @@ def test_killpg_fallback_once_the_leader_is_reaped_ends_the_stop_and_claims_no_k
     assert signal_ignored(survivor, signal.SIGTERM)
     # and the survivor is left to the orphan sweep, which finds it by identity
     assert kill_orphans(target.handle) == 1
-    assert wait_until(lambda: live_group_members(pgid) == [])
+    assert wait_for(lambda: live_group_members(pgid) == [])
 
 
 def test_the_pidfd_group_signal_still_reaches_a_member_left_by_a_reaped_leader(
@@ -188,7 +188,7 @@ def test_the_pidfd_group_signal_still_reaches_a_member_left_by_a_reaped_leader(
     assert outcome == StopOutcome(
         status="termination_requested", term_signal_sent=True, kill_signal_sent=True
     )
-    assert wait_until(lambda: live_group_members(pgid) == [])
+    assert wait_for(lambda: live_group_members(pgid) == [])
     assert target.proc.returncode == -signal.SIGTERM
 
 
@@ -296,7 +296,7 @@ def test_is_group_alive_counts_only_members_that_can_run(targets: Callable[..., 
 
     # When it exits but is not reaped, Then its zombie alone is no live member
     target.proc.kill()
-    assert wait_until(lambda: (stat := read_stat(pgid)) is not None and stat.state == "Z")
+    assert wait_for(lambda: (stat := read_stat(pgid)) is not None and stat.state == "Z")
     assert is_group_alive(pgid) is False
 
     # and a group number no process can have has none either

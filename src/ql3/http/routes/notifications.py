@@ -15,6 +15,7 @@ from ql3.application import auth, notifications, retention, tasks
 from ql3.application.notifications import ChannelView, Delivery, RuleView
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import Body, integer_schema
+from ql3.ports import channels
 from ql3.ports.storage import Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}", tags=["notifications"])
@@ -242,7 +243,7 @@ def set_retention(project: str, body: RetentionIn, db: DbDep, principal: Princip
             runs_per_task=body.runs_per_task,
             log_bytes_per_run=body.log_bytes_per_run,
         )
-        tx.notify(retention.CHANNEL)
+        tx.notify(channels.RETENTION)
         return _retention(policy)
 
     return db.transaction(unit)

@@ -1,4 +1,4 @@
--- PostgreSQL: replicas claim disjoint pages.
+-- dialect-only: the due page has no shared text. PostgreSQL: replicas claim disjoint pages.
 
 -- name: notify_due_page
 SELECT id, attempts FROM notification_outbox WHERE due_at_ms IS NOT NULL AND due_at_ms <= :now

@@ -1,21 +1,8 @@
--- PostgreSQL overrides. Fixed lock order: Run -> Attempt -> lease/dispatch rows.
+-- PostgreSQL overrides. Fixed lock order: Run -> Attempt -> lease/dispatch rows (the locked reads: locks.sql).
 
--- name: run_lock
-SELECT * FROM runs WHERE id = :id FOR UPDATE
-
--- name: attempt_lock
-SELECT * FROM run_attempts WHERE id = :id FOR UPDATE
-
--- name: lease_lock
-SELECT * FROM run_leases WHERE attempt_id = :attempt_id FOR UPDATE
-
--- name: worker_lock
-SELECT * FROM workers WHERE worker_id = :worker_id FOR UPDATE
-
--- name: schedule_lock
-SELECT * FROM task_schedules WHERE task_id = :task_id FOR UPDATE
-
--- The claim path in fewer round trips, with the same locks in the same order: the attempt row lock
+-- The claim's statements (leases.claim runs them one by one on SQLite; on PostgreSQL it calls
+-- ql3_claim, lease_claim below, which does the same in one statement). With the same locks in the same
+-- order, in fewer round trips where they run on PostgreSQL: the attempt row lock
 -- (after the Run's) answers whether it is the latest attempt too; a first lease is inserted without a
 -- separate lock of its (absent) row, ON CONFLICT falling back to lock-and-reacquire; the lease row and the worker's
 -- active-lease counter (whose row the claim already holds locked) move in one statement, and the

@@ -1,4 +1,4 @@
--- PostgreSQL: a page of run ids arrives as one JSON array.
+-- dialect-only: the pages have no shared text. PostgreSQL: a page of run ids arrives as one JSON array.
 
 -- name: retention_attempt_ids
 SELECT id FROM run_attempts WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))) ORDER BY id LIMIT 10000

@@ -127,9 +127,6 @@ INSERT INTO approved_action_recovery (dispatch_id, project_id, status, version, 
   scan_count, armed_at_ms, updated_at_ms)
 VALUES (:dispatch_id, :project_id, 'armed', 0, :execution_version, :next_scan_at_ms, 0, :now, :now)
 
--- name: aa_recovery_get
-SELECT * FROM approved_action_recovery WHERE dispatch_id = :dispatch_id
-
 -- name: aa_recovery_on_renew
 UPDATE approved_action_recovery SET version = version + 1, execution_version = :execution_version,
   next_scan_at_ms = CASE WHEN status = 'armed' THEN :next_scan_at_ms ELSE next_scan_at_ms END,

@@ -1,9 +1,6 @@
 -- Durable cancellation dispatch (docs/contracts.md §4): claim/backoff rows, the supervisor's sources,
 -- management reads.
 
--- name: cancel_dispatch_get
-SELECT * FROM cancellation_dispatches WHERE run_id = :run_id
-
 -- name: cancel_dispatch_get_in_project
 SELECT * FROM cancellation_dispatches WHERE run_id = :run_id AND project_id = :project_id
 

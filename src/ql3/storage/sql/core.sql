@@ -133,6 +133,3 @@ VALUES (:id, :run_id, :sequence, :type, :dedupe_key, :actor_type, :actor_id, :at
 
 -- name: event_list
 SELECT * FROM run_events WHERE run_id = :run_id AND sequence > :after ORDER BY sequence LIMIT :limit
-
--- name: event_count
-SELECT count(*) AS n FROM run_events WHERE run_id = :run_id

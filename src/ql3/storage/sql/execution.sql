@@ -36,9 +36,6 @@ SELECT w.worker_id, w.session_id, w.generation, w.capabilities_json, w.max_concu
 FROM workers w
 WHERE w.worker_id = :worker_id AND w.status = 'online' AND w.lease_expires_at_ms > :now
 
--- name: worker_active_leases
-SELECT active_leases AS n FROM workers WHERE worker_id = :worker_id
-
 -- name: worker_leases_adjust
 UPDATE workers SET active_leases = active_leases + :delta WHERE worker_id = :worker_id
 
@@ -60,20 +57,6 @@ ORDER BY r.priority DESC, r.queued_at_ms, r.id LIMIT :limit
 
 -- name: lease_get
 SELECT * FROM run_leases WHERE attempt_id = :attempt_id
-
--- name: lease_insert
-INSERT INTO run_leases (attempt_id, run_id, status, version, lease_generation, worker_id, worker_session_id,
-  worker_generation, lease_token_digest, acquired_at_ms, renewed_at_ms, expires_at_ms, updated_at_ms)
-VALUES (:attempt_id, :run_id, 'leased', 0, 1, :worker_id, :worker_session_id, :worker_generation,
-  :lease_token_digest, :now, :now, :expires_at_ms, :now)
-
--- name: lease_reacquire
-UPDATE run_leases SET status = 'leased', version = version + 1, lease_generation = lease_generation + 1,
-  worker_id = :worker_id, worker_session_id = :worker_session_id, worker_generation = :worker_generation,
-  lease_token_digest = :lease_token_digest, acquired_at_ms = :now, renewed_at_ms = :now,
-  expires_at_ms = :expires_at_ms, released_at_ms = NULL, release_reason = NULL, completed_at_ms = NULL,
-  updated_at_ms = :now
-WHERE attempt_id = :attempt_id AND version = :expected_version
 
 -- name: lease_renew
 UPDATE run_leases SET version = version + 1, renewed_at_ms = :now, expires_at_ms = :expires_at_ms, updated_at_ms = :now
@@ -121,11 +104,6 @@ WHERE run_id = :run_id AND version = :expected_version
 SELECT p.run_id FROM run_retry_policies p
 WHERE p.next_retry_at_ms IS NOT NULL AND p.next_retry_at_ms <= :now
 ORDER BY p.next_retry_at_ms, p.run_id LIMIT :limit
-
--- name: runs_in_flight_for_worker
-SELECT l.attempt_id, l.run_id FROM run_leases l
-WHERE l.worker_id = :worker_id AND l.status = 'leased' AND l.attempt_id > :after
-ORDER BY l.attempt_id LIMIT :limit
 
 -- The claim path (docs/dispatch.md): the attempt with the id of the run's latest attempt, so one
 -- statement both locks the attempt (the dialect override adds the row lock) and tells whether it is

@@ -1,7 +1,4 @@
--- SQLite cancellation overrides: writers are serialised by BEGIN IMMEDIATE, so a plain read is a locked read.
-
--- name: cancel_dispatch_lock
-SELECT * FROM cancellation_dispatches WHERE run_id = :run_id
+-- SQLite cancellation overrides (the locked read of a dispatch is in locks.sql).
 
 -- name: cancel_intent_first
 -- The supervisor's intent pages (shared text in storage/sql/cancellation.sql) with the index named: for

@@ -1,4 +1,5 @@
--- SQLite: writers are serialised by BEGIN IMMEDIATE, so the due page needs no row locks.
+-- dialect-only: the due page has no shared text. SQLite: writers are serialised by BEGIN IMMEDIATE,
+-- so the due page needs no row locks.
 
 -- name: notify_due_page
 SELECT id, attempts FROM notification_outbox WHERE due_at_ms IS NOT NULL AND due_at_ms <= :now

@@ -1,5 +1,5 @@
--- SQLite: a page of run ids arrives as one JSON array. (``+status`` keeps the planner on the primary
--- key: the status index would scan every finished run.)
+-- dialect-only: the pages have no shared text. SQLite: a page of run ids arrives as one JSON array.
+-- (``+status`` keeps the planner on the primary key: the status index would scan every finished run.)
 
 -- name: retention_attempt_ids
 SELECT id FROM run_attempts WHERE run_id IN (SELECT value FROM json_each(:ids)) ORDER BY id LIMIT 10000

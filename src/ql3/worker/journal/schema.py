@@ -62,6 +62,7 @@ SELECT_PAGE: Final = (
     "AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states))) "
     "ORDER BY offer_id LIMIT :limit"
 )
+SELECT_KEYS: Final = "SELECT offer_id, attempt_id, lease_generation, accepted_at_ms FROM journal LIMIT ?"
 SELECT_AUDIT_PAGE: Final = "SELECT offer_id, state FROM journal WHERE offer_id > ? ORDER BY offer_id LIMIT ?"
 SELECT_ANY_AFTER: Final = "SELECT 1 FROM journal WHERE offer_id > ? LIMIT 1"
 SELECT_RECONCILE_PAGE: Final = (

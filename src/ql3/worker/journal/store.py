@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar, get_args
@@ -18,6 +19,7 @@ from ql3.domain.journal import (
     RECONCILE_CLASSES,
     REFRESHABLE_STATES,
     STATES,
+    TERMINAL_STATES,
     TRANSITIONS,
     AcceptResult,
     AuditClass,
@@ -45,6 +47,7 @@ from ql3.worker.journal.schema import (
     SELECT_AUDIT_PAGE,
     SELECT_BY_ATTEMPT,
     SELECT_EXPIRED,
+    SELECT_KEYS,
     SELECT_ONE,
     SELECT_PAGE,
     SELECT_RECONCILE_AFTER,
@@ -62,6 +65,7 @@ from ql3.worker.journal.validation import (
     DEFAULT_AUDIT_PAGE_SIZE,
     DEFAULT_CAPACITY,
     DEFAULT_RETENTION_LIMIT,
+    KEY_INDEX_LIMIT,
     MAX_CAPACITY,
     MAX_PAGE_LIMIT,
     MAX_RETENTION_AGE_MS,
@@ -70,6 +74,7 @@ from ql3.worker.journal.validation import (
     check_budget,
     check_int,
     check_step,
+    check_via,
     validate_offer,
 )
 
@@ -84,6 +89,13 @@ class WorkerJournal:
     barrier (written before every spawn) is committed with ``synchronous=FULL``, so it and every
     write before it also survive power loss. Later states are re-derivable after a power loss: the
     process died with the machine, and its handle proves that.
+
+    The records that are not settled are also kept in memory, exactly as committed, so a record is
+    read from the file (and its token unsealed) once, not at every step of its attempt. The memory is
+    coherent because this instance is the file's only writer (the owner lock) and updates it only
+    after a commit, under the same lock; every write still goes to the file first, and each update
+    keeps its compare-and-set on revision and state in SQL, so a stale entry could only make a write
+    fail, never let one through.
     Build it with :meth:`open`; release it with :meth:`close`.
     """
 
@@ -106,6 +118,17 @@ class WorkerJournal:
         self._mutex = threading.Lock()
         self._closed = False
         self._compromised = False
+        # offer id -> the committed record, for records not settled (bounded like the active records:
+        # settled ones are dropped, and so is every record the file no longer holds). Changed only under
+        # ``_mutex``; ``_staged`` holds what the open transaction wrote, applied once it commits.
+        self._records: dict[str, JournalRecord] = {}
+        self._staged: dict[str, JournalRecord | None] = {}
+        # Every row's keys (offer id -> attempt id, lease generation, accepted at), loaded at open: a
+        # miss in it is an answer ("no such record") without a read of the file. None when the file
+        # holds more than KEY_INDEX_LIMIT rows: then misses are read from the file, as before.
+        self._keys: dict[str, tuple[str, int, int]] | None = None
+        self._by_attempt: dict[str, set[str]] = {}
+        self._staged_keys: dict[str, tuple[str, int, int] | None] = {}
 
     @classmethod
     def open(cls, path: Path, *, clock: Callable[[], int], capacity: int = DEFAULT_CAPACITY) -> WorkerJournal:
@@ -126,7 +149,25 @@ class WorkerJournal:
         except BaseException:
             release_lock(lock_fd)
             raise
-        return cls(conn=conn, lock_fd=lock_fd, lock_path=lock_path, clock=clock, capacity=capacity, seal=seal)
+        journal = cls(
+            conn=conn, lock_fd=lock_fd, lock_path=lock_path, clock=clock, capacity=capacity, seal=seal
+        )
+        try:
+            journal._load_keys()
+        except BaseException:
+            journal.close()
+            raise
+        return journal
+
+    def _load_keys(self) -> None:
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(SELECT_KEYS, (KEY_INDEX_LIMIT + 1,)).fetchall()
+            if len(rows) > KEY_INDEX_LIMIT:
+                return  # too many rows to index: misses are read from the file
+            self._keys = {}
+            self._by_attempt = {}
+            for offer_id, attempt_id, lease_generation, accepted_at_ms in rows:
+                self._index(offer_id, (attempt_id, lease_generation, accepted_at_ms))
 
     @property
     def capacity(self) -> int:
@@ -138,6 +179,9 @@ class WorkerJournal:
             if self._closed:
                 return
             self._closed = True
+            self._records.clear()
+            self._keys = None
+            self._by_attempt.clear()
             try:
                 self._conn.close()
             finally:
@@ -164,9 +208,12 @@ class WorkerJournal:
         """
         validate_offer(offer)
         with self._transaction(write=True) as conn:
-            row = conn.execute(SELECT_ONE, (offer.offer_id,)).fetchone()
-            if row is not None:
-                return AcceptResult(record=self._redelivered(conn, self._read(row), offer), created=False)
+            existing = self._records.get(offer.offer_id)
+            if existing is None:
+                row = conn.execute(SELECT_ONE, (offer.offer_id,)).fetchone()
+                existing = None if row is None else self._read(row)
+            if existing is not None:
+                return AcceptResult(record=self._redelivered(conn, existing, offer), created=False)
             (active,) = conn.execute(COUNT_ACTIVE).fetchone()
             if active >= self._capacity:
                 raise JournalFull()
@@ -186,6 +233,12 @@ class WorkerJournal:
                 lease_token=offer.lease_token,
             )
             conn.execute(INSERT, (*row_of(record), self._sealed(record.offer_id, record.lease_token)))
+            self._stage(record)
+            self._staged_keys[record.offer_id] = (
+                record.attempt_id,
+                record.lease_generation,
+                record.accepted_at_ms,
+            )
             return AcceptResult(record=record, created=True)
 
     def advance(
@@ -200,15 +253,21 @@ class WorkerJournal:
         executor_handle: str | None = None,
         executor_started_at_ms: int | None = None,
         recovery_reason: RecoveryReason | None = None,
+        via: JournalState | None = None,
+        prune: bool = False,
     ) -> JournalRecord:
         """Move one record forward by exactly one transition, CAS on ``expected_revision``.
 
         ``launching`` requires the callback sequence, the sha256 hex of the completion token and the
         log artifact id; ``started`` requires the executor handle and start time; ``recovery_required``
         requires a reason; ``completion_acknowledged`` stamps its time. Other fields are refused.
-        Raises ``JournalInvalid`` for bad fields, ``JournalConflict`` (``details["reason"]`` is
-        ``not_found``, ``stale_revision`` or ``invalid_transition``) otherwise; nothing is written then.
+        ``via`` first passes through that state (one that takes no fields), in the same transaction:
+        two transitions, two revisions, one commit. ``prune`` (only towards a settled state) deletes
+        the record in the same transaction, as ``prune`` would right after; the settled record is
+        returned. Raises ``JournalInvalid`` for bad fields, ``JournalConflict`` (``details["reason"]``
+        is ``not_found``, ``stale_revision`` or ``invalid_transition``) otherwise; nothing is written then.
         """
+        check_via(via, to_state, prune=prune)
         check_step(
             to_state,
             expected_revision,
@@ -220,19 +279,30 @@ class WorkerJournal:
             recovery_reason=recovery_reason,
         )
         with self._transaction(write=True, durable=to_state == "launching") as conn:
-            row = conn.execute(SELECT_ONE, (offer_id,)).fetchone()
-            if row is None:
-                raise JournalConflict(reason="not_found")
-            current = self._read(row)
+            current = self._records.get(offer_id)
+            if current is None:
+                row = conn.execute(SELECT_ONE, (offer_id,)).fetchone()
+                if row is None:
+                    raise JournalConflict(reason="not_found")
+                current = self._read(row)
             if current.revision != expected_revision:
                 raise JournalConflict(reason="stale_revision")
-            if to_state not in TRANSITIONS[current.state] or not resumable(current, to_state):
+            path = (current.state, to_state) if via is None else (current.state, via, to_state)
+            if any(b not in TRANSITIONS[a] for a, b in pairwise(path)) or not resumable(current, to_state):
                 raise JournalConflict(reason="invalid_transition")
             now = self._now(floor=current.updated_at_ms)
-            updated = replace(
-                current,
+            updated = JournalRecord(
+                offer_id=current.offer_id,
+                run_id=current.run_id,
+                attempt_id=current.attempt_id,
+                lease_generation=current.lease_generation,
+                execution_spec_digest=current.execution_spec_digest,
+                delivery_kind=current.delivery_kind,
+                offer_json=current.offer_json,
+                accepted_at_ms=current.accepted_at_ms,
+                lease_token=current.lease_token,
                 state=to_state,
-                revision=current.revision + 1,
+                revision=current.revision + len(path) - 1,
                 updated_at_ms=now,
                 completion_callback_sequence=_keep(
                     completion_callback_sequence, current.completion_callback_sequence
@@ -246,17 +316,46 @@ class WorkerJournal:
                     now if to_state == "completion_acknowledged" else current.completion_acknowledged_at_ms
                 ),
             )
-            self._update(conn, current, updated)
+            if prune:
+                # Settled and deleted at once: nothing is left to recover, and the delete is as
+                # conditional on the revision and state read as the update it replaces.
+                if conn.execute(DELETE, (current.offer_id, current.revision, current.state)).rowcount != 1:
+                    self._records.pop(current.offer_id, None)
+                    raise JournalConflict(reason="stale_revision")
+                self._staged_keys[current.offer_id] = None
+            else:
+                self._update(conn, current, updated)
+            self._stage(updated)
             return updated
 
     def get(self, offer_id: str) -> JournalRecord | None:
         """The record of ``offer_id``, or None."""
+        with self._mutex:
+            self._owned_connection()  # closed, compromised or no longer the owner: refused as before
+            known = self._records.get(offer_id)
+            absent = known is None and self._keys is not None and offer_id not in self._keys
+        if known is not None:
+            return known  # what this owner last committed for it (see the class docstring)
+        if absent:
+            return None  # no such row: the index holds every row's keys
         with self._transaction(write=False) as conn:
             row = conn.execute(SELECT_ONE, (offer_id,)).fetchone()
             return None if row is None else self._read(row)
 
     def find_by_attempt(self, attempt_id: str) -> JournalRecord | None:
         """The record of ``attempt_id`` with the highest lease generation (latest accepted), or None."""
+        with self._mutex:
+            self._owned_connection()
+            keys = self._keys
+            if keys is not None:
+                offers = self._by_attempt.get(attempt_id)
+                if not offers:
+                    return None
+                # The order of SELECT_BY_ATTEMPT: lease generation, then accepted at, then offer id.
+                latest = max(offers, key=lambda o: (keys[o][1], keys[o][2], o))
+                known = self._records.get(latest)
+                if known is not None:
+                    return known
         with self._transaction(write=False) as conn:
             row = conn.execute(SELECT_BY_ATTEMPT, (attempt_id,)).fetchone()
             return None if row is None else self._read(row)
@@ -348,6 +447,7 @@ class WorkerJournal:
                         updated_at_ms=self._now(floor=record.updated_at_ms),
                     )
                     self._update(conn, record, recovered)
+                    self._stage(recovered)
                     record = recovered
                 result.append(record)
             return result
@@ -365,7 +465,10 @@ class WorkerJournal:
             cutoff = self._now() - older_than_ms
             deleted = 0
             for offer_id, revision, state in conn.execute(SELECT_EXPIRED, (cutoff, limit)).fetchall():
-                deleted += conn.execute(DELETE, (offer_id, revision, state)).rowcount
+                if conn.execute(DELETE, (offer_id, revision, state)).rowcount == 1:
+                    deleted += 1
+                    self._staged[offer_id] = None
+                    self._staged_keys[offer_id] = None
             return deleted
 
     def prune(self, offer_id: str) -> bool:
@@ -375,7 +478,11 @@ class WorkerJournal:
         In-flight records are never deleted. Returns True when a row was deleted.
         """
         with self._transaction(write=True) as conn:
-            return conn.execute(DELETE_SETTLED, (offer_id,)).rowcount == 1
+            deleted: bool = conn.execute(DELETE_SETTLED, (offer_id,)).rowcount == 1
+            if deleted:
+                self._staged[offer_id] = None
+                self._staged_keys[offer_id] = None
+            return deleted
 
     def _redelivered(
         self, conn: sqlite3.Connection, existing: JournalRecord, offer: JournalOffer
@@ -400,19 +507,30 @@ class WorkerJournal:
             (offer.offer_json, sealed, now, existing.offer_id, existing.revision, existing.state),
         )
         if cursor.rowcount != 1:
+            self._records.pop(existing.offer_id, None)
             raise JournalConflict(reason="stale_revision")
-        return replace(
+        refreshed = replace(
             existing,
             offer_json=offer.offer_json,
             lease_token=offer.lease_token,
             revision=existing.revision + 1,
             updated_at_ms=now,
         )
+        self._stage(refreshed)
+        return refreshed
 
     def _sealed(self, offer_id: str, token: str | None) -> str | None:
         return None if token is None else self._seal.seal(offer_id, token)
 
     def _read(self, row: tuple[Any, ...]) -> JournalRecord:
+        known = self._records.get(row[0])
+        if known is not None and (known.revision, known.state) == (row[7], row[6]):
+            return known  # the row as this owner committed it: already validated and unsealed
+        record = self._unsealed(row)
+        self._stage(record)
+        return record
+
+    def _unsealed(self, row: tuple[Any, ...]) -> JournalRecord:
         record = record_of(row)
         sealed = row[18]
         if sealed is None:
@@ -441,7 +559,33 @@ class WorkerJournal:
             ),
         )
         if cursor.rowcount != 1:
+            self._records.pop(current.offer_id, None)  # the memory was behind the file: read it again
             raise JournalConflict(reason="stale_revision")
+
+    def _index(self, offer_id: str, key: tuple[str, int, int] | None) -> None:
+        """Add (or, with None, remove) one row's keys; past KEY_INDEX_LIMIT rows the index is dropped."""
+        keys = self._keys
+        if keys is None:
+            return
+        old = keys.pop(offer_id, None)
+        if old is not None:
+            siblings = self._by_attempt.get(old[0])
+            if siblings is not None:
+                siblings.discard(offer_id)
+                if not siblings:
+                    del self._by_attempt[old[0]]
+        if key is None:
+            return
+        if len(keys) >= KEY_INDEX_LIMIT:
+            self._keys = None  # bounded memory: from now on misses are read from the file
+            self._by_attempt = {}
+            return
+        keys[offer_id] = key
+        self._by_attempt.setdefault(key[0], set()).add(offer_id)
+
+    def _stage(self, record: JournalRecord) -> None:
+        """Remember ``record`` once the open transaction commits; settled records are not kept."""
+        self._staged[record.offer_id] = None if record.state in TERMINAL_STATES else record
 
     def _now(self, *, floor: int = 0) -> int:
         now = self._clock()
@@ -454,6 +598,9 @@ class WorkerJournal:
     def _transaction(self, *, write: bool, durable: bool = False) -> Iterator[sqlite3.Connection]:
         with self._mutex:
             conn = self._owned_connection()
+            staged = self._staged
+            staged.clear()
+            self._staged_keys.clear()
             try:
                 if durable:
                     # The crash barrier itself: fsync the WAL (and every earlier frame) at this commit.
@@ -461,6 +608,14 @@ class WorkerJournal:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 yield conn
                 conn.execute("COMMIT")
+                # Only what is committed reaches the memory, and before the lock is released.
+                for offer_id, record in staged.items():
+                    if record is None:
+                        self._records.pop(offer_id, None)
+                    else:
+                        self._records[offer_id] = record
+                for offer_id, key in self._staged_keys.items():
+                    self._index(offer_id, key)
                 if durable:
                     conn.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.Error as exc:
@@ -469,6 +624,9 @@ class WorkerJournal:
             except BaseException:
                 rollback(conn)
                 raise
+            finally:
+                staged.clear()
+                self._staged_keys.clear()
 
     def _owned_connection(self) -> sqlite3.Connection:
         if self._closed:

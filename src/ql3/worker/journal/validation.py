@@ -11,6 +11,7 @@ from ql3.domain.journal import (
     RECOVERY_REASONS,
     REQUIRED_FIELDS,
     STATES,
+    TERMINAL_STATES,
     JournalInvalid,
     JournalOffer,
 )
@@ -27,6 +28,8 @@ MIN_RETENTION_AGE_MS: Final = 60_000
 MAX_RETENTION_AGE_MS: Final = 30 * 86_400_000
 MAX_OFFER_JSON_BYTES: Final = 192 * 1024
 MAX_LEASE_TOKEN_BYTES: Final = 1024
+# The journal indexes every row's keys in memory up to this many rows (store.WorkerJournal._keys).
+KEY_INDEX_LIMIT: Final = 4 * MAX_CAPACITY
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
 _DIGEST_RE: Final = re.compile(r"[0-9a-f]{64}")
@@ -123,3 +126,11 @@ def check_step(
         check_int(executor_started_at_ms, 0, MAX_INT64, "executor_started_at_invalid")
     if recovery_reason is not None and recovery_reason not in RECOVERY_REASONS:
         raise JournalInvalid(reason="recovery_reason_invalid")
+
+
+def check_via(via: str | None, to_state: str, *, prune: bool) -> None:
+    """``advance``'s shortcuts: a ``via`` state that takes no fields; ``prune`` only into a settled state."""
+    if via is not None and (via not in STATES or via in REQUIRED_FIELDS):
+        raise JournalInvalid(reason="via_invalid")
+    if type(prune) is not bool or (prune and to_state not in TERMINAL_STATES):
+        raise JournalInvalid(reason="prune_not_settled")
