@@ -7,6 +7,7 @@ claim committed; a failed signal is logged by its kind only."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -213,10 +214,10 @@ def test_an_intent_row_without_its_key_fails_the_cycle_closed(
     real = cancellation_supervisor._intent_page
 
     def keyless(tx: Any, *, cursor: Any, limit: int) -> list[Any]:
-        rows = [dict(r) for r in real(tx, cursor=cursor, limit=limit)]
-        for row in rows:
-            row["cancel_requested_at_ms" if broken == "no_intent_time" else "run_id"] = None
-        return rows
+        found = real(tx, cursor=cursor, limit=limit)
+        if broken == "no_intent_time":
+            return [replace(key, cancel_requested_at_ms=None) for key in found]
+        return [replace(key, run_id="") for key in found]
 
     monkeypatch.setattr(cancellation_supervisor, "_intent_page", keyless)
     signal = FakeSignal()

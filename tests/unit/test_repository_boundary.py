@@ -15,19 +15,12 @@ QUERY_METHODS = {"one", "all", "run"}
 # Where running a named query is the module's job.
 HOMES = ("repositories/", "storage/")
 NOT_YET_MIGRATED = {
-    "application/approved_action_handlers.py",
-    "application/approved_action_recovery.py",
-    "application/approved_actions.py",
-    "application/cancellation.py",
-    "application/cancellation_management.py",
-    "application/cancellation_supervisor.py",
     "application/dispatcher.py",
     "application/leases.py",
     "application/run_queries.py",
     "application/runs.py",
     "application/workers.py",
     "cluster/pull.py",
-    "cluster/stops.py",
 }
 
 

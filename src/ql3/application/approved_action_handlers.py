@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
-from ql3.application import rows, runs, tasks
+from ql3.application import runs, tasks
 from ql3.application.approved_actions import lock_execution
 from ql3.domain.approvals import (
     RECEIPT_SCHEMA_VERSION,
@@ -35,7 +35,10 @@ from ql3.domain.errors import (
     ValidationFailed,
 )
 from ql3.domain.model import Run
-from ql3.ports.storage import Database, Row, Transaction
+from ql3.ports.storage import Database, Transaction
+from ql3.repositories import actions as action_store
+from ql3.repositories import runs as run_records
+from ql3.repositories.actions import StoredReceipt
 
 log = logging.getLogger("ql3.approved_actions.handlers")
 
@@ -159,13 +162,13 @@ class RunCreateHandler:
             or ex.version < fence.version
         ):
             raise FenceConflict("the execution fence no longer holds", reason="stale_handler")
-        existing = tx.one("aa_receipt_get", {"dispatch_id": dispatch.id})
+        existing = action_store.get_receipt(tx, dispatch.id)
         if existing is not None:
-            receipt = receipt_from_row(existing)
-            if not _receipt_binds(receipt, existing, dispatch, ex):
+            if not _receipt_binds(existing, dispatch, ex):
                 raise Conflict("the stored receipt does not match this dispatch")
+            stored = existing.receipt
             return HandlerResult(
-                outcome="succeeded", result_code=receipt.result_code, result_digest=receipt.evidence_digest()
+                outcome="succeeded", result_code=stored.result_code, result_digest=stored.evidence_digest()
             )
         plan, task = self._plan(tx, dispatch)
         if not digest_equals(plan.digest(), dispatch.action_digest):
@@ -203,28 +206,7 @@ class RunCreateHandler:
             created_at_ms=now,
         )
         evidence = receipt.evidence_digest()
-        tx.run(
-            "aa_receipt_insert",
-            {
-                "dispatch_id": receipt.dispatch_id,
-                "schema_version": receipt.schema_version,
-                "approval_request_id": receipt.approval_request_id,
-                "project_id": receipt.project_id,
-                "action_type": receipt.action_type,
-                "action_digest": receipt.action_digest,
-                "execution_attempt": receipt.execution_attempt,
-                "execution_version": receipt.execution_version,
-                "started_at_ms": receipt.started_at_ms,
-                "idempotency_key": receipt.idempotency_key,
-                "outcome": receipt.outcome,
-                "result_code": receipt.result_code,
-                "resource_type": receipt.resource_type,
-                "resource_id": receipt.resource_id,
-                "finished_at_ms": receipt.finished_at_ms,
-                "created_at_ms": receipt.created_at_ms,
-                "evidence_digest": evidence,
-            },
-        )
+        action_store.insert_receipt(tx, receipt, evidence_digest=evidence)
         return HandlerResult(outcome="succeeded", result_code=RUN_CREATE_RESULT_CODE, result_digest=evidence)
 
     def probe(self, db: Database, dispatch: Dispatch, execution: Execution) -> Evidence:
@@ -238,23 +220,21 @@ class RunCreateHandler:
             return Evidence(finding="unavailable")
 
     def _probe(self, tx: Transaction, dispatch: Dispatch, execution: Execution) -> Evidence:
-        row = tx.one("aa_receipt_get", {"dispatch_id": dispatch.id})
-        if row is None:
-            collision = tx.one(
-                "run_by_idempotency", {"project_id": dispatch.project_id, "idempotency_key": dispatch.id}
-            )
+        stored = action_store.get_receipt(tx, dispatch.id)
+        if stored is None:
+            collision = run_records.get_run_by_idempotency(tx, dispatch.project_id, dispatch.id)
             return Evidence(finding="conflict" if collision is not None else "missing")
-        receipt = receipt_from_row(row)
-        if not _receipt_binds(receipt, row, dispatch, execution):
+        receipt = stored.receipt
+        if not _receipt_binds(stored, dispatch, execution):
             return Evidence(finding="conflict")
-        run_row = tx.one("run_get_in_project", {"id": receipt.resource_id, "project_id": dispatch.project_id})
-        if run_row is None:
+        run = run_records.get_run_in_project(tx, dispatch.project_id, receipt.resource_id)
+        if run is None:
             return Evidence(finding="conflict")
         try:
             plan = parse_run_create_plan(dispatch.action_plan)
         except ValidationFailed:
             return Evidence(finding="conflict")
-        if not _run_binds(rows.run(run_row), dispatch, plan):
+        if not _run_binds(run, dispatch, plan):
             return Evidence(finding="conflict")
         return Evidence(
             finding="verified_succeeded",
@@ -275,29 +255,9 @@ def _run_binds(run: Run, dispatch: Dispatch, plan: RunCreatePlan) -> bool:
     )
 
 
-def receipt_from_row(row: Row) -> RunActionReceipt:
-    return RunActionReceipt(
-        schema_version=int(row["schema_version"]),
-        dispatch_id=row["dispatch_id"],
-        approval_request_id=row["approval_request_id"],
-        project_id=row["project_id"],
-        action_type=row["action_type"],
-        action_digest=row["action_digest"],
-        execution_attempt=int(row["execution_attempt"]),
-        execution_version=int(row["execution_version"]),
-        started_at_ms=int(row["started_at_ms"]),
-        idempotency_key=row["idempotency_key"],
-        outcome=row["outcome"],
-        result_code=row["result_code"],
-        resource_type=row["resource_type"],
-        resource_id=row["resource_id"],
-        finished_at_ms=int(row["finished_at_ms"]),
-        created_at_ms=int(row["created_at_ms"]),
-    )
-
-
-def _receipt_binds(receipt: RunActionReceipt, row: Row, dispatch: Dispatch, execution: Execution) -> bool:
+def _receipt_binds(stored: StoredReceipt, dispatch: Dispatch, execution: Execution) -> bool:
     """Every bound field matches; the receipt's version may be lower than the snapshot, never higher."""
+    receipt = stored.receipt
     return (
         receipt.schema_version == RECEIPT_SCHEMA_VERSION
         and receipt.dispatch_id == dispatch.id
@@ -314,5 +274,5 @@ def _receipt_binds(receipt: RunActionReceipt, row: Row, dispatch: Dispatch, exec
         and receipt.resource_type == "run"
         and receipt.finished_at_ms >= receipt.started_at_ms
         and receipt.created_at_ms == receipt.finished_at_ms
-        and digest_equals(str(row["evidence_digest"]), receipt.evidence_digest())
+        and digest_equals(stored.evidence_digest, receipt.evidence_digest())
     )

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Final
+from typing import Final, cast
 
 from ql3.application import auth
 from ql3.application.approvals import get_dispatch, require_role
@@ -20,6 +20,8 @@ from ql3.domain.approvals import (
     MANUAL_DECISIONS,
     Dispatch,
     Execution,
+    ManualDecision,
+    Resolution,
     effective_execution_status,
     is_hex_digest,
     manual_resolution_digest,
@@ -42,6 +44,7 @@ from ql3.domain.errors import (
 from ql3.domain.ids import new_id
 from ql3.domain.model import Principal
 from ql3.ports.storage import Database, Transaction
+from ql3.repositories import actions as action_store
 
 DEFAULT_RESOLVER_LEASE_MS: Final = 30_000
 
@@ -77,51 +80,60 @@ def _acquire_recovery(
     now = tx.now_ms()
     if effective_execution_status(ex, now) != "recovery_required":
         return None
-    row = tx.one("aa_recovery_lock", {"dispatch_id": dispatch_id})
-    if row is None or row["status"] != "armed" or int(row["next_scan_at_ms"]) > now:
+    control = action_store.lock_recovery(tx, dispatch_id)
+    if (
+        control is None
+        or control.status != "armed"
+        or control.next_scan_at_ms is None
+        or control.next_scan_at_ms > now
+    ):
         return None
-    lease_until = row["resolver_lease_expires_at_ms"]
-    if lease_until is not None and int(lease_until) > now:
+    lease_until = control.resolver_lease_expires_at_ms
+    if lease_until is not None and lease_until > now:
         return None
-    version = int(row["version"])
-    changed = tx.run(
-        "aa_recovery_acquire",
-        {
-            "dispatch_id": dispatch_id,
-            "expected_version": version,
-            "resolver_owner": owner,
-            "resolver_token_digest": recovery_token_digest(token),
-            "resolver_lease_expires_at_ms": now + lease_ms,
-            "now": now,
-        },
+    acquired = action_store.acquire_recovery(
+        tx,
+        control,
+        resolver_owner=owner,
+        resolver_token_digest=recovery_token_digest(token),
+        resolver_lease_expires_at_ms=now + lease_ms,
+        now_ms=now,
     )
-    if changed != 1:
+    if not acquired:
         return None
     lease = RecoveryLease(
         dispatch_id=dispatch_id,
         token=token,
-        control_version=version + 1,
+        control_version=control.version + 1,
         execution_version=ex.version,
-        scans=int(row["scan_count"]) + 1,
+        scans=control.scan_count + 1,
     )
     return lease, get_dispatch(tx, dispatch_id), ex
 
 
 def _record_finding(tx: Transaction, lease: RecoveryLease, *, finding: str, manual: bool) -> str:
     now = tx.now_ms()
-    params = {
-        "dispatch_id": lease.dispatch_id,
-        "expected_version": lease.control_version,
-        "resolver_token_digest": recovery_token_digest(lease.token),
-        "last_finding": finding,
-        "now": now,
-    }
+    digest = recovery_token_digest(lease.token)
     if manual:
-        changed = tx.run("aa_recovery_to_manual", params)
+        written = action_store.recovery_to_manual(
+            tx,
+            lease.dispatch_id,
+            expected_version=lease.control_version,
+            resolver_token_digest=digest,
+            last_finding=finding,
+            now_ms=now,
+        )
     else:
-        params["next_scan_at_ms"] = now + rescan_delay_ms(lease.scans)
-        changed = tx.run("aa_recovery_finding", params)
-    return "lease_lost" if changed != 1 else ("manual" if manual else finding)
+        written = action_store.record_recovery_finding(
+            tx,
+            lease.dispatch_id,
+            expected_version=lease.control_version,
+            resolver_token_digest=digest,
+            last_finding=finding,
+            next_scan_at_ms=now + rescan_delay_ms(lease.scans),
+            now_ms=now,
+        )
+    return "lease_lost" if not written else ("manual" if manual else finding)
 
 
 def _resolve_verified(tx: Transaction, lease: RecoveryLease, evidence: Evidence) -> str:
@@ -130,36 +142,36 @@ def _resolve_verified(tx: Transaction, lease: RecoveryLease, evidence: Evidence)
     ex = lock_execution(tx, lease.dispatch_id)
     if ex.status != "executing" or ex.version != lease.execution_version:
         return "lost_race"
-    row = tx.one("aa_recovery_lock", {"dispatch_id": lease.dispatch_id})
+    control = action_store.lock_recovery(tx, lease.dispatch_id)
     if (
-        row is None
-        or row["status"] != "armed"
-        or int(row["version"]) != lease.control_version
-        or row["resolver_token_digest"] is None
-        or not digest_equals(str(row["resolver_token_digest"]), recovery_token_digest(lease.token))
+        control is None
+        or control.status != "armed"
+        or control.version != lease.control_version
+        or control.resolver_token_digest is None
+        or not digest_equals(control.resolver_token_digest, recovery_token_digest(lease.token))
     ):
         return "lease_lost"
     now = tx.now_ms()
     succeeded = evidence.finding == "verified_succeeded"
     mutation_id = new_id()
     result_code = evidence.result_code or evidence.finding
-    tx.run(
-        "aa_resolution_insert",
-        {
-            "dispatch_id": ex.dispatch_id,
-            "project_id": ex.project_id,
-            "mutation_id": mutation_id,
-            "expected_execution_version": ex.version,
-            "source": "resolver",
-            "resolution": evidence.finding,
-            "outcome": "succeeded" if succeeded else "failed",
-            "actor_type": "system",
-            "actor_id": str(row["resolver_owner"]),
-            "actor_role": None,
-            "reason_code": evidence.finding,
-            "evidence_digest": evidence.evidence_digest,
-            "now": now,
-        },
+    action_store.insert_resolution(
+        tx,
+        Resolution(
+            dispatch_id=ex.dispatch_id,
+            project_id=ex.project_id,
+            mutation_id=mutation_id,
+            expected_execution_version=ex.version,
+            source="resolver",
+            resolution="verified_succeeded" if succeeded else "verified_failed",
+            outcome="succeeded" if succeeded else "failed",
+            actor_type="system",
+            actor_id=str(control.resolver_owner),
+            actor_role=None,
+            reason_code=evidence.finding,
+            evidence_digest=evidence.evidence_digest,
+            created_at_ms=now,
+        ),
     )
     finish_execution(
         tx,
@@ -170,15 +182,13 @@ def _resolve_verified(tx: Transaction, lease: RecoveryLease, evidence: Evidence)
         result_digest=evidence.evidence_digest if succeeded else None,
         now=now,
     )
-    tx.run(
-        "aa_recovery_resolve",
-        {
-            "dispatch_id": ex.dispatch_id,
-            "last_finding": evidence.finding,
-            "evidence_digest": evidence.evidence_digest,
-            "resolution_mutation_id": mutation_id,
-            "now": now,
-        },
+    action_store.resolve_recovery(
+        tx,
+        ex.dispatch_id,
+        last_finding=evidence.finding,
+        evidence_digest=evidence.evidence_digest,
+        resolution_mutation_id=mutation_id,
+        now_ms=now,
     )
     return "resolved_succeeded" if succeeded else "resolved_failed"
 
@@ -206,8 +216,7 @@ class RecoveryResolver:
     def resolve_batch(self) -> ResolveReport:
         def read(tx: Transaction) -> tuple[int, list[str]]:
             now = tx.now_ms()
-            found = tx.all("aa_recovery_due_first", {"now": now, "limit": self.page})
-            return now, [str(r["dispatch_id"]) for r in found]
+            return now, action_store.recovery_due_ids(tx, now_ms=now, limit=self.page)
 
         observed, page = self._db.transaction(read, write=False)
         items = tuple(BatchItem(dispatch_id=d, outcome=self._one(d)) for d in page)
@@ -296,14 +305,14 @@ def resolve_manually(
     ex = lock_execution(tx, dispatch_id)
     if ex.project_id != project.id:
         raise NotFound("approved action not found")
-    existing = tx.one("aa_resolution_get", {"dispatch_id": dispatch_id})
+    existing = action_store.get_resolution(tx, dispatch_id)
     if existing is not None:
         if (
-            existing["mutation_id"] == mutation_id
-            and existing["resolution"] == decision
-            and existing["actor_id"] == principal.id
-            and int(existing["expected_execution_version"]) == expected_execution_version
-            and existing["reason_code"] == reason_code
+            existing.mutation_id == mutation_id
+            and existing.resolution == decision
+            and existing.actor_id == principal.id
+            and existing.expected_execution_version == expected_execution_version
+            and existing.reason_code == reason_code
         ):
             return ex
         raise Conflict("the approved action was already resolved")
@@ -323,23 +332,23 @@ def resolve_manually(
             expected_version=expected_execution_version,
             at_ms=now,
         )
-    tx.run(
-        "aa_resolution_insert",
-        {
-            "dispatch_id": dispatch_id,
-            "project_id": ex.project_id,
-            "mutation_id": mutation_id,
-            "expected_execution_version": expected_execution_version,
-            "source": "manual",
-            "resolution": decision,
-            "outcome": outcome,
-            "actor_type": "user",
-            "actor_id": principal.id,
-            "actor_role": role,
-            "reason_code": reason_code,
-            "evidence_digest": None,
-            "now": now,
-        },
+    action_store.insert_resolution(
+        tx,
+        Resolution(
+            dispatch_id=dispatch_id,
+            project_id=ex.project_id,
+            mutation_id=mutation_id,
+            expected_execution_version=expected_execution_version,
+            source="manual",
+            resolution=cast(ManualDecision, decision),  # one of MANUAL_DECISIONS, checked first
+            outcome=outcome,
+            actor_type="user",
+            actor_id=principal.id,
+            actor_role=role,
+            reason_code=reason_code,
+            evidence_digest=None,
+            created_at_ms=now,
+        ),
     )
     finish_execution(
         tx,
@@ -350,14 +359,12 @@ def resolve_manually(
         result_digest=digest,
         now=now,
     )
-    tx.run(
-        "aa_recovery_resolve",
-        {
-            "dispatch_id": dispatch_id,
-            "last_finding": None,
-            "evidence_digest": None,
-            "resolution_mutation_id": mutation_id,
-            "now": now,
-        },
+    action_store.resolve_recovery(
+        tx,
+        dispatch_id,
+        last_finding=None,
+        evidence_digest=None,
+        resolution_mutation_id=mutation_id,
+        now_ms=now,
     )
     return get_execution(tx, dispatch_id)

@@ -13,7 +13,6 @@ from ql3.application.approvals import get_dispatch
 from ql3.application.approved_action_handlers import ActionHandler, InspectBlocked
 from ql3.application.approved_actions import (
     ClaimResult,
-    DueRow,
     claim,
     complete,
     due_page,
@@ -42,6 +41,7 @@ from ql3.domain.errors import (
 )
 from ql3.domain.ids import new_id
 from ql3.ports.storage import Database, Transaction
+from ql3.repositories.actions import DueRow
 
 log = logging.getLogger("ql3.approved_actions.runner")
 

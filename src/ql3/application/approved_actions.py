@@ -25,6 +25,7 @@ from ql3.domain.approvals import (
     TERMINAL_EXECUTION,
     Execution,
     ExecutionFence,
+    ExecutionStatus,
     effective_execution_status,
     is_hex_digest,
     lease_token_digest,
@@ -44,7 +45,9 @@ from ql3.domain.errors import (
     ValidationFailed,
 )
 from ql3.domain.ids import new_id
-from ql3.ports.storage import Row, Transaction
+from ql3.ports.storage import Transaction
+from ql3.repositories import actions as action_store
+from ql3.repositories.actions import ActionRecord, DueRow
 
 MIN_TOKEN_CHARS: Final = 32
 MAX_TOKEN_CHARS: Final = 256
@@ -64,50 +67,21 @@ ClaimOutcome = Literal[
 ]
 
 
-# -- row mapping --------------------------------------------------------------------------------
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def execution_from_row(row: Row) -> Execution:
-    return Execution(
-        dispatch_id=row["dispatch_id"],
-        dispatch_digest=row["dispatch_digest"],
-        project_id=row["project_id"],
-        status=row["status"],
-        version=int(row["version"]),
-        attempt_count=int(row["attempt_count"]),
-        max_attempts=int(row["max_attempts"]),
-        eligible_at_ms=_opt_int(row["eligible_at_ms"]),
-        next_attempt_at_ms=_opt_int(row["next_attempt_at_ms"]),
-        lease_owner=row["lease_owner"],
-        lease_token_digest=row["lease_token_digest"],
-        lease_expires_at_ms=_opt_int(row["lease_expires_at_ms"]),
-        started_at_ms=_opt_int(row["started_at_ms"]),
-        result_mutation_id=row["result_mutation_id"],
-        result_code=row["result_code"],
-        result_digest=row["result_digest"],
-        completed_at_ms=_opt_int(row["completed_at_ms"]),
-        created_at_ms=int(row["created_at_ms"]),
-        updated_at_ms=int(row["updated_at_ms"]),
-        execution_digest=row["execution_digest"],
-    )
+# -- reads under the caller's transaction -------------------------------------------------------
 
 
 def lock_execution(tx: Transaction, dispatch_id: str) -> Execution:
-    row = tx.one("aa_execution_lock", {"dispatch_id": dispatch_id})
-    if row is None:
+    found = action_store.lock_execution(tx, dispatch_id)
+    if found is None:
         raise NotFound("approved action not found")
-    return execution_from_row(row)
+    return found
 
 
 def get_execution(tx: Transaction, dispatch_id: str) -> Execution:
-    row = tx.one("aa_execution_get", {"dispatch_id": dispatch_id})
-    if row is None:
+    found = action_store.get_execution(tx, dispatch_id)
+    if found is None:
         raise NotFound("approved action not found")
-    return execution_from_row(row)
+    return found
 
 
 def _validate_token(token: object) -> str:
@@ -185,11 +159,11 @@ def claim(
     validate_owner(owner)
     _validate_token(token)
     validate_lease_ms(lease_ms)
-    row = tx.one("aa_execution_lock", {"dispatch_id": dispatch_id})
+    found = action_store.lock_execution(tx, dispatch_id)
     now = tx.now_ms()
-    if row is None:
+    if found is None:
         return ClaimResult(outcome="missing", now_ms=now)
-    ex = execution_from_row(row)
+    ex = found
     digest = lease_token_digest(token)
     same_holder = (
         ex.lease_owner == owner
@@ -223,18 +197,10 @@ def claim(
         # An expired lease is taken over only under a new token, so a stale holder stays fenced out.
         return ClaimResult(outcome="stale_token", now_ms=now)
     expires = now + lease_ms
-    changed = tx.run(
-        "aa_execution_claim",
-        {
-            "dispatch_id": ex.dispatch_id,
-            "expected_version": ex.version,
-            "lease_owner": owner,
-            "lease_token_digest": digest,
-            "lease_expires_at_ms": expires,
-            "now": now,
-        },
+    claimed = action_store.claim_execution(
+        tx, ex, lease_owner=owner, lease_token_digest=digest, lease_expires_at_ms=expires, now_ms=now
     )
-    if changed != 1:
+    if not claimed:
         raise Conflict("the approved action changed concurrently")
     fence = ExecutionFence(
         dispatch_id=ex.dispatch_id,
@@ -262,24 +228,12 @@ def renew(tx: Transaction, fence: ExecutionFence, *, lease_ms: int = DEFAULT_LEA
     if ex.lease_expires_at_ms is None or now >= ex.lease_expires_at_ms:
         raise FenceConflict("the lease expired", reason="lease_expired")
     expires = now + lease_ms
-    params = {
-        "dispatch_id": ex.dispatch_id,
-        "expected_version": ex.version,
-        "lease_expires_at_ms": expires,
-        "now": now,
-    }
-    query = "aa_execution_renew_leased" if ex.status == "leased" else "aa_execution_renew_executing"
-    if tx.run(query, params) != 1:
+    renew_row = action_store.renew_leased if ex.status == "leased" else action_store.renew_executing
+    if not renew_row(tx, ex, lease_expires_at_ms=expires, now_ms=now):
         raise FenceConflict("the approved action changed concurrently", reason="version_mismatch")
     if ex.status == "executing":
-        tx.run(
-            "aa_recovery_on_renew",
-            {
-                "dispatch_id": ex.dispatch_id,
-                "execution_version": ex.version + 1,
-                "next_scan_at_ms": expires,
-                "now": now,
-            },
+        action_store.recovery_on_renew(
+            tx, ex.dispatch_id, execution_version=ex.version + 1, next_scan_at_ms=expires, now_ms=now
         )
     return replace(fence, version=ex.version + 1)
 
@@ -307,21 +261,10 @@ def start(
         raise FenceConflict("the action digest does not match", reason="action_digest_mismatch")
     if ex.lease_expires_at_ms is None or not ex.updated_at_ms <= now < ex.lease_expires_at_ms:
         raise FenceConflict("the lease expired", reason="lease_expired")
-    changed = tx.run(
-        "aa_execution_start",
-        {"dispatch_id": ex.dispatch_id, "expected_version": ex.version, "now": now},
-    )
-    if changed != 1:
+    if not action_store.start_execution(tx, ex, now_ms=now):
         raise FenceConflict("the approved action changed concurrently", reason="version_mismatch")
-    tx.run(
-        "aa_recovery_insert",
-        {
-            "dispatch_id": ex.dispatch_id,
-            "project_id": ex.project_id,
-            "execution_version": ex.version + 1,
-            "next_scan_at_ms": ex.lease_expires_at_ms,
-            "now": now,
-        },
+    action_store.insert_recovery(
+        tx, ex, execution_version=ex.version + 1, next_scan_at_ms=ex.lease_expires_at_ms, now_ms=now
     )
     return replace(fence, version=ex.version + 1, started_at_ms=now)
 
@@ -330,26 +273,23 @@ def _write_release(
     tx: Transaction,
     ex: Execution,
     *,
-    status: str,
+    status: ExecutionStatus,
     mutation_id: str,
     result_code: str,
     now: int,
     retry_at_ms: int | None = None,
 ) -> Execution:
-    changed = tx.run(
-        "aa_execution_release",
-        {
-            "dispatch_id": ex.dispatch_id,
-            "expected_version": ex.version,
-            "status": status,
-            "next_attempt_at_ms": retry_at_ms if status == "retry_wait" else None,
-            "result_mutation_id": mutation_id,
-            "result_code": result_code,
-            "completed_at_ms": now if status == "blocked" else None,
-            "now": now,
-        },
+    released = action_store.release_execution(
+        tx,
+        ex,
+        status=status,
+        next_attempt_at_ms=retry_at_ms if status == "retry_wait" else None,
+        result_mutation_id=mutation_id,
+        result_code=result_code,
+        completed_at_ms=now if status == "blocked" else None,
+        now_ms=now,
     )
-    if changed != 1:
+    if not released:
         raise FenceConflict("the approved action changed concurrently", reason="version_mismatch")
     return get_execution(tx, ex.dispatch_id)
 
@@ -434,15 +374,13 @@ def complete(
         result_digest=result_digest,
         now=now,
     )
-    tx.run(
-        "aa_recovery_resolve",
-        {
-            "dispatch_id": ex.dispatch_id,
-            "last_finding": "completed",
-            "evidence_digest": None,
-            "resolution_mutation_id": mutation_id,
-            "now": now,
-        },
+    action_store.resolve_recovery(
+        tx,
+        ex.dispatch_id,
+        last_finding="completed",
+        evidence_digest=None,
+        resolution_mutation_id=mutation_id,
+        now_ms=now,
     )
     return get_execution(tx, ex.dispatch_id)
 
@@ -451,35 +389,26 @@ def finish_execution(
     tx: Transaction,
     ex: Execution,
     *,
-    status: str,
+    status: ExecutionStatus,
     mutation_id: str,
     result_code: str,
     result_digest: str | None,
     now: int,
 ) -> None:
-    changed = tx.run(
-        "aa_execution_finish",
-        {
-            "dispatch_id": ex.dispatch_id,
-            "expected_version": ex.version,
-            "status": status,
-            "result_mutation_id": mutation_id,
-            "result_code": result_code,
-            "result_digest": result_digest,
-            "now": now,
-        },
+    finished = action_store.finish_execution(
+        tx,
+        ex,
+        status=status,
+        result_mutation_id=mutation_id,
+        result_code=result_code,
+        result_digest=result_digest,
+        now_ms=now,
     )
-    if changed != 1:
+    if not finished:
         raise FenceConflict("the approved action changed concurrently", reason="version_mismatch")
 
 
 # -- due scan -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DueRow:
-    dispatch_id: str
-    eligible_at_ms: int
 
 
 def due_page(
@@ -490,28 +419,22 @@ def due_page(
     ``executing`` and terminal rows have no ``eligible_at`` and are never returned; a live ``leased``
     row is not due until its lease expires."""
     validate_page(limit)
-    params: dict[str, Any] = {"now": tx.now_ms(), "limit": limit}
-    if after is None:
-        found = tx.all("aa_due_first", params)
-    else:
-        params["c_eligible"], params["c_id"] = after
-        found = tx.all("aa_due_after", params)
-    return [DueRow(dispatch_id=r["dispatch_id"], eligible_at_ms=int(r["eligible_at_ms"])) for r in found]
+    return action_store.due_executions(tx, after=after, limit=limit)
 
 
 # -- read models --------------------------------------------------------------------------------
 
 
-def action_view(row: Row, now_ms: int) -> dict[str, Any]:
+def action_view(action: ActionRecord, now_ms: int) -> dict[str, Any]:
     """Low-sensitivity fields only: never lease owners, tokens or token digests."""
-    ex = execution_from_row(row)
+    ex = action.execution
     return {
         "dispatch_id": ex.dispatch_id,
         "project_id": ex.project_id,
-        "approval_request_id": row["approval_request_id"],
-        "action_type": row["action_type"],
-        "action_ref": row["action_ref"],
-        "action_digest_prefix": str(row["action_digest"])[:DIGEST_PREFIX],
+        "approval_request_id": action.approval_request_id,
+        "action_type": action.action_type,
+        "action_ref": action.action_ref,
+        "action_digest_prefix": action.action_digest[:DIGEST_PREFIX],
         "status": ex.status,
         "effective_status": effective_execution_status(ex, now_ms),
         "version": ex.version,
@@ -525,16 +448,16 @@ def action_view(row: Row, now_ms: int) -> dict[str, Any]:
         "completed_at_ms": ex.completed_at_ms,
         "created_at_ms": ex.created_at_ms,
         "updated_at_ms": ex.updated_at_ms,
-        "recovery_status": row["recovery_status"],
-        "recovery_last_finding": row["recovery_last_finding"],
+        "recovery_status": action.recovery_status,
+        "recovery_last_finding": action.recovery_last_finding,
     }
 
 
 def get_action(tx: Transaction, project_id: str, dispatch_id: str) -> dict[str, Any]:
-    row = tx.one("aa_action_get", {"project_id": project_id, "dispatch_id": dispatch_id})
-    if row is None:
+    found = action_store.get_action(tx, project_id, dispatch_id)
+    if found is None:
         raise NotFound("approved action not found")
-    return action_view(row, tx.now_ms())
+    return action_view(found, tx.now_ms())
 
 
 def list_actions(
@@ -543,15 +466,12 @@ def list_actions(
     """Newest first, keyset paginated by ``(created_at_ms, dispatch_id)``."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
-    params: dict[str, Any] = {"project_id": project_id, "limit": limit + 1}
-    if cursor:
-        params["cursor_ms"], params["cursor_id"] = runs.decode_cursor(cursor)
-        found = tx.all("aa_action_list_after", params)
-    else:
-        found = tx.all("aa_action_list_first", params)
+    before = runs.decode_cursor(cursor) if cursor else None
+    found = action_store.list_actions(tx, project_id=project_id, before=before, limit=limit + 1)
     now = tx.now_ms()
     page = found[:limit]
     next_cursor = None
     if len(found) > limit and page:
-        next_cursor = runs.encode_cursor(int(page[-1]["created_at_ms"]), str(page[-1]["dispatch_id"]))
-    return [action_view(r, now) for r in page], next_cursor
+        last = page[-1].execution
+        next_cursor = runs.encode_cursor(last.created_at_ms, last.dispatch_id)
+    return [action_view(a, now) for a in page], next_cursor

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Final, Literal
 
-from ql3.application import leases, notifications, rows
+from ql3.application import leases, notifications
 from ql3.application.runs import (
     EventSpec,
     latest_attempt,
@@ -23,13 +23,15 @@ from ql3.application.runs import (
     write_run,
 )
 from ql3.domain import cancellation as rules
-from ql3.domain.cancellation import CancellationDispatch
 from ql3.domain.digests import digest_equals
 from ql3.domain.errors import FenceConflict, NotFound, ValidationFailed
 from ql3.domain.model import Attempt, Run
 from ql3.domain.states import ATTEMPT_ACTIVE, is_run_terminal
 from ql3.ports import channels
-from ql3.ports.storage import Database, Row, Transaction
+from ql3.ports.storage import Database, Transaction
+from ql3.repositories import cancellation as dispatches
+from ql3.repositories import runs as run_records
+from ql3.repositories.cancellation import TimedOutAttempt
 
 REARM_OPERATION: Final = "cancellation.rearm"
 TIMEOUT_PAGE_DEFAULT: Final = 16
@@ -41,34 +43,6 @@ ClaimStatus = Literal[
 StopReason = Literal["complete", "page_limit", "unsafe_attempt_overflow", "cursor_stalled", "oversized_page"]
 
 log = logging.getLogger("ql3.cancellation")
-
-
-def dispatch_from_row(row: Row) -> CancellationDispatch:
-    def opt(key: str) -> int | None:
-        value = row[key]
-        return None if value is None else int(value)
-
-    return CancellationDispatch(
-        run_id=row["run_id"],
-        attempt_id=row["attempt_id"],
-        project_id=row["project_id"],
-        status=row["status"],
-        version=int(row["version"]),
-        dispatch_count=int(row["dispatch_count"]),
-        next_attempt_at_ms=opt("next_attempt_at_ms"),
-        lease_owner=row["lease_owner"],
-        lease_token_digest=row["lease_token_digest"],
-        lease_expires_at_ms=opt("lease_expires_at_ms"),
-        last_result=row["last_result"],
-        last_dispatched_at_ms=opt("last_dispatched_at_ms"),
-        created_at_ms=int(row["created_at_ms"]),
-        updated_at_ms=int(row["updated_at_ms"]),
-    )
-
-
-def lock_dispatch(tx: Transaction, run_id: str) -> CancellationDispatch | None:
-    row = tx.one("cancel_dispatch_lock", {"run_id": run_id})
-    return dispatch_from_row(row) if row else None
 
 
 def _outcome_for(run: Run) -> tuple[str, str]:
@@ -206,19 +180,17 @@ def claim(
     if attempt.run_id != run.id or attempt.status not in ATTEMPT_ACTIVE:
         return ClaimOutcome(status="not_eligible", run_id=run_id)
     now = tx.now_ms()
-    dispatch = lock_dispatch(tx, run_id)
+    dispatch = dispatches.lock_dispatch(tx, run_id)
     if dispatch is None:
-        tx.run(
-            "cancel_dispatch_insert",
-            {
-                "run_id": run_id,
-                "attempt_id": attempt.id,
-                "project_id": run.project_id,
-                "next_attempt_at_ms": run.cancel_requested_at_ms,
-                "now": now,
-            },
+        dispatches.insert_dispatch(
+            tx,
+            run_id=run_id,
+            attempt_id=attempt.id,
+            project_id=run.project_id,
+            next_attempt_at_ms=run.cancel_requested_at_ms,
+            now_ms=now,
         )
-        dispatch = lock_dispatch(tx, run_id)
+        dispatch = dispatches.lock_dispatch(tx, run_id)
         assert dispatch is not None
     if dispatch.attempt_id != attempt.id:
         # Bound forever to one Attempt: never re-bind, never chase the "latest PID".
@@ -240,18 +212,16 @@ def claim(
     elif dispatch.next_attempt_at_ms is not None and dispatch.next_attempt_at_ms > now:
         return replace(answer, status="not_due")
     expires = now + lease_ms
-    updated = tx.run(
-        "cancel_dispatch_lease",
-        {
-            "run_id": run_id,
-            "expected_version": dispatch.version,
-            "owner": owner,
-            "lease_token_digest": rules.lease_token_digest(token),
-            "lease_expires_at_ms": expires,
-            "now": now,
-        },
+    leased = dispatches.lease_dispatch(
+        tx,
+        run_id,
+        expected_version=dispatch.version,
+        owner=owner,
+        lease_token_digest=rules.lease_token_digest(token),
+        lease_expires_at_ms=expires,
+        now_ms=now,
     )
-    if updated != 1:
+    if not leased:
         return replace(answer, status="leased")
     return replace(
         answer,
@@ -299,13 +269,12 @@ def record_result(
     rules.classify_result(result)
     rules.validate_retry_budget(retry_base_ms, retry_max_ms)
     run = lock_run(tx, run_id)
-    attempt_row = tx.one("attempt_lock", {"id": attempt_id})
-    if attempt_row is None:
+    attempt = run_records.lock_attempt(tx, attempt_id)
+    if attempt is None:
         raise FenceConflict(reason="attempt_mismatch")
-    attempt = rows.attempt(attempt_row)
     if attempt.run_id != run.id:
         raise FenceConflict(reason="run_mismatch")
-    dispatch = lock_dispatch(tx, run_id)
+    dispatch = dispatches.lock_dispatch(tx, run_id)
     if dispatch is None:
         raise FenceConflict(reason="missing")
     if dispatch.attempt_id != attempt_id:
@@ -327,19 +296,17 @@ def record_result(
         if status == "retry_wait"
         else None
     )
-    settled = tx.run(
-        "cancel_dispatch_settle",
-        {
-            "run_id": run_id,
-            "expected_version": dispatch.version,
-            "status": status,
-            "next_attempt_at_ms": next_at,
-            "result": result,
-            "last_dispatched_at_ms": now if controller_ran else dispatch.last_dispatched_at_ms,
-            "now": now,
-        },
+    settled = dispatches.settle_dispatch(
+        tx,
+        run_id,
+        expected_version=dispatch.version,
+        status=status,
+        next_attempt_at_ms=next_at,
+        result=result,
+        last_dispatched_at_ms=now if controller_ran else dispatch.last_dispatched_at_ms,
+        now_ms=now,
     )
-    if settled != 1:
+    if not settled:
         raise FenceConflict(reason="version_mismatch")
     outcome = RecordOutcome(
         status=status,
@@ -419,7 +386,7 @@ def finalize_stopped(
     if run.cancel_requested_at_ms is None or latest is None:
         return "not_eligible"
     attempt = lock_attempt(tx, latest.id)
-    dispatch = lock_dispatch(tx, run_id)
+    dispatch = dispatches.lock_dispatch(tx, run_id)
     if (
         dispatch is None
         or dispatch.status != "dispatched"
@@ -429,6 +396,14 @@ def finalize_stopped(
         return "not_eligible"
     result = _end_run(tx, run, attempt, actor_type=actor_type, actor_id=actor_id, bump_sequence=True)
     return "timed_out" if result == "timed_out" else "cancelled"
+
+
+# -- stops through lease control (cluster/stops.py) ---------------------------------------------
+
+
+def stop_requests(tx: Transaction, *, worker_id: str, session_id: str, limit: int) -> list[str]:
+    """Attempt ids of the worker session's live leases whose Run has a stop intent (one bounded page)."""
+    return dispatches.stop_requested_attempts(tx, worker_id=worker_id, session_id=session_id, limit=limit)
 
 
 # -- 5. timeouts -------------------------------------------------------------------------------------
@@ -447,13 +422,14 @@ def timeout_cycle(db: Database, *, page: int = TIMEOUT_PAGE_DEFAULT) -> TimeoutR
     (reason ``timeout``) first; only the cancellation lease holder will ever signal. No timer."""
     if isinstance(page, bool) or not 1 <= page <= rules.MAX_PAGE:
         raise ValidationFailed(f"page must be 1-{rules.MAX_PAGE}", field="page")
-    found = db.transaction(
-        lambda tx: tx.all("cancel_timeout_page", {"now": tx.now_ms(), "limit": page}), write=False
+    found: list[TimedOutAttempt] = db.transaction(
+        partial(dispatches.timed_out_attempts, limit=page), write=False
     )
     requested = 0
-    for row in found:
-        project_id, run_id = str(row["project_id"]), str(row["run_id"])
-        outcome = db.transaction(partial(_request_timeout, project_id=project_id, run_id=run_id))
+    for timed_out in found:
+        outcome = db.transaction(
+            partial(_request_timeout, project_id=timed_out.project_id, run_id=timed_out.run_id)
+        )
         requested += outcome == "requested"
     return TimeoutReport(
         scanned=len(found), requested=requested, skipped=len(found) - requested, truncated=len(found) == page

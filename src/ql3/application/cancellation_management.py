@@ -3,18 +3,15 @@ dispatch, rearm a blocked one by exact compare-and-set, the project summary and 
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
-from ql3.application import rows
 from ql3.application.cancellation import (
     REARM_OPERATION,
-    dispatch_from_row,
-    lock_dispatch,
 )
 from ql3.application.runs import (
     EventSpec,
+    get_run,
     latest_attempt,
     lock_run,
     write_run,
@@ -28,6 +25,7 @@ from ql3.domain.model import Run
 from ql3.domain.states import ATTEMPT_ACTIVE, is_run_terminal
 from ql3.ports import channels
 from ql3.ports.storage import Transaction
+from ql3.repositories import cancellation as dispatches
 
 log = logging.getLogger("ql3.cancellation.management")
 
@@ -41,10 +39,7 @@ def _run_in_project(tx: Transaction, project_id: str, run_id: str, *, lock: bool
         if run.project_id != project_id:
             raise NotFound("run not found")
         return run
-    row = tx.one("run_get_in_project", {"id": run_id, "project_id": project_id})
-    if row is None:
-        raise NotFound("run not found")
-    return rows.run(row)
+    return get_run(tx, project_id, run_id)
 
 
 def _dispatch_view(d: CancellationDispatch) -> dict[str, Any]:
@@ -71,8 +66,7 @@ def _dispatch_view(d: CancellationDispatch) -> dict[str, Any]:
 def inspect(tx: Transaction, project_id: str, run_id: str) -> dict[str, Any]:
     """``run.cancellation.inspect``: Run facts, the dispatch projection and the operator's next move."""
     run = _run_in_project(tx, project_id, run_id, lock=False)
-    row = tx.one("cancel_dispatch_get_in_project", {"run_id": run_id, "project_id": project_id})
-    dispatch = dispatch_from_row(row) if row else None
+    dispatch = dispatches.get_dispatch_in_project(tx, project_id, run_id)
     if is_run_terminal(run.status):
         action = "none"
     elif dispatch is not None and dispatch.status == "blocked":
@@ -132,27 +126,26 @@ def rearm(
         raise ValidationFailed("invalid expected dispatch version", field="expectedDispatchVersion")
     run = _run_in_project(tx, project_id, run_id, lock=True)
     dedupe = rules.rearm_dedupe_key(mutation_id)
-    audit = tx.one(
-        "cancel_audit_by_mutation",
-        {"project_id": project_id, "operation": REARM_OPERATION, "mutation_id": mutation_id},
+    audit = dispatches.audit_by_mutation(
+        tx, project_id=project_id, operation=REARM_OPERATION, mutation_id=mutation_id
     )
     if audit is not None:
-        event = tx.one("cancel_event_by_dedupe", {"run_id": run_id, "dedupe_key": dedupe})
-        if audit["run_id"] != run_id or audit["principal_id"] != principal_id or event is None:
+        event = dispatches.event_by_dedupe(tx, run_id, dedupe)
+        if audit.run_id != run_id or audit.principal_id != principal_id or event is None:
             raise Conflict("the mutation id was already used for another request", reason="mutation_drift")
-        payload = json.loads(event["payload_json"])
+        payload = event.payload
         if (
             payload.get("previous_dispatch_version") != expected_dispatch_version
             or payload.get("previous_result") != expected_last_result
             or payload.get("retry_delay_ms") != retry_delay_ms
         ):
             raise Conflict("the mutation id was already used for another request", reason="mutation_drift")
-        return _rearm_receipt(payload, str(event["attempt_id"]), int(event["sequence"]))
+        return _rearm_receipt(payload, str(event.attempt_id), event.sequence)
     if is_run_terminal(run.status):
         raise Conflict("the run is already terminal", reason="run_terminal")
     if run.cancel_requested_at_ms is None:
         raise Conflict("the run has no cancel intent", reason="no_cancel_intent")
-    dispatch = lock_dispatch(tx, run_id)
+    dispatch = dispatches.lock_dispatch(tx, run_id)
     if dispatch is None:
         raise Conflict("the run has no cancellation dispatch", reason="dispatch_missing")
     attempt = latest_attempt(tx, run_id)
@@ -166,18 +159,16 @@ def rearm(
         raise FenceConflict(reason="result_mismatch")
     now = tx.now_ms()
     next_at = now + retry_delay_ms
-    changed = tx.run(
-        "cancel_dispatch_rearm",
-        {
-            "run_id": run_id,
-            "project_id": project_id,
-            "expected_version": expected_dispatch_version,
-            "expected_last_result": expected_last_result,
-            "next_attempt_at_ms": next_at,
-            "now": now,
-        },
+    rearmed = dispatches.rearm_dispatch(
+        tx,
+        run_id=run_id,
+        project_id=project_id,
+        expected_version=expected_dispatch_version,
+        expected_last_result=expected_last_result,
+        next_attempt_at_ms=next_at,
+        now_ms=now,
     )
-    if changed != 1:
+    if not rearmed:
         raise FenceConflict(reason="version_mismatch")
     payload = {
         "mutation_id": mutation_id,
@@ -204,18 +195,16 @@ def rearm(
         ],
     )
     receipt = _rearm_receipt(payload, dispatch.attempt_id, written.event_sequence)
-    tx.run(
-        "cancel_audit_insert",
-        {
-            "id": new_id(),
-            "project_id": project_id,
-            "run_id": run_id,
-            "principal_id": principal_id,
-            "operation": REARM_OPERATION,
-            "mutation_id": mutation_id,
-            "now": now,
-            "payload_json": canonical_json(receipt),
-        },
+    dispatches.insert_audit(
+        tx,
+        audit_id=new_id(),
+        project_id=project_id,
+        run_id=run_id,
+        principal_id=principal_id,
+        operation=REARM_OPERATION,
+        mutation_id=mutation_id,
+        payload_json=canonical_json(receipt),
+        now_ms=now,
     )
     tx.notify(channels.CANCELLATIONS)
     return receipt
@@ -228,16 +217,16 @@ def summary(tx: Transaction, project_id: str) -> dict[str, Any]:
     blocked_by_result: dict[str, int] = {}
     due = expired = 0
     oldest: int | None = None
-    for row in tx.all("cancel_summary_counts", {"project_id": project_id, "now": now}):
-        status, n = str(row["status"]), int(row["n"])
+    for group in dispatches.summary_counts(tx, project_id=project_id, now_ms=now):
+        status, n = group.status, group.n
         by_status[status] = by_status.get(status, 0) + n
         if status == "blocked":
-            result = str(row["last_result"])
+            result = str(group.last_result)
             blocked_by_result[result] = blocked_by_result.get(result, 0) + n
-        due += int(row["due"] or 0)
-        expired += int(row["expired"] or 0)
-        if row["oldest_blocked"] is not None:
-            value = int(row["oldest_blocked"])
+        due += group.due
+        expired += group.expired
+        if group.oldest_blocked_at_ms is not None:
+            value = group.oldest_blocked_at_ms
             oldest = value if oldest is None else min(oldest, value)
     return rules.build_summary(
         observed_at_ms=now,
@@ -256,27 +245,19 @@ def blocked_page(tx: Transaction, project_id: str, cursor: str | None) -> dict[s
     blocked after the snapshot never appear and rearmed ones may vanish. A discovery view, not a ledger.
     """
     limit = rules.BLOCKED_PAGE + 1
+    after: tuple[int, str] | None = None
     if cursor is None:
         snapshot = tx.now_ms()
-        found = tx.all(
-            "cancel_blocked_first", {"project_id": project_id, "snapshot_at_ms": snapshot, "limit": limit}
-        )
     else:
         decoded = rules.decode_blocked_cursor(cursor)
         if decoded.snapshot_at_ms > tx.now_ms():
             raise ValidationFailed("invalid cursor", field="cursor")
         snapshot = decoded.snapshot_at_ms
-        found = tx.all(
-            "cancel_blocked_after",
-            {
-                "project_id": project_id,
-                "snapshot_at_ms": snapshot,
-                "c_blocked_at_ms": decoded.blocked_at_ms,
-                "c_run_id": decoded.run_id,
-                "limit": limit,
-            },
-        )
-    keys = [(int(r["updated_at_ms"]), str(r["run_id"])) for r in found[: rules.BLOCKED_PAGE]]
+        after = (decoded.blocked_at_ms, decoded.run_id)
+    found = dispatches.blocked_page(
+        tx, project_id=project_id, snapshot_at_ms=snapshot, after=after, limit=limit
+    )
+    keys = [(entry.blocked_at_ms, entry.run_id) for entry in found[: rules.BLOCKED_PAGE]]
     truncated = len(found) > rules.BLOCKED_PAGE
     next_cursor = (
         rules.encode_blocked_cursor(

@@ -9,15 +9,13 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
-from ql3.application import rows
 from ql3.application.cancellation import (
     ClaimOutcome,
     StopReason,
     claim,
     finalize_unstarted,
-    lock_dispatch,
     record_result,
 )
 from ql3.application.runs import (
@@ -31,7 +29,9 @@ from ql3.domain.errors import FenceConflict, NotFound, ValidationFailed
 from ql3.domain.model import Run
 from ql3.domain.states import is_run_terminal
 from ql3.domain.tasks import build_spec
-from ql3.ports.storage import Database, Row, Transaction
+from ql3.ports.storage import Database, Transaction
+from ql3.repositories import cancellation as dispatches
+from ql3.repositories.cancellation import IntentKey, InterruptedStop
 
 log = logging.getLogger("ql3.cancellation.supervisor")
 
@@ -151,10 +151,10 @@ class CancellationSupervisor:
                 # More rows than asked for: the source is broken, so nothing on it is trusted.
                 return report("oversized_page")
             keys: list[tuple[int, str]] = []
-            for row in found:
-                if row["cancel_requested_at_ms"] is None or not row["run_id"]:
+            for intent in found:
+                if intent.cancel_requested_at_ms is None or not intent.run_id:
                     return report("cursor_stalled")
-                key = (int(row["cancel_requested_at_ms"]), str(row["run_id"]))
+                key = (intent.cancel_requested_at_ms, intent.run_id)
                 if (cursor is not None and key <= cursor) or (keys and key <= keys[-1]):
                     return report("cursor_stalled")
                 keys.append(key)
@@ -182,15 +182,12 @@ class CancellationSupervisor:
         if self._since_ms is None:
             self._since_ms = self._db.transaction(lambda tx: tx.now_ms(), write=False)
         since = self._since_ms
-        stale = self._db.transaction(
-            lambda tx: tx.all(
-                "cancel_interrupted_stops",
-                {"worker_id": worker_id, "now": tx.now_ms(), "since": since, "limit": self._page},
-            ),
+        stale: list[InterruptedStop] = self._db.transaction(
+            partial(dispatches.interrupted_stops, worker_id=worker_id, since_ms=since, limit=self._page),
             write=False,
         )
-        for row in stale[: self._page]:
-            run_id, version = str(row["run_id"]), int(row["version"])
+        for stop in stale[: self._page]:
+            run_id, version = stop.run_id, stop.version
             token = secrets.token_urlsafe(32)
             taken = self._db.transaction(
                 partial(
@@ -204,12 +201,12 @@ class CancellationSupervisor:
             )
             if taken is None:
                 continue  # someone else moved it meanwhile
-            handle, pid = row["executor_handle"], row["pid"]
+            handle, pid = stop.executor_handle, stop.pid
             result = "handle_missing"
             if handle:
                 counts["signals"] += 1
                 try:
-                    outcome = finish(str(handle), None if pid is None else int(pid), grace_ms=self._grace_ms)
+                    outcome = finish(handle, pid, grace_ms=self._grace_ms)
                     result = rules.result_from_stop_status(getattr(outcome, "status", None))
                 except Exception as exc:  # retried from the next cycle: the lease expires
                     log.warning(
@@ -239,11 +236,8 @@ class CancellationSupervisor:
         """The earliest database instant at which this supervisor has work: a run deadline, or a
         dispatch backoff or lease expiry of its own worker's attempts (any attempt without a local
         worker). None: nothing is scheduled, wait for a new intent or the backstop."""
-        if self._local_worker_id is None:
-            row = tx.one("cancel_next_wake")
-        else:
-            row = tx.one("cancel_next_wake_for_worker", {"worker_id": self._local_worker_id})
-        due = [int(v) for v in (row or {}).values() if v is not None]
+        wake = dispatches.next_wake(tx, worker_id=self._local_worker_id)
+        due = [v for v in (wake.next_deadline_ms, wake.next_dispatch_ms, wake.next_lease_ms) if v is not None]
         return min(due) if due else None
 
     def _one(self, run_id: str, requested_at: int, counts: dict[str, int], results: dict[str, int]) -> str:
@@ -302,7 +296,7 @@ class CancellationSupervisor:
         run = lock_run(tx, run_id)
         if is_run_terminal(run.status) or run.cancel_requested_at_ms != requested_at:
             return _Prepared(kind="not_eligible")
-        active = [rows.attempt(r) for r in tx.all("cancel_active_attempts", {"run_id": run_id})]
+        active = dispatches.active_attempts(tx, run_id)
         if len(active) > 1:
             return _Prepared(kind="overflow")  # ambiguous: never pick one, fail the cycle closed
         if not active:
@@ -345,7 +339,7 @@ def _take_over_interrupted(
     """Lease a stale dispatch of a terminal Run to this owner (CAS on its version); its attempt id and new
     version, or None when it moved."""
     run = lock_run(tx, run_id)
-    dispatch = lock_dispatch(tx, run_id)
+    dispatch = dispatches.lock_dispatch(tx, run_id)
     if (
         not is_run_terminal(run.status)
         or dispatch is None
@@ -354,23 +348,17 @@ def _take_over_interrupted(
     ):
         return None
     now = tx.now_ms()
-    changed = tx.run(
-        "cancel_dispatch_lease",
-        {
-            "run_id": run_id,
-            "expected_version": expected_version,
-            "owner": owner,
-            "lease_token_digest": rules.lease_token_digest(token),
-            "lease_expires_at_ms": now + lease_ms,
-            "now": now,
-        },
+    leased = dispatches.lease_dispatch(
+        tx,
+        run_id,
+        expected_version=expected_version,
+        owner=owner,
+        lease_token_digest=rules.lease_token_digest(token),
+        lease_expires_at_ms=now + lease_ms,
+        now_ms=now,
     )
-    return (dispatch.attempt_id, expected_version + 1) if changed == 1 else None
+    return (dispatch.attempt_id, expected_version + 1) if leased else None
 
 
-def _intent_page(tx: Transaction, *, cursor: tuple[int, str] | None, limit: int) -> list[Row]:
-    params: dict[str, Any] = {"now": tx.now_ms(), "limit": limit}
-    if cursor is None:
-        return tx.all("cancel_intent_first", params)
-    params["c_ms"], params["c_id"] = cursor
-    return tx.all("cancel_intent_after", params)
+def _intent_page(tx: Transaction, *, cursor: tuple[int, str] | None, limit: int) -> list[IntentKey]:
+    return dispatches.intent_page(tx, after=cursor, limit=limit)

@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Final, Literal
 
 from ql3.application import cancellation, leases
@@ -96,14 +97,6 @@ def _grace_ms(tx: Transaction, run: Run) -> int:
         return rules.DEFAULT_GRACE_MS
 
 
-def stop_requests(tx: Transaction, worker_id: str, session_id: str) -> list[str]:
-    """Attempt ids of this session's live leases whose run has a stop intent (one bounded page)."""
-    rows = tx.all(
-        "worker_stop_requests", {"worker_id": worker_id, "session_id": session_id, "limit": STOP_PAGE}
-    )
-    return [str(r["attempt_id"]) for r in rows]
-
-
 class StopWatch:
     """The worker's long-poll for stop intents on its runs, woken by commits on ``cancellations``."""
 
@@ -133,7 +126,12 @@ class StopWatch:
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             marks = self._counters(WAKE_CHANNELS)
-            found = self._db.transaction(lambda tx: stop_requests(tx, worker_id, session_id), write=False)
+            found = self._db.transaction(
+                partial(
+                    cancellation.stop_requests, worker_id=worker_id, session_id=session_id, limit=STOP_PAGE
+                ),
+                write=False,
+            )
             fresh = [a for a in found if a not in known]
             remaining = deadline - time.monotonic()
             if fresh or remaining <= 0 or self._closing:

@@ -70,11 +70,40 @@ Finding = Literal[
     "unavailable",
 ]
 ManualDecision = Literal["confirm_succeeded", "confirm_failed", "abandon_unknown"]
+RecoveryStatus = Literal["armed", "manual", "resolved"]
+ResolutionSource = Literal["resolver", "manual"]
+ResolutionKind = Literal[
+    "verified_succeeded", "verified_failed", "confirm_succeeded", "confirm_failed", "abandon_unknown"
+]
+# The terminal execution states: what a handler's result or a resolution closes an execution as.
+TerminalExecutionStatus = Literal["succeeded", "failed", "blocked"]
+ResolutionOutcome = TerminalExecutionStatus
+ResolutionActor = Literal["system", "user"]
 
 APPROVAL_STATES: Final[tuple[ApprovalState, ...]] = ("pending", "approved", "rejected", "consumed")
 DECISIONS: Final[tuple[Decision, ...]] = ("approve", "reject")
 RISKS: Final[tuple[Risk, ...]] = ("low", "medium", "high", "critical")
 CONSUMERS: Final[tuple[Consumer, ...]] = ("system", "worker")
+EXECUTION_STATUSES: Final[tuple[ExecutionStatus, ...]] = (
+    "pending",
+    "leased",
+    "executing",
+    "retry_wait",
+    "succeeded",
+    "failed",
+    "blocked",
+)
+RECOVERY_STATUSES: Final[tuple[RecoveryStatus, ...]] = ("armed", "manual", "resolved")
+RESOLUTION_SOURCES: Final[tuple[ResolutionSource, ...]] = ("resolver", "manual")
+RESOLUTION_KINDS: Final[tuple[ResolutionKind, ...]] = (
+    "verified_succeeded",
+    "verified_failed",
+    "confirm_succeeded",
+    "confirm_failed",
+    "abandon_unknown",
+)
+RESOLUTION_OUTCOMES: Final[tuple[ResolutionOutcome, ...]] = ("succeeded", "failed", "blocked")
+RESOLUTION_ACTORS: Final[tuple[ResolutionActor, ...]] = ("system", "user")
 OUTCOMES: Final = ("succeeded", "failed", "indeterminate")
 FINDINGS: Final = (
     "verified_succeeded",
@@ -85,7 +114,7 @@ FINDINGS: Final = (
     "unsupported",
     "unavailable",
 )
-MANUAL_DECISIONS: Final[dict[str, str]] = {
+MANUAL_DECISIONS: Final[dict[str, TerminalExecutionStatus]] = {
     "confirm_succeeded": "succeeded",
     "confirm_failed": "failed",
     "abandon_unknown": "blocked",
@@ -186,7 +215,7 @@ def is_hex_digest(value: object) -> bool:
     return isinstance(value, str) and bool(HEX64_RE.match(value))
 
 
-def validate_result(outcome: str, result_code: str, result_digest: str | None) -> str:
+def validate_result(outcome: str, result_code: str, result_digest: str | None) -> TerminalExecutionStatus:
     """Check a handler result and return the execution status it maps to.
 
     ``succeeded`` needs a digest; ``failed`` and ``indeterminate`` forbid one; indeterminate -> blocked.
@@ -285,7 +314,7 @@ class Execution:
     dispatch_id: str
     dispatch_digest: str
     project_id: str
-    status: str
+    status: ExecutionStatus
     version: int
     attempt_count: int
     max_attempts: int
@@ -325,6 +354,48 @@ class ExecutionFence:
     version: int
     attempt: int
     started_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryControl:
+    """The recovery control of a started execution, armed by the start barrier. Its resolver lease
+    only coordinates probing; it never grants execution."""
+
+    dispatch_id: str
+    project_id: str
+    status: RecoveryStatus
+    version: int
+    execution_version: int
+    next_scan_at_ms: int | None
+    resolver_owner: str | None
+    resolver_token_digest: str | None = field(repr=False)
+    resolver_lease_expires_at_ms: int | None
+    last_finding: str | None
+    scan_count: int
+    evidence_digest: str | None
+    resolution_mutation_id: str | None
+    armed_at_ms: int
+    updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolution:
+    """How a ``recovery_required`` execution was closed: from verified evidence or by a person; one per
+    dispatch, immutable."""
+
+    dispatch_id: str
+    project_id: str
+    mutation_id: str
+    expected_execution_version: int
+    source: ResolutionSource
+    resolution: ResolutionKind
+    outcome: ResolutionOutcome
+    actor_type: ResolutionActor
+    actor_id: str
+    actor_role: str | None
+    reason_code: str
+    evidence_digest: str | None
+    created_at_ms: int
 
 
 # -- digests ------------------------------------------------------------------------------------

@@ -17,6 +17,13 @@ from ql3.domain.ids import is_id
 
 DispatchStatus = Literal["pending", "leased", "retry_wait", "dispatched", "blocked"]
 ResultClass = Literal["retryable", "blocking", "done"]
+DISPATCH_STATUSES: Final[tuple[DispatchStatus, ...]] = (
+    "pending",
+    "leased",
+    "retry_wait",
+    "dispatched",
+    "blocked",
+)
 
 RETRYABLE_RESULTS: Final = frozenset({"controller_missing", "handle_missing", "dispatch_error"})
 BLOCKING_RESULTS: Final = frozenset({"identity_mismatch", "pid_mismatch", "unsupported", "invalid"})

@@ -1,10 +1,38 @@
-"""Runs and their attempts. Only the reads the edges need are here so far; ``application/runs.py``
-and the lease code still run their own queries (tests/unit/test_repository_boundary.py)."""
+"""Runs, their attempts and their events. Only the reads the edges, cancellation and approved actions
+need are here so far; ``application/runs.py`` and the lease code still run their own queries
+(tests/unit/test_repository_boundary.py)."""
 
 from __future__ import annotations
 
-from ql3.domain.model import Attempt
+import json
+
+from ql3.domain.model import Attempt, Run, RunEvent
 from ql3.ports.storage import Row, Transaction
+
+
+def run_from_row(row: Row) -> Run:
+    return Run(
+        id=row["id"],
+        project_id=row["project_id"],
+        task_id=row["task_id"],
+        task_revision=int(row["task_revision"]),
+        trigger_type=row["trigger_type"],
+        status=row["status"],
+        version=int(row["version"]),
+        event_sequence=int(row["event_sequence"]),
+        priority=int(row["priority"]),
+        idempotency_key=row["idempotency_key"],
+        created_at_ms=int(row["created_at_ms"]),
+        queued_at_ms=row["queued_at_ms"],
+        started_at_ms=row["started_at_ms"],
+        finished_at_ms=row["finished_at_ms"],
+        cancel_requested_at_ms=row["cancel_requested_at_ms"],
+        cancel_reason=row["cancel_reason"],
+        error_code=row["error_code"],
+        exit_code=row["exit_code"],
+        scheduled_for_ms=row["scheduled_for_ms"],
+        request_id=row["request_id"],
+    )
 
 
 def attempt_from_row(row: Row) -> Attempt:
@@ -27,6 +55,38 @@ def attempt_from_row(row: Row) -> Attempt:
         exit_code=row["exit_code"],
         error_code=row["error_code"],
     )
+
+
+def event_from_row(row: Row) -> RunEvent:
+    return RunEvent(
+        id=row["id"],
+        run_id=row["run_id"],
+        sequence=int(row["sequence"]),
+        type=row["type"],
+        actor_type=row["actor_type"],
+        actor_id=row["actor_id"],
+        attempt_id=row["attempt_id"],
+        payload=json.loads(row["payload_json"]),
+        created_at_ms=int(row["created_at_ms"]),
+    )
+
+
+def get_run_in_project(tx: Transaction, project_id: str, run_id: str) -> Run | None:
+    row = tx.one("run_get_in_project", {"id": run_id, "project_id": project_id})
+    return None if row is None else run_from_row(row)
+
+
+def get_run_by_idempotency(tx: Transaction, project_id: str, idempotency_key: str) -> Run | None:
+    """The project's run created under ``idempotency_key`` (unique per project)."""
+    row = tx.one("run_by_idempotency", {"project_id": project_id, "idempotency_key": idempotency_key})
+    return None if row is None else run_from_row(row)
+
+
+def lock_attempt(tx: Transaction, attempt_id: str) -> Attempt | None:
+    """The attempt read under the row lock its transaction holds to its end; None when there is none
+    (the caller decides whether that is a NotFound or a fence refusal)."""
+    row = tx.one("attempt_lock", {"id": attempt_id})
+    return None if row is None else attempt_from_row(row)
 
 
 def list_attempts(tx: Transaction, run_id: str) -> list[Attempt]:
