@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ql3.application import approved_actions
-from ql3.application.approved_actions import ClaimResult
+from ql3.application.approved_actions import ExecutionClaim
 from ql3.domain.approvals import ExecutionFence
 from ql3.domain.errors import Conflict, FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
@@ -132,7 +132,7 @@ def test_two_connections_racing_for_one_row_make_exactly_one_claim(harness: Harn
     dispatch = dispatched(w)
     other = harness.second_connection()
     barrier = threading.Barrier(2)
-    results: list[ClaimResult | None] = [None, None]
+    results: list[ExecutionClaim | None] = [None, None]
 
     def race(i: int, db: Any) -> None:
         barrier.wait()

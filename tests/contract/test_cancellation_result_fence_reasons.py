@@ -178,7 +178,7 @@ def test_a_terminal_run_is_not_eligible_for_a_claim_even_with_its_attempt_still_
     outcome = claim(harness.db, fence.run_id, owner="sup-a")
 
     # Then nothing is leased: the answer names the run and carries nothing else
-    assert outcome == cancellation.ClaimOutcome(status="not_eligible", run_id=fence.run_id)
+    assert outcome == cancellation.DispatchClaim(status="not_eligible", run_id=fence.run_id)
     assert count(harness.db, "cancellation_dispatches") == 0
 
 
@@ -193,5 +193,5 @@ def test_a_run_whose_latest_attempt_already_ended_is_not_eligible_for_a_claim(ha
 
     outcome = claim(harness.db, fence.run_id, owner="sup-a")
 
-    assert outcome == cancellation.ClaimOutcome(status="not_eligible", run_id=fence.run_id)
+    assert outcome == cancellation.DispatchClaim(status="not_eligible", run_id=fence.run_id)
     assert count(harness.db, "cancellation_dispatches") == 0

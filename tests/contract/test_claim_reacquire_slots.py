@@ -20,9 +20,9 @@ from tests.support.execution_builders import SECRET, busy_and_leased, queued, re
 LEASE_MS = 5_000
 
 
-def _claim(harness: Harness, run_id: str, attempt_id: str, worker_id: str) -> leases.ClaimResult:
+def _claim(harness: Harness, run_id: str, attempt_id: str, worker_id: str) -> leases.RunClaim:
     (w,) = harness.db.raw("SELECT * FROM workers WHERE worker_id = ?", (worker_id,))
-    result: leases.ClaimResult = harness.db.transaction(
+    result: leases.RunClaim = harness.db.transaction(
         lambda tx: leases.claim(
             tx,
             run_id=run_id,

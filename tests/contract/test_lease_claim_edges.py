@@ -42,9 +42,9 @@ def _claim(
     session_id: str | None = None,
     generation: int | None = None,
     first: dict[str, Any] | None = None,
-) -> leases.ClaimResult:
+) -> leases.RunClaim:
     w = _worker(harness)
-    result: leases.ClaimResult = harness.db.transaction(
+    result: leases.RunClaim = harness.db.transaction(
         lambda tx: leases.claim(
             StatementLog(tx, first) if first else tx,
             run_id=run_id,

@@ -55,7 +55,7 @@ def test_a_claim_locks_run_attempt_worker_then_the_lease_row_it_reacquires(sqlit
     w = harness.db.raw("SELECT * FROM workers WHERE worker_id = 'w1'")[0]
     log: list[StatementLog] = []
 
-    def claim(tx: Transaction) -> leases.ClaimResult:
+    def claim(tx: Transaction) -> leases.RunClaim:
         log.append(StatementLog(tx))
         return leases.claim(
             log[0],

@@ -8,7 +8,7 @@ from typing import Any
 
 from ql3.application import approvals, approved_actions, auth
 from ql3.application.approved_action_handlers import HandlerResult, RunCreateHandler
-from ql3.application.approved_actions import ClaimResult
+from ql3.application.approved_actions import ExecutionClaim
 from ql3.domain.approvals import ApprovalRequest, Dispatch, ExecutionFence
 from ql3.domain.auth import PrincipalKind
 from ql3.domain.ids import new_id
@@ -131,8 +131,8 @@ def token() -> str:
 
 def claim(
     db: Any, dispatch_id: str, *, owner: str = "replica-a", tok: str | None = None, **kw: Any
-) -> ClaimResult:
-    result: ClaimResult = db.transaction(
+) -> ExecutionClaim:
+    result: ExecutionClaim = db.transaction(
         lambda tx: approved_actions.claim(
             tx,
             dispatch_id=dispatch_id,

@@ -12,7 +12,7 @@ from typing import Any, cast
 from ql3.application.approvals import get_dispatch
 from ql3.application.approved_action_handlers import ActionHandler, InspectBlocked
 from ql3.application.approved_actions import (
-    ClaimResult,
+    ExecutionClaim,
     claim,
     complete,
     due_page,
@@ -134,7 +134,7 @@ class ApprovedActionDispatcher:
     def _one(self, dispatch_id: str) -> str:
         token = new_token()
         try:
-            claimed: ClaimResult = self._db.transaction(
+            claimed: ExecutionClaim = self._db.transaction(
                 partial(
                     claim,
                     dispatch_id=dispatch_id,

@@ -53,7 +53,7 @@ MIN_TOKEN_CHARS: Final = 32
 MAX_TOKEN_CHARS: Final = 256
 DIGEST_PREFIX: Final = 12
 
-ClaimOutcome = Literal[
+ExecutionClaimOutcome = Literal[
     "claimed",
     "idempotent",
     "leased",
@@ -132,8 +132,8 @@ def _cap(execution: Execution, max_attempts: int | None) -> int:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimResult:
-    outcome: ClaimOutcome
+class ExecutionClaim:
+    outcome: ExecutionClaimOutcome
     now_ms: int
     fence: ExecutionFence | None = None
 
@@ -146,7 +146,7 @@ def claim(
     token: str,
     lease_ms: int = DEFAULT_LEASE_MS,
     max_attempts: int | None = None,
-) -> ClaimResult:
+) -> ExecutionClaim:
     """Lease a due execution: ``pending``/``retry_wait`` whose ``eligible_at <= now``, or a ``leased``
     row whose lease expired (takeover, which needs a new token), while attempts remain.
 
@@ -162,7 +162,7 @@ def claim(
     found = action_store.lock_execution(tx, dispatch_id)
     now = tx.now_ms()
     if found is None:
-        return ClaimResult(outcome="missing", now_ms=now)
+        return ExecutionClaim(outcome="missing", now_ms=now)
     ex = found
     digest = lease_token_digest(token)
     same_holder = (
@@ -172,9 +172,9 @@ def claim(
     )
     if ex.status == "executing":
         lapsed = effective_execution_status(ex, now) == "recovery_required"
-        return ClaimResult(outcome="recovery_required" if lapsed else "executing", now_ms=now)
+        return ExecutionClaim(outcome="recovery_required" if lapsed else "executing", now_ms=now)
     if ex.status in TERMINAL_EXECUTION:
-        return ClaimResult(outcome="terminal", now_ms=now)
+        return ExecutionClaim(outcome="terminal", now_ms=now)
     if ex.status == "leased" and ex.lease_expires_at_ms is not None and now < ex.lease_expires_at_ms:
         if same_holder:
             fence = ExecutionFence(
@@ -184,18 +184,18 @@ def claim(
                 version=ex.version,
                 attempt=ex.attempt_count,
             )
-            return ClaimResult(outcome="idempotent", now_ms=now, fence=fence)
-        return ClaimResult(outcome="leased", now_ms=now)
+            return ExecutionClaim(outcome="idempotent", now_ms=now, fence=fence)
+        return ExecutionClaim(outcome="leased", now_ms=now)
     if ex.eligible_at_ms is None or ex.eligible_at_ms > now:
-        return ClaimResult(outcome="not_due", now_ms=now)
+        return ExecutionClaim(outcome="not_due", now_ms=now)
     if ex.attempt_count >= _cap(ex, max_attempts):
         _write_release(
             tx, ex, status="blocked", mutation_id=new_id(), result_code="attempts_exhausted", now=now
         )
-        return ClaimResult(outcome="exhausted", now_ms=now)
+        return ExecutionClaim(outcome="exhausted", now_ms=now)
     if ex.status == "leased" and same_holder:
         # An expired lease is taken over only under a new token, so a stale holder stays fenced out.
-        return ClaimResult(outcome="stale_token", now_ms=now)
+        return ExecutionClaim(outcome="stale_token", now_ms=now)
     expires = now + lease_ms
     claimed = action_store.claim_execution(
         tx, ex, lease_owner=owner, lease_token_digest=digest, lease_expires_at_ms=expires, now_ms=now
@@ -209,7 +209,7 @@ def claim(
         version=ex.version + 1,
         attempt=ex.attempt_count + 1,
     )
-    return ClaimResult(outcome="claimed", now_ms=now, fence=fence)
+    return ExecutionClaim(outcome="claimed", now_ms=now, fence=fence)
 
 
 def renew(tx: Transaction, fence: ExecutionFence, *, lease_ms: int = DEFAULT_LEASE_MS) -> ExecutionFence:

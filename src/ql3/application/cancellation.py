@@ -37,7 +37,7 @@ REARM_OPERATION: Final = "cancellation.rearm"
 TIMEOUT_PAGE_DEFAULT: Final = 16
 
 RequestOutcome = Literal["requested", "already_requested", "already_terminal"]
-ClaimStatus = Literal[
+DispatchClaimStatus = Literal[
     "claimed", "not_eligible", "not_due", "leased", "dispatched", "blocked", "binding_conflict"
 ]
 StopReason = Literal["complete", "page_limit", "unsafe_attempt_overflow", "cursor_stalled", "oversized_page"]
@@ -136,10 +136,10 @@ def request_cancel(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimOutcome:
+class DispatchClaim:
     """A claim's answer. ``token`` is the caller's own raw token, echoed only on ``claimed``."""
 
-    status: ClaimStatus
+    status: DispatchClaimStatus
     run_id: str
     attempt_id: str | None = None
     dispatch_version: int | None = None
@@ -157,7 +157,7 @@ def claim(
     token: str,
     lease_ms: int,
     requested_at_ms: int | None = None,
-) -> ClaimOutcome:
+) -> DispatchClaim:
     """Lease the Run's cancellation dispatch (docs/contracts.md §4.2). Lock order Run -> Attempt -> dispatch.
 
     ``requested_at_ms``, when given, must equal the Run's committed intent time. Only the digest of
@@ -172,13 +172,13 @@ def claim(
         or run.cancel_requested_at_ms is None
         or (requested_at_ms is not None and requested_at_ms != run.cancel_requested_at_ms)
     ):
-        return ClaimOutcome(status="not_eligible", run_id=run_id)
+        return DispatchClaim(status="not_eligible", run_id=run_id)
     latest = latest_attempt(tx, run_id)
     if latest is None:
-        return ClaimOutcome(status="not_eligible", run_id=run_id)
+        return DispatchClaim(status="not_eligible", run_id=run_id)
     attempt = lock_attempt(tx, latest.id)
     if attempt.run_id != run.id or attempt.status not in ATTEMPT_ACTIVE:
-        return ClaimOutcome(status="not_eligible", run_id=run_id)
+        return DispatchClaim(status="not_eligible", run_id=run_id)
     now = tx.now_ms()
     dispatch = dispatches.lock_dispatch(tx, run_id)
     if dispatch is None:
@@ -194,8 +194,8 @@ def claim(
         assert dispatch is not None
     if dispatch.attempt_id != attempt.id:
         # Bound forever to one Attempt: never re-bind, never chase the "latest PID".
-        return ClaimOutcome(status="binding_conflict", run_id=run_id, attempt_id=dispatch.attempt_id)
-    answer = ClaimOutcome(
+        return DispatchClaim(status="binding_conflict", run_id=run_id, attempt_id=dispatch.attempt_id)
+    answer = DispatchClaim(
         status="claimed",
         run_id=run_id,
         attempt_id=attempt.id,

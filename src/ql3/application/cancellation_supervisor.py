@@ -12,7 +12,7 @@ from functools import partial
 from typing import Protocol
 
 from ql3.application.cancellation import (
-    ClaimOutcome,
+    DispatchClaim,
     StopReason,
     claim,
     finalize_unstarted,
@@ -68,7 +68,7 @@ class CycleReport:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Prepared:
     kind: str
-    claim: ClaimOutcome | None = None
+    claim: DispatchClaim | None = None
     handle: str | None = field(default=None, repr=False)
     pid: int | None = field(default=None, repr=False)
     grace_ms: int = rules.DEFAULT_GRACE_MS

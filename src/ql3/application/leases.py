@@ -28,7 +28,7 @@ from ql3.ports.storage import Row, Transaction
 
 MAX_HANDLE_BYTES: Final = 512
 MAX_SCAN_PAGE: Final = 64
-ClaimStatus = Literal["claimed", "leased", "not_eligible", "worker_unavailable", "capacity_exhausted"]
+RunClaimStatus = Literal["claimed", "leased", "not_eligible", "worker_unavailable", "capacity_exhausted"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,8 +102,8 @@ def get_lease(tx: Transaction, attempt_id: str, *, lock: bool = False) -> Lease 
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimResult:
-    status: ClaimStatus
+class RunClaim:
+    status: RunClaimStatus
     lease: Lease | None = None
 
 
@@ -117,7 +117,7 @@ def claim(
     worker_generation: int,
     token_for_generation: Any,
     lease_ms: int,
-) -> ClaimResult:
+) -> RunClaim:
     """Atomic claim: lease (generation +1) and Run ``queued -> dispatching``; the Attempt stays claimed.
 
     Lock order Run -> Attempt -> worker -> lease. ``token_for_generation(g)`` returns the raw token of
@@ -138,13 +138,13 @@ def claim(
         )
     run = lock_run(tx, run_id)
     if run.status != "queued" or run.cancel_requested_at_ms is not None:
-        return ClaimResult(status="not_eligible")
+        return RunClaim(status="not_eligible")
     attempt_row = tx.one("attempt_lock_with_latest", {"id": attempt_id})
     if attempt_row is None:
         raise NotFound("attempt not found")
     attempt = rows.attempt(attempt_row)
     if attempt.status != "claimed" or attempt_row["latest_attempt_id"] != attempt.id:
-        return ClaimResult(status="not_eligible")
+        return RunClaim(status="not_eligible")
     worker = tx.one("worker_lock", {"worker_id": worker_id})
     now = tx.now_ms()
     if (
@@ -154,10 +154,10 @@ def claim(
         or worker["status"] != "online"
         or int(worker["lease_expires_at_ms"]) <= now
     ):
-        return ClaimResult(status="worker_unavailable")
+        return RunClaim(status="worker_unavailable")
     # The counter is a column of the worker row just locked: no second read.
     if int(worker["active_leases"]) >= int(worker["max_concurrent_runs"]):
-        return ClaimResult(status="capacity_exhausted")
+        return RunClaim(status="capacity_exhausted")
     params = {
         "attempt_id": attempt_id,
         "run_id": run_id,
@@ -175,15 +175,15 @@ def claim(
     if written is None:
         existing = get_lease(tx, attempt_id, lock=True)
         if existing is None:
-            return ClaimResult(status="leased")  # the conflicting row vanished: a concurrent writer
+            return RunClaim(status="leased")  # the conflicting row vanished: a concurrent writer
         if existing.status == "completed" or (existing.status == "leased" and existing.expires_at_ms > now):
-            return ClaimResult(status="leased" if existing.status == "leased" else "not_eligible")
+            return RunClaim(status="leased" if existing.status == "leased" else "not_eligible")
         generation = existing.lease_generation + 1
         params["lease_token_digest"] = lease_digest(token_for_generation(generation))
         params["expected_version"] = existing.version
         written = tx.one("lease_reacquire_claim", params)
         if written is None:
-            return ClaimResult(status="leased")
+            return RunClaim(status="leased")
         if existing.status == "leased":
             # An expired lease that the expiry loop has not ended yet: its holder's slot ends with it.
             _adjust(tx, existing.worker_id, -1)
@@ -211,7 +211,7 @@ def claim(
         ],
         AttemptChange(attempt=attempt, new=replace(attempt, worker_id=worker_id)),
     )
-    return ClaimResult(status="claimed", lease=lease)
+    return RunClaim(status="claimed", lease=lease)
 
 
 _CLAIM_ANSWERS: Final[frozenset[str]] = frozenset(
@@ -229,7 +229,7 @@ def _claim_in_one_statement(
     worker_generation: int,
     token_for_generation: Any,
     lease_ms: int,
-) -> ClaimResult:
+) -> RunClaim:
     """The claim as ``ql3_claim`` (PostgreSQL migration 0010): the statements of ``claim`` above, in
     the same order under the same locks, in one round trip. A lease row that may be reacquired costs
     one call more in the same transaction (the locks stay held): the function names the generation,
@@ -263,9 +263,9 @@ def _claim_in_one_statement(
         assert row is not None  # a function call always answers one row
         status = row["claim_status"]
         if status == "claimed":
-            return ClaimResult(status="claimed", lease=_lease(row))
+            return RunClaim(status="claimed", lease=_lease(row))
         if status in _CLAIM_ANSWERS:
-            return ClaimResult(status=status)
+            return RunClaim(status=status)
         if status == "reacquire" and generation == 1:
             generation = int(row["lease_generation"])
             continue

@@ -338,11 +338,11 @@ class PullService:
 
     def _claim(
         self, tx: Transaction, *, req: PullRequest, cand: Candidate, attempt_id: str, digest: str
-    ) -> leases.ClaimResult | Offer:
+    ) -> leases.RunClaim | Offer:
         # The worker's registry row is locked first: every pull of this worker, on any replica,
         # serialises here, and the second of two identical retries finds the first one's lease.
         if tx.one("worker_lock", {"worker_id": req.worker_id}) is None:
-            return leases.ClaimResult(status="worker_unavailable")
+            return leases.RunClaim(status="worker_unavailable")
         live = _find_live(tx, req.worker_id, digest)
         if live is not None:
             return _rebuild(tx, live, req)
