@@ -1,0 +1,101 @@
+"""The new-claim half of dispatch_once(): the claim budget between two workers, what a claimed
+result reports and carries, and the reason of each candidate that cannot be claimed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ql3.application import dispatcher as dispatcher_module
+from ql3.application import leases
+from ql3.application.dispatcher import DispatchCycleError
+from ql3.domain.errors import ValidationFailed
+from ql3.domain.offers import offer_id
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register
+
+
+def test_the_claim_budget_stops_the_cycle_before_the_next_worker(harness: Harness) -> None:
+    # Given two full workers that a stale snapshot still shows with a free slot each
+    register(harness.db, "a", slots=1)
+    register(harness.db, "b", slots=1)
+    queued(harness.db, n=3)
+    d = dispatcher(harness.db, claims=1)
+    assert d.dispatch_once().offer is not None and d.dispatch_once().offer is not None
+    current, _ = harness.db.transaction(d._workers, write=False)
+    stale = [replace(w, free_slots=1) for w in current]
+    d._workers = lambda tx: (list(stale), 1)  # type: ignore[method-assign]
+
+    # When the only claim of the cycle loses the capacity race on the first worker
+    result = d.dispatch_once()
+
+    # Then the second worker is not tried: the budget is spent
+    assert (result.reason, result.truncated, result.claim_calls) == ("claim_budget_exhausted", True, 1)
+
+
+def test_a_claimed_result_reports_its_calls_and_its_offer_carries_the_lease(harness: Harness) -> None:
+    register(harness.db, "a")
+    queued(harness.db)
+
+    result = dispatcher(harness.db).dispatch_once()
+
+    assert result.reason == "claimed" and result.offer is not None
+    assert (result.worker_calls, result.plan_calls, result.claim_calls) == (1, 1, 1)
+    offer = result.offer
+    lease = harness.db.transaction(lambda tx: leases.get_lease(tx, offer.fence.attempt_id))
+    assert lease is not None
+    assert offer.lease_expires_at_ms == lease.expires_at_ms
+    assert offer.offer_id == offer_id(
+        lease.attempt_id, lease.lease_generation, lease.worker_id, lease.worker_session_id, 1
+    )
+    assert offer.fence.lease_generation == lease.lease_generation == 1
+
+
+def test_a_placement_that_cannot_be_built_is_plans_unavailable_without_a_claim(harness: Harness) -> None:
+    register(harness.db)
+    queued(harness.db)
+
+    def broken(*args: Any) -> Any:
+        raise ValidationFailed("placement", field="require")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dispatcher_module, "effective_placement", broken)
+        result = dispatcher(harness.db).dispatch_once()
+
+    assert (result.reason, result.offer, result.claim_calls) == ("plans_unavailable", None, 0)
+    assert count(harness.db, "run_leases") == 0
+
+
+def test_a_candidate_whose_attempt_is_no_longer_claimed_is_a_lost_race(harness: Harness) -> None:
+    register(harness.db)
+    queued(harness.db)
+    d = dispatcher(harness.db)
+    page = harness.db.transaction(lambda tx: d._candidates(tx, None), write=False)
+    moved = [replace(c, attempt_status="running") for c in page]
+    d._candidates = lambda tx, cursor: list(moved) if cursor is None else []  # type: ignore[method-assign]
+
+    result = d.dispatch_once()
+
+    assert (result.reason, result.offer, result.claim_calls) == ("claim_raced", None, 0)
+
+
+def test_an_offer_whose_token_does_not_match_the_stored_digest_fails_the_cycle(harness: Harness) -> None:
+    register(harness.db)
+    queued(harness.db)
+    d = dispatcher(harness.db)
+    real = dispatcher_module.derive_lease_token  # type: ignore[attr-defined]
+    calls: list[int] = []
+
+    def second_differs(secret: bytes, attempt_id: str, generation: int) -> str:
+        calls.append(generation)
+        token = real(secret, attempt_id, generation)
+        return token if len(calls) == 1 else real(b"another secret" * 3, attempt_id, generation)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dispatcher_module, "derive_lease_token", second_differs)
+        with pytest.raises(DispatchCycleError, match=r"^lease token does not match its digest$"):
+            d.dispatch_once()
+    assert len(calls) == 2
