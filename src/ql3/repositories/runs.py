@@ -1,13 +1,28 @@
-"""Runs, their attempts and their events. Only the reads the edges, cancellation and approved actions
-need are here so far; ``application/runs.py`` and the lease code still run their own queries
+"""Runs, their attempts and their events, and the read models that list runs for people
+(``application/run_queries.py``). The lease code still runs its own queries
 (tests/unit/test_repository_boundary.py)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any, Final
 
 from ql3.domain.model import Attempt, Run, RunEvent
 from ql3.ports.storage import Row, Transaction
+from ql3.repositories.mapping import opt_int
+
+STATUS_SLOTS: Final = 11  # the run_filter_page query's status placeholders, one per run status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRow:
+    """A run with what a list shows beside it."""
+
+    run: Run
+    task_name: str | None
+    trigger: str
+    attempt: int | None = None
 
 
 def run_from_row(row: Row) -> Run:
@@ -92,3 +107,60 @@ def lock_attempt(tx: Transaction, attempt_id: str) -> Attempt | None:
 def list_attempts(tx: Transaction, run_id: str) -> list[Attempt]:
     """The run's attempts in order (the query reads at most 64)."""
     return [attempt_from_row(row) for row in tx.all("attempt_list", {"run_id": run_id})]
+
+
+# -- run lists for people --------------------------------------------------------------------------
+
+
+def filter_runs(
+    tx: Transaction,
+    *,
+    project_id: str,
+    task_id: str | None,
+    statuses: tuple[str, ...],
+    trigger: str | None,
+    since_ms: int | None,
+    until_ms: int | None,
+    cursor: tuple[int, str] | None,
+    limit: int,
+) -> list[RunRow]:
+    """Newest first, after the ``(created_at_ms, id)`` cursor; at most ``limit`` rows. No status
+    means any; at most STATUS_SLOTS statuses (the caller validates the filter)."""
+    slots = list(statuses) + [None] * (STATUS_SLOTS - len(statuses))
+    params: dict[str, Any] = {
+        "project_id": project_id,
+        "task_id": task_id,
+        "any_status": 0 if statuses else 1,
+        **{f"s{i}": value for i, value in enumerate(slots)},
+        "trigger": trigger,
+        "since_ms": since_ms,
+        "until_ms": until_ms,
+        "cursor_ms": None,
+        "cursor_id": None,
+        "limit": limit,
+    }
+    if cursor is not None:
+        params["cursor_ms"], params["cursor_id"] = cursor
+    return [
+        RunRow(
+            run=run_from_row(row),
+            task_name=row.get("task_name"),
+            trigger=str(row["trigger_kind"]),
+            attempt=opt_int(row.get("attempt_count")),
+        )
+        for row in tx.all("run_filter_page", params)
+    ]
+
+
+def describe_run(tx: Transaction, run: Run) -> RunRow | None:
+    """The list facts (task name, derived trigger, attempt count) for one run; None when its row is
+    not there."""
+    row = tx.one("run_filter_extras", {"id": run.id})
+    if row is None:
+        return None
+    return RunRow(
+        run=run,
+        task_name=row.get("task_name"),
+        trigger=str(row["trigger_kind"]),
+        attempt=opt_int(row.get("attempt_count")),
+    )
