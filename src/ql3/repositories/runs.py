@@ -164,3 +164,216 @@ def describe_run(tx: Transaction, run: Run) -> RunRow | None:
         trigger=str(row["trigger_kind"]),
         attempt=opt_int(row.get("attempt_count")),
     )
+
+
+# -- runs ------------------------------------------------------------------------------------------
+
+
+def get_run(tx: Transaction, run_id: str) -> Run | None:
+    row = tx.one("run_get", {"id": run_id})
+    return None if row is None else run_from_row(row)
+
+
+def lock_run(tx: Transaction, run_id: str) -> Run | None:
+    """The run read under the row lock its transaction holds to its end."""
+    row = tx.one("run_lock", {"id": run_id})
+    return None if row is None else run_from_row(row)
+
+
+def insert_run(
+    tx: Transaction,
+    *,
+    run_id: str,
+    project_id: str,
+    task_id: str,
+    task_revision: int,
+    trigger_type: str,
+    trigger_id: str | None,
+    priority: int,
+    idempotency_key: str | None,
+    request_id: str | None,
+    retry_of_run_id: str | None,
+    scheduled_for_ms: int | None,
+    now: int,
+) -> bool:
+    """A new queued run (version 0, event sequence 2: its created and queued events); False when the
+    id or the project's idempotency key is taken (the unique index decides under races)."""
+    inserted = tx.run(
+        "run_insert",
+        {
+            "id": run_id,
+            "project_id": project_id,
+            "task_id": task_id,
+            "task_revision": task_revision,
+            "trigger_type": trigger_type,
+            "trigger_id": trigger_id,
+            "status": "queued",
+            "priority": priority,
+            "idempotency_key": idempotency_key,
+            "request_id": request_id,
+            "retry_of_run_id": retry_of_run_id,
+            "scheduled_for_ms": scheduled_for_ms,
+            "queued_at_ms": now,
+            "now": now,
+        },
+    )
+    return inserted != 0
+
+
+def run_cas_params(current: Run, written: Run) -> dict[str, Any]:
+    """The columns a run write sets, fenced on the version the caller read (``run_cas`` and the
+    ``run`` part of ``run_write``)."""
+    return {
+        "id": current.id,
+        "expected_version": current.version,
+        "status": written.status,
+        "event_sequence": written.event_sequence,
+        "queued_at_ms": written.queued_at_ms,
+        "started_at_ms": written.started_at_ms,
+        "finished_at_ms": written.finished_at_ms,
+        "cancel_requested_at_ms": written.cancel_requested_at_ms,
+        "cancel_reason": written.cancel_reason,
+        "error_code": written.error_code,
+        "exit_code": written.exit_code,
+    }
+
+
+def update_run(tx: Transaction, run_params: dict[str, Any]) -> bool:
+    """Compare-and-set on the version in ``run_params`` (``run_cas_params``); False when it moved."""
+    return tx.run("run_cas", {**run_params, "now": tx.now_ms()}) == 1
+
+
+def write_run_in_one_statement(tx: Transaction, params: dict[str, Any]) -> str:
+    """PostgreSQL only: ``ql3_write_run`` (migration 0011) with its ``run_json``, ``attempt_json`` and
+    ``events_json``; answers ``written``, ``run_conflict`` or ``attempt_conflict``."""
+    outcome = tx.one("run_write", params)
+    assert outcome is not None  # a function call always answers one row
+    return str(outcome["outcome"])
+
+
+def insert_retry_policy(
+    tx: Transaction,
+    *,
+    run_id: str,
+    max_attempts: int,
+    retry_on_lost: bool,
+    safety: str,
+    backoff_min_ms: int,
+    backoff_max_ms: int,
+) -> None:
+    tx.run(
+        "retry_policy_insert",
+        {
+            "run_id": run_id,
+            "max_attempts": max_attempts,
+            "retry_on_lost": int(retry_on_lost),
+            "safety": safety,
+            "backoff_min_ms": backoff_min_ms,
+            "backoff_max_ms": backoff_max_ms,
+        },
+    )
+
+
+def list_runs(
+    tx: Transaction, *, project_id: str, task_id: str | None, cursor: tuple[int, str] | None, limit: int
+) -> list[Run]:
+    """Newest first (of one task when ``task_id``), after the ``(created_at_ms, id)`` cursor."""
+    params: dict[str, Any] = {"project_id": project_id, "limit": limit, "task_id": task_id}
+    prefix = "run_list_task" if task_id else "run_list"
+    if cursor is not None:
+        params["cursor_ms"], params["cursor_id"] = cursor
+        found = tx.all(f"{prefix}_after", params)
+    else:
+        found = tx.all(f"{prefix}_first", params)
+    return [run_from_row(row) for row in found]
+
+
+# -- attempts --------------------------------------------------------------------------------------
+
+
+def latest_attempt(tx: Transaction, run_id: str) -> Attempt | None:
+    row = tx.one("attempt_latest", {"run_id": run_id})
+    return None if row is None else attempt_from_row(row)
+
+
+def insert_attempt(
+    tx: Transaction, *, attempt_id: str, run_id: str, attempt: int, status: str, executor_type: str, now: int
+) -> None:
+    tx.run(
+        "attempt_insert",
+        {
+            "id": attempt_id,
+            "run_id": run_id,
+            "attempt": attempt,
+            "status": status,
+            "executor_type": executor_type,
+            "now": now,
+        },
+    )
+
+
+def attempt_cas_params(current: Attempt, new: Attempt) -> dict[str, Any]:
+    """The columns an attempt write sets, fenced on the status and callback sequence the caller read
+    (``attempt_cas`` and the ``attempt`` part of ``run_write``)."""
+    return {
+        "id": current.id,
+        "expected_status": current.status,
+        "expected_callback_sequence": current.callback_sequence,
+        "status": new.status,
+        "worker_id": new.worker_id,
+        "pid": new.pid,
+        "executor_handle": new.executor_handle,
+        "log_artifact_id": new.log_artifact_id,
+        "deadline_at_ms": new.deadline_at_ms,
+        "callback_token_hash": new.callback_token_hash,
+        "callback_sequence": new.callback_sequence,
+        "started_at_ms": new.started_at_ms,
+        "finished_at_ms": new.finished_at_ms,
+        "exit_code": new.exit_code,
+        "error_code": new.error_code,
+    }
+
+
+def update_attempt(tx: Transaction, current: Attempt, new: Attempt) -> bool:
+    """Compare-and-set on the status and callback sequence of ``current``; False when either moved."""
+    return tx.run("attempt_cas", attempt_cas_params(current, new)) == 1
+
+
+# -- events ----------------------------------------------------------------------------------------
+
+
+def insert_event(
+    tx: Transaction,
+    *,
+    event_id: str,
+    run_id: str,
+    sequence: int,
+    type: str,
+    dedupe_key: str | None,
+    actor_type: str,
+    actor_id: str | None,
+    attempt_id: str | None,
+    payload_json: str,
+    now: int,
+) -> None:
+    """One event; a taken ``(run_id, sequence)`` or dedupe key raises and aborts the transaction."""
+    tx.run(
+        "event_insert",
+        {
+            "id": event_id,
+            "run_id": run_id,
+            "sequence": sequence,
+            "type": type,
+            "dedupe_key": dedupe_key,
+            "actor_type": actor_type,
+            "actor_id": actor_id,
+            "attempt_id": attempt_id,
+            "payload_json": payload_json,
+            "now": now,
+        },
+    )
+
+
+def list_events(tx: Transaction, run_id: str, *, after: int, limit: int) -> list[RunEvent]:
+    found = tx.all("event_list", {"run_id": run_id, "after": after, "limit": limit})
+    return [event_from_row(row) for row in found]
