@@ -17,7 +17,6 @@ HOMES = ("repositories/", "storage/")
 NOT_YET_MIGRATED = {
     "application/dispatcher.py",
     "application/leases.py",
-    "cluster/pull.py",
 }
 
 

@@ -377,3 +377,46 @@ def insert_event(
 def list_events(tx: Transaction, run_id: str, *, after: int, limit: int) -> list[RunEvent]:
     found = tx.all("event_list", {"run_id": run_id, "after": after, "limit": limit})
     return [event_from_row(row) for row in found]
+
+
+# -- the queue placement walks ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedCandidate:
+    """A queued run with no stop intent, as the placement walk sees it, with its latest attempt."""
+
+    run_id: str
+    project_id: str
+    task_id: str
+    task_revision: int
+    priority: int
+    queued_at_ms: int
+    attempt_id: str | None
+    attempt_status: str | None
+
+
+def queued_candidates(
+    tx: Transaction, *, after: tuple[int, int, str] | None, limit: int
+) -> list[QueuedCandidate]:
+    """Queue order (priority first, then oldest, then id), after the ``(priority, queued_at_ms,
+    run_id)`` of the last candidate seen; at most ``limit``."""
+    params: dict[str, Any] = {"limit": limit}
+    if after is None:
+        found = tx.all("candidate_first", params)
+    else:
+        params.update(c_priority=after[0], c_queued=after[1], c_id=after[2])
+        found = tx.all("candidate_after", params)
+    return [
+        QueuedCandidate(
+            run_id=row["run_id"],
+            project_id=row["project_id"],
+            task_id=row["task_id"],
+            task_revision=int(row["task_revision"]),
+            priority=int(row["priority"]),
+            queued_at_ms=int(row["queued_at_ms"]),
+            attempt_id=row["attempt_id"],
+            attempt_status=row["attempt_status"],
+        )
+        for row in found
+    ]

@@ -189,3 +189,20 @@ def eligible_worker(tx: Transaction, worker_id: str) -> list[WorkerSnapshot]:
     """The one named worker if it is online with a live session lease, else nothing."""
     found = tx.all("worker_snapshot_one", {"now": tx.now_ms(), "worker_id": worker_id})
     return [_snapshot(row) for row in found]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveLeaseRef:
+    """One live (``leased``) run lease a worker holds: its attempt and its token digest."""
+
+    attempt_id: str
+    lease_token_digest: str
+
+
+def live_leases(tx: Transaction, worker_id: str, *, after: str, limit: int) -> list[LiveLeaseRef]:
+    """The worker's live leases by attempt id, after ``after`` (index run_leases_worker)."""
+    found = tx.all("worker_live_leases", {"worker_id": worker_id, "after": after, "limit": limit})
+    return [
+        LiveLeaseRef(attempt_id=str(row["attempt_id"]), lease_token_digest=str(row["lease_token_digest"]))
+        for row in found
+    ]
