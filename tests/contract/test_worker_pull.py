@@ -132,8 +132,9 @@ def test_a_pull_for_a_replaced_session_is_fenced_and_claims_nothing(harness: Har
         offer_id=wrong.offer_id,
         lease_token=wrong.lease_token,
     )
-    with pytest.raises(FenceConflict):
+    with pytest.raises(FenceConflict) as caught:
         PullService(harness.db).pull_once(wrong)
+    assert caught.value.details["reason"] == "worker_generation_mismatch"
     assert live_leases(harness.db) == 0
 
 

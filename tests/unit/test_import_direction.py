@@ -22,11 +22,13 @@ ALLOWED = {
     "console": {"domain", "console"},
     "notify": {"domain", "ports", "notify"},
     # Cluster mode (docs/cluster.md): the worker API (an HTTP edge), its HTTP client (a worker-side
-    # ControlPlane adapter) and the runtimes wiring both; like bootstrap, it composes the layers.
+    # ControlPlane adapter) and the runtimes wiring both; like bootstrap, it composes the layers. The
+    # pull service reads workers, leases and the queue through their repositories like a use case.
     "cluster": {
         "domain",
         "ports",
         "application",
+        "repositories",
         "http",
         "worker",
         "execution",

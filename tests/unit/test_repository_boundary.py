@@ -17,10 +17,6 @@ HOMES = ("repositories/", "storage/")
 NOT_YET_MIGRATED = {
     "application/dispatcher.py",
     "application/leases.py",
-    "application/run_queries.py",
-    "application/runs.py",
-    "application/workers.py",
-    "cluster/pull.py",
 }
 
 

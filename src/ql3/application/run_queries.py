@@ -7,20 +7,21 @@ Filters are validated here, so the HTTP API and the CLI refuse the same bad valu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, get_args
+from typing import Final, get_args
 
-from ql3.application import rows
 from ql3.application.runs import DEFAULT_PAGE, MAX_PAGE, decode_cursor, encode_cursor
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.model import Run
 from ql3.domain.states import RunStatus
 from ql3.ports.storage import Transaction
+from ql3.repositories import runs as repo
+from ql3.repositories.runs import STATUS_SLOTS
+from ql3.repositories.runs import RunRow as RunRow  # the read shape the HTTP DTOs take
 
 RUN_STATUSES: Final[tuple[str, ...]] = get_args(RunStatus)
 # The trigger a person means: a re-run of an earlier run (``retry``), one created when an approval was
 # granted (``approval``), one a cron schedule admitted (``cron``), or one started by hand (``manual``).
 TRIGGERS: Final = ("manual", "cron", "approval", "retry")
-STATUS_SLOTS: Final = 11  # the run_filter_page query's status placeholders, one per run status
 MAX_TIME_MS: Final = 2**62
 
 _TRIGGER_OF_TYPE: Final = {"approved_action": "approval", "cron": "cron"}
@@ -33,16 +34,6 @@ class RunFilter:
     trigger: str | None = None
     since_ms: int | None = None
     until_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunRow:
-    """A run with what a list shows beside it."""
-
-    run: Run
-    task_name: str | None
-    trigger: str
-    attempt: int | None = None
 
 
 def trigger_of(run: Run) -> str:
@@ -76,16 +67,6 @@ def validate_filter(flt: RunFilter) -> RunFilter:
     return flt
 
 
-def _row(found: dict[str, Any]) -> RunRow:
-    attempt = found.get("attempt_count")
-    return RunRow(
-        run=rows.run(found),
-        task_name=found.get("task_name"),
-        trigger=str(found["trigger_kind"]),
-        attempt=int(attempt) if attempt is not None else None,
-    )
-
-
 def list_filtered(
     tx: Transaction,
     project_id: str,
@@ -98,23 +79,18 @@ def list_filtered(
     if not 1 <= limit <= MAX_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
     validate_filter(flt)
-    slots = list(flt.statuses) + [None] * (STATUS_SLOTS - len(flt.statuses))
-    params: dict[str, Any] = {
-        "project_id": project_id,
-        "task_id": flt.task_id,
-        "any_status": 0 if flt.statuses else 1,
-        **{f"s{i}": value for i, value in enumerate(slots)},
-        "trigger": flt.trigger,
-        "since_ms": flt.since_ms,
-        "until_ms": flt.until_ms,
-        "cursor_ms": None,
-        "cursor_id": None,
-        "limit": limit + 1,
-    }
-    if cursor:
-        params["cursor_ms"], params["cursor_id"] = decode_cursor(cursor)
-    found = tx.all("run_filter_page", params)
-    page = [_row(r) for r in found[:limit]]
+    found = repo.filter_runs(
+        tx,
+        project_id=project_id,
+        task_id=flt.task_id,
+        statuses=flt.statuses,
+        trigger=flt.trigger,
+        since_ms=flt.since_ms,
+        until_ms=flt.until_ms,
+        cursor=decode_cursor(cursor) if cursor else None,
+        limit=limit + 1,
+    )
+    page = found[:limit]
     last = page[-1].run if page else None
     next_cursor = encode_cursor(last.created_at_ms, last.id) if last and len(found) > limit else None
     return page, next_cursor
@@ -122,13 +98,6 @@ def list_filtered(
 
 def describe(tx: Transaction, run: Run) -> RunRow:
     """The list facts (task name, derived trigger, attempt count) for one run."""
-    found = tx.one("run_filter_extras", {"id": run.id})
-    if found is None:  # the run was read in this transaction, so its row is there
-        return RunRow(run=run, task_name=None, trigger=trigger_of(run))
-    attempt = found.get("attempt_count")
-    return RunRow(
-        run=run,
-        task_name=found.get("task_name"),
-        trigger=str(found["trigger_kind"]),
-        attempt=int(attempt) if attempt is not None else None,
-    )
+    described = repo.describe_run(tx, run)
+    # The run was read in this transaction, so its row is there.
+    return described if described is not None else RunRow(run=run, task_name=None, trigger=trigger_of(run))

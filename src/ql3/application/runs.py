@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ql3.application import notifications, rows
+from ql3.application import notifications
 from ql3.domain.errors import (
     Conflict,
     IdempotencyConflict,
@@ -23,6 +23,8 @@ from ql3.domain.states import attempt_transition_allowed, is_run_terminal, run_t
 from ql3.domain.tasks import build_spec
 from ql3.ports import channels
 from ql3.ports.storage import Transaction
+from ql3.repositories import runs as repo
+from ql3.repositories import tasks as task_repo
 
 MAX_EVENT_PAYLOAD_BYTES: Final = 2048
 MAX_PAGE: Final = 100
@@ -93,40 +95,37 @@ def append_events(tx: Transaction, run_id: str, first_sequence: int, events: lis
     """Insert events with consecutive sequences; a failure aborts the caller's transaction."""
     now = tx.now_ms()
     for offset, ev in enumerate(events):
-        tx.run(
-            "event_insert",
-            {
-                "id": new_id(),
-                "run_id": run_id,
-                "sequence": first_sequence + offset,
-                "type": ev.type,
-                "dedupe_key": ev.dedupe_key,
-                "actor_type": ev.actor_type,
-                "actor_id": ev.actor_id,
-                "attempt_id": ev.attempt_id,
-                "payload_json": event_payload_json(ev.payload),
-                "now": now,
-            },
+        repo.insert_event(
+            tx,
+            event_id=new_id(),
+            run_id=run_id,
+            sequence=first_sequence + offset,
+            type=ev.type,
+            dedupe_key=ev.dedupe_key,
+            actor_type=ev.actor_type,
+            actor_id=ev.actor_id,
+            attempt_id=ev.attempt_id,
+            payload_json=event_payload_json(ev.payload),
+            now=now,
         )
 
 
 def lock_run(tx: Transaction, run_id: str) -> Run:
-    row = tx.one("run_lock", {"id": run_id})
-    if row is None:
+    run = repo.lock_run(tx, run_id)
+    if run is None:
         raise NotFound("run not found")
-    return rows.run(row)
+    return run
 
 
 def lock_attempt(tx: Transaction, attempt_id: str) -> Attempt:
-    row = tx.one("attempt_lock", {"id": attempt_id})
-    if row is None:
+    attempt = repo.lock_attempt(tx, attempt_id)
+    if attempt is None:
         raise NotFound("attempt not found")
-    return rows.attempt(row)
+    return attempt
 
 
 def latest_attempt(tx: Transaction, run_id: str) -> Attempt | None:
-    row = tx.one("attempt_latest", {"run_id": run_id})
-    return rows.attempt(row) if row else None
+    return repo.latest_attempt(tx, run_id)
 
 
 def write_run(
@@ -148,31 +147,18 @@ def write_run(
     elif is_run_terminal(current.status):
         raise InvalidRunTransition("the run is already terminal", status=current.status)
     written = replace(new, version=current.version + 1, event_sequence=current.event_sequence + len(events))
-    run_params = {
-        "id": current.id,
-        "expected_version": current.version,
-        "status": written.status,
-        "event_sequence": written.event_sequence,
-        "queued_at_ms": written.queued_at_ms,
-        "started_at_ms": written.started_at_ms,
-        "finished_at_ms": written.finished_at_ms,
-        "cancel_requested_at_ms": written.cancel_requested_at_ms,
-        "cancel_reason": written.cancel_reason,
-        "error_code": written.error_code,
-        "exit_code": written.exit_code,
-    }
+    run_params = repo.run_cas_params(current, written)
     one_statement = _one_statement_write(tx, current, run_params, events, attempt_change)
     if one_statement is not None:
-        outcome = tx.one("run_write", one_statement)
-        assert outcome is not None  # a function call always answers one row
-        if outcome["outcome"] == "run_conflict":
+        outcome = repo.write_run_in_one_statement(tx, one_statement)
+        if outcome == "run_conflict":
             raise RunVersionConflict(expected_version=current.version)
-        if outcome["outcome"] == "attempt_conflict":
+        if outcome == "attempt_conflict":
             raise Conflict("the attempt changed concurrently")
-        if outcome["outcome"] != "written":
-            raise Conflict("the run write answered out of turn", outcome=str(outcome["outcome"]))
+        if outcome != "written":
+            raise Conflict("the run write answered out of turn", outcome=outcome)
     else:
-        if tx.run("run_cas", {**run_params, "now": tx.now_ms()}) != 1:
+        if not repo.update_run(tx, run_params):
             raise RunVersionConflict(expected_version=current.version)
         if attempt_change is not None:
             write_attempt(tx, attempt_change.attempt, attempt_change.new)
@@ -200,7 +186,7 @@ def _one_statement_write(
         old, new = attempt_change.attempt, attempt_change.new
         if new.status != old.status and not attempt_transition_allowed(old.status, new.status):
             return None
-        attempt = _attempt_params(old, new)
+        attempt = repo.attempt_cas_params(old, new)
     try:
         rows_ = [
             {
@@ -225,33 +211,12 @@ def _one_statement_write(
     }
 
 
-def _attempt_params(current: Attempt, new: Attempt) -> dict[str, Any]:
-    return {
-        "id": current.id,
-        "expected_status": current.status,
-        "expected_callback_sequence": current.callback_sequence,
-        "status": new.status,
-        "worker_id": new.worker_id,
-        "pid": new.pid,
-        "executor_handle": new.executor_handle,
-        "log_artifact_id": new.log_artifact_id,
-        "deadline_at_ms": new.deadline_at_ms,
-        "callback_token_hash": new.callback_token_hash,
-        "callback_sequence": new.callback_sequence,
-        "started_at_ms": new.started_at_ms,
-        "finished_at_ms": new.finished_at_ms,
-        "exit_code": new.exit_code,
-        "error_code": new.error_code,
-    }
-
-
 def write_attempt(tx: Transaction, current: Attempt, new: Attempt) -> Attempt:
     if new.status != current.status and not attempt_transition_allowed(current.status, new.status):
         raise InvalidRunTransition(
             "the attempt cannot move to that status", status=current.status, to=new.status
         )
-    count = tx.run("attempt_cas", _attempt_params(current, new))
-    if count != 1:
+    if not repo.update_attempt(tx, current, new):
         raise Conflict("the attempt changed concurrently")
     return new
 
@@ -324,59 +289,49 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
         # A replay of an earlier request still answers with its run; a new run is refused.
         earlier = None
         if cmd.idempotency_key is not None:
-            earlier = tx.one(
-                "run_by_idempotency", {"project_id": cmd.project_id, "idempotency_key": cmd.idempotency_key}
-            )
-        if earlier is None or earlier["task_id"] != cmd.task.id:
+            earlier = repo.get_run_by_idempotency(tx, cmd.project_id, cmd.idempotency_key)
+        if earlier is None or earlier.task_id != cmd.task.id:
             raise TaskDisabled()
-        return rows.run(earlier), False
+        return earlier, False
     now = tx.now_ms()
     run_id = new_id()
-    inserted = tx.run(
-        "run_insert",
-        {
-            "id": run_id,
-            "project_id": cmd.project_id,
-            "task_id": cmd.task.id,
-            "task_revision": cmd.task.revision,
-            "trigger_type": cmd.trigger_type,
-            "trigger_id": cmd.trigger_id,
-            "status": "queued",
-            "priority": cmd.priority,
-            "idempotency_key": cmd.idempotency_key,
-            "request_id": cmd.request_id,
-            "retry_of_run_id": cmd.retry_of_run_id,
-            "scheduled_for_ms": cmd.scheduled_for_ms,
-            "queued_at_ms": now,
-            "now": now,
-        },
+    inserted = repo.insert_run(
+        tx,
+        run_id=run_id,
+        project_id=cmd.project_id,
+        task_id=cmd.task.id,
+        task_revision=cmd.task.revision,
+        trigger_type=cmd.trigger_type,
+        trigger_id=cmd.trigger_id,
+        priority=cmd.priority,
+        idempotency_key=cmd.idempotency_key,
+        request_id=cmd.request_id,
+        retry_of_run_id=cmd.retry_of_run_id,
+        scheduled_for_ms=cmd.scheduled_for_ms,
+        now=now,
     )
-    if inserted == 0:
+    if not inserted:
         if cmd.idempotency_key is None:
             raise Conflict("run id collision")
-        row = tx.one(
-            "run_by_idempotency", {"project_id": cmd.project_id, "idempotency_key": cmd.idempotency_key}
-        )
-        if row is None:
+        existing = repo.get_run_by_idempotency(tx, cmd.project_id, cmd.idempotency_key)
+        if existing is None:
             raise Conflict("run id collision")
-        existing = rows.run(row)
         if existing.task_id != cmd.task.id:
             raise IdempotencyConflict()
         return existing, False
     attempt_id = new_id()
-    tx.run(
-        "attempt_insert",
-        {
-            "id": attempt_id,
-            "run_id": run_id,
-            "attempt": 1,
-            "status": "claimed",
-            "executor_type": "local_process",
-            "now": now,
-        },
+    repo.insert_attempt(
+        tx,
+        attempt_id=attempt_id,
+        run_id=run_id,
+        attempt=1,
+        status="claimed",
+        executor_type="local_process",
+        now=now,
     )
     _insert_retry_policy(tx, cmd.task, run_id)
-    current = rows.run(tx.one("run_get", {"id": run_id}) or {})
+    current = repo.get_run(tx, run_id)
+    assert current is not None  # inserted above in this transaction
     payload = {"trigger_type": cmd.trigger_type, "task_revision": cmd.task.revision}
     if cmd.scheduled_for_ms is not None:
         payload["scheduled_for_ms"] = cmd.scheduled_for_ms
@@ -409,16 +364,14 @@ def _insert_retry_policy(tx: Transaction, task: Task, run_id: str) -> None:
     spec = build_spec(_revision_spec(tx, task.id, task.revision))
     if spec.max_attempts <= 1 or not spec.retry_safe:
         return
-    tx.run(
-        "retry_policy_insert",
-        {
-            "run_id": run_id,
-            "max_attempts": spec.max_attempts,
-            "retry_on_lost": 1,
-            "safety": "idempotent",
-            "backoff_min_ms": RETRY_BACKOFF_MIN_MS,
-            "backoff_max_ms": RETRY_BACKOFF_MAX_MS,
-        },
+    repo.insert_retry_policy(
+        tx,
+        run_id=run_id,
+        max_attempts=spec.max_attempts,
+        retry_on_lost=True,
+        safety="idempotent",
+        backoff_min_ms=RETRY_BACKOFF_MIN_MS,
+        backoff_max_ms=RETRY_BACKOFF_MAX_MS,
     )
 
 
@@ -431,18 +384,17 @@ def attempt_deadline_ms(tx: Transaction, run: Run) -> int | None:
 
 
 def _revision_spec(tx: Transaction, task_id: str, revision: int) -> dict[str, Any]:
-    row = tx.one("task_revision_get", {"task_id": task_id, "revision": revision})
-    if row is None:
+    found = task_repo.get_revision(tx, task_id, revision)
+    if found is None:
         raise NotFound("task revision not found")
-    spec: dict[str, Any] = json.loads(row["spec_json"])
-    return spec
+    return found.spec
 
 
 def get_run(tx: Transaction, project_id: str, run_id: str) -> Run:
-    row = tx.one("run_get_in_project", {"id": run_id, "project_id": project_id})
-    if row is None:
+    run = repo.get_run_in_project(tx, project_id, run_id)
+    if run is None:
         raise NotFound("run not found")
-    return rows.run(row)
+    return run
 
 
 def encode_cursor(created_at_ms: int, run_id: str) -> str:
@@ -474,14 +426,14 @@ def list_runs(
     """Newest first, keyset paginated; reads ``limit + 1`` to know whether a next page exists."""
     if not 1 <= limit <= MAX_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
-    params: dict[str, Any] = {"project_id": project_id, "limit": limit + 1, "task_id": task_id}
-    prefix = "run_list_task" if task_id else "run_list"
-    if cursor:
-        params["cursor_ms"], params["cursor_id"] = decode_cursor(cursor)
-        found = tx.all(f"{prefix}_after", params)
-    else:
-        found = tx.all(f"{prefix}_first", params)
-    runs = [rows.run(r) for r in found[:limit]]
+    found = repo.list_runs(
+        tx,
+        project_id=project_id,
+        task_id=task_id,
+        cursor=decode_cursor(cursor) if cursor else None,
+        limit=limit + 1,
+    )
+    runs = found[:limit]
     next_cursor = encode_cursor(runs[-1].created_at_ms, runs[-1].id) if len(found) > limit else None
     return runs, next_cursor
 
@@ -489,4 +441,4 @@ def list_runs(
 def list_events(tx: Transaction, run_id: str, *, after: int, limit: int) -> list[RunEvent]:
     if not 1 <= limit <= 500 or after < 0:
         raise ValidationFailed("page out of range")
-    return [rows.event(r) for r in tx.all("event_list", {"run_id": run_id, "after": after, "limit": limit})]
+    return repo.list_events(tx, run_id, after=after, limit=limit)

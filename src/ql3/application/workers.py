@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -25,7 +24,10 @@ from ql3.domain.workers import (
     validate_worker_id,
     waiting_reason,
 )
-from ql3.ports.storage import Row, Transaction
+from ql3.ports.storage import Transaction
+from ql3.repositories import metrics as metrics_repo
+from ql3.repositories import workers as repo
+from ql3.repositories.workers import WorkerRecord, WorkerStatus
 
 MAX_WORKER_PAGE: Final = 64
 MAX_REQUIREMENT_PAGES: Final = 16  # placement warnings look at no more than 1,024 workers
@@ -48,14 +50,14 @@ class Registration:
     outcome: str  # registered | replayed | replaced
 
 
-def _session(row: Row) -> WorkerSession:
+def _session(worker: WorkerRecord) -> WorkerSession:
     return WorkerSession(
-        worker_id=row["worker_id"],
-        session_id=row["session_id"],
-        generation=int(row["generation"]),
-        version=int(row["version"]),
-        status=row["status"],
-        lease_expires_at_ms=int(row["lease_expires_at_ms"]),
+        worker_id=worker.worker_id,
+        session_id=worker.session_id,
+        generation=worker.generation,
+        version=worker.version,
+        status=worker.status,
+        lease_expires_at_ms=worker.lease_expires_at_ms,
     )
 
 
@@ -78,61 +80,56 @@ def register(
         raise ValidationFailed("max_concurrent_runs must be 1-1024", field="max_concurrent_runs")
     lease_rules.SESSION.validate(session_lease_ms, field="session_lease_ms")
     now = tx.now_ms()
-    params: dict[str, Any] = {
+    content: dict[str, Any] = {
         "worker_id": worker_id,
         "session_id": session_id,
         "capabilities_json": capabilities.to_json(),
         "capabilities_hash": capabilities.digest(),
         "max_concurrent_runs": max_concurrent_runs,
         "session_lease_ms": session_lease_ms,
-        "lease_expires_at_ms": now + session_lease_ms,
         "now": now,
     }
-    if tx.run("worker_insert", params) == 1:
+    if repo.insert_worker(tx, **content):
         return Registration(session=_get(tx, worker_id), outcome="registered")
-    current = tx.one("worker_lock", {"worker_id": worker_id})
+    current = repo.lock_worker(tx, worker_id)
     assert current is not None
-    if current["session_id"] == session_id:
+    if current.session_id == session_id:
         same = (
-            current["capabilities_hash"] == params["capabilities_hash"]
-            and int(current["max_concurrent_runs"]) == max_concurrent_runs
+            current.capabilities_hash == content["capabilities_hash"]
+            and current.max_concurrent_runs == max_concurrent_runs
         )
         if not same:
             raise Conflict("the session was registered with different content")
         # A replay also revives the session's liveness (a restarted host resuming its own session).
-        tx.run(
-            "worker_cas",
-            {
-                "worker_id": worker_id,
-                "session_id": session_id,
-                "generation": current["generation"],
-                "expected_version": current["version"],
-                "status": "online" if current["status"] != "draining" else "draining",
-                "last_heartbeat_at_ms": now,
-                "lease_expires_at_ms": now + session_lease_ms,
-                "now": now,
-            },
+        repo.update_session(
+            tx,
+            current,
+            session_id=session_id,
+            generation=current.generation,
+            status="online" if current.status != "draining" else "draining",
+            last_heartbeat_at_ms=now,
+            lease_expires_at_ms=now + session_lease_ms,
+            now=now,
         )
         return Registration(session=_get(tx, worker_id), outcome="replayed")
-    params["expected_version"] = current["version"]
-    if tx.run("worker_replace_session", params) != 1:
+    if not repo.replace_session(tx, **content, expected_version=current.version):
         raise Conflict("the worker changed concurrently")
     return Registration(session=_get(tx, worker_id), outcome="replaced")
 
 
 def _get(tx: Transaction, worker_id: str) -> WorkerSession:
-    row = tx.one("worker_get", {"worker_id": worker_id})
-    if row is None:
+    worker = repo.get_worker(tx, worker_id)
+    if worker is None:
         raise NotFound("worker not found")
-    return _session(row)
+    return _session(worker)
 
 
 def current_session(tx: Transaction, worker_id: str, session_id: str, generation: int) -> WorkerSession:
     """The worker's current session if it matches the presented authority, else a fence error."""
-    row = tx.one("worker_get", {"worker_id": worker_id})
-    if row is None:
+    worker = repo.get_worker(tx, worker_id)
+    if worker is None:
         raise FenceConflict("worker unknown", reason="worker_unavailable")
-    session = _session(row)
+    session = _session(worker)
     if session.session_id != session_id:
         raise FenceConflict(reason="worker_session_mismatch")
     if session.generation != generation:
@@ -140,11 +137,13 @@ def current_session(tx: Transaction, worker_id: str, session_id: str, generation
     return session
 
 
-def _update(tx: Transaction, worker_id: str, session_id: str, generation: int, status: str) -> WorkerSession:
-    row = tx.one("worker_lock", {"worker_id": worker_id})
-    if row is None:
+def _update(
+    tx: Transaction, worker_id: str, session_id: str, generation: int, status: WorkerStatus
+) -> WorkerSession:
+    worker = repo.lock_worker(tx, worker_id)
+    if worker is None:
         raise FenceConflict(reason="worker_unavailable")
-    session = _session(row)
+    session = _session(worker)
     if session.session_id != session_id:
         raise FenceConflict(reason="worker_session_mismatch")
     if session.generation != generation:
@@ -153,26 +152,23 @@ def _update(tx: Transaction, worker_id: str, session_id: str, generation: int, s
         raise FenceConflict("the session is offline", reason="worker_unavailable")
     now = tx.now_ms()
     alive = status != "offline"
-    tx.run(
-        "worker_cas",
-        {
-            "worker_id": worker_id,
-            "session_id": session_id,
-            "generation": generation,
-            "expected_version": session.version,
-            "status": status,
-            "last_heartbeat_at_ms": now,
-            "lease_expires_at_ms": now + int(row["session_lease_ms"]) if alive else now,
-            "now": now,
-        },
+    repo.update_session(
+        tx,
+        worker,
+        session_id=session_id,
+        generation=generation,
+        status=status,
+        last_heartbeat_at_ms=now,
+        lease_expires_at_ms=now + worker.session_lease_ms if alive else now,
+        now=now,
     )
     return _get(tx, worker_id)
 
 
 def heartbeat(tx: Transaction, worker_id: str, session_id: str, generation: int) -> WorkerSession:
     """Extend the session lease; keeps ``draining`` as it is."""
-    row = tx.one("worker_get", {"worker_id": worker_id})
-    status = row["status"] if row else "online"
+    worker = repo.get_worker(tx, worker_id)
+    status: WorkerStatus = worker.status if worker else "online"
     return _update(tx, worker_id, session_id, generation, status)
 
 
@@ -180,11 +176,11 @@ def drain(
     tx: Transaction, worker_id: str, session_id: str | None = None, generation: int | None = None
 ) -> WorkerSession:
     """Capacity goes to zero first: a draining worker gets no new claims, only lease recovery."""
-    row = tx.one("worker_get", {"worker_id": worker_id})
-    if row is None:
+    worker = repo.get_worker(tx, worker_id)
+    if worker is None:
         raise NotFound("worker not found")
     return _update(
-        tx, worker_id, session_id or row["session_id"], generation or int(row["generation"]), "draining"
+        tx, worker_id, session_id or worker.session_id, generation or worker.generation, "draining"
     )
 
 
@@ -196,47 +192,34 @@ def snapshot_page(tx: Transaction, *, after: str, limit: int) -> list[WorkerSnap
     """Eligible workers (online, live session lease), keyset by worker id."""
     if not 1 <= limit <= MAX_WORKER_PAGE:
         raise ValidationFailed("worker page out of range")
-    rows = tx.all("worker_snapshot_page", {"now": tx.now_ms(), "after": after, "limit": limit})
-    return [_snapshot(row) for row in rows]
-
-
-def _snapshot(row: Row) -> WorkerSnapshot:
-    return WorkerSnapshot(
-        worker_id=row["worker_id"],
-        session_id=row["session_id"],
-        generation=int(row["generation"]),
-        capabilities=parse_capabilities(json.loads(row["capabilities_json"])),
-        free_slots=max(0, int(row["max_concurrent_runs"]) - int(row["active_leases"])),
-    )
+    return repo.eligible_workers(tx, after=after, limit=limit)
 
 
 def snapshot_one(tx: Transaction, *, worker_id: str) -> list[WorkerSnapshot]:
     """The one named worker if it is eligible (online, live session lease), else nothing."""
-    return [
-        _snapshot(row) for row in tx.all("worker_snapshot_one", {"now": tx.now_ms(), "worker_id": worker_id})
-    ]
+    return repo.eligible_worker(tx, worker_id)
 
 
-def worker_view(row: Row, now: int) -> dict[str, Any]:
-    """Management view of one worker row: no session ids, tokens or capability hashes.
+def worker_view(worker: WorkerRecord, now: int) -> dict[str, Any]:
+    """Management view of one worker: no session ids, tokens or capability hashes.
 
     ``slots`` is its capacity and ``busy`` its live run leases (``max_concurrent_runs`` and
     ``active_runs`` are the older names of the same two numbers).
     """
-    caps = json.loads(row["capabilities_json"])
-    live = int(row["lease_expires_at_ms"]) > now or row["status"] == "offline"
-    slots, busy = int(row["max_concurrent_runs"]), int(row["active_leases"])
+    caps = worker.capabilities
+    live = worker.lease_expires_at_ms > now or worker.status == "offline"
+    slots, busy = worker.max_concurrent_runs, worker.active_leases
     return {
-        "id": row["worker_id"],
-        "status": row["status"] if live else "expired",
-        "generation": int(row["generation"]),
+        "id": worker.worker_id,
+        "status": worker.status if live else "expired",
+        "generation": worker.generation,
         "slots": slots,
         "busy": busy,
         "max_concurrent_runs": slots,
         "active_runs": busy,
         "labels": caps.get("labels", {}),
         "executors": caps.get("executors", []),
-        "last_heartbeat_at_ms": int(row["last_heartbeat_at_ms"]),
+        "last_heartbeat_at_ms": worker.last_heartbeat_at_ms,
     }
 
 
@@ -245,14 +228,14 @@ def list_workers(tx: Transaction, *, after: str = "", limit: int = MAX_WORKER_PA
     if not 1 <= limit <= MAX_WORKER_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
     now = tx.now_ms()
-    return [worker_view(row, now) for row in tx.all("worker_list", {"after": after, "limit": limit})]
+    return [worker_view(worker, now) for worker in repo.list_workers(tx, after=after, limit=limit)]
 
 
 def show_worker(tx: Transaction, worker_id: str) -> dict[str, Any]:
-    row = tx.one("worker_get", {"worker_id": worker_id})
-    if row is None:
+    worker = repo.get_worker(tx, worker_id)
+    if worker is None:
         raise NotFound("worker not found")
-    return worker_view(row, tx.now_ms())
+    return worker_view(worker, tx.now_ms())
 
 
 def requirement_met(tx: Transaction, placement: Placement) -> bool | None:
@@ -262,16 +245,15 @@ def requirement_met(tx: Transaction, placement: Placement) -> bool | None:
     """
     after = ""
     for _ in range(MAX_REQUIREMENT_PAGES):
-        page = tx.all("worker_list", {"after": after, "limit": MAX_WORKER_PAGE})
-        for row in page:
-            if row["status"] == "offline":
+        page = repo.list_workers(tx, after=after, limit=MAX_WORKER_PAGE)
+        for worker in page:
+            if worker.status == "offline":
                 continue
-            caps = parse_capabilities(json.loads(row["capabilities_json"]))
-            if capability_mismatch(placement, caps) is None:
+            if capability_mismatch(placement, parse_capabilities(worker.capabilities)) is None:
                 return True
         if len(page) < MAX_WORKER_PAGE:
             return False
-        after = str(page[-1]["worker_id"])
+        after = page[-1].worker_id
     return None
 
 
@@ -290,20 +272,20 @@ class WaitingReasons:
             fleet: list[FleetWorker] = []
             after = ""
             for _ in range(MAX_REQUIREMENT_PAGES):
-                page = self._tx.all("worker_list", {"after": after, "limit": MAX_WORKER_PAGE})
-                for row in page:
-                    status = row["status"]
-                    if status in ("online", "draining") and int(row["lease_expires_at_ms"]) > now:
+                page = repo.list_workers(self._tx, after=after, limit=MAX_WORKER_PAGE)
+                for worker in page:
+                    status = worker.status
+                    if status != "offline" and worker.lease_expires_at_ms > now:
                         fleet.append(
                             FleetWorker(
                                 status=status,
-                                capabilities=parse_capabilities(json.loads(row["capabilities_json"])),
-                                free_slots=int(row["max_concurrent_runs"]) - int(row["active_leases"]),
+                                capabilities=parse_capabilities(worker.capabilities),
+                                free_slots=worker.max_concurrent_runs - worker.active_leases,
                             )
                         )
                 if len(page) < MAX_WORKER_PAGE:
                     break
-                after = str(page[-1]["worker_id"])
+                after = page[-1].worker_id
             self._fleet = fleet
         return self._fleet
 
@@ -335,6 +317,6 @@ def queued_by_reason(tx: Transaction) -> dict[str, int]:
     """
     counts: dict[str, int] = dict.fromkeys(WAITING_REASONS, 0)
     reasons = WaitingReasons(tx)
-    for row in tx.all("metrics_queued_by_revision", {"limit": MAX_WAITING_REVISIONS}):
-        counts[reasons.for_revision(str(row["task_id"]), int(row["task_revision"]))] += int(row["n"])
+    for queued in metrics_repo.count_queued_by_revision(tx, limit=MAX_WAITING_REVISIONS):
+        counts[reasons.for_revision(queued.task_id, queued.task_revision)] += queued.queued
     return counts

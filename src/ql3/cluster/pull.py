@@ -34,7 +34,11 @@ from ql3.domain.offers import Offer, spec_digest
 from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
 from ql3.ports import channels
-from ql3.ports.storage import Database, Row, Transaction
+from ql3.ports.storage import Database, Transaction
+from ql3.repositories import runs as run_repo
+from ql3.repositories import workers as worker_repo
+from ql3.repositories.runs import QueuedCandidate
+from ql3.repositories.workers import WorkerRecord
 
 PULL_OFFER_DOMAIN: Final = "ql3.pull-offer.v1"
 LEASE_TOKEN_RE: Final = re.compile(r"^[A-Za-z0-9_-]{43,128}$")
@@ -114,29 +118,27 @@ def _find_live(tx: Transaction, worker_id: str, digest: str) -> leases.Lease | N
     found: leases.Lease | None = None
     after = ""
     for _ in range(LIVE_LEASE_PAGES):
-        page = tx.all(
-            "worker_live_leases", {"worker_id": worker_id, "after": after, "limit": LIVE_LEASE_PAGE}
-        )
-        for row in page:
-            if digest_equals(str(row["lease_token_digest"]), digest) and found is None:
-                found = leases.get_lease(tx, str(row["attempt_id"]))
+        page = worker_repo.live_leases(tx, worker_id, after=after, limit=LIVE_LEASE_PAGE)
+        for live in page:
+            if digest_equals(live.lease_token_digest, digest) and found is None:
+                found = leases.get_lease(tx, live.attempt_id)
         if len(page) < LIVE_LEASE_PAGE:
             break
-        after = str(page[-1]["attempt_id"])
+        after = page[-1].attempt_id
     return found
 
 
-def _check_session(tx: Transaction, req: PullRequest) -> Row:
-    row = tx.one("worker_get", {"worker_id": req.worker_id})
-    if row is None:
+def _check_session(tx: Transaction, req: PullRequest) -> WorkerRecord:
+    worker = worker_repo.get_worker(tx, req.worker_id)
+    if worker is None:
         raise FenceConflict("the worker is not registered", reason="worker_unavailable")
-    if row["session_id"] != req.session_id:
+    if worker.session_id != req.session_id:
         raise FenceConflict(reason="worker_session_mismatch")
-    if int(row["generation"]) != req.generation:
+    if worker.generation != req.generation:
         raise FenceConflict(reason="worker_generation_mismatch")
-    if row["status"] == "offline" or int(row["lease_expires_at_ms"]) <= tx.now_ms():
+    if worker.status == "offline" or worker.lease_expires_at_ms <= tx.now_ms():
         raise FenceConflict("the session is offline or expired", reason="worker_unavailable")
-    return row
+    return worker
 
 
 def _offer(lease: leases.Lease, req: PullRequest, spec: dict[str, Any]) -> Offer:
@@ -155,30 +157,23 @@ def _rebuild(tx: Transaction, lease: leases.Lease, req: PullRequest) -> Offer:
     """The identical offer of a live lease, for a retry whose first response was lost."""
     if (lease.worker_session_id, lease.worker_generation) != (req.session_id, req.generation):
         raise OfferConflict(reason="offer_session_mismatch")
-    row = tx.one("run_get", {"id": lease.run_id})
-    if row is None:
+    run = run_repo.get_run(tx, lease.run_id)
+    if run is None:
         raise OfferConflict(reason="offer_run_missing")
-    spec, _ = build_plan(
-        tx,
-        lease.run_id,
-        lease.attempt_id,
-        str(row["project_id"]),
-        str(row["task_id"]),
-        int(row["task_revision"]),
-    )
+    spec, _ = build_plan(tx, lease.run_id, lease.attempt_id, run.project_id, run.task_id, run.task_revision)
     return _offer(lease, req, spec)
 
 
-def _candidate(row: Row) -> Candidate:
+def _candidate(queued: QueuedCandidate) -> Candidate:
     return Candidate(
-        run_id=row["run_id"],
-        project_id=row["project_id"],
-        task_id=row["task_id"],
-        task_revision=int(row["task_revision"]),
-        priority=int(row["priority"]),
-        queued_at_ms=int(row["queued_at_ms"]),
-        attempt_id=row["attempt_id"],
-        attempt_status=row["attempt_status"],
+        run_id=queued.run_id,
+        project_id=queued.project_id,
+        task_id=queued.task_id,
+        task_revision=queued.task_revision,
+        priority=queued.priority,
+        queued_at_ms=queued.queued_at_ms,
+        attempt_id=queued.attempt_id,
+        attempt_status=queued.attempt_status,
     )
 
 
@@ -330,18 +325,16 @@ class PullService:
         return PullResult(reason=reason, walked_to_end=True)
 
     def _candidates(self, tx: Transaction, cursor: Candidate | None) -> list[Candidate]:
-        params: dict[str, Any] = {"limit": self.budget.candidate_page}
-        if cursor is None:
-            return [_candidate(r) for r in tx.all("candidate_first", params)]
-        params.update(c_priority=cursor.priority, c_queued=cursor.queued_at_ms, c_id=cursor.run_id)
-        return [_candidate(r) for r in tx.all("candidate_after", params)]
+        after = None if cursor is None else (cursor.priority, cursor.queued_at_ms, cursor.run_id)
+        found = run_repo.queued_candidates(tx, after=after, limit=self.budget.candidate_page)
+        return [_candidate(queued) for queued in found]
 
     def _claim(
         self, tx: Transaction, *, req: PullRequest, cand: Candidate, attempt_id: str, digest: str
     ) -> leases.RunClaim | Offer:
         # The worker's registry row is locked first: every pull of this worker, on any replica,
         # serialises here, and the second of two identical retries finds the first one's lease.
-        if tx.one("worker_lock", {"worker_id": req.worker_id}) is None:
+        if worker_repo.lock_worker(tx, req.worker_id) is None:
             return leases.RunClaim(status="worker_unavailable")
         live = _find_live(tx, req.worker_id, digest)
         if live is not None:

@@ -82,3 +82,20 @@ def list_finished_since(
         )
         for r in tx.all("metrics_finished_since", params)
     ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedRevision:
+    task_id: str
+    task_revision: int
+    queued: int
+
+
+def count_queued_by_revision(tx: Transaction, *, limit: int) -> list[QueuedRevision]:
+    """Queued runs per task revision, the revisions with the most queued runs first."""
+    return [
+        QueuedRevision(
+            task_id=str(row["task_id"]), task_revision=int(row["task_revision"]), queued=int(row["n"])
+        )
+        for row in tx.all("metrics_queued_by_revision", {"limit": limit})
+    ]

@@ -1,13 +1,28 @@
-"""Runs, their attempts and their events. Only the reads the edges, cancellation and approved actions
-need are here so far; ``application/runs.py`` and the lease code still run their own queries
+"""Runs, their attempts and their events, and the read models that list runs for people
+(``application/run_queries.py``). The lease code still runs its own queries
 (tests/unit/test_repository_boundary.py)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any, Final
 
 from ql3.domain.model import Attempt, Run, RunEvent
 from ql3.ports.storage import Row, Transaction
+from ql3.repositories.mapping import opt_int
+
+STATUS_SLOTS: Final = 11  # the run_filter_page query's status placeholders, one per run status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRow:
+    """A run with what a list shows beside it."""
+
+    run: Run
+    task_name: str | None
+    trigger: str
+    attempt: int | None = None
 
 
 def run_from_row(row: Row) -> Run:
@@ -92,3 +107,316 @@ def lock_attempt(tx: Transaction, attempt_id: str) -> Attempt | None:
 def list_attempts(tx: Transaction, run_id: str) -> list[Attempt]:
     """The run's attempts in order (the query reads at most 64)."""
     return [attempt_from_row(row) for row in tx.all("attempt_list", {"run_id": run_id})]
+
+
+# -- run lists for people --------------------------------------------------------------------------
+
+
+def filter_runs(
+    tx: Transaction,
+    *,
+    project_id: str,
+    task_id: str | None,
+    statuses: tuple[str, ...],
+    trigger: str | None,
+    since_ms: int | None,
+    until_ms: int | None,
+    cursor: tuple[int, str] | None,
+    limit: int,
+) -> list[RunRow]:
+    """Newest first, after the ``(created_at_ms, id)`` cursor; at most ``limit`` rows. No status
+    means any; at most STATUS_SLOTS statuses (the caller validates the filter)."""
+    slots = list(statuses) + [None] * (STATUS_SLOTS - len(statuses))
+    params: dict[str, Any] = {
+        "project_id": project_id,
+        "task_id": task_id,
+        "any_status": 0 if statuses else 1,
+        **{f"s{i}": value for i, value in enumerate(slots)},
+        "trigger": trigger,
+        "since_ms": since_ms,
+        "until_ms": until_ms,
+        "cursor_ms": None,
+        "cursor_id": None,
+        "limit": limit,
+    }
+    if cursor is not None:
+        params["cursor_ms"], params["cursor_id"] = cursor
+    return [
+        RunRow(
+            run=run_from_row(row),
+            task_name=row.get("task_name"),
+            trigger=str(row["trigger_kind"]),
+            attempt=opt_int(row.get("attempt_count")),
+        )
+        for row in tx.all("run_filter_page", params)
+    ]
+
+
+def describe_run(tx: Transaction, run: Run) -> RunRow | None:
+    """The list facts (task name, derived trigger, attempt count) for one run; None when its row is
+    not there."""
+    row = tx.one("run_filter_extras", {"id": run.id})
+    if row is None:
+        return None
+    return RunRow(
+        run=run,
+        task_name=row.get("task_name"),
+        trigger=str(row["trigger_kind"]),
+        attempt=opt_int(row.get("attempt_count")),
+    )
+
+
+# -- runs ------------------------------------------------------------------------------------------
+
+
+def get_run(tx: Transaction, run_id: str) -> Run | None:
+    row = tx.one("run_get", {"id": run_id})
+    return None if row is None else run_from_row(row)
+
+
+def lock_run(tx: Transaction, run_id: str) -> Run | None:
+    """The run read under the row lock its transaction holds to its end."""
+    row = tx.one("run_lock", {"id": run_id})
+    return None if row is None else run_from_row(row)
+
+
+def insert_run(
+    tx: Transaction,
+    *,
+    run_id: str,
+    project_id: str,
+    task_id: str,
+    task_revision: int,
+    trigger_type: str,
+    trigger_id: str | None,
+    priority: int,
+    idempotency_key: str | None,
+    request_id: str | None,
+    retry_of_run_id: str | None,
+    scheduled_for_ms: int | None,
+    now: int,
+) -> bool:
+    """A new queued run (version 0, event sequence 2: its created and queued events); False when the
+    id or the project's idempotency key is taken (the unique index decides under races)."""
+    inserted = tx.run(
+        "run_insert",
+        {
+            "id": run_id,
+            "project_id": project_id,
+            "task_id": task_id,
+            "task_revision": task_revision,
+            "trigger_type": trigger_type,
+            "trigger_id": trigger_id,
+            "status": "queued",
+            "priority": priority,
+            "idempotency_key": idempotency_key,
+            "request_id": request_id,
+            "retry_of_run_id": retry_of_run_id,
+            "scheduled_for_ms": scheduled_for_ms,
+            "queued_at_ms": now,
+            "now": now,
+        },
+    )
+    return inserted != 0
+
+
+def run_cas_params(current: Run, written: Run) -> dict[str, Any]:
+    """The columns a run write sets, fenced on the version the caller read (``run_cas`` and the
+    ``run`` part of ``run_write``)."""
+    return {
+        "id": current.id,
+        "expected_version": current.version,
+        "status": written.status,
+        "event_sequence": written.event_sequence,
+        "queued_at_ms": written.queued_at_ms,
+        "started_at_ms": written.started_at_ms,
+        "finished_at_ms": written.finished_at_ms,
+        "cancel_requested_at_ms": written.cancel_requested_at_ms,
+        "cancel_reason": written.cancel_reason,
+        "error_code": written.error_code,
+        "exit_code": written.exit_code,
+    }
+
+
+def update_run(tx: Transaction, run_params: dict[str, Any]) -> bool:
+    """Compare-and-set on the version in ``run_params`` (``run_cas_params``); False when it moved."""
+    return tx.run("run_cas", {**run_params, "now": tx.now_ms()}) == 1
+
+
+def write_run_in_one_statement(tx: Transaction, params: dict[str, Any]) -> str:
+    """PostgreSQL only: ``ql3_write_run`` (migration 0011) with its ``run_json``, ``attempt_json`` and
+    ``events_json``; answers ``written``, ``run_conflict`` or ``attempt_conflict``."""
+    outcome = tx.one("run_write", params)
+    assert outcome is not None  # a function call always answers one row
+    return str(outcome["outcome"])
+
+
+def insert_retry_policy(
+    tx: Transaction,
+    *,
+    run_id: str,
+    max_attempts: int,
+    retry_on_lost: bool,
+    safety: str,
+    backoff_min_ms: int,
+    backoff_max_ms: int,
+) -> None:
+    tx.run(
+        "retry_policy_insert",
+        {
+            "run_id": run_id,
+            "max_attempts": max_attempts,
+            "retry_on_lost": int(retry_on_lost),
+            "safety": safety,
+            "backoff_min_ms": backoff_min_ms,
+            "backoff_max_ms": backoff_max_ms,
+        },
+    )
+
+
+def list_runs(
+    tx: Transaction, *, project_id: str, task_id: str | None, cursor: tuple[int, str] | None, limit: int
+) -> list[Run]:
+    """Newest first (of one task when ``task_id``), after the ``(created_at_ms, id)`` cursor."""
+    params: dict[str, Any] = {"project_id": project_id, "limit": limit, "task_id": task_id}
+    prefix = "run_list_task" if task_id else "run_list"
+    if cursor is not None:
+        params["cursor_ms"], params["cursor_id"] = cursor
+        found = tx.all(f"{prefix}_after", params)
+    else:
+        found = tx.all(f"{prefix}_first", params)
+    return [run_from_row(row) for row in found]
+
+
+# -- attempts --------------------------------------------------------------------------------------
+
+
+def latest_attempt(tx: Transaction, run_id: str) -> Attempt | None:
+    row = tx.one("attempt_latest", {"run_id": run_id})
+    return None if row is None else attempt_from_row(row)
+
+
+def insert_attempt(
+    tx: Transaction, *, attempt_id: str, run_id: str, attempt: int, status: str, executor_type: str, now: int
+) -> None:
+    tx.run(
+        "attempt_insert",
+        {
+            "id": attempt_id,
+            "run_id": run_id,
+            "attempt": attempt,
+            "status": status,
+            "executor_type": executor_type,
+            "now": now,
+        },
+    )
+
+
+def attempt_cas_params(current: Attempt, new: Attempt) -> dict[str, Any]:
+    """The columns an attempt write sets, fenced on the status and callback sequence the caller read
+    (``attempt_cas`` and the ``attempt`` part of ``run_write``)."""
+    return {
+        "id": current.id,
+        "expected_status": current.status,
+        "expected_callback_sequence": current.callback_sequence,
+        "status": new.status,
+        "worker_id": new.worker_id,
+        "pid": new.pid,
+        "executor_handle": new.executor_handle,
+        "log_artifact_id": new.log_artifact_id,
+        "deadline_at_ms": new.deadline_at_ms,
+        "callback_token_hash": new.callback_token_hash,
+        "callback_sequence": new.callback_sequence,
+        "started_at_ms": new.started_at_ms,
+        "finished_at_ms": new.finished_at_ms,
+        "exit_code": new.exit_code,
+        "error_code": new.error_code,
+    }
+
+
+def update_attempt(tx: Transaction, current: Attempt, new: Attempt) -> bool:
+    """Compare-and-set on the status and callback sequence of ``current``; False when either moved."""
+    return tx.run("attempt_cas", attempt_cas_params(current, new)) == 1
+
+
+# -- events ----------------------------------------------------------------------------------------
+
+
+def insert_event(
+    tx: Transaction,
+    *,
+    event_id: str,
+    run_id: str,
+    sequence: int,
+    type: str,
+    dedupe_key: str | None,
+    actor_type: str,
+    actor_id: str | None,
+    attempt_id: str | None,
+    payload_json: str,
+    now: int,
+) -> None:
+    """One event; a taken ``(run_id, sequence)`` or dedupe key raises and aborts the transaction."""
+    tx.run(
+        "event_insert",
+        {
+            "id": event_id,
+            "run_id": run_id,
+            "sequence": sequence,
+            "type": type,
+            "dedupe_key": dedupe_key,
+            "actor_type": actor_type,
+            "actor_id": actor_id,
+            "attempt_id": attempt_id,
+            "payload_json": payload_json,
+            "now": now,
+        },
+    )
+
+
+def list_events(tx: Transaction, run_id: str, *, after: int, limit: int) -> list[RunEvent]:
+    found = tx.all("event_list", {"run_id": run_id, "after": after, "limit": limit})
+    return [event_from_row(row) for row in found]
+
+
+# -- the queue placement walks ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedCandidate:
+    """A queued run with no stop intent, as the placement walk sees it, with its latest attempt."""
+
+    run_id: str
+    project_id: str
+    task_id: str
+    task_revision: int
+    priority: int
+    queued_at_ms: int
+    attempt_id: str | None
+    attempt_status: str | None
+
+
+def queued_candidates(
+    tx: Transaction, *, after: tuple[int, int, str] | None, limit: int
+) -> list[QueuedCandidate]:
+    """Queue order (priority first, then oldest, then id), after the ``(priority, queued_at_ms,
+    run_id)`` of the last candidate seen; at most ``limit``."""
+    params: dict[str, Any] = {"limit": limit}
+    if after is None:
+        found = tx.all("candidate_first", params)
+    else:
+        params.update(c_priority=after[0], c_queued=after[1], c_id=after[2])
+        found = tx.all("candidate_after", params)
+    return [
+        QueuedCandidate(
+            run_id=row["run_id"],
+            project_id=row["project_id"],
+            task_id=row["task_id"],
+            task_revision=int(row["task_revision"]),
+            priority=int(row["priority"]),
+            queued_at_ms=int(row["queued_at_ms"]),
+            attempt_id=row["attempt_id"],
+            attempt_status=row["attempt_status"],
+        )
+        for row in found
+    ]
