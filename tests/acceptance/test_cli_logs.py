@@ -9,18 +9,17 @@ from pathlib import Path
 import pytest
 
 from tests.support.server import CLI_TIMEOUT_S, Server, gated_command, read_until, spawn_cli, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def _wait_for_log(server: Server, run_id: str, text: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def logged() -> bool:
         done = server.cli("run", "logs", run_id)
-        if done.returncode == 0 and text in done.stdout:
-            return
-        time.sleep(0.1)
-    pytest.fail(f"{text!r} never appeared in the log of {run_id}")
+        return done.returncode == 0 and text in done.stdout
+
+    wait_for(logged, timeout_s, what=f"{text!r} in the log of {run_id}")
 
 
 def test_run_logs_prints_the_output_after_completion(shared_server: Server) -> None:

@@ -5,22 +5,21 @@ the listing's options, and not-found errors that echo the name and suggest the c
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.support.server import Server
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def _wait_terminal(server: Server, run_id: str) -> dict[str, object]:
-    deadline = time.monotonic() + 60
-    while True:
+    def terminal() -> dict[str, object] | None:
         run: dict[str, object] = server.cli_json("run", "show", run_id)
-        if run["status"] in ("succeeded", "failed", "timed_out", "cancelled") or time.monotonic() > deadline:
-            return run
-        time.sleep(0.05)
+        return run if run["status"] in ("succeeded", "failed", "timed_out", "cancelled") else None
+
+    return wait_for(terminal, 60, what=f"run {run_id} to end")
 
 
 def _shared_prefix(ids: list[str]) -> str:

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.databases import PgDatabase
 from tests.support.server import Server, start_server, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -38,16 +39,6 @@ def _run(server: Server, run_id: str) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     data: dict[str, Any] = json.loads(done.stdout)
     return data
-
-
-def _until(predicate: Any, timeout_s: float, what: str, detail: Any = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"{what} within {timeout_s} s" + (f"; {detail()}" if detail is not None else ""))
 
 
 def _readiness(server: Server) -> tuple[int, dict[str, Any]]:
@@ -110,18 +101,18 @@ def test_loops_survive_repeated_backend_terminations(tmp_path: Any, pg_database:
             calm = all(not v["stuck"] for v in loops.values())
             return body if status == 200 and fresh and calm else None
 
-        ready = _until(
+        ready = wait_for(
             all_loops_cycled,
             60,
-            "every loop did not cycle after the terminations",
-            lambda: f"last /readyz: {json.dumps(last_seen)}",
+            what="every loop to cycle after the terminations",
+            detail=lambda: f"last /readyz: {json.dumps(last_seen)}",
         )
         assert {"cancellation", "cron", "dispatcher", "lease-expiry"} <= set(ready["loops"])
         assert "ql3_loop_last_success_age_seconds" in httpx.get(f"{server.url}/metrics").text
 
         # And a cancel is delivered
         run_id = server.cli_json("run", "start", "long")["id"]
-        _until(lambda: _run(server, run_id)["status"] == "running", 30, "the long run did not start")
+        wait_for(lambda: _run(server, run_id)["status"] == "running", 30, what="the long run to start")
         cancelled = server.cli("run", "cancel", run_id, "--wait", "--timeout-wait", "30")
         assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
         assert _run(server, run_id)["status"] == "cancelled"
@@ -140,6 +131,6 @@ def test_loops_survive_repeated_backend_terminations(tmp_path: Any, pg_database:
                 for r in items
             )
 
-        _until(cron_run, 90, "cron did not fire after the terminations")
+        wait_for(cron_run, 90, what="cron to fire after the terminations")
     finally:
         stop(server.process)

@@ -16,6 +16,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.support.console import Console, sign_in
+from tests.support.waits import wait_for
 
 # one worker runs the whole module, in file order, on its one server and browser
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
@@ -40,13 +41,11 @@ RUN_STATUSES = (
 def _wait_for_status(
     console: Console, run_id: str, statuses: set[str], timeout_s: float = 60
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def reached() -> dict[str, Any] | None:
         run: dict[str, Any] = console.api("GET", f"/runs/{run_id}").json()
-        if run["status"] in statuses:
-            return run
-        time.sleep(0.2)
-    raise AssertionError(f"run {run_id} never reached {statuses}")
+        return run if run["status"] in statuses else None
+
+    return wait_for(reached, timeout_s, what=f"run {run_id} to reach {statuses}")
 
 
 def _no_placeholder_text(page: Any, route: str) -> None:

@@ -6,7 +6,6 @@ in-flight renewal, which commits first."""
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +17,7 @@ from ql3.domain.errors import FenceConflict
 from ql3.domain.offers import LeaseFence
 from tests.support.databases import Harness
 from tests.support.execution_builders import dispatcher, queued, register, run_of
+from tests.support.waits import wait_for_lock_waiter
 
 TOKEN = "cb-token"
 
@@ -88,19 +88,6 @@ def test_an_ack_of_another_authority_is_still_fenced(harness: Harness) -> None:
     assert err.value.details["reason"] == "lease_generation_mismatch"
 
 
-def _wait_for_lock_waiter(harness: Harness, deadline_s: float = 20.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        rows = harness.db.raw(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock'"
-        )
-        if int(rows[0]["n"]) >= 1:
-            return
-        time.sleep(0.01)
-    pytest.fail("the ACK never waited on the renewal's lock")
-
-
 def test_a_running_ack_racing_a_renewal_on_two_connections_is_applied(pg_harness: Harness) -> None:
     # PostgreSQL only: SQLite serialises writers, so there the race is the sequential case above.
     harness = pg_harness
@@ -137,7 +124,7 @@ def test_a_running_ack_racing_a_renewal_on_two_connections_is_applied(pg_harness
     t2.start()
     try:
         # When the ACK is blocked on the renewal's row lock and the renewal commits first
-        _wait_for_lock_waiter(harness)
+        wait_for_lock_waiter(harness.db, what="the ACK to wait on the renewal's lock")
         release.set()
         t1.join(30)
         t2.join(30)

@@ -4,14 +4,12 @@ start for the first time together (``ql3 control``, on PostgreSQL)."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
-
-import pytest
 
 from ql3.application import auth
 from tests.support.builders import count
 from tests.support.databases import Harness
+from tests.support.waits import wait_for_lock_waiter
 
 
 def test_a_later_start_finds_the_owner_and_creates_nothing(harness: Harness) -> None:
@@ -21,19 +19,6 @@ def test_a_later_start_finds_the_owner_and_creates_nothing(harness: Harness) -> 
     assert first is not None and first.principal.is_owner and first.project.name == auth.DEFAULT_PROJECT
     assert again is None
     assert (count(harness.db, "principals"), count(harness.db, "projects")) == (1, 1)
-
-
-def _wait_for_lock_waiter(harness: Harness, deadline_s: float = 20.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        rows = harness.db.raw(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock'"
-        )
-        if int(rows[0]["n"]) >= 1:
-            return
-        time.sleep(0.01)
-    pytest.fail("the second first start never waited on the first one")
 
 
 def test_two_replicas_starting_together_create_one_owner(pg_harness: Harness) -> None:
@@ -65,7 +50,7 @@ def test_two_replicas_starting_together_create_one_owner(pg_harness: Harness) ->
         assert created.wait(30)
         # When a second replica starts for the first time on another connection and has to wait
         second.start()
-        _wait_for_lock_waiter(harness)
+        wait_for_lock_waiter(harness.db, what="the second first start to wait on the first one")
     finally:
         release.set()
         first.join(30)

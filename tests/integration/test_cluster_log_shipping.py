@@ -25,6 +25,7 @@ from ql3.storage.sqlite.adapter import SqliteDatabase
 from ql3.worker.config import WorkerConfig
 from tests.support.cluster_api import P, plane, pull, register, task_and_run, wait_status, worker_token
 from tests.support.http import bearer
+from tests.support.waits import wait_for
 
 CAP = 4096
 
@@ -217,13 +218,6 @@ def test_a_remote_worker_ships_its_process_output_to_the_replica(
         remote.stop(offline=True)
 
 
-def _until(predicate: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-
-
 def test_a_restarted_worker_resumes_shipping_a_readopted_process_without_duplicating_a_byte(
     api_client: TestClient, owner: dict[str, str], tmp_path: Path
 ) -> None:
@@ -236,7 +230,7 @@ def test_a_restarted_worker_resumes_shipping_a_readopted_process_without_duplica
     wait = "while [ ! -f {} ]; do sleep 0.05; done"
     command = f"echo before; {wait.format(one)}; echo after; {wait.format(two)}; echo end"
     run = task_and_run(api_client, owner, "gated", command)
-    _until(lambda: logs(api_client, owner, run["id"])["data"] == "before\n")
+    wait_for(lambda: logs(api_client, owner, run["id"])["data"] == "before\n")
 
     # When it stops at once (the process goes on) and starts again on the same home
     first.stop(offline=False)
@@ -245,13 +239,13 @@ def test_a_restarted_worker_resumes_shipping_a_readopted_process_without_duplica
     try:
         # Then what the re-adopted process writes reaches the replica while it still runs
         one.touch()
-        _until(lambda: logs(api_client, owner, run["id"])["data"] == "before\nafter\n")
+        wait_for(lambda: logs(api_client, owner, run["id"])["data"] == "before\nafter\n")
         assert api_client.get(f"{P}/runs/{run['id']}", headers=owner).json()["status"] == "running"
         two.touch()
         assert wait_status(api_client, owner, run["id"], {"succeeded", "failed"})["status"] == "succeeded"
 
         # And the replica holds the whole output once, in order, and the log was closed
-        _until(lambda: logs(api_client, owner, run["id"])["complete"])
+        wait_for(lambda: logs(api_client, owner, run["id"])["complete"])
         assert logs(api_client, owner, run["id"])["data"] == "before\nafter\nend\n"
     finally:
         second.stop(offline=True)

@@ -4,9 +4,7 @@ makes the server unready and is named."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -14,6 +12,7 @@ from fastapi.testclient import TestClient
 from ql3.application.lifecycle import LifecycleRunner
 from ql3.http.app import create_app
 from ql3.storage.sqlite.adapter import SqliteDatabase
+from tests.support.waits import wait_for
 
 
 class _Runtime:
@@ -27,13 +26,6 @@ class _Runtime:
     def stop(self) -> None:
         for loop in self.loops:
             loop.stop()
-
-
-def _until(predicate: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -63,7 +55,7 @@ def test_a_stuck_loop_makes_readyz_503_and_names_it(db: SqliteDatabase, blocked:
         assert set(first.json()["loops"]) == {"dispatcher", "cron"}
 
         # When the hanging cycle outlives the loop's bound
-        _until(lambda: client.get("/readyz").status_code == 503)
+        wait_for(lambda: client.get("/readyz").status_code == 503)
 
         # Then readyz names only that loop, and /metrics shows its age and the stuck flag
         error = client.get("/readyz").json()["error"]
@@ -80,4 +72,4 @@ def test_a_stuck_loop_makes_readyz_503_and_names_it(db: SqliteDatabase, blocked:
 
         # And once the cycle ends, the server is ready again
         blocked.set()
-        _until(lambda: client.get("/readyz").status_code == 200)
+        wait_for(lambda: client.get("/readyz").status_code == 200)

@@ -11,14 +11,7 @@ import pytest
 from ql3.application.lifecycle import LifecycleRunner
 from ql3.domain.errors import StorageUnavailable, ValidationFailed
 from ql3.storage.notify import LocalNotifier
-
-
-def _until(predicate: object, timeout_s: float = 5.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
+from tests.support.waits import wait_for
 
 
 def test_an_idle_loop_sleeps_until_notified_then_runs_a_cycle() -> None:
@@ -38,13 +31,13 @@ def test_an_idle_loop_sleeps_until_notified_then_runs_a_cycle() -> None:
     )
     runner.start()
     try:
-        _until(lambda: len(ran) == 1)
+        wait_for(lambda: len(ran) == 1)
         time.sleep(0.1)
         assert len(ran) == 1  # idle: no polling while nothing happens
 
         notifier.notify("c")
 
-        _until(lambda: len(ran) == 2)
+        wait_for(lambda: len(ran) == 2)
     finally:
         assert runner.stop()
 
@@ -68,7 +61,7 @@ def test_cycles_never_overlap() -> None:
 
     runner = LifecycleRunner("t", cycle, wake=lambda t: False, backstop_s=0.01)
     runner.start()
-    _until(lambda: count >= 50)
+    wait_for(lambda: count >= 50)
     assert runner.stop()
     assert overlaps == 0
 
@@ -89,7 +82,7 @@ def test_a_failing_cycle_is_recorded_and_the_loop_goes_on() -> None:
 
     runner = LifecycleRunner("t", cycle, wake=wake, backstop_s=0.01)
     runner.start()
-    _until(lambda: calls >= 3)
+    wait_for(lambda: calls >= 3)
     assert runner.stop()
     assert [(d.code, d.error) for d in runner.diagnostics][:1] == [("internal_error", "RuntimeError")]
     assert all("secret" not in d.error for d in runner.diagnostics)
@@ -113,7 +106,7 @@ def test_a_cycle_that_outlives_the_drain_blocks_a_restart_until_it_ends() -> Non
         runner.start()
 
     release.set()
-    _until(lambda: runner.stop())
+    wait_for(lambda: runner.stop())
     runner.start()
     release.set()
     assert runner.stop()
@@ -150,7 +143,7 @@ def test_a_cycle_without_progress_waits_even_after_a_burst_of_productive_ones() 
 
     runner = LifecycleRunner("t", cycle, wake=wake, backstop_s=60)
     runner.start()
-    _until(lambda: "wait" in log)
+    wait_for(lambda: "wait" in log)
     assert runner.stop()
 
     # Then the loop waits right after the unproductive cycle instead of starting another one
@@ -180,7 +173,7 @@ def test_a_sleep_decision_that_raises_does_not_kill_the_runner() -> None:
     runner.start()
     try:
         # Then the loop goes on cycling after both failures, and says where it failed
-        _until(lambda: calls >= 5)
+        wait_for(lambda: calls >= 5)
         assert runner.health().running and runner.health().consecutive_failures == 0
         assert [(d.code, d.error) for d in runner.diagnostics] == [
             ("storage_unavailable", "StorageUnavailable")
@@ -199,7 +192,7 @@ def test_repeated_failures_back_off_instead_of_spinning() -> None:
 
     runner = LifecycleRunner("t", cycle, wake=lambda t: False, backstop_s=10)
     runner.start()
-    _until(lambda: calls >= 2)  # it retries
+    wait_for(lambda: calls >= 2)  # it retries
     time.sleep(1.0)
     assert runner.stop()
 
@@ -224,13 +217,13 @@ def test_a_loop_without_a_successful_cycle_for_too_long_is_stuck_until_it_succee
     runner.start()
     try:
         entered.wait(5)
-        _until(lambda: runner.health().stuck)
+        wait_for(lambda: runner.health().stuck)
         assert runner.health().age_s > 0.2
 
         fail = False
         release.set()
 
-        _until(lambda: not runner.health().stuck)
+        wait_for(lambda: not runner.health().stuck)
         assert runner.health().consecutive_failures == 0
     finally:
         release.set()
@@ -248,7 +241,7 @@ def test_a_loop_whose_thread_ended_counts_as_stuck() -> None:
 
     runner = LifecycleRunner("t", cycle, wake=lambda t: False, backstop_s=0.05)
     runner.start()
-    _until(lambda: runner.health().age_s == float("inf"))
+    wait_for(lambda: runner.health().age_s == float("inf"))
 
     assert runner.health().stuck
     assert runner.stop()
@@ -268,7 +261,7 @@ def test_a_failure_is_logged_with_the_loop_the_code_and_the_type_but_not_the_mes
     with caplog.at_level(logging.WARNING, logger="ql3.lifecycle"):
         runner.start()
         done.wait(5)
-        _until(lambda: bool(caplog.records))
+        wait_for(lambda: bool(caplog.records))
         assert runner.stop()
 
     record = caplog.records[0]
