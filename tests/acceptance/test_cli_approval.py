@@ -4,11 +4,11 @@ another user approves it, and only then the run exists and runs."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.support.server import Server
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +43,11 @@ def test_an_approved_request_becomes_a_run_that_succeeds(serve: Server) -> None:
     assert approved["state"] == "approved"
 
     # Then the run appears and succeeds
-    deadline = time.monotonic() + 30
-    while True:
-        items = serve.cli_json("run", "list")["items"]
-        if (items and items[0]["status"] == "succeeded") or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    def succeeded() -> list[dict[str, object]] | None:
+        items: list[dict[str, object]] = serve.cli_json("run", "list")["items"]
+        return items if items and items[0]["status"] == "succeeded" else None
+
+    items = wait_for(succeeded, 30, what="the approved run to succeed")
     assert [r["status"] for r in items] == ["succeeded"]
     assert items[0]["trigger_type"] == "approved_action"
     assert serve.cli_json("approval", "show", approval_id)["state"] == "consumed"

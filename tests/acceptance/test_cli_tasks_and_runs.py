@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.support.server import Server
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -35,12 +35,12 @@ def test_run_start_then_run_show_reads_the_run_back(shared_server: Server) -> No
     task = shared_server.cli_json("task", "add", "report", "--command", "exit 5")
 
     started = shared_server.cli_json("run", "start", "report")
-    deadline = time.monotonic() + 30
-    while True:
-        shown = shared_server.cli_json("run", "show", started["id"])
-        if shown["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+
+    def ended() -> dict[str, object] | None:
+        shown: dict[str, object] = shared_server.cli_json("run", "show", started["id"])
+        return shown if shown["status"] in ("succeeded", "failed") else None
+
+    shown = wait_for(ended, 30, what="the run to end")
 
     assert started["status"] == "queued" and started["exit_code"] is None
     assert shown["id"] == started["id"]

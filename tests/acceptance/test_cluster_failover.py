@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import pytest
 from tests.support.cluster import Cluster, add_task, start_runs, wait_terminal
 from tests.support.databases import pg_admin_dsn
 from tests.support.server import free_port
+from tests.support.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -147,11 +147,9 @@ def test_a_promoted_standby_carries_the_cluster_on_and_no_run_is_lost_or_doubled
                 api, "steady", f'sleep 0.2; echo "$QL3_RUN_ID" >> {ledger}', max_attempts=3, retry_safe=True
             )
             run_ids = start_runs(api, "steady", 40)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and (
-                not ledger.exists() or len(ledger.read_text().split()) < 8
-            ):
-                time.sleep(0.05)
+            wait_for(
+                lambda: ledger.exists() and len(ledger.read_text().split()) >= 8, what="eight ledger entries"
+            )
 
             # When the primary dies mid-load and the standby is promoted
             pg_pair.ctl("-D", str(pg_pair.base / "primary"), "-m", "immediate", "stop")

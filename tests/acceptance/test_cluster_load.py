@@ -29,6 +29,7 @@ from tests.support.cluster import (
 )
 from tests.support.databases import PgDatabase
 from tests.support.server import stop
+from tests.support.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 RUNS = 2_000
@@ -154,18 +155,17 @@ def test_kill_9_of_a_replica_and_of_a_worker_mid_load_loses_nothing_and_runs_not
             resp = b.post(f"{P}/tasks/long/runs", json={"priority": 10})
             assert resp.status_code == 201, resp.text
             run_ids.append(str(resp.json()["id"]))
-    deadline = time.monotonic() + 30
     with psycopg.connect(cluster3.db_url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
+
+        def w0_runs_a_long_run() -> bool:
             row = conn.execute(
                 "SELECT count(*) FROM run_attempts a JOIN runs r ON r.id = a.run_id "
                 "JOIN tasks t ON t.id = r.task_id "
                 "WHERE a.worker_id = 'w0' AND a.status = 'running' AND t.name = 'long'"
             ).fetchone()
-            if row is not None and int(row[0]) > 0:
-                break
-            time.sleep(0.02)
-    assert row is not None and int(row[0]) > 0, "w0 never ran a long run"
+            return row is not None and int(row[0]) > 0
+
+        wait_for(w0_runs_a_long_run, 30, what="w0 to run a long run")
     w0.process.send_signal(signal.SIGKILL)
     w0.process.wait(timeout=10)
     cluster3.restart_worker(w0, 1)
@@ -210,11 +210,8 @@ def test_a_cancel_on_one_replica_stops_a_run_on_a_worker_of_the_other(
     with cluster.api(0) as a:
         add_task(a, "long", f"echo $$ > {pid_file}; sleep 60 & wait", grace_ms=1000)
         [run_id] = start_runs(a, "long", 1)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and a.get(f"{P}/runs/{run_id}").json()["status"] != "running":
-            time.sleep(0.05)
-        while time.monotonic() < deadline and not pid_file.exists():
-            time.sleep(0.05)
+        wait_for(lambda: a.get(f"{P}/runs/{run_id}").json()["status"] == "running", what="the run to start")
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().endswith("\n"), what="the task's pid")
         pid = int(pid_file.read_text())
 
         # When it is cancelled through replica A
@@ -241,9 +238,7 @@ def test_a_worker_drains_on_sigterm(cluster: Cluster, tmp_path: Path) -> None:
     with cluster.api(0) as a:
         add_task(a, "drainee", f"sleep 1; echo ok > {done_file}")
         [run_id] = start_runs(a, "drainee", 1)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and a.get(f"{P}/runs/{run_id}").json()["status"] != "running":
-            time.sleep(0.05)
+        wait_for(lambda: a.get(f"{P}/runs/{run_id}").json()["status"] == "running", what="the run to start")
         # When it gets SIGTERM
         w1.process.send_signal(signal.SIGTERM)
         # Then it finishes the run first, then exits 0 and goes offline

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from tests.support.cluster import Cluster, P, add_task, start_runs, wait_terminal
 from tests.support.databases import PgDatabase
+from tests.support.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -55,9 +55,7 @@ def test_a_timeout_ends_a_remote_run_and_its_whole_process_group(cluster: Cluste
         assert run["started_at_ms"] is not None
         assert run["finished_at_ms"] - run["started_at_ms"] >= 1000
         pid = int(pid_file.read_text())
-        deadline = time.monotonic() + 10
-        while not _gone(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: _gone(pid), 10, what=f"process {pid} to be gone")
         assert _gone(pid)
         types = [e["type"] for e in a.get(f"{P}/runs/{run_id}/events", params={"limit": 100}).json()["items"]]
         assert "run.timed_out" in types or "run.cancel_dispatched" in types, types
@@ -87,13 +85,11 @@ def test_an_approval_asked_on_one_replica_and_granted_on_another_runs_once_on_a_
         assert done.status_code == 200, done.text
 
         # Then exactly one run appears, made by the approved action, and the remote worker runs it once
-        deadline = time.monotonic() + 40
-        items: list[dict[str, object]] = []
-        while time.monotonic() < deadline:
-            items = b.get(f"{P}/runs").json()["items"]
-            if items and all(r["status"] == "succeeded" for r in items):
-                break
-            time.sleep(0.1)
+        def all_succeeded() -> list[dict[str, object]] | None:
+            items: list[dict[str, object]] = b.get(f"{P}/runs").json()["items"]
+            return items if items and all(r["status"] == "succeeded" for r in items) else None
+
+        items = wait_for(all_succeeded, 40, what="the approved action's run to succeed")
         assert [(r["status"], r["trigger_type"]) for r in items] == [("succeeded", "approved_action")]
         assert ledger.read_text() == "deployed\n"
         assert b.get(f"{P}/approvals/{approval_id}").json()["state"] == "consumed"

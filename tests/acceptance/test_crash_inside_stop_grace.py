@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -67,9 +66,12 @@ def _crash_inside_the_grace(tmp_path: Path, database_url: str | None) -> None:
         restarted = start_with_env(home, extra)
         try:
             # Then the restarted server finishes the stop at once (no grace, no lease expiry to wait)
-            deadline = time.monotonic() + 20
-            while _processes_of(run_id) and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_for(
+                lambda: not _processes_of(run_id),
+                20,
+                what="the cancelled run's processes to be gone after the restart",
+                detail=lambda: f"left: {_processes_of(run_id)}",
+            )
             assert _processes_of(run_id) == [], "a process of the cancelled run outlived the restart"
             dispatch = wait_for(
                 lambda: (

@@ -3,7 +3,6 @@ executes exactly once, on one of them."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from ql3.storage.postgres.adapter import PostgresDatabase
 from tests.support.databases import pg_admin_dsn
 from tests.support.server import Server, start_server, stop
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -76,12 +76,17 @@ def test_two_servers_sharing_one_database_run_each_run_exactly_once(tmp_path: Pa
         run_ids = {first.cli_json("run", "start", "shared", env=env)["id"] for _ in range(40)}
 
         # Then each run succeeds exactly once, and both workers took part
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            items = first.cli_json("run", "list", "--limit", "100", env=env)["items"]
-            if sum(r["status"] == "succeeded" for r in items) == 40:
-                break
-            time.sleep(0.2)
+        wait_for(
+            lambda: (
+                sum(
+                    r["status"] == "succeeded"
+                    for r in first.cli_json("run", "list", "--limit", "100", env=env)["items"]
+                )
+                == 40
+            ),
+            60,
+            what="the 40 runs to succeed",
+        )
         started = marker.read_text().split()
         assert sorted(started) == sorted(run_ids)
         workers = {w["id"]: w for w in first.cli_json("worker", "list", env=env)["items"]}
@@ -136,12 +141,11 @@ def test_a_database_clock_ahead_of_this_hosts_still_recovers_a_claim_after_a_cra
     restarted = start(home, pg_url, env=lease)
     try:
         # Then the restarted server recovers the claim it made before and the command runs once
-        deadline = time.monotonic() + 60
-        status = None
-        while time.monotonic() < deadline and status != "succeeded":
-            status = restarted.cli_json("run", "list")["items"][0]["status"]
-            time.sleep(0.2)
-        assert status == "succeeded"
+        wait_for(
+            lambda: restarted.cli_json("run", "list")["items"][0]["status"] == "succeeded",
+            60,
+            what="the recovered run to succeed",
+        )
         assert marker.read_text().splitlines() == ["x"]
     finally:
         stop(restarted.process)
