@@ -693,6 +693,9 @@ def e2e_live(kind: str, n: int, slots: int) -> dict[str, Any]:
 
 # The stages of one idle run, in their order on its way to the spawn (bench/ql3_instrumented.py).
 STAGES = (
+    "api_authenticate",
+    "api_authenticated",
+    "api_authorize",
     "api_create_run",
     "notify_runs",
     "dispatch_start",

@@ -68,7 +68,7 @@ def _timed(cls: Any, method: str, before: str | None, after: str | None, when: A
 
 
 def _install_stages() -> None:
-    from ql3.application import runs
+    from ql3.application import auth, runs
     from ql3.application.dispatcher import RunDispatcher
     from ql3.application.gateway import InProcessControlPlane
     from ql3.execution.launcher import LocalLauncher
@@ -76,6 +76,8 @@ def _install_stages() -> None:
     from ql3.worker.intake import Intake
     from ql3.worker.journal.store import WorkerJournal
 
+    _timed(auth, "authenticate_use", "api_authenticate", "api_authenticated")
+    _timed(auth, "authorize", "api_authorize", None)
     _timed(runs, "create_run", "api_create_run", None)
     _timed(LocalNotifier, "notify", "notify_runs", None, lambda a, k, r: a[1] == "runs")
     real_dispatch = RunDispatcher.dispatch_once
