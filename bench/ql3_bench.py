@@ -516,7 +516,9 @@ class Store:
 class InstrumentedServe:
     """``ql3 serve`` under bench/ql3_instrumented.py (counters, optionally cProfile) on a Store."""
 
-    def __init__(self, store: Store, slots: int, profile: Path | None = None) -> None:
+    def __init__(
+        self, store: Store, slots: int, profile: Path | None = None, *, stages: bool = False
+    ) -> None:
         self.store = store
         self.stats = store.home.parent / f"stats-{uuid.uuid4().hex[:6]}.json"
         port = _free_port()
@@ -526,6 +528,8 @@ class InstrumentedServe:
         argv = [sys.executable, str(INSTRUMENTED), str(self.stats)]
         if profile is not None:
             argv += ["--profile", str(profile)]
+        if stages:
+            argv += ["--stages"]
         argv += ["--", "serve", "--listen", f"127.0.0.1:{port}", "--slots", str(slots)]
         if store.url:
             argv += ["--database-url", store.url]
@@ -551,14 +555,14 @@ class InstrumentedServe:
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-2000:]
 
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> dict[str, Any]:
         with contextlib.suppress(FileNotFoundError):
             self.stats.unlink()
         self.proc.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with contextlib.suppress(FileNotFoundError, ValueError):
-                data: dict[str, int] = json.loads(self.stats.read_text())
+                data: dict[str, Any] = json.loads(self.stats.read_text())
                 return data
             time.sleep(0.02)
         raise RuntimeError("no counters from the instrumented server")
@@ -687,8 +691,67 @@ def e2e_live(kind: str, n: int, slots: int) -> dict[str, Any]:
             store.close()
 
 
+# The stages of one idle run, in their order on its way to the spawn (bench/ql3_instrumented.py).
+STAGES = (
+    "api_authenticate",
+    "api_authenticated",
+    "api_authorize",
+    "api_create_run",
+    "notify_runs",
+    "dispatch_start",
+    "dispatch_offer",
+    "intake_receive",
+    "lease_checked",
+    "journal_accepted",
+    "ack_starting_done",
+    "journal_launching",
+    "spawn_start",
+    "spawn_done",
+)
+
+
+def _stage_breakdown(events: list[tuple[str, int]], sent: list[int], started: list[int]) -> dict[str, Any]:
+    """Per sample, the first instant of each stage in (sent, command started]; the median (and p90)
+    of each step from the previous stage, and the counts of ``runs`` notifications and dispatch
+    cycles per sample over the whole interval up to the next sample (the completion's included)."""
+    steps: dict[str, list[float]] = {}
+    wakes: list[int] = []
+    cycles: list[int] = []
+    for i, (t0, t1) in enumerate(zip(sent, started, strict=True)):
+        until = sent[i + 1] if i + 1 < len(sent) else None
+        first: dict[str, int] = {}
+        for name, at in events:
+            if t0 < at <= t1 and name not in first:
+                first[name] = at
+        window = [n for n, at in events if t0 < at and (until is None or at < until)]
+        wakes.append(window.count("notify_runs"))
+        cycles.append(window.count("dispatch_start"))
+        prev_name, prev = "sent", t0
+        for name in (*STAGES, "command"):
+            at = t1 if name == "command" else first.get(name)
+            if at is None:
+                continue
+            steps.setdefault(f"{prev_name} -> {name}", []).append((at - prev) / 1e6)
+            prev_name, prev = name, at
+    out: dict[str, Any] = {}
+    for key, values in steps.items():
+        values.sort()
+        out[key] = {
+            "n": len(values),
+            "p50_ms": round(statistics.median(values), 2),
+            "p90_ms": round(values[min(len(values) - 1, int(len(values) * 0.9))], 2),
+        }
+    # the last sample's completion may come after the final snapshot: counted over the others only
+    if len(wakes) > 1:
+        wakes, cycles = wakes[:-1], cycles[:-1]
+    out["runs_notifications_per_run"] = round(statistics.mean(wakes), 2)
+    out["dispatch_cycles_per_run"] = round(statistics.mean(cycles), 2)
+    return out
+
+
 def idle_latency(kind: str, samples: int) -> dict[str, Any]:
-    """``POST .../runs`` sent to the command's first instruction (``date +%s%N``), server idle."""
+    """``POST .../runs`` sent to the command's first instruction (``date +%s%N``), server idle; with
+    the time of each stage in between (``--stages`` of bench/ql3_instrumented.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(kind, Path(tmp) / "home")
         serve: InstrumentedServe | None = None
@@ -699,10 +762,12 @@ def idle_latency(kind: str, samples: int) -> dict[str, Any]:
             store.db.transaction(
                 lambda tx: tasks.create_task(tx, store.project.id, "lat", {"command": command})
             )
-            serve = InstrumentedServe(store, 8)
+            serve = InstrumentedServe(store, 8, stages=True)
             serve.wait_healthy()
             assert serve.client is not None
             latencies: list[float] = []
+            sent_at: list[int] = []
+            started_at: list[int] = []
             for _ in range(samples):
                 time.sleep(0.2)
                 sent = time.time_ns()
@@ -711,13 +776,20 @@ def idle_latency(kind: str, samples: int) -> dict[str, Any]:
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline and not (path.exists() and path.read_text().strip()):
                     time.sleep(0.002)
-                latencies.append((int(path.read_text()) - sent) / 1e6)
+                started = int(path.read_text())
+                latencies.append((started - sent) / 1e6)
+                sent_at.append(sent)
+                started_at.append(started)
+            time.sleep(0.2)  # the last run's completion
+            events = [(str(n), int(t)) for n, t in serve.counters().get("stages", [])]
             latencies.sort()
             return {
                 "samples": samples,
                 "p50_ms": round(statistics.median(latencies), 2),
                 "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
                 "idle_rss_mb": round(proc_kb(serve.proc.pid, "VmRSS") / 1024, 1),
+                "load_1m_after": load_1m(),
+                "stages": _stage_breakdown(events, sent_at, started_at),
             }
         finally:
             if serve is not None:
@@ -863,6 +935,11 @@ def main() -> int:
         " --backlog queued (the 2026-11-30 figures)",
     )
     parser.add_argument("--claims", type=int, default=2000, help="offers per throughput repetition")
+    parser.add_argument(
+        "--latency-only",
+        action="store_true",
+        help="only the idle start latency with its stages, --repeat times per database in --kinds",
+    )
     args = parser.parse_args()
     out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -876,6 +953,14 @@ def main() -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(out, indent=2))
 
+    if args.latency_only:
+        for rep in range(args.repeat):
+            for kind in [k for k in args.kinds.split(",") if k]:  # interleaved, so both see the same load
+                res = idle_latency(kind, args.latency_samples)
+                out.setdefault(f"latency_{kind}", []).append(res)
+                print(f"[{kind}] rep {rep + 1}: idle start latency {json.dumps(res, indent=1)}", flush=True)
+                save()
+        return 0
     if not args.no_dispatch:
         for _ in range(args.repeat):
             for kind in ("sqlite", "postgres"):  # interleaved, so both see the same load

@@ -1,6 +1,6 @@
 """``ql3 serve`` with counters (and optionally a profiler), for the benchmarks only; never shipped.
 
-    python bench/ql3_instrumented.py STATS.json [--profile OUT.pstats] -- serve --listen ...
+    python bench/ql3_instrumented.py STATS.json [--profile OUT.pstats] [--stages] -- serve --listen ...
 
 Counts, from inside the server process, without strace:
 
@@ -13,6 +13,13 @@ Counts, from inside the server process, without strace:
   which this does not count);
 - ``os.fsync`` calls made from Python (receipts, directories).
 
+With ``--stages`` it also records, for the idle-latency breakdown, the wall-clock instant
+(``time.time_ns()``) of each stage of a run's way to its spawn: the API's ``create_run``, every
+``runs`` notification, the dispatcher's ``dispatch_once`` (entry, and exit with an offer), the
+intake's ``receive``, the lease check, the journal's ``accepted``, the starting ACK, the
+``launching`` barrier and the spawn (the bench pairs them with each sample's send time and the
+command's own ``date +%s%N``). The last 4,096 events go to STATS.json under ``stages``.
+
 The counters are written to STATS.json on every SIGUSR1 (a snapshot: the benchmark takes one before
 and one after its measured window) and at exit (SIGTERM shuts ``ql3 serve`` down cleanly). With
 ``--profile`` every thread runs under ``cProfile`` with a CPU-time timer (``time.thread_time``),
@@ -22,6 +29,7 @@ and the merged statistics are dumped at exit.
 from __future__ import annotations
 
 import atexit
+import collections
 import cProfile
 import json
 import os
@@ -36,6 +44,58 @@ from typing import Any
 
 COUNTS: Counter[str] = Counter()
 _LOCK = threading.Lock()
+STAGES: collections.deque[tuple[str, int]] = collections.deque(maxlen=4096)
+
+
+def _stage(name: str) -> None:
+    STAGES.append((name, time.time_ns()))
+
+
+def _timed(cls: Any, method: str, before: str | None, after: str | None, when: Any = None) -> None:
+    """Wrap ``cls.method`` to record ``before`` at its entry and ``after`` at its return (when
+    ``when(args, kwargs, result)`` holds)."""
+    real = getattr(cls, method)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if before is not None and (when is None or when(args, kwargs, None)):
+            _stage(before)
+        result = real(*args, **kwargs)
+        if after is not None and (when is None or when(args, kwargs, result)):
+            _stage(after)
+        return result
+
+    setattr(cls, method, wrapper)
+
+
+def _install_stages() -> None:
+    from ql3.application import auth, runs
+    from ql3.application.dispatcher import RunDispatcher
+    from ql3.application.gateway import InProcessControlPlane
+    from ql3.execution.launcher import LocalLauncher
+    from ql3.storage.notify import LocalNotifier
+    from ql3.worker.intake import Intake
+    from ql3.worker.journal.store import WorkerJournal
+
+    _timed(auth, "authenticate_use", "api_authenticate", "api_authenticated")
+    _timed(auth, "authorize", "api_authorize", None)
+    _timed(runs, "create_run", "api_create_run", None)
+    _timed(LocalNotifier, "notify", "notify_runs", None, lambda a, k, r: a[1] == "runs")
+    real_dispatch = RunDispatcher.dispatch_once
+
+    def dispatch_once(self: Any) -> Any:
+        _stage("dispatch_start")
+        result = real_dispatch(self)
+        _stage("dispatch_offer" if result.offer is not None else "dispatch_empty")
+        return result
+
+    RunDispatcher.dispatch_once = dispatch_once  # type: ignore[method-assign]
+    _timed(Intake, "receive", "intake_receive", None)
+    _timed(InProcessControlPlane, "lease_status", None, "lease_checked")
+    _timed(WorkerJournal, "accept", None, "journal_accepted")
+    _timed(InProcessControlPlane, "ack_starting", None, "ack_starting_done")
+    launching = lambda a, k, r: k.get("to_state") == "launching"  # noqa: E731
+    _timed(WorkerJournal, "advance", None, "journal_launching", launching)
+    _timed(LocalLauncher, "start", "spawn_start", "spawn_done")
 
 
 def _bump(key: str, n: int = 1) -> None:
@@ -111,9 +171,14 @@ def main() -> int:
     if argv and argv[0] == "--profile":
         argv.pop(0)
         profile_path = Path(argv.pop(0))
+    stages = bool(argv and argv[0] == "--stages")
+    if stages:
+        argv.pop(0)
     if argv and argv[0] == "--":
         argv.pop(0)
     _install_counters(any(a.startswith("postgres") for a in argv))
+    if stages:
+        _install_stages()
     profiles: list[cProfile.Profile] = []
     if profile_path is not None:
 
@@ -130,7 +195,7 @@ def main() -> int:
 
     def snapshot(*_: Any) -> None:
         with _LOCK:
-            data = json.dumps(dict(COUNTS), sort_keys=True)
+            data = json.dumps({**COUNTS, **({"stages": list(STAGES)} if stages else {})}, sort_keys=True)
         tmp = stats_path.with_suffix(".tmp")
         tmp.write_text(data)
         tmp.replace(stats_path)

@@ -128,6 +128,7 @@ def build_standalone_runtime(
 
     from ql3.application.control_loops import Adapters, control_loops, loop_factory
     from ql3.application.dispatcher import DispatchBudget, RunDispatcher
+    from ql3.application.embedded_dispatch import EmbeddedDispatch
     from ql3.application.gateway import InProcessControlPlane
     from ql3.execution.controller import ProcessController, finish_stop
     from ql3.execution.launcher import LocalLauncher
@@ -178,17 +179,16 @@ def build_standalone_runtime(
         ),
     )
     notifier = db.notifier
-    worker.on_settled = lambda attempt_id: notifier.notify(channels.RUNS)
-
-    def dispatch_cycle() -> bool:
-        if worker.active_count >= worker.config.slots:
-            return False
-        result = dispatcher.dispatch_once()
-        if result.offer is None:
-            return result.truncated
-        fault_point("after_claim")
-        worker.submit(result.offer)
-        return True
+    # One wake-up of the dispatcher per run, not three (application/embedded_dispatch.py).
+    embedded = EmbeddedDispatch(
+        dispatcher.dispatch_once,
+        active_count=lambda: worker.active_count,
+        slots=worker.config.slots,
+        submit=worker.submit,
+        wakeups=notifier,
+        fault=fault_point,
+    )
+    worker.on_settled = embedded.on_settled
 
     def maintain_wait(backstop_s: float) -> bool:
         # Re-adopted processes (from a previous incarnation) are not our children: poll them.
@@ -197,7 +197,7 @@ def build_standalone_runtime(
     loop = loop_factory(db, notifier)
     stopper = ProcessController()
     loops = [
-        loop("dispatcher", dispatch_cycle, channels.RUNS, budgets.dispatch_backstop_s),
+        loop("dispatcher", embedded.cycle, channels.RUNS, budgets.dispatch_backstop_s, embedded.wait),
         loop(
             "worker-maintain",
             lambda: bool(worker.maintain()),

@@ -245,6 +245,27 @@ def test_a_commit_on_one_replica_wakes_another_and_the_listener_survives_a_termi
         other.close()
 
 
+def test_a_replica_is_not_woken_again_by_its_own_notification_coming_back(pg_harness: Harness) -> None:
+    """A commit posts its channels to its own notifier; the same NOTIFY, relayed back over LISTEN, must
+    not count a second time (every loop of the process would wake again for nothing)."""
+    listener, other = pg_harness.db, pg_harness.second_connection()
+    try:
+        listener.start_listening(["port_test", "port_mark"])
+        assert _wakes(listener, other, "port_mark")  # the LISTEN is up
+        before = listener.notifier.counters(("port_test",))["port_test"]
+
+        listener.transaction(lambda tx: tx.notify("port_test"))
+        # PostgreSQL delivers to a listener in commit order and the relay posts one at a time: once
+        # the later commit of another replica arrived, the echo of ours was relayed or skipped.
+        assert _wakes(listener, other, "port_mark")
+
+        assert listener.notifier.counters(("port_test",))["port_test"] == before + 1
+        # And the other replica's commits on the same channel still arrive
+        assert _wakes(listener, other, "port_test")
+    finally:
+        other.close()
+
+
 def _terminate_listeners(tx: Any) -> int:
     rows = tx._conn.execute(
         "SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity"

@@ -577,7 +577,7 @@ def end_attempt(
     )
     if attempt is not None:
         _end_lease(tx, attempt.id, now, lease_end, release_reason, locked_lease)
-    tx.notify(channels.RUNS)  # a slot was freed: the dispatcher may place the next candidate
+    tx.notify(channels.SLOTS)  # a slot was freed: the dispatcher may place the next candidate
     return written
 
 

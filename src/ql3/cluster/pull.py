@@ -49,7 +49,7 @@ LIVE_LEASE_PAGES: Final = 16  # 1,024 = the largest worker capacity
 SPEC_CACHE_SIZE: Final = 256
 MAX_IMMEDIATE_RETRIES: Final = 4
 MAX_SCAN_CURSORS: Final = 4096  # per replica; past it the oldest walk starts again at the head
-WAKE_CHANNELS: Final = (channels.RUNS,)
+WAKE_CHANNELS: Final = (channels.RUNS, channels.SLOTS)
 
 
 class OfferConflict(Conflict):
@@ -179,7 +179,8 @@ def _candidate(queued: QueuedCandidate) -> Candidate:
 
 class PullService:
     """Thread-safe; one per replica. ``pull`` long-polls up to ``wait_ms`` (at most 20 s), woken by
-    commits on ``runs`` (new runs, freed slots) from this replica or, through LISTEN/NOTIFY, others."""
+    commits on ``runs`` (new runs) and ``slots`` (freed slots) from this replica or, through
+    LISTEN/NOTIFY, others."""
 
     def __init__(
         self,

@@ -16,7 +16,9 @@ from ql3.ports.storage import Database
 log = logging.getLogger("ql3.http")
 
 
-def get_db(request: Request) -> Database:
+async def get_db(request: Request) -> Database:
+    """Async, as it does no I/O: FastAPI runs a plain ``def`` dependency in its thread pool, and every
+    such hand-off is a thread wake-up on the request's way (bench/README.md, "Idle start latency")."""
     db: Database = request.app.state.db
     return db
 

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from typing import Final
 
-# A run became dispatchable or a slot was freed: the dispatcher and the cluster's pull long-polls.
+# A run became dispatchable (created, retried, released to the queue), or the embedded worker of
+# ``ql3 serve`` freed a slot its dispatcher was waiting for: the dispatcher and the pull long-polls.
 RUNS: Final = "runs"
+# A lease ended and freed its worker's slot (``leases.end_attempt``): the pull long-polls, and the
+# dispatcher of ``ql3 serve`` only while queued runs wait for a slot (after a scan that found the queue
+# empty, a freed slot has nothing to place: one wake-up per run, not three; bench/README.md).
+SLOTS: Final = "slots"
 # A task's schedule changed: the cron loop re-plans its next occurrence.
 SCHEDULES: Final = "schedules"
 # A cancel intent was recorded: the cancellation supervisor and the cluster's stop long-polls.
@@ -32,6 +37,7 @@ MAINTAIN: Final = "maintain"
 
 ALL: Final = (
     RUNS,
+    SLOTS,
     SCHEDULES,
     CANCELLATIONS,
     ATTEMPTS,
@@ -42,4 +48,4 @@ ALL: Final = (
     MAINTAIN,
 )
 # What a replica relays from other replicas' commits (PostgreSQL LISTEN/NOTIFY, channel ``ql3_<name>``).
-RELAYED: Final = (RUNS, SCHEDULES, CANCELLATIONS, ATTEMPTS, APPROVED_ACTIONS, RETRIES)
+RELAYED: Final = (RUNS, SLOTS, SCHEDULES, CANCELLATIONS, ATTEMPTS, APPROVED_ACTIONS, RETRIES)

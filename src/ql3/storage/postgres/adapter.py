@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,9 @@ MAX_TX_RETRIES = 5
 _OPTIONS = "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=10000"
 _MIGRATION_LOCK = 7_301_114_003
 _NOW = b"SELECT ql3_now_ms() AS now"
-_NOTIFY = b"SELECT pg_notify(%s, '')"
+# The payload names the sending database object (``PostgresDatabase.origin``): its own listener skips
+# what it sent, which the commit already posted to the local notifier.
+_NOTIFY = b"SELECT pg_notify(%s, %s)"
 
 
 class PostgresTransaction:
@@ -41,9 +44,12 @@ class PostgresTransaction:
 
     dialect = "postgres"
 
-    def __init__(self, conn: psycopg.Connection[Row], queries: dict[str, str], *, write: bool) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Row], queries: dict[str, str], *, write: bool, origin: str = ""
+    ) -> None:
         self._conn = conn
         self._queries = queries
+        self._origin = origin
         self._begin = b"BEGIN" if write else b"BEGIN READ ONLY"
         self._now: int | None = None
         self.begun = False
@@ -106,7 +112,7 @@ class PostgresTransaction:
         self.round_trips += 1
         with self._conn.pipeline():
             for channel in sorted(self.channels):
-                self._conn.execute(_NOTIFY, (f"ql3_{channel}",))
+                self._conn.execute(_NOTIFY, (f"ql3_{channel}", self._origin))
             self.commit_sent = True
             self._conn.execute(b"COMMIT")
 
@@ -131,6 +137,10 @@ class PostgresDatabase:
         self.dsn = dsn
         self._queries = catalogue("postgres")
         self.notifier = LocalNotifier()
+        # Sent as every NOTIFY's payload. A commit posts its channels to ``notifier`` itself, so the
+        # relay skips its own NOTIFYs coming back over LISTEN: without that every local commit woke
+        # this process's loops twice (the second time a moment later, for nothing).
+        self.origin = secrets.token_hex(8)
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
         self._max_size = max_size
@@ -158,7 +168,7 @@ class PostgresDatabase:
             tx: PostgresTransaction | None = None
             try:
                 with self.pool.connection() as conn:
-                    tx = PostgresTransaction(conn, self._queries, write=write)
+                    tx = PostgresTransaction(conn, self._queries, write=write, origin=self.origin)
                     try:
                         result = fn(tx)
                         tx.commit()
@@ -183,7 +193,8 @@ class PostgresDatabase:
                 raise StorageUnavailable() from exc
 
     def start_listening(self, channels: list[str]) -> None:
-        """Relay NOTIFYs from other replicas into the local notifier (one thread, blocking)."""
+        """Relay NOTIFYs from other replicas into the local notifier (one thread, blocking); our own
+        come back too and are skipped (their commit notified locally already)."""
         if self._listener is not None:
             return
 
@@ -195,7 +206,8 @@ class PostgresDatabase:
                             conn.execute(f"LISTEN ql3_{channel}")  # channel names are internal constants
                         while not self._stop.is_set():
                             for note in conn.notifies(timeout=1.0):
-                                self.notifier.notify(note.channel.removeprefix("ql3_"))
+                                if note.payload != self.origin:
+                                    self.notifier.notify(note.channel.removeprefix("ql3_"))
                 except psycopg.Error:
                     self._stop.wait(1.0)
 
