@@ -147,3 +147,34 @@ def test_an_ending_reads_its_lease_once_under_the_row_lock_and_frees_the_slot(
     assert lease["status"] == "completed"
     (worker,) = harness.db.raw("SELECT active_leases FROM workers WHERE worker_id = ?", (fence.worker_id,))
     assert int(worker["active_leases"]) == 0
+
+
+@pytest.mark.parametrize("ending", ["complete", "lost"])
+def test_an_ending_whose_lease_compare_and_set_loses_frees_no_slot_of_its_own(
+    harness: Harness, ending: str
+) -> None:
+    # Given a running attempt holding one slot of its worker
+    offer = _offer(harness, lease_ms=600_000)
+    fence = offer.fence
+    start(harness.db, offer)
+    statement = "lease_complete" if ending == "complete" else "lease_release"
+
+    # When another writer ends the same lease version (and frees its slot) just before this ending's
+    # compare-and-set on the lease row
+    def ended_first(tx: Transaction, params: Params) -> None:
+        assert tx.run(statement, params) == 1
+        tx.run("worker_leases_adjust", {"worker_id": fence.worker_id, "delta": -1})
+
+    def end(tx: Transaction) -> Any:
+        log = StatementLog(tx, {statement: ended_first})
+        if ending == "complete":
+            return leases.complete(log, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        return leases.mark_lost(log, fence.run_id, fence.attempt_id, error_code="LEASE_EXPIRED")
+
+    harness.db.transaction(end)
+
+    # Then the slot is freed once, by the writer whose compare-and-set applied, never a second time
+    (worker,) = harness.db.raw("SELECT active_leases FROM workers WHERE worker_id = ?", (fence.worker_id,))
+    assert int(worker["active_leases"]) == 0
+    (lease,) = harness.db.raw("SELECT status FROM run_leases WHERE attempt_id = ?", (fence.attempt_id,))
+    assert lease["status"] == ("completed" if ending == "complete" else "released")

@@ -16,7 +16,6 @@ QUERY_METHODS = {"one", "all", "run"}
 HOMES = ("repositories/", "storage/")
 NOT_YET_MIGRATED = {
     "application/dispatcher.py",
-    "application/leases.py",
 }
 
 

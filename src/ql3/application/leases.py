@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
-from ql3.application import rows
 from ql3.application.runs import (
     AttemptChange,
     EventSpec,
@@ -24,57 +23,24 @@ from ql3.domain.model import Attempt, Run
 from ql3.domain.offers import LeaseFence
 from ql3.domain.states import ATTEMPT_ACTIVE, ATTEMPT_TERMINAL, is_run_terminal
 from ql3.ports import channels
-from ql3.ports.storage import Row, Transaction
+from ql3.ports.storage import Transaction
+from ql3.repositories import leases as repo
+from ql3.repositories import runs as run_repo
+from ql3.repositories import workers as worker_repo
+from ql3.repositories.leases import Lease as Lease  # the record; ``leases.Lease`` stays importable
 
 MAX_HANDLE_BYTES: Final = 512
 MAX_SCAN_PAGE: Final = 64
 RunClaimStatus = Literal["claimed", "leased", "not_eligible", "worker_unavailable", "capacity_exhausted"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Lease:
-    attempt_id: str
-    run_id: str
-    status: str
-    version: int
-    lease_generation: int
-    worker_id: str
-    worker_session_id: str
-    worker_generation: int
-    lease_token_digest: str
-    acquired_at_ms: int
-    expires_at_ms: int
-
-
-def _lease(row: Row) -> Lease:
-    return Lease(
-        attempt_id=row["attempt_id"],
-        run_id=row["run_id"],
-        status=row["status"],
-        version=int(row["version"]),
-        lease_generation=int(row["lease_generation"]),
-        worker_id=row["worker_id"],
-        worker_session_id=row["worker_session_id"],
-        worker_generation=int(row["worker_generation"]),
-        lease_token_digest=row["lease_token_digest"],
-        acquired_at_ms=int(row["acquired_at_ms"]),
-        expires_at_ms=int(row["expires_at_ms"]),
-    )
-
-
 def _adjust(tx: Transaction, worker_id: str, delta: int) -> None:
     """The worker's active-lease counter moves in the same transaction as the lease itself."""
-    tx.run("worker_leases_adjust", {"worker_id": worker_id, "delta": delta})
+    repo.adjust_active_leases(tx, worker_id, delta)
 
 
 def _release(tx: Transaction, lease: Lease, reason: str, now: int) -> None:
-    if (
-        tx.run(
-            "lease_release",
-            {"attempt_id": lease.attempt_id, "expected_version": lease.version, "reason": reason, "now": now},
-        )
-        == 1
-    ):
+    if repo.release_lease(tx, lease, reason=reason, now=now):
         _adjust(tx, lease.worker_id, -1)
 
 
@@ -97,8 +63,7 @@ def lease_digest(token: str) -> str:
 
 
 def get_lease(tx: Transaction, attempt_id: str, *, lock: bool = False) -> Lease | None:
-    row = tx.one("lease_lock" if lock else "lease_get", {"attempt_id": attempt_id})
-    return _lease(row) if row else None
+    return repo.lock_lease(tx, attempt_id) if lock else repo.get_lease(tx, attempt_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,39 +104,39 @@ def claim(
     run = lock_run(tx, run_id)
     if run.status != "queued" or run.cancel_requested_at_ms is not None:
         return RunClaim(status="not_eligible")
-    attempt_row = tx.one("attempt_lock_with_latest", {"id": attempt_id})
-    if attempt_row is None:
+    claimed = repo.lock_attempt_with_latest(tx, attempt_id)
+    if claimed is None:
         raise NotFound("attempt not found")
-    attempt = rows.attempt(attempt_row)
-    if attempt.status != "claimed" or attempt_row["latest_attempt_id"] != attempt.id:
+    attempt = claimed.attempt
+    if attempt.status != "claimed" or claimed.latest_attempt_id != attempt.id:
         return RunClaim(status="not_eligible")
-    worker = tx.one("worker_lock", {"worker_id": worker_id})
+    worker = worker_repo.lock_worker(tx, worker_id)
     now = tx.now_ms()
     if (
         worker is None
-        or worker["session_id"] != session_id
-        or int(worker["generation"]) != worker_generation
-        or worker["status"] != "online"
-        or int(worker["lease_expires_at_ms"]) <= now
+        or worker.session_id != session_id
+        or worker.generation != worker_generation
+        or worker.status != "online"
+        or worker.lease_expires_at_ms <= now
     ):
         return RunClaim(status="worker_unavailable")
     # The counter is a column of the worker row just locked: no second read.
-    if int(worker["active_leases"]) >= int(worker["max_concurrent_runs"]):
+    if worker.active_leases >= worker.max_concurrent_runs:
         return RunClaim(status="capacity_exhausted")
-    params = {
-        "attempt_id": attempt_id,
-        "run_id": run_id,
-        "worker_id": worker_id,
-        "worker_session_id": session_id,
-        "worker_generation": worker_generation,
-        "expires_at_ms": now + lease_ms,
-        "now": now,
-        "lease_token_digest": lease_digest(token_for_generation(1)),
-    }
     # The first lease of the attempt: inserted directly (no row to lock yet); when the attempt
     # already has one, nothing is written and its row is locked and reacquired instead.
     generation = 1
-    written = tx.one("lease_insert_claim", params)
+    written = repo.insert_claim(
+        tx,
+        attempt_id=attempt_id,
+        run_id=run_id,
+        worker_id=worker_id,
+        session_id=session_id,
+        worker_generation=worker_generation,
+        lease_token_digest=lease_digest(token_for_generation(1)),
+        expires_at_ms=now + lease_ms,
+        now=now,
+    )
     if written is None:
         existing = get_lease(tx, attempt_id, lock=True)
         if existing is None:
@@ -179,18 +144,26 @@ def claim(
         if existing.status == "completed" or (existing.status == "leased" and existing.expires_at_ms > now):
             return RunClaim(status="leased" if existing.status == "leased" else "not_eligible")
         generation = existing.lease_generation + 1
-        params["lease_token_digest"] = lease_digest(token_for_generation(generation))
-        params["expected_version"] = existing.version
-        written = tx.one("lease_reacquire_claim", params)
+        written = repo.reacquire_claim(
+            tx,
+            existing,
+            run_id=run_id,
+            worker_id=worker_id,
+            session_id=session_id,
+            worker_generation=worker_generation,
+            lease_token_digest=lease_digest(token_for_generation(generation)),
+            expires_at_ms=now + lease_ms,
+            now=now,
+        )
         if written is None:
             return RunClaim(status="leased")
         if existing.status == "leased":
             # An expired lease that the expiry loop has not ended yet: its holder's slot ends with it.
             _adjust(tx, existing.worker_id, -1)
     assert written is not None
-    if not int(written["slot_counted"]):
+    if not written.slot_counted:
         _adjust(tx, worker_id, +1)
-    lease = _lease(written)
+    lease = written.lease
     write_run(
         tx,
         run,
@@ -214,9 +187,12 @@ def claim(
     return RunClaim(status="claimed", lease=lease)
 
 
-_CLAIM_ANSWERS: Final[frozenset[str]] = frozenset(
-    {"not_eligible", "worker_unavailable", "capacity_exhausted", "leased"}
-)
+_CLAIM_ANSWERS: Final[dict[str, RunClaimStatus]] = {
+    "not_eligible": "not_eligible",
+    "worker_unavailable": "worker_unavailable",
+    "capacity_exhausted": "capacity_exhausted",
+    "leased": "leased",
+}
 
 
 def _claim_in_one_statement(
@@ -238,36 +214,34 @@ def _claim_in_one_statement(
     it to become one, the function would have to enqueue it too."""
     generation = 1
     for _ in range(2):
-        row = tx.one(
-            "lease_claim",
-            {
-                "run_id": run_id,
-                "attempt_id": attempt_id,
-                "worker_id": worker_id,
-                "session_id": session_id,
-                "worker_generation": worker_generation,
-                "lease_ms": lease_ms,
-                "generation": generation,
-                "lease_token_digest": lease_digest(token_for_generation(generation)),
-                "event_id": new_id(),
-                "payload_json": event_payload_json(
-                    {
-                        "from": "queued",
-                        "to": "dispatching",
-                        "worker_id": worker_id,
-                        "lease_generation": generation,
-                    }
-                ),
-            },
+        answer = repo.claim_in_one_statement(
+            tx,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            worker_id=worker_id,
+            session_id=session_id,
+            worker_generation=worker_generation,
+            lease_ms=lease_ms,
+            generation=generation,
+            lease_token_digest=lease_digest(token_for_generation(generation)),
+            event_id=new_id(),
+            payload_json=event_payload_json(
+                {
+                    "from": "queued",
+                    "to": "dispatching",
+                    "worker_id": worker_id,
+                    "lease_generation": generation,
+                }
+            ),
         )
-        assert row is not None  # a function call always answers one row
-        status = row["claim_status"]
+        status = answer.status
         if status == "claimed":
-            return RunClaim(status="claimed", lease=_lease(row))
+            return RunClaim(status="claimed", lease=answer.lease)
         if status in _CLAIM_ANSWERS:
-            return RunClaim(status=status)
+            return RunClaim(status=_CLAIM_ANSWERS[status])
         if status == "reacquire" and generation == 1:
-            generation = int(row["lease_generation"])
+            assert answer.lease_generation is not None  # a reacquire answer names the generation
+            generation = answer.lease_generation
             continue
         if status == "run_missing":
             raise NotFound("run not found")
@@ -313,13 +287,13 @@ def check_fence(
         raise FenceConflict(reason="version_mismatch")
     if lease.expires_at_ms <= now:
         raise FenceConflict(reason="lease_expired")
-    worker = tx.one("worker_get", {"worker_id": fence.worker_id})
+    worker = worker_repo.get_worker(tx, fence.worker_id)
     if (
         worker is None
-        or worker["session_id"] != fence.session_id
-        or int(worker["generation"]) != fence.worker_generation
-        or worker["status"] not in ("online", "draining")
-        or int(worker["lease_expires_at_ms"]) <= now
+        or worker.session_id != fence.session_id
+        or worker.generation != fence.worker_generation
+        or worker.status not in ("online", "draining")
+        or worker.lease_expires_at_ms <= now
     ):
         raise FenceConflict(reason="worker_unavailable")
     return lease, now
@@ -329,18 +303,7 @@ def renew(tx: Transaction, fence: LeaseFence, lease_ms: int) -> Lease:
     """Same full fence, before expiry: version +1 and a new expiry."""
     lease_rules.RUN.validate(lease_ms)
     lease, now = check_fence(tx, fence)
-    if (
-        tx.run(
-            "lease_renew",
-            {
-                "attempt_id": lease.attempt_id,
-                "expected_version": lease.version,
-                "expires_at_ms": now + lease_ms,
-                "now": now,
-            },
-        )
-        != 1
-    ):
+    if not repo.renew_lease(tx, lease, expires_at_ms=now + lease_ms, now=now):
         raise FenceConflict(reason="version_mismatch")
     renewed = get_lease(tx, lease.attempt_id)
     assert renewed is not None
@@ -595,10 +558,11 @@ def _end_lease(
     lease = locked if locked is not None else get_lease(tx, attempt_id, lock=True)
     if lease is None or lease.status != "leased":
         return
-    params: dict[str, Any] = {"attempt_id": attempt_id, "expected_version": lease.version, "now": now}
-    if how == "release":
-        params["reason"] = reason
-    if tx.run("lease_complete" if how == "complete" else "lease_release", params) == 1:
+    if how == "complete":
+        ended = repo.complete_lease(tx, lease, now=now)
+    else:
+        ended = repo.release_lease(tx, lease, reason=reason, now=now)
+    if ended:
         _adjust(tx, lease.worker_id, -1)
 
 
@@ -716,15 +680,10 @@ def mark_lost(
 
 def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int) -> None:
     """Lost retry: schedule a new attempt when the policy allows, else the run fails."""
-    policy = tx.one("retry_policy_get", {"run_id": run.id})
-    if policy is not None and policy["retry_on_lost"] and attempt.attempt < int(policy["max_attempts"]):
-        delay = min(
-            int(policy["backoff_max_ms"]), int(policy["backoff_min_ms"]) * 2 ** min(attempt.attempt - 1, 30)
-        )
-        tx.run(
-            "retry_policy_schedule",
-            {"run_id": run.id, "expected_version": policy["version"], "next_retry_at_ms": now + delay},
-        )
+    policy = repo.get_retry_policy(tx, run.id)
+    if policy is not None and policy.retry_on_lost and attempt.attempt < policy.max_attempts:
+        delay = min(policy.backoff_max_ms, policy.backoff_min_ms * 2 ** min(attempt.attempt - 1, 30))
+        repo.schedule_retry(tx, policy, next_retry_at_ms=now + delay)
         write_run(
             tx,
             run,
@@ -759,31 +718,26 @@ def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int) -> None:
 
 def admit_retry(tx: Transaction, run_id: str) -> str | None:
     """When due: re-check, create Attempt N+1 (claimed), Run -> queued, clear the cursor. Replay-safe."""
-    policy = tx.one("retry_policy_get", {"run_id": run_id})
+    policy = repo.get_retry_policy(tx, run_id)
     run = lock_run(tx, run_id)
     now = tx.now_ms()
-    if policy is None or policy["next_retry_at_ms"] is None or int(policy["next_retry_at_ms"]) > now:
+    if policy is None or policy.next_retry_at_ms is None or policy.next_retry_at_ms > now:
         return None
     latest = latest_attempt(tx, run_id)
-    tx.run(
-        "retry_policy_schedule",
-        {"run_id": run_id, "expected_version": policy["version"], "next_retry_at_ms": None},
-    )
+    repo.schedule_retry(tx, policy, next_retry_at_ms=None)
     if run.status != "retry_wait" or latest is None or latest.status != "lost" or run.cancel_requested_at_ms:
         return None
-    if latest.attempt >= int(policy["max_attempts"]):
+    if latest.attempt >= policy.max_attempts:
         return None
     attempt_id = new_id()
-    tx.run(
-        "attempt_insert",
-        {
-            "id": attempt_id,
-            "run_id": run_id,
-            "attempt": latest.attempt + 1,
-            "status": "claimed",
-            "executor_type": latest.executor_type,
-            "now": now,
-        },
+    run_repo.insert_attempt(
+        tx,
+        attempt_id=attempt_id,
+        run_id=run_id,
+        attempt=latest.attempt + 1,
+        status="claimed",
+        executor_type=latest.executor_type,
+        now=now,
     )
     write_run(
         tx,
@@ -845,18 +799,17 @@ def expire_lease(tx: Transaction, attempt_id: str) -> str:
 def expired_page(tx: Transaction, limit: int) -> list[str]:
     if not 1 <= limit <= MAX_SCAN_PAGE:
         raise ValidationFailed("page out of range")
-    return [r["attempt_id"] for r in tx.all("lease_expired_page", {"now": tx.now_ms(), "limit": limit})]
+    return repo.expired_leases(tx, now=tx.now_ms(), limit=limit)
 
 
 def retry_due_page(tx: Transaction, limit: int) -> list[str]:
     if not 1 <= limit <= MAX_SCAN_PAGE:
         raise ValidationFailed("page out of range")
-    return [r["run_id"] for r in tx.all("retry_due_page", {"now": tx.now_ms(), "limit": limit})]
+    return repo.due_retries(tx, now=tx.now_ms(), limit=limit)
 
 
 def attempt_row(tx: Transaction, attempt_id: str) -> Attempt | None:
-    row = tx.one("attempt_get", {"id": attempt_id})
-    return rows.attempt(row) if row else None
+    return run_repo.get_attempt(tx, attempt_id)
 
 
 def lease_status(tx: Transaction, fence: LeaseFence) -> Lease:

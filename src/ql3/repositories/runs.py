@@ -1,6 +1,5 @@
 """Runs, their attempts and their events, and the read models that list runs for people
-(``application/run_queries.py``). The lease code still runs its own queries
-(tests/unit/test_repository_boundary.py)."""
+(``application/run_queries.py``). The leases and the lost-retry cursor are in ``leases.py``."""
 
 from __future__ import annotations
 
@@ -289,6 +288,12 @@ def list_runs(
 
 
 # -- attempts --------------------------------------------------------------------------------------
+
+
+def get_attempt(tx: Transaction, attempt_id: str) -> Attempt | None:
+    """The attempt, read without a row lock."""
+    row = tx.one("attempt_get", {"id": attempt_id})
+    return None if row is None else attempt_from_row(row)
 
 
 def latest_attempt(tx: Transaction, run_id: str) -> Attempt | None:

@@ -1,0 +1,358 @@
+"""Run leases (the ``run_leases`` table), the claim's statements and its PostgreSQL one-statement form
+(``ql3_claim``), the worker's active-lease counter the leases move, and the lost-retry cursor
+(``run_retry_policies``) with the expiry and retry pages (``application/leases.py``).
+
+Every lease write is a compare-and-set the SQL states on the version the caller read, and answers
+whether it applied; the fences themselves (token digest, session, generation, version, status, slot
+accounting) are decided by ``application/leases.py`` under the row locks it takes, in its own order.
+Times are passed in: a use case reads ``tx.now_ms()`` once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from ql3.domain.model import Attempt
+from ql3.ports.storage import Row, Transaction
+from ql3.repositories.mapping import one_of, opt_int
+from ql3.repositories.runs import attempt_from_row
+
+LeaseStatus = Literal["leased", "released", "completed"]
+LEASE_STATUSES: Final[tuple[LeaseStatus, ...]] = ("leased", "released", "completed")
+# What ql3_claim (PostgreSQL migration 0010) answers in its ``claim_status`` column.
+ClaimFunctionStatus = Literal[
+    "claimed",
+    "not_eligible",
+    "worker_unavailable",
+    "capacity_exhausted",
+    "leased",
+    "reacquire",
+    "run_missing",
+    "attempt_missing",
+    "run_conflict",
+    "attempt_conflict",
+]
+CLAIM_FUNCTION_STATUSES: Final[tuple[ClaimFunctionStatus, ...]] = (
+    "claimed",
+    "not_eligible",
+    "worker_unavailable",
+    "capacity_exhausted",
+    "leased",
+    "reacquire",
+    "run_missing",
+    "attempt_missing",
+    "run_conflict",
+    "attempt_conflict",
+)
+RetrySafety = Literal["unknown", "idempotent", "deduplicated"]
+RETRY_SAFETIES: Final[tuple[RetrySafety, ...]] = ("unknown", "idempotent", "deduplicated")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """One run lease. Only the digest of its token is stored; ``version`` moves with every write."""
+
+    attempt_id: str
+    run_id: str
+    status: LeaseStatus
+    version: int
+    lease_generation: int
+    worker_id: str
+    worker_session_id: str
+    worker_generation: int
+    lease_token_digest: str
+    acquired_at_ms: int
+    expires_at_ms: int
+
+
+def lease_from_row(row: Row) -> Lease:
+    return Lease(
+        attempt_id=row["attempt_id"],
+        run_id=row["run_id"],
+        status=one_of(row["status"], LEASE_STATUSES, "run_leases.status"),
+        version=int(row["version"]),
+        lease_generation=int(row["lease_generation"]),
+        worker_id=row["worker_id"],
+        worker_session_id=row["worker_session_id"],
+        worker_generation=int(row["worker_generation"]),
+        lease_token_digest=row["lease_token_digest"],
+        acquired_at_ms=int(row["acquired_at_ms"]),
+        expires_at_ms=int(row["expires_at_ms"]),
+    )
+
+
+def get_lease(tx: Transaction, attempt_id: str) -> Lease | None:
+    """The attempt's lease, read without a row lock."""
+    row = tx.one("lease_get", {"attempt_id": attempt_id})
+    return None if row is None else lease_from_row(row)
+
+
+def lock_lease(tx: Transaction, attempt_id: str) -> Lease | None:
+    """The attempt's lease under the row lock its transaction holds to its end (lock order: Run ->
+    Attempt -> worker -> lease, the caller's)."""
+    row = tx.one("lease_lock", {"attempt_id": attempt_id})
+    return None if row is None else lease_from_row(row)
+
+
+def adjust_active_leases(tx: Transaction, worker_id: str, delta: int) -> None:
+    """Move the worker's ``active_leases`` counter by ``delta``; the caller does it in the transaction
+    that changed the lease."""
+    tx.run("worker_leases_adjust", {"worker_id": worker_id, "delta": delta})
+
+
+def renew_lease(tx: Transaction, current: Lease, *, expires_at_ms: int, now: int) -> bool:
+    """Version +1 and a new expiry, compare-and-set on the version of ``current`` while still leased;
+    False when either moved."""
+    count = tx.run(
+        "lease_renew",
+        {
+            "attempt_id": current.attempt_id,
+            "expected_version": current.version,
+            "expires_at_ms": expires_at_ms,
+            "now": now,
+        },
+    )
+    return count == 1
+
+
+def complete_lease(tx: Transaction, current: Lease, *, now: int) -> bool:
+    """``leased -> completed`` (version +1), compare-and-set on the version of ``current``; False when
+    it moved or the lease is no longer leased."""
+    count = tx.run(
+        "lease_complete", {"attempt_id": current.attempt_id, "expected_version": current.version, "now": now}
+    )
+    return count == 1
+
+
+def release_lease(tx: Transaction, current: Lease, *, reason: str, now: int) -> bool:
+    """``leased -> released`` with ``reason`` (version +1), compare-and-set on the version of
+    ``current``; False when it moved or the lease is no longer leased."""
+    count = tx.run(
+        "lease_release",
+        {"attempt_id": current.attempt_id, "expected_version": current.version, "reason": reason, "now": now},
+    )
+    return count == 1
+
+
+# -- the claim, statement by statement (SQLite) ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedAttempt:
+    """The attempt a claim locked, with the id of its run's latest attempt read in the same statement."""
+
+    attempt: Attempt
+    latest_attempt_id: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimWrite:
+    """The lease row a claim wrote. ``slot_counted``: the statement itself also moved the worker's
+    active-lease counter (PostgreSQL's form does); when False the caller moves it."""
+
+    lease: Lease
+    slot_counted: bool
+
+
+def lock_attempt_with_latest(tx: Transaction, attempt_id: str) -> ClaimedAttempt | None:
+    """The attempt under its row lock, and whether it is still its run's latest, in one statement."""
+    row = tx.one("attempt_lock_with_latest", {"id": attempt_id})
+    if row is None:
+        return None
+    latest = row["latest_attempt_id"]
+    return ClaimedAttempt(
+        attempt=attempt_from_row(row), latest_attempt_id=None if latest is None else str(latest)
+    )
+
+
+def _claim_write(row: Row | None) -> ClaimWrite | None:
+    if row is None:
+        return None
+    return ClaimWrite(lease=lease_from_row(row), slot_counted=bool(int(row["slot_counted"])))
+
+
+def _claim_params(
+    *,
+    attempt_id: str,
+    run_id: str,
+    worker_id: str,
+    session_id: str,
+    worker_generation: int,
+    lease_token_digest: str,
+    expires_at_ms: int,
+    now: int,
+) -> dict[str, object]:
+    return {
+        "attempt_id": attempt_id,
+        "run_id": run_id,
+        "worker_id": worker_id,
+        "worker_session_id": session_id,
+        "worker_generation": worker_generation,
+        "expires_at_ms": expires_at_ms,
+        "now": now,
+        "lease_token_digest": lease_token_digest,
+    }
+
+
+def insert_claim(
+    tx: Transaction,
+    *,
+    attempt_id: str,
+    run_id: str,
+    worker_id: str,
+    session_id: str,
+    worker_generation: int,
+    lease_token_digest: str,
+    expires_at_ms: int,
+    now: int,
+) -> ClaimWrite | None:
+    """The attempt's first lease (generation 1, version 0); None, writing nothing, when the attempt
+    already has a lease row."""
+    params = _claim_params(
+        attempt_id=attempt_id,
+        run_id=run_id,
+        worker_id=worker_id,
+        session_id=session_id,
+        worker_generation=worker_generation,
+        lease_token_digest=lease_token_digest,
+        expires_at_ms=expires_at_ms,
+        now=now,
+    )
+    return _claim_write(tx.one("lease_insert_claim", params))
+
+
+def reacquire_claim(
+    tx: Transaction,
+    current: Lease,
+    *,
+    run_id: str,
+    worker_id: str,
+    session_id: str,
+    worker_generation: int,
+    lease_token_digest: str,
+    expires_at_ms: int,
+    now: int,
+) -> ClaimWrite | None:
+    """The attempt's lease row taken over by a new holder (generation +1, version +1, leased),
+    compare-and-set on the version of ``current``; None when it moved."""
+    params = _claim_params(
+        attempt_id=current.attempt_id,
+        run_id=run_id,
+        worker_id=worker_id,
+        session_id=session_id,
+        worker_generation=worker_generation,
+        lease_token_digest=lease_token_digest,
+        expires_at_ms=expires_at_ms,
+        now=now,
+    )
+    return _claim_write(tx.one("lease_reacquire_claim", {**params, "expected_version": current.version}))
+
+
+# -- the claim in one statement (PostgreSQL) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimAnswer:
+    """What one ``ql3_claim`` call answered: the lease when ``claimed``; for ``reacquire`` the lease
+    generation the caller derives its token for before it calls again."""
+
+    status: ClaimFunctionStatus
+    lease: Lease | None
+    lease_generation: int | None
+
+
+def claim_in_one_statement(
+    tx: Transaction,
+    *,
+    run_id: str,
+    attempt_id: str,
+    worker_id: str,
+    session_id: str,
+    worker_generation: int,
+    lease_ms: int,
+    generation: int,
+    lease_token_digest: str,
+    event_id: str,
+    payload_json: str,
+) -> ClaimAnswer:
+    """PostgreSQL only: one call of ``ql3_claim`` (migration 0010) for lease generation
+    ``generation``, whose token digest the caller derived; ``payload_json`` is the
+    ``run.dispatching`` event's payload, ``event_id`` its id."""
+    row = tx.one(
+        "lease_claim",
+        {
+            "run_id": run_id,
+            "attempt_id": attempt_id,
+            "worker_id": worker_id,
+            "session_id": session_id,
+            "worker_generation": worker_generation,
+            "lease_ms": lease_ms,
+            "generation": generation,
+            "lease_token_digest": lease_token_digest,
+            "event_id": event_id,
+            "payload_json": payload_json,
+        },
+    )
+    assert row is not None  # a function call always answers one row
+    status = one_of(row["claim_status"], CLAIM_FUNCTION_STATUSES, "ql3_claim.claim_status")
+    return ClaimAnswer(
+        status=status,
+        lease=lease_from_row(row) if status == "claimed" else None,
+        lease_generation=opt_int(row["lease_generation"]),
+    )
+
+
+# -- expiry and lost retry -------------------------------------------------------------------------
+
+
+def expired_leases(tx: Transaction, *, now: int, limit: int) -> list[str]:
+    """The attempt ids of leases still ``leased`` whose expiry is at or before ``now``, oldest expiry
+    first; at most ``limit``."""
+    return [str(row["attempt_id"]) for row in tx.all("lease_expired_page", {"now": now, "limit": limit})]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """A run's lost-retry policy, fixed at creation, and its cursor ``next_retry_at_ms`` (None when
+    no retry is scheduled); ``version`` moves with every cursor write."""
+
+    run_id: str
+    max_attempts: int
+    retry_on_lost: bool
+    safety: RetrySafety
+    backoff_min_ms: int
+    backoff_max_ms: int
+    next_retry_at_ms: int | None
+    version: int
+
+
+def get_retry_policy(tx: Transaction, run_id: str) -> RetryPolicy | None:
+    row = tx.one("retry_policy_get", {"run_id": run_id})
+    if row is None:
+        return None
+    return RetryPolicy(
+        run_id=row["run_id"],
+        max_attempts=int(row["max_attempts"]),
+        retry_on_lost=bool(row["retry_on_lost"]),
+        safety=one_of(row["safety"], RETRY_SAFETIES, "run_retry_policies.safety"),
+        backoff_min_ms=int(row["backoff_min_ms"]),
+        backoff_max_ms=int(row["backoff_max_ms"]),
+        next_retry_at_ms=opt_int(row["next_retry_at_ms"]),
+        version=int(row["version"]),
+    )
+
+
+def schedule_retry(tx: Transaction, current: RetryPolicy, *, next_retry_at_ms: int | None) -> bool:
+    """Set (or clear, with None) the retry cursor, compare-and-set on the version of ``current``;
+    False when it moved."""
+    count = tx.run(
+        "retry_policy_schedule",
+        {"run_id": current.run_id, "expected_version": current.version, "next_retry_at_ms": next_retry_at_ms},
+    )
+    return count == 1
+
+
+def due_retries(tx: Transaction, *, now: int, limit: int) -> list[str]:
+    """The run ids whose retry cursor is at or before ``now``, earliest first; at most ``limit``."""
+    return [str(row["run_id"]) for row in tx.all("retry_due_page", {"now": now, "limit": limit})]
