@@ -11,6 +11,7 @@ from ql3.application import dispatcher as dispatcher_module
 from ql3.application import workers
 from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher
 from ql3.domain.errors import NotFound
+from ql3.repositories.dispatch import RecoverableLease, recoverable_leases
 from tests.support.builders import count
 from tests.support.databases import Harness
 from tests.support.execution_builders import SECRET, dispatcher, queued, register
@@ -98,9 +99,8 @@ def test_an_oversized_recovery_page_fails_the_cycle_closed(harness: Harness) -> 
     d = _two_claims_then_restart(harness, recovery_page=1)
     since = harness.now_ms()
 
-    def oversized(tx: Any, cursor: Any) -> list[Any]:
-        rows: list[Any] = tx.all("lease_recovery_first", {"since": since, "limit": 2})
-        return rows
+    def oversized(tx: Any, cursor: Any) -> list[RecoverableLease]:
+        return recoverable_leases(tx, since=since, after=None, limit=2)
 
     d._recovery_page = oversized  # type: ignore[method-assign]
 

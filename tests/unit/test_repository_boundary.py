@@ -15,7 +15,6 @@ QUERY_METHODS = {"one", "all", "run"}
 # Where running a named query is the module's job.
 HOMES = ("repositories/", "storage/")
 NOT_YET_MIGRATED = {
-    "application/dispatcher.py",
     "application/leases.py",
 }
 
