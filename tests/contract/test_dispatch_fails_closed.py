@@ -11,6 +11,7 @@ from ql3.application import dispatcher as dispatcher_module
 from ql3.application import workers
 from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher
 from ql3.domain.errors import NotFound
+from ql3.repositories import runs as run_repo
 from ql3.repositories.dispatch import RecoverableLease, recoverable_leases
 from tests.support.builders import count
 from tests.support.databases import Harness
@@ -45,6 +46,22 @@ def test_a_missing_recovery_plan_fails_closed_before_any_new_claim(
 
     assert (result.reason, result.truncated, result.offer) == ("recovery_plans_unavailable", True, None)
     assert _leased(harness) == 2  # the queued run was not claimed behind the failed recovery
+
+
+def test_a_recovery_whose_run_cannot_be_read_fails_closed_before_any_new_claim(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given leases of an earlier incarnation whose run the repository no longer returns (the schema's
+    # foreign key keeps the row, so only a storage fault reads it as missing)
+    d = _two_claims_then_restart(harness)
+    monkeypatch.setattr(run_repo, "get_run", lambda tx, run_id: None)
+
+    # When the new incarnation dispatches
+    result = d.dispatch_once()
+
+    # Then the plan is reported unavailable, never skipped as a lease that needs no recovery
+    assert (result.reason, result.truncated, result.offer) == ("recovery_plans_unavailable", True, None)
+    assert _leased(harness) == 2
 
 
 def test_a_drifted_recovery_plan_fails_closed_and_the_next_cycle_moves_on(
