@@ -3,12 +3,13 @@ rebuilt and recovery pages that run out all stop the cycle with a reason, before
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from ql3.application import dispatcher as dispatcher_module
-from ql3.application import workers
+from ql3.application import leases, workers
 from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher
 from ql3.domain.errors import NotFound
 from ql3.repositories import runs as run_repo
@@ -16,6 +17,7 @@ from ql3.repositories.dispatch import RecoverableLease, recoverable_leases
 from tests.support.builders import count
 from tests.support.databases import Harness
 from tests.support.execution_builders import SECRET, dispatcher, queued, register
+from tests.support.interleaving import before_unit
 
 
 def _leased(harness: Harness) -> int:
@@ -124,6 +126,38 @@ def test_an_oversized_recovery_page_fails_the_cycle_closed(harness: Harness) -> 
     with pytest.raises(DispatchCycleError):
         d.dispatch_once()
     assert _leased(harness) == 2
+
+
+def test_a_lease_seen_twice_in_one_recovery_walk_fails_the_cycle_closed(harness: Harness) -> None:
+    # Given one lease of an earlier incarnation, which this incarnation has recovered once already
+    register(harness.db)
+    queued(harness.db, n=2)
+    claimed = dispatcher(harness.db).dispatch_once().offer
+    assert claimed is not None
+    fence = claimed.fence
+
+    def renew(times: int, lease_ms: int) -> None:
+        held = replace(fence, lease_version=fence.lease_version + times)
+        harness.db.transaction(lambda tx: leases.renew(tx, held, lease_ms))
+
+    # (the next walk's second page is read after one more renewal: its 5th unit of work)
+    db: Any = before_unit(harness.db, 5, lambda: renew(1, 50_000))
+    d = RunDispatcher(
+        db,
+        lease_secret=SECRET,
+        budget=DispatchBudget(recovery_page=1, recovery_pages=2),
+        incarnation_started_ms=harness.now_ms(),
+    )
+    assert d.dispatch_once().reason == "recovered"
+    # and its holder renews it between the pages of the next walk, each time past the walk's cursor
+    renew(0, 40_000)
+
+    # When the walk meets the same lease on its first page and again on its second
+    with pytest.raises(DispatchCycleError):
+        d.dispatch_once()
+
+    # Then the cycle failed closed, and nothing was claimed behind it
+    assert _leased(harness) == 1
 
 
 def test_an_oversized_worker_page_fails_the_cycle_closed(
