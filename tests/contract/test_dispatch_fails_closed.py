@@ -123,7 +123,7 @@ def test_an_oversized_recovery_page_fails_the_cycle_closed(harness: Harness) -> 
 
     d._recovery_page = oversized  # type: ignore[method-assign]
 
-    with pytest.raises(DispatchCycleError):
+    with pytest.raises(DispatchCycleError, match=r"^oversized recovery page$"):
         d.dispatch_once()
     assert _leased(harness) == 2
 
@@ -153,7 +153,7 @@ def test_a_lease_seen_twice_in_one_recovery_walk_fails_the_cycle_closed(harness:
     renew(0, 40_000)
 
     # When the walk meets the same lease on its first page and again on its second
-    with pytest.raises(DispatchCycleError):
+    with pytest.raises(DispatchCycleError, match=r"^recovery cursor stalled or repeated$"):
         d.dispatch_once()
 
     # Then the cycle failed closed, and nothing was claimed behind it
@@ -173,6 +173,6 @@ def test_an_oversized_worker_page_fails_the_cycle_closed(
 
     monkeypatch.setattr(workers, "snapshot_page", oversized)
 
-    with pytest.raises(DispatchCycleError):
+    with pytest.raises(DispatchCycleError, match=r"^oversized worker page$"):
         dispatcher(harness.db, worker_page=2).dispatch_once()
     assert count(harness.db, "run_leases") == 0

@@ -168,7 +168,7 @@ def test_oversized_page_fails_the_cycle_closed(harness: Harness) -> None:
     real = d._candidates
     d._candidates = lambda tx, cursor: real(tx, cursor) + real(tx, cursor)[:1]  # type: ignore[method-assign]
 
-    with pytest.raises(DispatchCycleError):
+    with pytest.raises(DispatchCycleError, match=r"^oversized candidate page$"):
         d.dispatch_once()
     assert count(harness.db, "run_leases") == 0
 
@@ -180,7 +180,7 @@ def test_stalled_cursor_fails_the_cycle_closed(harness: Harness) -> None:
     real = d._candidates
     d._candidates = lambda tx, cursor: real(tx, None)  # type: ignore[method-assign]
 
-    with pytest.raises(DispatchCycleError):
+    with pytest.raises(DispatchCycleError, match=r"^candidate cursor stalled or repeated$"):
         d.dispatch_once()
 
 
@@ -303,7 +303,7 @@ def test_a_stalled_worker_cursor_fails_the_cycle_closed(harness: Harness) -> Non
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(workers, "snapshot_page", stalled)
-        with pytest.raises(DispatchCycleError):
+        with pytest.raises(DispatchCycleError, match=r"^worker cursor stalled or repeated$"):
             d.dispatch_once()
     assert count(harness.db, "run_leases") == 0
 
@@ -370,7 +370,7 @@ def test_a_repeated_recovery_row_fails_the_cycle_closed(harness: Harness) -> Non
     d._recovery_page = lambda tx, cursor: real(tx, None)  # type: ignore[method-assign]
     d._recovery_offer = lambda tx, attempt_id: None  # type: ignore[method-assign]
 
-    with pytest.raises(DispatchCycleError):
+    with pytest.raises(DispatchCycleError, match=r"^recovery cursor stalled or repeated$"):
         d.dispatch_once()
 
 
@@ -394,3 +394,5 @@ def test_a_dispatcher_bound_to_its_local_worker_places_and_recovers_only_for_it(
     # Then its one slot is used on "b" and the other run waits, although "a" has room
     assert first.offer is not None and first.offer.fence.worker_id == "b"
     assert second.offer is None and second.reason == "no_capacity"
+    # and each cycle read the one worker, in one call
+    assert (first.worker_calls, second.worker_calls) == (1, 1)
