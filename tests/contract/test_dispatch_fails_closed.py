@@ -17,7 +17,7 @@ from ql3.repositories.dispatch import RecoverableLease, recoverable_leases
 from tests.support.builders import count
 from tests.support.databases import Harness
 from tests.support.execution_builders import SECRET, dispatcher, queued, register
-from tests.support.interleaving import before_unit
+from tests.support.interleaving import Interleaved, before_unit
 
 
 def _leased(harness: Harness) -> int:
@@ -47,6 +47,7 @@ def test_a_missing_recovery_plan_fails_closed_before_any_new_claim(
     result = d.dispatch_once()
 
     assert (result.reason, result.truncated, result.offer) == ("recovery_plans_unavailable", True, None)
+    assert result.plan_calls == 1  # the one plan it tried to rebuild
     assert _leased(harness) == 2  # the queued run was not claimed behind the failed recovery
 
 
@@ -84,7 +85,7 @@ def test_a_drifted_recovery_plan_fails_closed_and_the_next_cycle_moves_on(
 
     assert (first.reason, first.truncated, first.offer) == ("recovery_plans_unavailable", True, None)
     # the cursor moved past the failed row: the other lease is recovered, then new claims resume
-    assert second.reason == "recovered"
+    assert (second.reason, second.plan_calls) == ("recovered", 1)
     assert third.reason == "claimed" and _leased(harness) == 3
 
 
@@ -158,6 +159,56 @@ def test_a_lease_seen_twice_in_one_recovery_walk_fails_the_cycle_closed(harness:
 
     # Then the cycle failed closed, and nothing was claimed behind it
     assert _leased(harness) == 1
+
+
+def test_a_recovery_page_that_does_not_move_past_the_last_cycles_cursor_fails_closed(
+    harness: Harness,
+) -> None:
+    # Given a walk that a budget stopped after one lease (which needed no offer)
+    d = _two_claims_then_restart(harness, recovery_page=1, recovery_pages=1)
+    real = d._recovery_page
+    d._recovery_offer = lambda tx, attempt_id: None  # type: ignore[method-assign]
+    first = d.dispatch_once()
+    assert (first.reason, first.truncated) == ("recovery_budget_exhausted", True)
+
+    # When the next cycle's page answers that same lease again (the storage ignores the cursor)
+    d._recovery_page = lambda tx, cursor: real(tx, None)  # type: ignore[method-assign]
+
+    # Then the cycle fails closed: the cursor it resumed from did not advance
+    with pytest.raises(DispatchCycleError, match=r"^recovery cursor stalled or repeated$"):
+        d.dispatch_once()
+
+
+def test_the_memory_of_recovered_offers_stays_within_its_bound(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = _two_claims_then_restart(harness)
+    monkeypatch.setattr(dispatcher_module, "MAX_RECOVERED_MEMORY", 1)
+
+    assert [d.dispatch_once().reason for _ in range(2)] == ["recovered", "recovered"]
+
+    assert len(d._recovered) == 1  # full: forgotten before the second offer was remembered
+
+
+def test_once_a_recovery_walk_reached_the_end_no_later_cycle_reads_a_recovery_page(harness: Harness) -> None:
+    # Given a new incarnation that recovered both leases of the earlier one and then claimed the
+    # queued run (its walk reached the end)
+    register(harness.db)
+    queued(harness.db, n=3)
+    d0 = dispatcher(harness.db)
+    assert d0.dispatch_once().offer is not None and d0.dispatch_once().offer is not None
+    counted = Interleaved(harness.db, lambda unit: None)
+    db: Any = counted
+    d = RunDispatcher(db, lease_secret=SECRET, incarnation_started_ms=harness.now_ms())
+    assert [d.dispatch_once().reason for _ in range(3)] == ["recovered", "recovered", "claimed"]
+
+    # When it dispatches with nothing queued
+    before = counted.units
+    result = d.dispatch_once()
+
+    # Then the cycle is one unit of work, the candidate page: the old leases are not walked again
+    assert result.reason == "no_candidates"
+    assert counted.units - before == 1
 
 
 def test_an_oversized_worker_page_fails_the_cycle_closed(

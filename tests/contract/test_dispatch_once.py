@@ -184,6 +184,45 @@ def test_stalled_cursor_fails_the_cycle_closed(harness: Harness) -> None:
         d.dispatch_once()
 
 
+def _prioritised(db: Any, n: int, priority: int, **spec: Any) -> None:
+    project, task, _ = queued(db, 0, **spec)
+    for _ in range(n):
+        db.transaction(
+            lambda tx: runs.create_run(
+                tx, runs.CreateRun(project_id=project.id, task=task, priority=priority)
+            )
+        )
+
+
+def test_a_candidate_page_that_does_not_move_past_the_last_cycles_cursor_fails_closed(
+    harness: Harness,
+) -> None:
+    # Given a scan that its budget stopped after one unplaceable run of priority 5
+    register(harness.db)
+    _prioritised(harness.db, 2, 5, require={"gpu": "yes"})
+    d = dispatcher(harness.db, candidate_page=1, candidate_pages=1)
+    first = d.dispatch_once()
+    assert (first.reason, first.truncated) == ("scan_budget_exhausted", True)
+
+    # When the next cycle's page answers that same run again (the storage ignores the cursor)
+    real = d._candidates
+    d._candidates = lambda tx, cursor: real(tx, None)  # type: ignore[method-assign]
+
+    # Then the cycle fails closed: the cursor it resumed from did not advance
+    with pytest.raises(DispatchCycleError, match=r"^candidate cursor stalled or repeated$"):
+        d.dispatch_once()
+
+
+def test_paging_through_runs_of_one_priority_above_zero_reaches_the_placeable_one(harness: Harness) -> None:
+    register(harness.db)
+    _prioritised(harness.db, 1, 5, require={"gpu": "yes"}, name="gpu")
+    _prioritised(harness.db, 1, 5, name="plain")
+
+    result = dispatcher(harness.db, candidate_page=1, candidate_pages=2).dispatch_once()
+
+    assert result.reason == "claimed" and result.offer is not None
+
+
 def test_recovery_runs_first_and_keeps_the_offer_id_across_a_restart(harness: Harness) -> None:
     # Given a claim whose offer was never delivered (crash between claim and first send)
     register(harness.db)
