@@ -64,6 +64,24 @@ def test_a_cycle_stopped_by_its_claim_budget_resumes_behind_that_candidate(
     assert tried == [queued_runs[1].id, queued_runs[2].id]
 
 
+def test_the_all_full_check_is_made_once_on_the_snapshot_as_read(harness: Harness) -> None:
+    # Given two full workers, and a stale snapshot that still shows a free slot on "a" only
+    register(harness.db, "a", slots=1)
+    register(harness.db, "b", slots=1)
+    queued(harness.db, n=4)
+    d = dispatcher(harness.db)
+    assert d.dispatch_once().offer is not None and d.dispatch_once().offer is not None
+    current, _ = harness.db.transaction(d._workers, write=False)
+    stale = [replace(w, free_slots=1 if w.worker_id == "a" else 0) for w in current]
+    d._workers = lambda tx: (list(stale), 1)  # type: ignore[method-assign]
+
+    # When the first candidate loses the capacity race on "a"
+    result = d.dispatch_once()
+
+    # Then the later candidates find no worker to match; the cycle is not re-judged as all full
+    assert (result.reason, result.claim_calls, result.offer) == ("no_match", 1, None)
+
+
 def test_a_run_met_again_later_in_one_scan_fails_the_cycle_closed(harness: Harness) -> None:
     # Given an unplaceable run, which the second page answers again behind the cursor (as if it had
     # been queued anew between the two reads)
