@@ -36,6 +36,67 @@ def test_the_claim_budget_stops_the_cycle_before_the_next_worker(harness: Harnes
     assert (result.reason, result.truncated, result.claim_calls) == ("claim_budget_exhausted", True, 1)
 
 
+def test_a_cycle_stopped_by_its_claim_budget_resumes_behind_that_candidate(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a full one-slot worker that a stale snapshot shows with a free slot, and runs behind it
+    register(harness.db, "a", slots=1)
+    _, _, queued_runs = queued(harness.db, n=4)
+    d = dispatcher(harness.db, claims=1)
+    assert d.dispatch_once().offer is not None
+    current, _ = harness.db.transaction(d._workers, write=False)
+    stale = [replace(w, free_slots=1) for w in current]
+    d._workers = lambda tx: (list(stale), 1)  # type: ignore[method-assign]
+    real_claim = leases.claim
+    tried: list[str] = []
+
+    def recording(tx: Any, **kwargs: Any) -> leases.RunClaim:
+        tried.append(str(kwargs["run_id"]))
+        return real_claim(tx, **kwargs)
+
+    monkeypatch.setattr(leases, "claim", recording)
+
+    # When two cycles each spend their only claim on the capacity race
+    results = [d.dispatch_once() for _ in range(2)]
+
+    # Then the second one tried the next run, not the one the first stopped on
+    assert [r.reason for r in results] == ["claim_budget_exhausted"] * 2
+    assert tried == [queued_runs[1].id, queued_runs[2].id]
+
+
+def test_the_all_full_check_is_made_once_on_the_snapshot_as_read(harness: Harness) -> None:
+    # Given two full workers, and a stale snapshot that still shows a free slot on "a" only
+    register(harness.db, "a", slots=1)
+    register(harness.db, "b", slots=1)
+    queued(harness.db, n=4)
+    d = dispatcher(harness.db)
+    assert d.dispatch_once().offer is not None and d.dispatch_once().offer is not None
+    current, _ = harness.db.transaction(d._workers, write=False)
+    stale = [replace(w, free_slots=1 if w.worker_id == "a" else 0) for w in current]
+    d._workers = lambda tx: (list(stale), 1)  # type: ignore[method-assign]
+
+    # When the first candidate loses the capacity race on "a"
+    result = d.dispatch_once()
+
+    # Then the later candidates find no worker to match; the cycle is not re-judged as all full
+    assert (result.reason, result.claim_calls, result.offer) == ("no_match", 1, None)
+
+
+def test_a_run_met_again_later_in_one_scan_fails_the_cycle_closed(harness: Harness) -> None:
+    # Given an unplaceable run, which the second page answers again behind the cursor (as if it had
+    # been queued anew between the two reads)
+    register(harness.db)
+    queued(harness.db, n=1, require={"gpu": "yes"})
+    d = dispatcher(harness.db, candidate_page=1, candidate_pages=2)
+    [head] = harness.db.transaction(lambda tx: d._candidates(tx, None), write=False)
+    again = replace(head, queued_at_ms=head.queued_at_ms + 1)
+    d._candidates = lambda tx, cursor: [head] if cursor is None else [again]  # type: ignore[method-assign]
+
+    # When one cycle scans both pages, then the cycle fails closed on the repeated run
+    with pytest.raises(DispatchCycleError, match=r"^candidate cursor stalled or repeated$"):
+        d.dispatch_once()
+
+
 def test_a_claimed_result_reports_its_calls_and_its_offer_carries_the_lease(harness: Harness) -> None:
     register(harness.db, "a")
     queued(harness.db)

@@ -38,6 +38,20 @@ def test_worker_paging_reaches_the_only_matching_worker_on_the_last_page(harness
     assert result.worker_calls == 3
 
 
+def test_the_first_worker_page_starts_below_every_worker_id(harness: Harness) -> None:
+    # Given the one worker, whose id starts with a digit (sorting before every letter, either case)
+    register(harness.db, "0edge")
+    project = seed_project(harness.db)
+    _one_run(harness.db, project, seed_task(harness.db, project))
+
+    # When one cycle runs
+    result = dispatcher(harness.db).dispatch_once()
+
+    # Then the first page found it, and the run is placed there
+    assert result.reason == "claimed" and result.offer is not None
+    assert (result.offer.fence.worker_id, result.worker_calls) == ("0edge", 1)
+
+
 def test_a_matching_worker_beyond_the_worker_budget_is_not_used(harness: Harness) -> None:
     for i in range(4):
         register(harness.db, f"w{i:02d}")

@@ -168,7 +168,7 @@ def test_oversized_page_fails_the_cycle_closed(harness: Harness) -> None:
     real = d._candidates
     d._candidates = lambda tx, cursor: real(tx, cursor) + real(tx, cursor)[:1]  # type: ignore[method-assign]
 
-    with pytest.raises(DispatchCycleError):
+    with pytest.raises(DispatchCycleError, match=r"^oversized candidate page$"):
         d.dispatch_once()
     assert count(harness.db, "run_leases") == 0
 
@@ -180,8 +180,47 @@ def test_stalled_cursor_fails_the_cycle_closed(harness: Harness) -> None:
     real = d._candidates
     d._candidates = lambda tx, cursor: real(tx, None)  # type: ignore[method-assign]
 
-    with pytest.raises(DispatchCycleError):
+    with pytest.raises(DispatchCycleError, match=r"^candidate cursor stalled or repeated$"):
         d.dispatch_once()
+
+
+def _prioritised(db: Any, n: int, priority: int, **spec: Any) -> None:
+    project, task, _ = queued(db, 0, **spec)
+    for _ in range(n):
+        db.transaction(
+            lambda tx: runs.create_run(
+                tx, runs.CreateRun(project_id=project.id, task=task, priority=priority)
+            )
+        )
+
+
+def test_a_candidate_page_that_does_not_move_past_the_last_cycles_cursor_fails_closed(
+    harness: Harness,
+) -> None:
+    # Given a scan that its budget stopped after one unplaceable run of priority 5
+    register(harness.db)
+    _prioritised(harness.db, 2, 5, require={"gpu": "yes"})
+    d = dispatcher(harness.db, candidate_page=1, candidate_pages=1)
+    first = d.dispatch_once()
+    assert (first.reason, first.truncated) == ("scan_budget_exhausted", True)
+
+    # When the next cycle's page answers that same run again (the storage ignores the cursor)
+    real = d._candidates
+    d._candidates = lambda tx, cursor: real(tx, None)  # type: ignore[method-assign]
+
+    # Then the cycle fails closed: the cursor it resumed from did not advance
+    with pytest.raises(DispatchCycleError, match=r"^candidate cursor stalled or repeated$"):
+        d.dispatch_once()
+
+
+def test_paging_through_runs_of_one_priority_above_zero_reaches_the_placeable_one(harness: Harness) -> None:
+    register(harness.db)
+    _prioritised(harness.db, 1, 5, require={"gpu": "yes"}, name="gpu")
+    _prioritised(harness.db, 1, 5, name="plain")
+
+    result = dispatcher(harness.db, candidate_page=1, candidate_pages=2).dispatch_once()
+
+    assert result.reason == "claimed" and result.offer is not None
 
 
 def test_recovery_runs_first_and_keeps_the_offer_id_across_a_restart(harness: Harness) -> None:
@@ -303,7 +342,7 @@ def test_a_stalled_worker_cursor_fails_the_cycle_closed(harness: Harness) -> Non
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(workers, "snapshot_page", stalled)
-        with pytest.raises(DispatchCycleError):
+        with pytest.raises(DispatchCycleError, match=r"^worker cursor stalled or repeated$"):
             d.dispatch_once()
     assert count(harness.db, "run_leases") == 0
 
@@ -370,7 +409,7 @@ def test_a_repeated_recovery_row_fails_the_cycle_closed(harness: Harness) -> Non
     d._recovery_page = lambda tx, cursor: real(tx, None)  # type: ignore[method-assign]
     d._recovery_offer = lambda tx, attempt_id: None  # type: ignore[method-assign]
 
-    with pytest.raises(DispatchCycleError):
+    with pytest.raises(DispatchCycleError, match=r"^recovery cursor stalled or repeated$"):
         d.dispatch_once()
 
 
@@ -394,3 +433,5 @@ def test_a_dispatcher_bound_to_its_local_worker_places_and_recovers_only_for_it(
     # Then its one slot is used on "b" and the other run waits, although "a" has room
     assert first.offer is not None and first.offer.fence.worker_id == "b"
     assert second.offer is None and second.reason == "no_capacity"
+    # and each cycle read the one worker, in one call
+    assert (first.worker_calls, second.worker_calls) == (1, 1)

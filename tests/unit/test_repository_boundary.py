@@ -1,8 +1,8 @@
 """Named queries run only in repositories (docs/architecture.md, "Layers"): a use case asks a
 repository of its aggregate and gets frozen records back; it never names a query nor reads a row.
 
-The modules below still call the transaction directly; they are moved into repositories one
-aggregate at a time. The list may only shrink: a module that no longer runs a query must leave it.
+Every use case has moved (the last were the lease fences and the dispatcher): no module outside
+``repositories/`` and ``storage/`` may call ``tx.one/all/run`` any more.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ql3"
 QUERY_METHODS = {"one", "all", "run"}
 # Where running a named query is the module's job.
 HOMES = ("repositories/", "storage/")
-NOT_YET_MIGRATED = {
-    "application/dispatcher.py",
-}
 
 
 def _runs_queries(path: Path) -> bool:
@@ -44,13 +41,8 @@ def _modules_running_queries() -> set[str]:
 
 
 def test_only_repositories_and_storage_run_named_queries() -> None:
-    unexpected = _modules_running_queries() - NOT_YET_MIGRATED
+    unexpected = _modules_running_queries()
     assert not unexpected, f"named queries outside repositories: {sorted(unexpected)}"
-
-
-def test_the_not_yet_migrated_list_only_names_modules_that_still_run_queries() -> None:
-    stale = NOT_YET_MIGRATED - _modules_running_queries()
-    assert not stale, f"migrated already, remove from NOT_YET_MIGRATED: {sorted(stale)}"
 
 
 def test_the_detector_sees_a_query_call(tmp_path: Path) -> None:

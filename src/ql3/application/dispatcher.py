@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import leases, rows, workers
+from ql3.application import leases, workers
 from ql3.application.runs import latest_attempt
 from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
@@ -19,7 +19,12 @@ from ql3.domain.errors import Ql3Error, ValidationFailed
 from ql3.domain.offers import Offer, derive_lease_token, normalize_spec, offer_id, spec_digest
 from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
-from ql3.ports.storage import Database, Row, Transaction
+from ql3.ports.storage import Database, Transaction
+from ql3.repositories import dispatch as dispatch_repo
+from ql3.repositories import runs as run_repo
+from ql3.repositories import workers as worker_repo
+from ql3.repositories.dispatch import RecoverableLease
+from ql3.repositories.runs import QueuedCandidate
 
 HARD_PAGE: Final = 64
 HARD_PAGES: Final = 16
@@ -83,31 +88,6 @@ class _Counters:
     worker_calls: int = 0
     plan_calls: int = 0
     claim_calls: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Candidate:
-    run_id: str
-    project_id: str
-    task_id: str
-    task_revision: int
-    priority: int
-    queued_at_ms: int
-    attempt_id: str | None = None
-    attempt_status: str | None = None
-
-
-def _candidate(row: Row) -> Candidate:
-    return Candidate(
-        run_id=row["run_id"],
-        project_id=row["project_id"],
-        task_id=row["task_id"],
-        task_revision=int(row["task_revision"]),
-        priority=int(row["priority"]),
-        queued_at_ms=int(row["queued_at_ms"]),
-        attempt_id=row["attempt_id"],
-        attempt_status=row["attempt_status"],
-    )
 
 
 def _task_spec(tx: Transaction, task_id: str, revision: int) -> TaskSpec:
@@ -177,7 +157,7 @@ class RunDispatcher:
         # Fair scanning: where the next cycle resumes after one that a budget stopped without an
         # offer, so what an earlier cycle could not place never hides the runs behind it. Reset to the
         # head of the queue after an offer (priority order) and once a scan reaches the end (wrap).
-        self._scan_cursor: Candidate | None = None
+        self._scan_cursor: QueuedCandidate | None = None
         self._recovery_cursor: tuple[int, str] | None = None
 
     def _cached_spec(self, task_id: str, revision: int) -> TaskSpec:
@@ -212,15 +192,15 @@ class RunDispatcher:
             page = self._db.transaction(partial(self._recovery_page, cursor=cursor), write=False)
             if len(page) > self.budget.recovery_page:
                 raise DispatchCycleError("oversized recovery page")
-            for row in page:
-                key = (int(row["expires_at_ms"]), str(row["attempt_id"]))
-                if row["attempt_id"] in seen or (cursor is not None and key <= cursor):
+            for found in page:
+                key = (found.expires_at_ms, found.attempt_id)
+                if found.attempt_id in seen or (cursor is not None and key <= cursor):
                     raise DispatchCycleError("recovery cursor stalled or repeated")
-                seen.add(row["attempt_id"])
+                seen.add(found.attempt_id)
                 cursor = key
                 self._recovery_cursor = cursor
                 offer = self._db.transaction(
-                    partial(self._recovery_offer, attempt_id=row["attempt_id"]), write=False
+                    partial(self._recovery_offer, attempt_id=found.attempt_id), write=False
                 )
                 if isinstance(offer, str):
                     counters.plan_calls += 1
@@ -237,12 +217,10 @@ class RunDispatcher:
                 return None
         return self._result("recovery_budget_exhausted", counters, truncated=True)
 
-    def _recovery_page(self, tx: Transaction, cursor: tuple[int, str] | None) -> list[Row]:
-        params: dict[str, Any] = {"since": self._since, "limit": self.budget.recovery_page}
-        if cursor is None:
-            return tx.all("lease_recovery_first", params)
-        params["c_expires"], params["c_attempt"] = cursor
-        return tx.all("lease_recovery_after", params)
+    def _recovery_page(self, tx: Transaction, cursor: tuple[int, str] | None) -> list[RecoverableLease]:
+        return dispatch_repo.recoverable_leases(
+            tx, since=self._since, after=cursor, limit=self.budget.recovery_page
+        )
 
     def _recovery_offer(self, tx: Transaction, attempt_id: str) -> Offer | str | None:
         """The recovery offer; None when the lease no longer needs one (ended, expired, fenced,
@@ -253,22 +231,21 @@ class RunDispatcher:
             return None
         if self._local_worker_id is not None and lease.worker_id != self._local_worker_id:
             return None
-        row = tx.one("run_get", {"id": lease.run_id})
-        if row is None:
+        run = run_repo.get_run(tx, lease.run_id)
+        if run is None:
             return "recovery_plans_unavailable"
-        run = rows.run(row)
         attempt = latest_attempt(tx, run.id)
         if run.status != "dispatching" or run.cancel_requested_at_ms is not None:
             return None
         if attempt is None or attempt.id != attempt_id or attempt.status != "claimed":
             return None
-        worker = tx.one("worker_get", {"worker_id": lease.worker_id})
+        worker = worker_repo.get_worker(tx, lease.worker_id)
         if (
             worker is None
-            or worker["session_id"] != lease.worker_session_id
-            or int(worker["generation"]) != lease.worker_generation
-            or worker["status"] not in ("online", "draining")
-            or int(worker["lease_expires_at_ms"]) <= now
+            or worker.session_id != lease.worker_session_id
+            or worker.generation != lease.worker_generation
+            or worker.status not in ("online", "draining")
+            or worker.lease_expires_at_ms <= now
         ):
             return None
         try:
@@ -300,16 +277,13 @@ class RunDispatcher:
 
     # -- new claims ------------------------------------------------------------------------------
 
-    def _candidates(self, tx: Transaction, cursor: Candidate | None) -> list[Candidate]:
-        params: dict[str, Any] = {"limit": self.budget.candidate_page}
-        if cursor is None:
-            return [_candidate(r) for r in tx.all("candidate_first", params)]
-        params.update(c_priority=cursor.priority, c_queued=cursor.queued_at_ms, c_id=cursor.run_id)
-        return [_candidate(r) for r in tx.all("candidate_after", params)]
+    def _candidates(self, tx: Transaction, cursor: QueuedCandidate | None) -> list[QueuedCandidate]:
+        after = None if cursor is None else (cursor.priority, cursor.queued_at_ms, cursor.run_id)
+        return run_repo.queued_candidates(tx, after=after, limit=self.budget.candidate_page)
 
     def _page(
-        self, tx: Transaction, cursor: Candidate | None, with_workers: bool
-    ) -> tuple[list[Candidate], list[WorkerSnapshot] | None, int]:
+        self, tx: Transaction, cursor: QueuedCandidate | None, with_workers: bool
+    ) -> tuple[list[QueuedCandidate], list[WorkerSnapshot] | None, int]:
         """One candidate page and, when it is not empty and asked for, the worker snapshot in the
         same read transaction (one round trip fewer per cycle on PostgreSQL). The snapshot is only a
         placement hint either way: every claim re-checks the worker under its row lock."""
@@ -346,7 +320,7 @@ class RunDispatcher:
             recovered = self._recover(counters)
             if recovered is not None:
                 return recovered
-        cursor: Candidate | None = self._scan_cursor
+        cursor: QueuedCandidate | None = self._scan_cursor
         seen: set[str] = set()
         snapshot: list[WorkerSnapshot] | None = None
         checked_capacity = False
@@ -406,7 +380,7 @@ class RunDispatcher:
         )
 
     def _try_candidate(
-        self, cand: Candidate, snapshot: list[WorkerSnapshot], counters: _Counters
+        self, cand: QueuedCandidate, snapshot: list[WorkerSnapshot], counters: _Counters
     ) -> tuple[DispatchResult | None, str]:
         if cand.attempt_id is None or cand.attempt_status != "claimed":
             return None, "claim_raced"
@@ -463,7 +437,6 @@ def decode_offer(text: str) -> Offer:
 
 
 __all__ = [
-    "Candidate",
     "DispatchBudget",
     "DispatchCycleError",
     "DispatchResult",

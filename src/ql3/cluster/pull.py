@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any, Final
 
 from ql3.application import leases, workers
-from ql3.application.dispatcher import Candidate, build_plan, plan_from_spec
+from ql3.application.dispatcher import build_plan, plan_from_spec
 from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, domain_digest
@@ -95,7 +95,7 @@ class PullResult:
     reason: str  # claimed | replayed | no_candidates | no_match | no_capacity | draining | ...
     offer: Offer | None = None
     truncated: bool = False
-    cursor: Candidate | None = None  # where the next pass resumes after a truncated one
+    cursor: QueuedCandidate | None = None  # where the next pass resumes after a truncated one
     walked_to_end: bool = False  # the pass reached the end of the queue: the next starts at the head
 
 
@@ -164,19 +164,6 @@ def _rebuild(tx: Transaction, lease: leases.Lease, req: PullRequest) -> Offer:
     return _offer(lease, req, spec)
 
 
-def _candidate(queued: QueuedCandidate) -> Candidate:
-    return Candidate(
-        run_id=queued.run_id,
-        project_id=queued.project_id,
-        task_id=queued.task_id,
-        task_revision=queued.task_revision,
-        priority=queued.priority,
-        queued_at_ms=queued.queued_at_ms,
-        attempt_id=queued.attempt_id,
-        attempt_status=queued.attempt_status,
-    )
-
-
 class PullService:
     """Thread-safe; one per replica. ``pull`` long-polls up to ``wait_ms`` (at most 20 s), woken by
     commits on ``runs`` (new runs) and ``slots`` (freed slots) from this replica or, through
@@ -197,7 +184,7 @@ class PullService:
         self._wait_past = wait_past or (notifier.wait_past if notifier is not None else None)
         self._specs: OrderedDict[tuple[str, int], TaskSpec] = OrderedDict()
         # worker id -> (session id, generation, where its walk resumes); oldest first
-        self._cursors: OrderedDict[str, tuple[str, int, Candidate]] = OrderedDict()
+        self._cursors: OrderedDict[str, tuple[str, int, QueuedCandidate]] = OrderedDict()
         self._lock = threading.Lock()
         self._closing = threading.Event()
 
@@ -226,7 +213,7 @@ class PullService:
 
     # -- the per-session fair scan cursor ----------------------------------------------------------
 
-    def resume_cursor(self, req: PullRequest) -> Candidate | None:
+    def resume_cursor(self, req: PullRequest) -> QueuedCandidate | None:
         """Where this session's walk stopped on this replica (None: the head of the queue)."""
         with self._lock:
             entry = self._cursors.get(req.worker_id)
@@ -250,7 +237,7 @@ class PullService:
     # -- one bounded pass --------------------------------------------------------------------------
 
     def pull_once(
-        self, req: PullRequest, cursor: Candidate | None = None, *, replay_only: bool = False
+        self, req: PullRequest, cursor: QueuedCandidate | None = None, *, replay_only: bool = False
     ) -> PullResult:
         """One bounded pass from ``cursor`` (None: the head of the queue). ``replay_only``: only
         re-deliver the live lease of this pair, never claim (a restarted worker resuming what it
@@ -280,7 +267,7 @@ class PullService:
         return self._scan(req, snapshot, digest, cursor)
 
     def _scan(
-        self, req: PullRequest, snapshot: WorkerSnapshot, digest: str, cursor: Candidate | None
+        self, req: PullRequest, snapshot: WorkerSnapshot, digest: str, cursor: QueuedCandidate | None
     ) -> PullResult:
         reason = "no_candidates"
         for page_no in range(self.budget.candidate_pages):
@@ -325,13 +312,12 @@ class PullService:
                 return PullResult(reason="scan_budget_exhausted", truncated=True, cursor=cursor)
         return PullResult(reason=reason, walked_to_end=True)
 
-    def _candidates(self, tx: Transaction, cursor: Candidate | None) -> list[Candidate]:
+    def _candidates(self, tx: Transaction, cursor: QueuedCandidate | None) -> list[QueuedCandidate]:
         after = None if cursor is None else (cursor.priority, cursor.queued_at_ms, cursor.run_id)
-        found = run_repo.queued_candidates(tx, after=after, limit=self.budget.candidate_page)
-        return [_candidate(queued) for queued in found]
+        return run_repo.queued_candidates(tx, after=after, limit=self.budget.candidate_page)
 
     def _claim(
-        self, tx: Transaction, *, req: PullRequest, cand: Candidate, attempt_id: str, digest: str
+        self, tx: Transaction, *, req: PullRequest, cand: QueuedCandidate, attempt_id: str, digest: str
     ) -> leases.RunClaim | Offer:
         # The worker's registry row is locked first: every pull of this worker, on any replica,
         # serialises here, and the second of two identical retries finds the first one's lease.
