@@ -147,7 +147,6 @@ def claim(
         written = repo.reacquire_claim(
             tx,
             existing,
-            run_id=run_id,
             worker_id=worker_id,
             session_id=session_id,
             worker_generation=worker_generation,

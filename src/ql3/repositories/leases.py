@@ -172,29 +172,6 @@ def _claim_write(row: Row | None) -> ClaimWrite | None:
     return ClaimWrite(lease=lease_from_row(row), slot_counted=bool(int(row["slot_counted"])))
 
 
-def _claim_params(
-    *,
-    attempt_id: str,
-    run_id: str,
-    worker_id: str,
-    session_id: str,
-    worker_generation: int,
-    lease_token_digest: str,
-    expires_at_ms: int,
-    now: int,
-) -> dict[str, object]:
-    return {
-        "attempt_id": attempt_id,
-        "run_id": run_id,
-        "worker_id": worker_id,
-        "worker_session_id": session_id,
-        "worker_generation": worker_generation,
-        "expires_at_ms": expires_at_ms,
-        "now": now,
-        "lease_token_digest": lease_token_digest,
-    }
-
-
 def insert_claim(
     tx: Transaction,
     *,
@@ -209,16 +186,16 @@ def insert_claim(
 ) -> ClaimWrite | None:
     """The attempt's first lease (generation 1, version 0); None, writing nothing, when the attempt
     already has a lease row."""
-    params = _claim_params(
-        attempt_id=attempt_id,
-        run_id=run_id,
-        worker_id=worker_id,
-        session_id=session_id,
-        worker_generation=worker_generation,
-        lease_token_digest=lease_token_digest,
-        expires_at_ms=expires_at_ms,
-        now=now,
-    )
+    params = {
+        "attempt_id": attempt_id,
+        "run_id": run_id,
+        "worker_id": worker_id,
+        "worker_session_id": session_id,
+        "worker_generation": worker_generation,
+        "expires_at_ms": expires_at_ms,
+        "now": now,
+        "lease_token_digest": lease_token_digest,
+    }
     return _claim_write(tx.one("lease_insert_claim", params))
 
 
@@ -226,7 +203,6 @@ def reacquire_claim(
     tx: Transaction,
     current: Lease,
     *,
-    run_id: str,
     worker_id: str,
     session_id: str,
     worker_generation: int,
@@ -235,18 +211,18 @@ def reacquire_claim(
     now: int,
 ) -> ClaimWrite | None:
     """The attempt's lease row taken over by a new holder (generation +1, version +1, leased),
-    compare-and-set on the version of ``current``; None when it moved."""
-    params = _claim_params(
-        attempt_id=current.attempt_id,
-        run_id=run_id,
-        worker_id=worker_id,
-        session_id=session_id,
-        worker_generation=worker_generation,
-        lease_token_digest=lease_token_digest,
-        expires_at_ms=expires_at_ms,
-        now=now,
-    )
-    return _claim_write(tx.one("lease_reacquire_claim", {**params, "expected_version": current.version}))
+    compare-and-set on the version of ``current``; None when it moved. The row keeps its run."""
+    params = {
+        "attempt_id": current.attempt_id,
+        "worker_id": worker_id,
+        "worker_session_id": session_id,
+        "worker_generation": worker_generation,
+        "expires_at_ms": expires_at_ms,
+        "now": now,
+        "lease_token_digest": lease_token_digest,
+        "expected_version": current.version,
+    }
+    return _claim_write(tx.one("lease_reacquire_claim", params))
 
 
 # -- the claim in one statement (PostgreSQL) -------------------------------------------------------
