@@ -86,6 +86,21 @@ def _delay_s(due_ms: int | None, now_ms: int, backstop_s: float) -> float:
     return min(backstop_s, delay + 0.001)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Wiring:
+    """What every loop builder below takes: the database, its wake-ups, the settings, this process's
+    lease-owner name, the host clock (for the outbox's due times only), the fault hook, the adapters."""
+
+    db: Database
+    wakeups: Wakeups
+    settings: ServeSettings
+    owner: str
+    clock: Callable[[], int]
+    fault: Callable[[str], None]
+    adapters: Adapters
+    loop: LoopFactory
+
+
 def control_loops(
     db: Database,
     wakeups: Wakeups,
@@ -99,12 +114,32 @@ def control_loops(
     """Lease expiry and lost retry, timeouts and cancellation, approved actions, cron, notifications
     and retention, in that order. ``owner`` names this process as lease owner of control-plane work.
     Correct with any number of processes on one database: each step is a fenced, locked transaction."""
-    budgets = settings.budgets
-    loop = loop_factory(db, wakeups)
+    w = _Wiring(
+        db=db,
+        wakeups=wakeups,
+        settings=settings,
+        owner=owner,
+        clock=clock,
+        fault=fault,
+        adapters=adapters,
+        loop=loop_factory(db, wakeups),
+    )
+    return [
+        _expiry_loop(w),
+        _cancellation_loop(w),
+        _actions_loop(w),
+        _cron_loop(w),
+        _notifications_loop(w),
+        _retention_loop(w),
+    ]
+
+
+def _expiry_loop(w: _Wiring) -> LifecycleRunner:
+    """Expired run leases (each in its own fenced transaction), then lost runs due their retry."""
+    db, page = w.db, w.settings.budgets.expiry_page
 
     def expiry_cycle() -> bool:
         did = False
-        page = budgets.expiry_page
         for attempt_id in db.transaction(lambda tx: leases.expired_page(tx, page), write=False):
             db.transaction(partial(leases.expire_lease, attempt_id=attempt_id))
             did = True
@@ -113,52 +148,22 @@ def control_loops(
             did = True
         return did
 
-    scheduler = CronScheduler(db, page=budgets.cron_page)
+    return w.loop("lease-expiry", expiry_cycle, channels.RETRIES, w.settings.budgets.expiry_backstop_s)
 
-    def cron_cycle() -> bool:
-        return len(scheduler.schedule_once().decisions) >= budgets.cron_page
 
-    def cron_wait(backstop_s: float) -> bool:
-        # Until the earliest occurrence (or a task change), on the clock the scheduler decides with.
-        earliest, now = db.transaction(lambda tx: (schedules.earliest_fire_at(tx), tx.now_ms()), write=False)
-        return db.wait_for(channels.SCHEDULES, _delay_s(earliest, now, backstop_s))
-
-    action_dispatcher = ApprovedActionDispatcher(
-        db,
-        [RunCreateHandler()],
-        owner,
-        page=budgets.approvals_page,
-        lease_ms=settings.action_lease_ms,
-        fault=fault,
-    )
-    resolver = RecoveryResolver(db, [RunCreateHandler()], owner, page=budgets.approvals_page)
-
-    def actions_cycle() -> bool:
-        """Consume approved requests, run due approved actions, resolve crashed ones from evidence."""
-        consumed = 0
-        for approval_id in db.transaction(
-            lambda tx: approvals.unconsumed_approved(tx, limit=budgets.approvals_page), write=False
-        ):
-            with contextlib.suppress(Conflict):  # a concurrent consumer (another process) won
-                db.transaction(
-                    partial(approvals.consume, approval_id=approval_id, consumption_id=f"auto.{approval_id}")
-                )
-                consumed += 1
-        batch = action_dispatcher.dispatch_batch()
-        resolved = resolver.resolve_batch()
-        page = budgets.approvals_page
-        return consumed > 0 or len(batch.items) >= page or len(resolved.items) >= page
-
+def _cancellation_loop(w: _Wiring) -> LifecycleRunner:
+    """Timeouts become cancel intents; the supervisor dispatches the intents' stops."""
+    db, budgets = w.db, w.settings.budgets
     supervisor = CancellationSupervisor(
         db,
-        signal=adapters.signal,
-        finish=adapters.finish,
-        owner=owner,
+        signal=w.adapters.signal,
+        finish=w.adapters.finish,
+        owner=w.owner,
         page=budgets.cancel_page,
         pages=budgets.cancel_pages,
-        lease_ms=settings.cancel_lease_ms,
-        fault=fault,
-        local_worker_id=adapters.local_worker_id,
+        lease_ms=w.settings.cancel_lease_ms,
+        fault=w.fault,
+        local_worker_id=w.adapters.local_worker_id,
     )
 
     def cancellation_cycle() -> bool:
@@ -170,32 +175,96 @@ def control_loops(
         # Until the next deadline, backoff or lease expiry, on the database's clock. A new intent wakes
         # us on "cancellations"; a new deadline (the starting ACK) on "attempts", so we re-plan at once.
         due, now = db.transaction(lambda tx: (supervisor.next_wake_ms(tx), tx.now_ms()), write=False)
-        return wakeups.wait_any((channels.CANCELLATIONS, channels.ATTEMPTS), _delay_s(due, now, backstop_s))
+        return w.wakeups.wait_any((channels.CANCELLATIONS, channels.ATTEMPTS), _delay_s(due, now, backstop_s))
 
-    delivery = notifications.DeliveryBudget(lease_ms=settings.notify_lease_ms)
-    deliverer = notifications.NotificationDeliverer(db, adapters.sender, owner, budget=delivery, fault=fault)
+    return w.loop(
+        "cancellation",
+        cancellation_cycle,
+        channels.CANCELLATIONS,
+        budgets.cancellation_backstop_s,
+        cancellation_wait,
+        stuck_after_s=CANCELLATION_STUCK_AFTER_S,
+    )
+
+
+def _actions_loop(w: _Wiring) -> LifecycleRunner:
+    """Approved requests are consumed into actions, due actions run, crashed ones resolved."""
+    db, page = w.db, w.settings.budgets.approvals_page
+    action_dispatcher = ApprovedActionDispatcher(
+        db,
+        [RunCreateHandler()],
+        w.owner,
+        page=page,
+        lease_ms=w.settings.action_lease_ms,
+        fault=w.fault,
+    )
+    resolver = RecoveryResolver(db, [RunCreateHandler()], w.owner, page=page)
+
+    def actions_cycle() -> bool:
+        """Consume approved requests, run due approved actions, resolve crashed ones from evidence."""
+        consumed = 0
+        for approval_id in db.transaction(
+            lambda tx: approvals.unconsumed_approved(tx, limit=page), write=False
+        ):
+            with contextlib.suppress(Conflict):  # a concurrent consumer (another process) won
+                db.transaction(
+                    partial(approvals.consume, approval_id=approval_id, consumption_id=f"auto.{approval_id}")
+                )
+                consumed += 1
+        batch = action_dispatcher.dispatch_batch()
+        resolved = resolver.resolve_batch()
+        return consumed > 0 or len(batch.items) >= page or len(resolved.items) >= page
+
+    return w.loop(
+        "approved-actions", actions_cycle, channels.APPROVED_ACTIONS, w.settings.budgets.actions_backstop_s
+    )
+
+
+def _cron_loop(w: _Wiring) -> LifecycleRunner:
+    """Due schedule occurrences become runs; the loop sleeps until the earliest next one."""
+    db, budgets = w.db, w.settings.budgets
+    scheduler = CronScheduler(db, page=budgets.cron_page)
+
+    def cron_cycle() -> bool:
+        return len(scheduler.schedule_once().decisions) >= budgets.cron_page
+
+    def cron_wait(backstop_s: float) -> bool:
+        # Until the earliest occurrence (or a task change), on the clock the scheduler decides with.
+        earliest, now = db.transaction(lambda tx: (schedules.earliest_fire_at(tx), tx.now_ms()), write=False)
+        return db.wait_for(channels.SCHEDULES, _delay_s(earliest, now, backstop_s))
+
+    return w.loop("cron", cron_cycle, channels.SCHEDULES, budgets.cron_backstop_s, cron_wait)
+
+
+def _notifications_loop(w: _Wiring) -> LifecycleRunner:
+    """The outbox's due notifications are delivered under a lease, retried with backoff."""
+    delivery = notifications.DeliveryBudget(lease_ms=w.settings.notify_lease_ms)
+    deliverer = notifications.NotificationDeliverer(
+        w.db, w.adapters.sender, w.owner, budget=delivery, fault=w.fault
+    )
 
     def notify_cycle() -> bool:
         return deliverer.deliver_batch().claimed >= delivery.page
 
     def notify_wait(backstop_s: float) -> bool:
         # Until the next retry or lease expiry (or a new outcome), within the backstop.
-        return db.wait_for(channels.NOTIFICATIONS, _delay_s(deliverer.next_due_ms(), clock(), backstop_s))
+        return w.db.wait_for(channels.NOTIFICATIONS, _delay_s(deliverer.next_due_ms(), w.clock(), backstop_s))
 
-    pruner = retention.RetentionPruner(db, adapters.logs)
+    return w.loop(
+        "notifications",
+        notify_cycle,
+        channels.NOTIFICATIONS,
+        w.settings.budgets.notify_backstop_s,
+        notify_wait,
+    )
 
-    return [
-        loop("lease-expiry", expiry_cycle, channels.RETRIES, budgets.expiry_backstop_s),
-        loop(
-            "cancellation",
-            cancellation_cycle,
-            channels.CANCELLATIONS,
-            budgets.cancellation_backstop_s,
-            cancellation_wait,
-            stuck_after_s=CANCELLATION_STUCK_AFTER_S,
-        ),
-        loop("approved-actions", actions_cycle, channels.APPROVED_ACTIONS, budgets.actions_backstop_s),
-        loop("cron", cron_cycle, channels.SCHEDULES, budgets.cron_backstop_s, cron_wait),
-        loop("notifications", notify_cycle, channels.NOTIFICATIONS, budgets.notify_backstop_s, notify_wait),
-        loop("retention", lambda: pruner.prune_once().more, channels.RETENTION, budgets.retention_backstop_s),
-    ]
+
+def _retention_loop(w: _Wiring) -> LifecycleRunner:
+    """Runs, their rows and log files past a project's retention are pruned, a bounded page at a time."""
+    pruner = retention.RetentionPruner(w.db, w.adapters.logs)
+    return w.loop(
+        "retention",
+        lambda: pruner.prune_once().more,
+        channels.RETENTION,
+        w.settings.budgets.retention_backstop_s,
+    )
