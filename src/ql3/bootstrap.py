@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ql3.application.settings import ServeSettings, resolve_home
 from ql3.domain.errors import ConfigurationError
@@ -19,9 +19,17 @@ from ql3.ports.storage import Database
 from ql3.storage.migrations import MigrationState, chain
 from ql3.storage.notify import LocalNotifier
 
+if TYPE_CHECKING:
+    from ql3.application.dispatcher import RunDispatcher
+    from ql3.worker.agent import WorkerAgent
+
 
 class ManagedDatabase(Database, Protocol):
+    """The database as ``ql3 serve`` holds it: the port, its wake-up board, its migrations, and the
+    host clock the embedded worker times its own renewals with (a test database's fake clock)."""
+
     notifier: LocalNotifier
+    clock: Callable[[], int]
 
     def migrate(self) -> list[int]: ...
     def migration_status(self) -> list[MigrationState]: ...
@@ -124,59 +132,20 @@ def build_standalone_runtime(
     ``run_as``: a ``TaskUser`` the embedded worker's commands run as (None: the server's own user);
     ``task_users``: the same per project (wins over ``run_as``)."""
     import socket
-    import time
 
     from ql3.application.control_loops import Adapters, control_loops, loop_factory
-    from ql3.application.dispatcher import DispatchBudget, RunDispatcher
     from ql3.application.embedded_dispatch import EmbeddedDispatch
-    from ql3.application.gateway import InProcessControlPlane
     from ql3.execution.controller import ProcessController, finish_stop
-    from ql3.execution.launcher import LocalLauncher
     from ql3.execution.log_retention import LogDirectory
     from ql3.notify.senders import ChannelSender
-    from ql3.worker.agent import WorkerAgent
-    from ql3.worker.config import WorkerConfig
 
     budgets = settings.budgets
     home = settings.home
     fault_point = fault_injector(settings.fault)
-    clock = getattr(db, "clock", None) or (lambda: time.time_ns() // 1_000_000)
     wid = settings.worker_id or f"embedded-{socket.gethostname()}"[:128]
-    dispatcher = RunDispatcher(
-        db,
-        lease_secret=lease_secret(home),
-        budget=DispatchBudget(
-            recovery_page=budgets.dispatch_page,
-            recovery_pages=budgets.dispatch_pages,
-            candidate_page=budgets.dispatch_page,
-            candidate_pages=budgets.dispatch_pages,
-            claims=budgets.dispatch_claims,
-            lease_ms=settings.run_lease_ms,
-        ),
-        # The restart boundary is compared with lease acquisition times, so it is read from the
-        # same clock that wrote them (the database's), never from this host's.
-        incarnation_started_ms=db.transaction(lambda tx: tx.now_ms(), write=False),
-        local_worker_id=wid,
-    )
-    worker = WorkerAgent(
-        InProcessControlPlane(db),
-        WorkerConfig(
-            worker_id=wid,
-            home=home / "worker",
-            slots=settings.slots,
-            labels=dict(settings.labels),
-            run_lease_ms=settings.run_lease_ms,
-            log_cap_bytes=settings.log_cap_bytes,
-            journal_capacity=max(64, settings.slots),
-            default_cwd=None if default_cwd is None else str(default_cwd),
-        ),
-        clock=clock,
-        fault=fault_point,
-        launcher=(
-            LocalLauncher(run_as=run_as, task_users=task_users)
-            if run_as is not None or task_users is not None
-            else None
-        ),
+    dispatcher = _embedded_dispatcher(db, settings, wid)
+    worker = _embedded_worker(
+        db, settings, wid, fault=fault_point, run_as=run_as, task_users=task_users, default_cwd=default_cwd
     )
     notifier = db.notifier
     # One wake-up of the dispatcher per run, not three (application/embedded_dispatch.py).
@@ -210,7 +179,7 @@ def build_standalone_runtime(
             notifier,
             settings,
             owner=f"{wid}-control"[:128],  # this process's identity as lease owner of control-plane work
-            clock=clock,
+            clock=db.clock,
             fault=fault_point,
             adapters=Adapters(
                 sender=ChannelSender(),
@@ -222,3 +191,67 @@ def build_standalone_runtime(
         ),
     ]
     return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops, db=db)
+
+
+def _embedded_dispatcher(db: ManagedDatabase, settings: ServeSettings, wid: str) -> RunDispatcher:
+    """The run dispatcher of ``ql3 serve`` with the settings' budgets, offering to worker ``wid``."""
+    from ql3.application.dispatcher import DispatchBudget, RunDispatcher
+
+    budgets = settings.budgets
+    home = settings.home
+    return RunDispatcher(
+        db,
+        lease_secret=lease_secret(home),
+        budget=DispatchBudget(
+            recovery_page=budgets.dispatch_page,
+            recovery_pages=budgets.dispatch_pages,
+            candidate_page=budgets.dispatch_page,
+            candidate_pages=budgets.dispatch_pages,
+            claims=budgets.dispatch_claims,
+            lease_ms=settings.run_lease_ms,
+        ),
+        # The restart boundary is compared with lease acquisition times, so it is read from the
+        # same clock that wrote them (the database's), never from this host's.
+        incarnation_started_ms=db.transaction(lambda tx: tx.now_ms(), write=False),
+        local_worker_id=wid,
+    )
+
+
+def _embedded_worker(
+    db: ManagedDatabase,
+    settings: ServeSettings,
+    wid: str,
+    *,
+    fault: Callable[[str], None],
+    run_as: TaskUser | None,
+    task_users: TaskUsers | None,
+    default_cwd: Path | None,
+) -> WorkerAgent:
+    """The embedded worker ``wid``: its journal under ``$QL3_HOME/worker``, commands as ``run_as`` (or
+    the project's task user), talking to the control plane in process."""
+    from ql3.application.gateway import InProcessControlPlane
+    from ql3.execution.launcher import LocalLauncher
+    from ql3.worker.agent import WorkerAgent
+    from ql3.worker.config import WorkerConfig
+
+    home = settings.home
+    return WorkerAgent(
+        InProcessControlPlane(db),
+        WorkerConfig(
+            worker_id=wid,
+            home=home / "worker",
+            slots=settings.slots,
+            labels=dict(settings.labels),
+            run_lease_ms=settings.run_lease_ms,
+            log_cap_bytes=settings.log_cap_bytes,
+            journal_capacity=max(64, settings.slots),
+            default_cwd=None if default_cwd is None else str(default_cwd),
+        ),
+        clock=db.clock,
+        fault=fault,
+        launcher=(
+            LocalLauncher(run_as=run_as, task_users=task_users)
+            if run_as is not None or task_users is not None
+            else None
+        ),
+    )

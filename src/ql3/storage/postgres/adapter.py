@@ -32,6 +32,10 @@ _NOW = b"SELECT ql3_now_ms() AS now"
 _NOTIFY = b"SELECT pg_notify(%s, %s)"
 
 
+def _host_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class PostgresTransaction:
     """One unit of work on a pooled autocommit connection, with the fewest round trips.
 
@@ -137,6 +141,9 @@ class PostgresDatabase:
         self.dsn = dsn
         self._queries = catalogue("postgres")
         self.notifier = LocalNotifier()
+        # The host clock, for the worker's own timers only: every time this database stores is read from
+        # the database's clock inside the transaction (``Transaction.now_ms``).
+        self.clock: Callable[[], int] = _host_clock_ms
         # Sent as every NOTIFY's payload. A commit posts its channels to ``notifier`` itself, so the
         # relay skips its own NOTIFYs coming back over LISTEN: without that every local commit woke
         # this process's loops twice (the second time a moment later, for nothing).
