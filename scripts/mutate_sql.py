@@ -50,6 +50,8 @@ FUNCTIONS = {
                 "tests/contract/test_claim_reacquire_slots.py",
                 "tests/contract/test_claim_statements.py",
                 "tests/contract/test_dispatch_claim_edges.py",
+                # which rows the claim holds locked, and in which order (the FOR UPDATE mutants)
+                "tests/contract/test_pg_round_trips.py::test_the_claim_locks_run_attempt_worker_then_lease_in_order_before_writing",
             ),
             (
                 "tests/contract/test_lease_row_locks.py",

@@ -193,6 +193,16 @@ def test_an_unknown_attempt_is_not_found_and_nothing_is_claimed(harness: Harness
     assert run_of(harness.db, project, run_id).status == "queued"
 
 
+def test_an_unknown_run_is_not_found_and_nothing_is_claimed(harness: Harness) -> None:
+    project, run_id, attempt_id = _queued(harness)
+    with pytest.raises(NotFound) as caught:
+        _claim(harness, new_id(), attempt_id)
+    assert caught.value.message == "run not found"
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id).status == "queued"
+    assert int(_worker(harness)["active_leases"]) == 0
+
+
 def _stale_candidate(harness: Harness, run_id: str) -> None:
     """The run is queued again while its attempt's lease row is as the test left it."""
     harness.db.raw("UPDATE runs SET status = 'queued' WHERE id = ?", (run_id,))
@@ -247,6 +257,25 @@ def test_a_leased_row_expiring_exactly_at_the_claims_instant_is_taken_again(harn
     assert result.lease.lease_generation == 2 == int(_lease(harness)["lease_generation"])
 
 
+def test_a_claim_changes_no_other_run_or_attempt(harness: Harness) -> None:
+    # Given two queued runs at the same version, their attempts claimed at the same callback sequence
+    register(harness.db, lease_ms=600_000)
+    project, _, (a, b) = queued(harness.db, 2)
+    attempt_a = harness.db.transaction(lambda tx: runs.latest_attempt(tx, a.id), write=False)
+    attempt_b = harness.db.transaction(lambda tx: runs.latest_attempt(tx, b.id), write=False)
+    before = run_of(harness.db, project, b.id)
+    assert (a.version, attempt_a.callback_sequence) == (before.version, attempt_b.callback_sequence)
+
+    # When the first is claimed
+    assert _claim(harness, a.id, attempt_a.id).status == "claimed"
+
+    # Then the other run and its attempt are exactly as they were (each write names its row)
+    assert run_of(harness.db, project, b.id) == before
+    assert harness.db.transaction(lambda tx: runs.latest_attempt(tx, b.id), write=False) == attempt_b
+    claimed = harness.db.transaction(lambda tx: runs.latest_attempt(tx, a.id), write=False)
+    assert claimed.worker_id == "w1" and run_of(harness.db, project, a.id).status == "dispatching"
+
+
 def test_reacquiring_a_lease_row_changes_no_other_attempts_lease(harness: Harness) -> None:
     # Given run A's lease left to expire (still leased: the expiry loop has not ended it) and run B
     # claimed afterwards, so both lease rows are at version 0, B's live
@@ -271,8 +300,9 @@ def test_reacquiring_a_lease_row_changes_no_other_attempts_lease(harness: Harnes
     # When A's row is reacquired
     result = _claim(harness, a.id, attempts[a.id])
 
-    # Then only A's row moved to its next generation: B's lease is exactly as it was
+    # Then only A's row moved to its next generation and version: B's lease is exactly as it was
     assert result.status == "claimed" and result.lease is not None and result.lease.lease_generation == 2
+    assert (int(lease_of(attempts[a.id])["version"]), result.lease.version) == (1, 1)
     assert lease_of(attempts[b.id]) == other
     assert run_of(harness.db, project, b.id).status == "dispatching"
 
