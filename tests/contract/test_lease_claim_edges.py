@@ -117,6 +117,22 @@ def test_a_run_that_is_not_a_queued_candidate_is_not_eligible_and_nothing_is_cla
     assert int(_worker(harness)["active_leases"]) == 0
 
 
+@pytest.mark.parametrize("status", ["starting", "lost"])
+def test_a_latest_attempt_that_is_not_claimed_is_not_eligible_and_nothing_is_claimed(
+    harness: Harness, status: str
+) -> None:
+    # Given a queued run whose latest attempt has left claimed (the page read it before that committed)
+    project, run_id, attempt_id = _queued(harness)
+    harness.db.raw("UPDATE run_attempts SET status = ? WHERE id = ?", (status, attempt_id))
+    before = run_of(harness.db, project, run_id)
+
+    # Then the claim answers not_eligible (not a conflict) and writes nothing
+    assert _claim(harness, run_id, attempt_id).status == "not_eligible"
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id) == before
+    assert int(_worker(harness)["active_leases"]) == 0
+
+
 @pytest.mark.parametrize("change", ["missing", "session", "generation", "draining", "offline"])
 def test_a_worker_that_may_not_take_work_is_unavailable_and_nothing_is_claimed(
     harness: Harness, change: str
