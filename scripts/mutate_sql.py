@@ -241,8 +241,8 @@ def mutations(body: str) -> Iterator[tuple[str, int, int, str]]:
                 nxt = re.compile(r"\s(AND|OR)\s").match(body, b)
                 assert nxt is not None
                 yield "drop_condition", a, nxt.end(), " "
-            else:
-                yield "drop_condition", a, b, ""
+            else:  # the connector before it goes with it; a space keeps the next token apart
+                yield "drop_condition", a, b, " "
 
 
 def function_parts(function: Function) -> tuple[str, int, int]:
