@@ -97,6 +97,42 @@ def test_each_claim_writes_one_dispatching_event_naming_the_worker_and_the_lease
             _expire(harness, attempt_id)  # the unstarted claim returns the run to the queue
 
 
+@pytest.mark.parametrize("state", ["retry_wait", "waiting_approval", "cancel_requested"])
+def test_a_run_that_is_not_a_queued_candidate_is_not_eligible_and_nothing_is_claimed(
+    harness: Harness, state: str
+) -> None:
+    # Given a run whose attempt is claimed and has no lease, but the run is not queued, or is queued
+    # with a committed cancel request (the candidate page read before that change committed)
+    project, run_id, attempt_id = _queued(harness)
+    if state == "cancel_requested":
+        harness.db.raw("UPDATE runs SET cancel_requested_at_ms = created_at_ms WHERE id = ?", (run_id,))
+    else:
+        harness.db.raw("UPDATE runs SET status = ? WHERE id = ?", (state, run_id))
+    before = run_of(harness.db, project, run_id)
+
+    # Then the claim answers not_eligible and writes nothing: no lease, no slot, the run as it was
+    assert _claim(harness, run_id, attempt_id).status == "not_eligible"
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id) == before
+    assert int(_worker(harness)["active_leases"]) == 0
+
+
+@pytest.mark.parametrize("status", ["starting", "lost"])
+def test_a_latest_attempt_that_is_not_claimed_is_not_eligible_and_nothing_is_claimed(
+    harness: Harness, status: str
+) -> None:
+    # Given a queued run whose latest attempt has left claimed (the page read it before that committed)
+    project, run_id, attempt_id = _queued(harness)
+    harness.db.raw("UPDATE run_attempts SET status = ? WHERE id = ?", (status, attempt_id))
+    before = run_of(harness.db, project, run_id)
+
+    # Then the claim answers not_eligible (not a conflict) and writes nothing
+    assert _claim(harness, run_id, attempt_id).status == "not_eligible"
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id) == before
+    assert int(_worker(harness)["active_leases"]) == 0
+
+
 @pytest.mark.parametrize("change", ["missing", "session", "generation", "draining", "offline"])
 def test_a_worker_that_may_not_take_work_is_unavailable_and_nothing_is_claimed(
     harness: Harness, change: str
@@ -127,6 +163,43 @@ def test_a_worker_whose_session_ends_at_that_instant_is_unavailable(harness: Har
     assert count(harness.db, "run_leases") == 0
 
 
+def _at_the_claims_instant(harness: Harness) -> str:
+    """The statement just before which a test moves a row to the claim's own instant: the first the
+    claim runs after the run lock (on PostgreSQL the claim is one call of ql3_claim). The PostgreSQL
+    clock runs on between transactions, so only a write in the claim's transaction, from its
+    ``now_ms()``, lands exactly on that instant."""
+    return "attempt_lock_with_latest" if harness.dialect == "sqlite" else "lease_claim"
+
+
+def test_a_worker_whose_session_ends_exactly_at_the_claims_instant_is_unavailable(harness: Harness) -> None:
+    # Given a queued run and a worker whose session lease is moved, in the claim's transaction, to end
+    # at that transaction's instant
+    project, run_id, attempt_id = _queued(harness)
+    w = _worker(harness)
+
+    def session_ends_now(tx: Transaction, _params: Params) -> None:
+        now = tx.now_ms()
+        ended = {
+            "worker_id": "w1",
+            "session_id": w["session_id"],
+            "generation": int(w["generation"]),
+            "expected_version": int(w["version"]),
+            "status": "online",
+            "last_heartbeat_at_ms": now,
+            "lease_expires_at_ms": now,
+            "now": now,
+        }
+        assert tx.run("worker_cas", ended) == 1
+
+    # When it claims the run at that instant
+    result = _claim(harness, run_id, attempt_id, first={_at_the_claims_instant(harness): session_ends_now})
+
+    # Then the worker is unavailable (its session is over at its expiry instant) and nothing is claimed
+    assert (result.status, result.lease) == ("worker_unavailable", None)
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id).status == "queued"
+
+
 def test_an_unknown_attempt_is_not_found_and_nothing_is_claimed(harness: Harness) -> None:
     project, run_id, _ = _queued(harness)
     with pytest.raises(NotFound) as caught:
@@ -134,6 +207,16 @@ def test_an_unknown_attempt_is_not_found_and_nothing_is_claimed(harness: Harness
     assert caught.value.message == "attempt not found"
     assert count(harness.db, "run_leases") == 0
     assert run_of(harness.db, project, run_id).status == "queued"
+
+
+def test_an_unknown_run_is_not_found_and_nothing_is_claimed(harness: Harness) -> None:
+    project, run_id, attempt_id = _queued(harness)
+    with pytest.raises(NotFound) as caught:
+        _claim(harness, new_id(), attempt_id)
+    assert caught.value.message == "run not found"
+    assert count(harness.db, "run_leases") == 0
+    assert run_of(harness.db, project, run_id).status == "queued"
+    assert int(_worker(harness)["active_leases"]) == 0
 
 
 def _stale_candidate(harness: Harness, run_id: str) -> None:
@@ -162,6 +245,82 @@ def test_a_leased_row_is_taken_again_at_its_expiry_instant_and_not_before(harnes
     result = _claim(harness, run_id, attempt_id)
     assert result.status == "claimed" and result.lease is not None
     assert result.lease.lease_generation == 2 == int(_lease(harness)["lease_generation"])
+
+
+def test_a_leased_row_expiring_exactly_at_the_claims_instant_is_taken_again(harness: Harness) -> None:
+    # Given a claimed attempt whose lease row is still leased, its run a candidate again, and the
+    # row's expiry moved (in the claim's transaction) to that transaction's instant
+    _project, run_id, attempt_id = _queued(harness)
+    assert _claim(harness, run_id, attempt_id).status == "claimed"
+    _stale_candidate(harness, run_id)
+    harness.advance_clock(1)  # a lease must end after it was renewed (run_leases_check)
+
+    def expires_now(tx: Transaction, _params: Params) -> None:
+        row = tx.one("lease_get", {"attempt_id": attempt_id})
+        assert row is not None
+        renewed = {
+            "attempt_id": attempt_id,
+            "expected_version": int(row["version"]),
+            "expires_at_ms": tx.now_ms(),
+        }
+        assert tx.run("lease_renew", {**renewed, "now": int(row["acquired_at_ms"])}) == 1
+
+    # When it is claimed at that instant
+    result = _claim(harness, run_id, attempt_id, first={_at_the_claims_instant(harness): expires_now})
+
+    # Then the row is no longer live: it is reacquired as the next generation
+    assert result.status == "claimed" and result.lease is not None
+    assert result.lease.lease_generation == 2 == int(_lease(harness)["lease_generation"])
+
+
+def test_a_claim_changes_no_other_run_or_attempt(harness: Harness) -> None:
+    # Given two queued runs at the same version, their attempts claimed at the same callback sequence
+    register(harness.db, lease_ms=600_000)
+    project, _, (a, b) = queued(harness.db, 2)
+    attempt_a = harness.db.transaction(lambda tx: runs.latest_attempt(tx, a.id), write=False)
+    attempt_b = harness.db.transaction(lambda tx: runs.latest_attempt(tx, b.id), write=False)
+    before = run_of(harness.db, project, b.id)
+    assert (a.version, attempt_a.callback_sequence) == (before.version, attempt_b.callback_sequence)
+
+    # When the first is claimed
+    assert _claim(harness, a.id, attempt_a.id).status == "claimed"
+
+    # Then the other run and its attempt are exactly as they were (each write names its row)
+    assert run_of(harness.db, project, b.id) == before
+    assert harness.db.transaction(lambda tx: runs.latest_attempt(tx, b.id), write=False) == attempt_b
+    claimed = harness.db.transaction(lambda tx: runs.latest_attempt(tx, a.id), write=False)
+    assert claimed.worker_id == "w1" and run_of(harness.db, project, a.id).status == "dispatching"
+
+
+def test_reacquiring_a_lease_row_changes_no_other_attempts_lease(harness: Harness) -> None:
+    # Given run A's lease left to expire (still leased: the expiry loop has not ended it) and run B
+    # claimed afterwards, so both lease rows are at version 0, B's live
+    register(harness.db, lease_ms=600_000)
+    project, _, (a, b) = queued(harness.db, 2)
+    attempts = {
+        r.id: harness.db.transaction(lambda tx, r=r: runs.latest_attempt(tx, r.id), write=False).id
+        for r in (a, b)
+    }
+    assert _claim(harness, a.id, attempts[a.id]).status == "claimed"
+    harness.advance_clock(LEASE_MS)
+    assert _claim(harness, b.id, attempts[b.id]).status == "claimed"
+    _stale_candidate(harness, a.id)
+
+    def lease_of(attempt_id: str) -> dict[str, Any]:
+        (row,) = harness.db.raw("SELECT * FROM run_leases WHERE attempt_id = ?", (attempt_id,))
+        return dict(row)
+
+    other = lease_of(attempts[b.id])
+    assert int(other["version"]) == int(lease_of(attempts[a.id])["version"]) == 0
+
+    # When A's row is reacquired
+    result = _claim(harness, a.id, attempts[a.id])
+
+    # Then only A's row moved to its next generation and version: B's lease is exactly as it was
+    assert result.status == "claimed" and result.lease is not None and result.lease.lease_generation == 2
+    assert (int(lease_of(attempts[a.id])["version"]), result.lease.version) == (1, 1)
+    assert lease_of(attempts[b.id]) == other
+    assert run_of(harness.db, project, b.id).status == "dispatching"
 
 
 def test_a_completed_lease_is_never_taken_again(harness: Harness) -> None:

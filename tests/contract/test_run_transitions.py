@@ -99,6 +99,32 @@ def test_a_write_whose_attempt_changed_is_a_conflict_and_rolls_the_run_back(harn
     assert after is not None and (after.status, after.pid) == ("claimed", None)
 
 
+def test_a_write_whose_attempt_callback_sequence_moved_is_a_conflict(harness: Harness) -> None:
+    # Given a writer holding the attempt at callback sequence 0 while another write moved it to 1
+    # (the status stayed the same: only the sequence tells the two apart)
+    project = seed_project(harness.db)
+    run, _ = start_run(harness.db, project, seed_task(harness.db, project))
+    current = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    attempt = harness.db.transaction(lambda tx: runs.latest_attempt(tx, run.id))
+    assert attempt is not None and attempt.callback_sequence == 0
+    moved = replace(attempt, callback_sequence=1)
+    harness.db.transaction(
+        lambda tx: runs.write_run(tx, current, current, [], runs.AttemptChange(attempt=attempt, new=moved))
+    )
+    current = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    stale = runs.AttemptChange(attempt=attempt, new=replace(attempt, worker_id="w1", callback_sequence=1))
+
+    # When it writes from its stale attempt
+    with pytest.raises(Conflict, match="attempt changed concurrently"):
+        harness.db.transaction(lambda tx: runs.write_run(tx, current, current, _dispatching(current), stale))
+
+    # Then nothing of it was written
+    after = harness.db.transaction(lambda tx: runs.latest_attempt(tx, run.id))
+    assert after == moved
+    stored = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    assert (stored.version, stored.event_sequence) == (current.version, current.event_sequence)
+
+
 def test_a_write_stores_every_field_of_the_run_and_the_attempt_and_its_events_in_order(
     harness: Harness,
 ) -> None:
@@ -143,6 +169,31 @@ def test_a_write_stores_every_field_of_the_run_and_the_attempt_and_its_events_in
     ]
     keys = harness.db.raw("SELECT dedupe_key FROM run_events WHERE run_id = ? ORDER BY sequence", (run.id,))
     assert [k["dedupe_key"] for k in keys][-2:] == ["k1", None]
+
+
+def test_a_write_changes_only_its_own_run_and_attempt(harness: Harness) -> None:
+    # Given two queued runs at the same version, each with a claimed attempt at the same sequence
+    project = seed_project(harness.db)
+    task = seed_task(harness.db, project)
+    mine, _ = start_run(harness.db, project, task)
+    other, _ = start_run(harness.db, project, task)
+    attempt = harness.db.transaction(lambda tx: runs.latest_attempt(tx, mine.id))
+    other_attempt = harness.db.transaction(lambda tx: runs.latest_attempt(tx, other.id))
+    assert attempt is not None and other_attempt is not None
+    assert (mine.version, attempt.callback_sequence) == (other.version, other_attempt.callback_sequence)
+    change = runs.AttemptChange(attempt=attempt, new=replace(attempt, worker_id="w1", callback_sequence=1))
+
+    # When one write moves the first run and its attempt
+    harness.db.transaction(
+        lambda tx: runs.write_run(tx, mine, replace(mine, status="dispatching"), _dispatching(mine), change)
+    )
+
+    # Then the other run and its attempt are as they were (each CAS names its row, not only a version)
+    stored = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, other.id))
+    assert (stored.status, stored.version, stored.event_sequence) == ("queued", other.version, 2)
+    assert harness.db.transaction(lambda tx: runs.latest_attempt(tx, other.id)) == other_attempt
+    moved = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, mine.id))
+    assert (moved.status, moved.version) == ("dispatching", mine.version + 1)
 
 
 @pytest.mark.parametrize("target", ["succeeded", "waiting_approval", "created"])

@@ -20,13 +20,23 @@ from ql3.storage.postgres.adapter import PostgresDatabase
 from ql3.storage.sqlite.adapter import SqliteDatabase
 from tests.support.databases import PG_ENV, FakeClock, Harness, PgDatabase, pg_admin_dsn, with_dbname
 
+PG_TEMPLATE_ENV = "QL3_TEST_PG_TEMPLATE"
+
 
 @pytest.fixture(scope="session")
 def pg_template(xdist_name: str) -> Iterator[tuple[str, str]]:
-    """A migrated template database for this xdist worker; tests clone it."""
+    """A migrated template database for this xdist worker; tests clone it.
+
+    ``QL3_TEST_PG_TEMPLATE`` names an existing, migrated database to clone instead, which this
+    fixture neither creates nor drops: ``scripts/mutate-sql`` installs a mutated server-side function
+    there, so every test database starts with the mutant."""
     admin = pg_admin_dsn()
     if admin is None:
         pytest.skip(f"PostgreSQL not configured ({PG_ENV})")
+    given = os.environ.get(PG_TEMPLATE_ENV)
+    if given:
+        yield admin, given
+        return
     name = f"ql3_tmpl_{xdist_name}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"'.encode())

@@ -6,6 +6,8 @@
   (``storage/sql/*.sql``) defines, unless its first line is ``-- dialect-only``: then it defines only
   names the shared catalogue does not (the locked reads, the JSON-array pages). That both dialects
   expose the same names is checked with the queries the code runs in tests/contract/test_database_port.py.
+- Every query has a one-line description (``-- desc:`` right after its name line, at most 120
+  characters, not the name repeated) that the loader keeps out of the SQL it sends.
 - Wake-up channels are the constants of ``ql3/ports/channels.py``: no code names a channel by a
   string, and every channel has a listener (a wait on it) and a notifier (a commit or a process that
   posts it).
@@ -20,7 +22,8 @@ from importlib import resources
 from pathlib import Path
 
 from ql3.ports import channels
-from ql3.storage.queries import catalogue
+from ql3.storage import queries
+from ql3.storage.queries import catalogue, descriptions
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ql3"
 STORAGE = SRC / "storage"
@@ -150,6 +153,60 @@ def test_a_dialect_file_overrides_only_shared_names_unless_it_is_dialect_only() 
                     f"{where} overrides queries the shared catalogue does not define: {unknown} "
                     f"(a name only the dialects define goes in a file that starts with {DIALECT_ONLY!r})"
                 )
+
+
+# -- descriptions -----------------------------------------------------------------------------------
+
+MAX_DESCRIPTION = 120
+
+
+def test_every_query_has_a_one_line_description() -> None:
+    for dialect in DIALECTS:
+        found = descriptions(dialect)
+        assert set(found) == set(catalogue(dialect)), dialect
+        missing = sorted(name for name, text in found.items() if not text.strip())
+        assert missing == [], f"{dialect}: queries without a '-- desc:' line after their name: {missing}"
+        too_long = sorted(name for name, text in found.items() if len(text) > MAX_DESCRIPTION)
+        assert too_long == [], f"{dialect}: descriptions over {MAX_DESCRIPTION} characters: {too_long}"
+        multiline = sorted(name for name, text in found.items() if "\n" in text or "\r" in text)
+        assert multiline == [], dialect
+        echoes = sorted(
+            name
+            for name, text in found.items()
+            if text.lower().strip(" .").replace(" ", "_") == name or len(text.split()) < 4
+        )
+        assert echoes == [], f"{dialect}: descriptions that only repeat the name: {echoes}"
+
+
+def test_every_name_line_in_every_file_is_followed_by_its_description() -> None:
+    """A dialect override carries its own description: the shared one may not fit its text."""
+    for package in ("ql3.storage.sql", *(f"ql3.storage.{d}" for d in DIALECTS)):
+        for filename, text in _sql_files(package).items():
+            lines = text.splitlines()
+            for i, line in enumerate(lines):
+                if line.startswith("--") and line[2:].lstrip().startswith("name:"):
+                    following = lines[i + 1] if i + 1 < len(lines) else ""
+                    assert following.startswith("-- desc: "), f"{package}/{filename}:{i + 2}: {following!r}"
+
+
+def test_a_description_is_kept_out_of_the_sql_sent_to_the_database() -> None:
+    for dialect in DIALECTS:
+        bodies = catalogue(dialect)
+        texts = descriptions(dialect)
+        leaked = sorted(
+            name for name, body in bodies.items() if "desc:" in body or (texts[name] and texts[name] in body)
+        )
+        assert leaked == [], dialect
+    parsed = queries._parse(
+        "-- name: one\n-- desc: The first row.\nSELECT 1\n\n"
+        "-- name: two\n-- a comment, not a description\nSELECT 2;\n"
+        "-- name: three\n--desc:   Spaces around it.  \nSELECT 3\n"
+    )
+    assert parsed == {
+        "one": ("The first row.", "SELECT 1"),
+        "two": ("", "-- a comment, not a description\nSELECT 2"),
+        "three": ("Spaces around it.", "SELECT 3"),
+    }
 
 
 # -- wake-up channels -------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from ql3.ports.execution import Launcher
 from ql3.ports.execution import ProcessController as ProcessControllerPort
 from ql3.worker.attempts import ActiveAttempts
 from ql3.worker.config import WorkerConfig
+from ql3.worker.context import WorkerContext
 from ql3.worker.intake import Intake
 from ql3.worker.journal.store import WorkerJournal
 from ql3.worker.maintenance import Maintenance
@@ -70,41 +71,24 @@ class WorkerAgent:
             journal=self._current_journal,
         )
         self._watcher = ExitWatcher(self._settlement.on_exit)
-        self._intake: Intake[Launched] = Intake(
+        context = WorkerContext(
             client=client,
             config=config,
             clock=clock,
             session=self._session,
             attempts=self._attempts,
             journal=self._current_journal,
+            settlement=self._settlement,
+            stops=self._stops,
+        )
+        self._intake: Intake[Launched] = Intake(
+            context,
             launcher=launcher or LocalLauncher(),
             watcher=self._watcher,
-            settlement=self._settlement,
-            stops=self._stops,
             fault=fault or (lambda point: None),
         )
-        self._maintenance = Maintenance(
-            client=client,
-            config=config,
-            clock=clock,
-            session=self._session,
-            attempts=self._attempts,
-            journal=self._current_journal,
-            ack_running=self._intake.ack_running,
-            settlement=self._settlement,
-            stops=self._stops,
-        )
-        self._reconciliation = Reconciliation(
-            client=client,
-            config=config,
-            clock=clock,
-            session=self._session,
-            attempts=self._attempts,
-            journal=self._current_journal,
-            ack_running=self._intake.ack_running,
-            settlement=self._settlement,
-            stops=self._stops,
-        )
+        self._maintenance = Maintenance(context, ack_running=self._intake.ack_running)
+        self._reconciliation = Reconciliation(context, ack_running=self._intake.ack_running)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

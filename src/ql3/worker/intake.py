@@ -15,10 +15,9 @@ from ql3.domain.journal import JournalOffer, JournalRecord
 from ql3.domain.offers import Offer, spec_digest
 from ql3.execution.identity import ProcessHandle
 from ql3.execution.logs import log_path_for
-from ql3.ports.control_plane import ControlPlane, ControlPlaneUnreachable
+from ql3.ports.control_plane import ControlPlaneUnreachable
 from ql3.ports.execution import (
     ExitWatch,
-    Journal,
     LaunchedProcess,
     Launcher,
     LaunchFailed,
@@ -26,11 +25,8 @@ from ql3.ports.execution import (
     LaunchRequest,
     ShellCommand,
 )
-from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempt, ActiveAttempts, journal_offer_json
-from ql3.worker.config import WorkerConfig
-from ql3.worker.session import WorkerSession
-from ql3.worker.settlement import Settlement
-from ql3.worker.stops import LocalStops
+from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempt, journal_offer_json
+from ql3.worker.context import WorkerContext
 
 log = logging.getLogger("ql3.worker")
 LaunchedT = TypeVar("LaunchedT", bound=LaunchedProcess)
@@ -39,34 +35,20 @@ LaunchedT = TypeVar("LaunchedT", bound=LaunchedProcess)
 class Intake(Generic[LaunchedT]):
     def __init__(
         self,
+        context: WorkerContext,
         *,
-        client: ControlPlane,
-        config: WorkerConfig,
-        clock: Callable[[], int],
-        session: WorkerSession,
-        attempts: ActiveAttempts,
-        journal: Callable[[], Journal],
         launcher: Launcher[LaunchedT],
         watcher: ExitWatch[LaunchedT],
-        settlement: Settlement,
-        stops: LocalStops,
         fault: Callable[[str], None],
     ) -> None:
-        self._client = client
-        self._config = config
-        self._clock = clock
-        self._session = session
-        self._attempts = attempts
-        self._journal = journal
+        self._ctx = context
         self._launcher = launcher
         self._watcher = watcher
-        self._settlement = settlement
-        self._stops = stops
         self._fault = fault
         self._pool: ThreadPoolExecutor | None = None
 
     def open(self) -> None:
-        self._pool = ThreadPoolExecutor(self._config.intake_threads, thread_name_prefix="ql3-intake")
+        self._pool = ThreadPoolExecutor(self._ctx.config.intake_threads, thread_name_prefix="ql3-intake")
 
     def close(self) -> None:
         if self._pool is not None:
@@ -92,11 +74,11 @@ class Intake(Generic[LaunchedT]):
         """Verify, journal and start one offer. Returns the journal state it reached."""
         self._verify(offer)
         f = offer.fence
-        journal = self._journal()
+        journal = self._ctx.journal()
         if journal.get(offer.offer_id) is None:
             # Before the first journal write: the lease must be live under this exact authority
             # (expired, replaced or fenced offers never reach the journal). Raises FenceConflict.
-            self._client.lease_status(f)
+            self._ctx.client.lease_status(f)
         accepted = journal.accept(
             JournalOffer(
                 offer_id=offer.offer_id,
@@ -110,13 +92,13 @@ class Intake(Generic[LaunchedT]):
             )
         )
         record = accepted.record
-        with self._attempts.lock:
-            if self._attempts.get(record.attempt_id) is not None and not accepted.created:
+        with self._ctx.attempts.lock:
+            if self._ctx.attempts.get(record.attempt_id) is not None and not accepted.created:
                 return record.state  # in-process duplicate: coalesced
             # The lease was checked live just now (lease_status) or claimed moments ago.
-            self._attempts.put(
+            self._ctx.attempts.put(
                 record.attempt_id,
-                ActiveAttempt(offer_id=record.offer_id, fence=f, renewed_at_ms=self._clock()),
+                ActiveAttempt(offer_id=record.offer_id, fence=f, renewed_at_ms=self._ctx.clock()),
             )
         self._fault("after_accept")
         if record.state == "accepted":
@@ -126,11 +108,11 @@ class Intake(Generic[LaunchedT]):
         elif record.state == "started":
             record = self.ack_running(record)
         if record.state not in ("running_acknowledged", "started"):
-            self._attempts.discard(record.attempt_id)
+            self._ctx.attempts.discard(record.attempt_id)
         return record.state
 
     def _verify(self, offer: Offer) -> None:
-        session = self._session.current
+        session = self._ctx.session.current
         if session is None:
             raise ValidationFailed("worker not started")
         f = offer.fence
@@ -155,19 +137,19 @@ class Intake(Generic[LaunchedT]):
         spawned; a redelivery sends the ACK again, which the control plane answers ``already_starting``)."""
         try:
             # The deadline is the control plane's: pinned timeout plus its clock, never ours.
-            self._client.ack_starting(offer.fence)
+            self._ctx.client.ack_starting(offer.fence)
         except Ql3Error:
             # Nothing was spawned, whatever failed (a fence, a conflict, an unreachable control plane,
             # a lost database connection): without renewals the lease expires and the run is placed
             # again. Kept in the active set, the lease would be renewed forever and never run.
-            self._attempts.forget(record.attempt_id)
+            self._ctx.attempts.forget(record.attempt_id)
             raise
         self._fault("after_starting_ack")
 
     def _launch(self, record: JournalRecord, offer: Offer) -> JournalRecord:
         token = new_token()
         # The crash barrier: durable (fsynced) before the spawn below.
-        record = self._journal().advance(
+        record = self._ctx.journal().advance(
             record.offer_id,
             expected_revision=record.revision,
             to_state="launching",
@@ -183,22 +165,22 @@ class Intake(Generic[LaunchedT]):
             return self._start_failed(record, offer, exc)
         self._fault("spawned_before_started")
         handle = launched.handle.encode()
-        with self._attempts.lock:
-            active = self._attempts.get(record.attempt_id)
+        with self._ctx.attempts.lock:
+            active = self._ctx.attempts.get(record.attempt_id)
             if active is not None:
                 active.handle, active.pid = handle, launched.pid
-        record = self._journal().advance(
+        record = self._ctx.journal().advance(
             record.offer_id,
             expected_revision=record.revision,
             to_state="started",
             executor_handle=handle,
-            executor_started_at_ms=self._clock(),
+            executor_started_at_ms=self._ctx.clock(),
         )
         self._watcher.watch(launched)
         self._fault("after_spawn")
         record = self.ack_running(record)
-        with self._attempts.lock:
-            active = self._attempts.get(record.attempt_id)
+        with self._ctx.attempts.lock:
+            active = self._ctx.attempts.get(record.attempt_id)
             if active is not None and active.ack_pending:
                 return record  # maintain() confirms it, then completes an exited process
             exited = active is not None and active.exited
@@ -206,8 +188,8 @@ class Intake(Generic[LaunchedT]):
                 active.acked = True
         if exited:
             # The process finished before its running ACK was committed: complete it now.
-            self._settlement.on_exit(record.attempt_id)
-            latest = self._journal().get(record.offer_id)
+            self._ctx.settlement.on_exit(record.attempt_id)
+            latest = self._ctx.journal().get(record.offer_id)
             return latest or record
         return record
 
@@ -217,24 +199,24 @@ class Intake(Generic[LaunchedT]):
             run_id=record.run_id,
             attempt_id=record.attempt_id,
             command=ShellCommand(command=spec["command"]["command"]),
-            working_directory=spec.get("workingDirectory") or self._config.default_cwd,
+            working_directory=spec.get("workingDirectory") or self._ctx.config.default_cwd,
             environment_policy=spec.get("environmentPolicy", "inherit"),
             environment=dict(spec.get("environment", {})),
             callback_token=token,
             callback_sequence=CALLBACK_SEQUENCE,
-            log_path=log_path_for(self._config.logs_dir, record.attempt_id),
-            receipt_dir=self._config.receipts_dir,
-            log_cap_bytes=self._config.log_cap_bytes,
-            started_at_ms=self._clock(),
+            log_path=log_path_for(self._ctx.config.logs_dir, record.attempt_id),
+            receipt_dir=self._ctx.config.receipts_dir,
+            log_cap_bytes=self._ctx.config.log_cap_bytes,
+            started_at_ms=self._ctx.clock(),
             project_id=spec.get("projectId"),
         )
 
     def _start_failed(self, record: JournalRecord, offer: Offer, exc: Ql3Error) -> JournalRecord:
         """The executor refused or could not start the command: nothing runs, so the start failed."""
-        journal = self._journal()
+        journal = self._ctx.journal()
         record = journal.advance(record.offer_id, expected_revision=record.revision, to_state="start_failed")
         try:
-            self._client.ack_start_failure(offer.fence, error_code="EXECUTOR_START_FAILED")
+            self._ctx.client.ack_start_failure(offer.fence, error_code="EXECUTOR_START_FAILED")
         except Ql3Error:
             log.warning(
                 "start failure ACK failed",
@@ -244,7 +226,7 @@ class Intake(Generic[LaunchedT]):
                 },
             )
             return record
-        self._attempts.forget(record.attempt_id)
+        self._ctx.attempts.forget(record.attempt_id)
         return journal.advance(
             record.offer_id,
             expected_revision=record.revision,
@@ -255,11 +237,11 @@ class Intake(Generic[LaunchedT]):
     def ack_running(self, record: JournalRecord) -> JournalRecord:
         """Send the running ACK of a ``started`` record; a transient failure leaves ``ack_pending`` set
         for maintenance, a fence or an unreachable control plane stops the process."""
-        active = self._attempts.for_record(record)
+        active = self._ctx.attempts.for_record(record)
         assert record.executor_handle is not None and record.completion_token_digest is not None
         handle = ProcessHandle.decode(record.executor_handle)
         try:
-            self._client.ack_running(
+            self._ctx.client.ack_running(
                 active.fence,
                 pid=handle.pid,
                 handle=record.executor_handle,
@@ -270,9 +252,9 @@ class Intake(Generic[LaunchedT]):
         except (FenceConflict, ControlPlaneUnreachable):
             # Unreachable past the call's whole retry window (a remote worker): the lease cannot be
             # proven ours any longer, so the process is stopped like on a lease loss.
-            return self._stops.lease_lost(record, active)
+            return self._ctx.stops.lease_lost(record, active)
         except Conflict:
-            return self._journal().advance(
+            return self._ctx.journal().advance(
                 record.offer_id,
                 expected_revision=record.revision,
                 to_state="recovery_required",
@@ -286,16 +268,16 @@ class Intake(Generic[LaunchedT]):
                 "running ACK failed; retried by maintenance",
                 extra={"action": "worker.running_ack_retry", "error": exc.code},
             )
-            with self._attempts.lock:
+            with self._ctx.attempts.lock:
                 active.acked = False
                 active.ack_pending = True
             return record
-        with self._attempts.lock:
+        with self._ctx.attempts.lock:
             active.ack_pending = False
-        current = self._journal().get(record.offer_id)
+        current = self._ctx.journal().get(record.offer_id)
         assert current is not None
         if current.state != "started":
             return current  # completion raced ahead of the ACK bookkeeping
-        return self._journal().advance(
+        return self._ctx.journal().advance(
             record.offer_id, expected_revision=current.revision, to_state="running_acknowledged"
         )

@@ -5,45 +5,20 @@ processes. One bounded pass per call, run by a LifecycleRunner."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 
 from ql3.domain.errors import FenceConflict, Ql3Error
-from ql3.domain.journal import JournalRecord
-from ql3.ports.control_plane import ControlPlane
-from ql3.ports.execution import Journal
-from ql3.worker.attempts import ActiveAttempt, ActiveAttempts
-from ql3.worker.config import MAX_SLOTS, WorkerConfig
-from ql3.worker.session import WorkerSession
-from ql3.worker.settlement import Settlement
-from ql3.worker.stops import LocalStops
+from ql3.worker.attempts import ActiveAttempt
+from ql3.worker.config import MAX_SLOTS
+from ql3.worker.context import AckRunning, WorkerContext
 
 log = logging.getLogger("ql3.worker")
 
 
 class Maintenance:
-    def __init__(
-        self,
-        *,
-        client: ControlPlane,
-        config: WorkerConfig,
-        clock: Callable[[], int],
-        session: WorkerSession,
-        attempts: ActiveAttempts,
-        journal: Callable[[], Journal],
-        ack_running: Callable[[JournalRecord], JournalRecord],
-        settlement: Settlement,
-        stops: LocalStops,
-    ) -> None:
-        self._client = client
-        self._config = config
-        self._clock = clock
-        self._session = session
-        self._attempts = attempts
-        self._journal = journal
+    def __init__(self, context: WorkerContext, *, ack_running: AckRunning) -> None:
+        self._ctx = context
         self._ack_running = ack_running
-        self._settlement = settlement
-        self._stops = stops
         self.last_renewal_ms = 0  # the worker clock at the last successful heartbeat
 
     def maintain(self) -> bool:
@@ -54,15 +29,17 @@ class Maintenance:
         unreachable: renewals are due every third) can no longer be proven ours: its process is
         stopped, as on a fenced renewal, before the server's expiry may hand the run to another
         worker. The age is read after the failed call, which may itself have taken a while."""
-        session = self._session.current
+        session = self._ctx.session.current
         if session is None:
             return False
-        now = self._clock()
-        renew_due = now - self.last_renewal_ms >= self._config.run_lease_ms // 3
+        now = self._ctx.clock()
+        renew_due = now - self.last_renewal_ms >= self._ctx.config.run_lease_ms // 3
         unreachable: Ql3Error | None = None
         if renew_due:
             try:
-                self._session.current = replace(self._client.heartbeat(session), outcome=session.outcome)
+                self._ctx.session.current = replace(
+                    self._ctx.client.heartbeat(session), outcome=session.outcome
+                )
             except FenceConflict:
                 # Replaced or offline: every lease we hold is gone. Stop what we run (same authority
                 # only), never re-register by ourselves, and never write `lost` for the old session.
@@ -75,8 +52,8 @@ class Maintenance:
                 self.last_renewal_ms = now
                 # Settled journal rows (receipts already deleted at acknowledgement) are pruned in
                 # bounded batches, so the journal does not grow with the number of runs.
-                self._journal().retention(older_than_ms=self._config.journal_retention_ms, limit=64)
-        for attempt_id, item in self._attempts.snapshot(MAX_SLOTS):
+                self._ctx.journal().retention(older_than_ms=self._ctx.config.journal_retention_ms, limit=64)
+        for attempt_id, item in self._ctx.attempts.snapshot(MAX_SLOTS):
             if item.renewed_at_ms is None:
                 item.renewed_at_ms = now
             if renew_due:
@@ -87,7 +64,7 @@ class Maintenance:
             if item.ack_pending:
                 self._retry_running_ack(attempt_id, item)
             elif item.adopted or item.exited:
-                self._settlement.settle(attempt_id)
+                self._ctx.settlement.settle(attempt_id)
         if unreachable is not None:
             raise unreachable  # the loop runner records the failure and backs off
         return False
@@ -96,30 +73,30 @@ class Maintenance:
         """Renew one lease: (True, None) when renewed; (False, error) when this pass leaves it (lost,
         stopped, or unrenewable for now, with the transient error to report)."""
         try:
-            info = self._client.renew(item.fence, self._config.run_lease_ms)
-            with self._attempts.lock:
-                current = self._attempts.by_attempt.get(attempt_id)
+            info = self._ctx.client.renew(item.fence, self._ctx.config.run_lease_ms)
+            with self._ctx.attempts.lock:
+                current = self._ctx.attempts.by_attempt.get(attempt_id)
                 if current is not None:
                     current.fence = replace(item.fence, lease_version=info.version)
                     current.renewed_at_ms = now
         except FenceConflict as exc:
-            record = self._journal().find_by_attempt(attempt_id)
+            record = self._ctx.journal().find_by_attempt(attempt_id)
             if exc.details.get("reason") in ("not_leased",):
                 # The attempt ended on the server (completed, or lost by expiry): a process
                 # that still runs is no longer ours to run.
-                if self._settlement.settle(attempt_id) == "running" and record is not None:
-                    self._stops.lease_lost(record, item)
+                if self._ctx.settlement.settle(attempt_id) == "running" and record is not None:
+                    self._ctx.stops.lease_lost(record, item)
                 return False, None
             if record is not None:
-                self._stops.lease_lost(record, item)
+                self._ctx.stops.lease_lost(record, item)
             return False, None
         except Ql3Error as exc:
             assert item.renewed_at_ms is not None
-            if self._clock() - item.renewed_at_ms >= self._config.run_lease_ms // 2:
-                record = self._journal().find_by_attempt(attempt_id)
+            if self._ctx.clock() - item.renewed_at_ms >= self._ctx.config.run_lease_ms // 2:
+                record = self._ctx.journal().find_by_attempt(attempt_id)
                 if record is not None:
                     log.warning("lease unrenewable", extra={"action": "worker.self_fence"})
-                    self._stops.lease_lost(record, item)
+                    self._ctx.stops.lease_lost(record, item)
             return False, exc
         return True, None
 
@@ -127,27 +104,27 @@ class Maintenance:
         """Send a running ACK that failed transiently again; once confirmed, an exited (or
         re-adopted) process is settled. Without it the completion would be refused forever: the
         control plane accepts a receipt only after it holds the callback digest."""
-        record = self._journal().find_by_attempt(attempt_id)
+        record = self._ctx.journal().find_by_attempt(attempt_id)
         if record is None or record.state != "started":
-            with self._attempts.lock:
+            with self._ctx.attempts.lock:
                 item.ack_pending = False
             return
         record = self._ack_running(record)
         if item.ack_pending:
             return  # still failing: the next pass tries again (the lease is renewed meanwhile)
         if record.state not in ("started", "running_acknowledged"):
-            self._attempts.forget(attempt_id)  # lost (stopped) or handed to recovery
+            self._ctx.attempts.forget(attempt_id)  # lost (stopped) or handed to recovery
             return
-        with self._attempts.lock:
+        with self._ctx.attempts.lock:
             # Under the lock the exit watcher takes: either it sees `acked` and settles, or we see
             # `exited` here and settle; never both.
             item.acked = True
             settle_now = item.adopted or item.exited
         if settle_now:
-            self._settlement.settle(attempt_id)
+            self._ctx.settlement.settle(attempt_id)
 
     def session_fenced(self) -> None:
         """The control plane refused this session (replaced, offline): stop what it held, and take no
         more work until an operator restarts the worker (a new session is registered then)."""
-        self._stops.stop_all()
-        self._session.current = None
+        self._ctx.stops.stop_all()
+        self._ctx.session.current = None

@@ -5,7 +5,6 @@ proven to run is reported lost."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
@@ -14,13 +13,8 @@ from ql3.domain.errors import FenceConflict, NotFound, Ql3Error
 from ql3.domain.journal import JournalRecord
 from ql3.domain.offers import LeaseFence
 from ql3.execution.receipts import read_launch_identity
-from ql3.ports.control_plane import ControlPlane
-from ql3.ports.execution import Journal
-from ql3.worker.attempts import ActiveAttempt, ActiveAttempts, journal_offer
-from ql3.worker.config import WorkerConfig
-from ql3.worker.session import WorkerSession
-from ql3.worker.settlement import Settlement
-from ql3.worker.stops import LocalStops
+from ql3.worker.attempts import ActiveAttempt, journal_offer
+from ql3.worker.context import AckRunning, WorkerContext
 
 log = logging.getLogger("ql3.worker")
 # Why the worker reports an attempt lost (the run's error_code): what it knows, not a lease expiry.
@@ -28,37 +22,18 @@ LOST_LAUNCH_OUTCOME_UNKNOWN: Final = "RECOVERY_LAUNCH_OUTCOME_UNKNOWN"
 
 
 class Reconciliation:
-    def __init__(
-        self,
-        *,
-        client: ControlPlane,
-        config: WorkerConfig,
-        clock: Callable[[], int],
-        session: WorkerSession,
-        attempts: ActiveAttempts,
-        journal: Callable[[], Journal],
-        ack_running: Callable[[JournalRecord], JournalRecord],
-        settlement: Settlement,
-        stops: LocalStops,
-    ) -> None:
-        self._client = client
-        self._config = config
-        self._clock = clock
-        self._session = session
-        self._attempts = attempts
-        self._journal = journal
+    def __init__(self, context: WorkerContext, *, ack_running: AckRunning) -> None:
+        self._ctx = context
         self._ack_running = ack_running
-        self._settlement = settlement
-        self._stops = stops
 
     @property
     def _receipts_dir(self) -> Path:
-        return self._config.receipts_dir
+        return self._ctx.config.receipts_dir
 
     def reconcile(self) -> dict[str, int]:
         """After a restart: launching is never re-spawned; receipts first; live processes re-adopted."""
         counts: dict[str, int] = {}
-        for record in self._journal().startup_recovery():
+        for record in self._ctx.journal().startup_recovery():
             try:
                 outcome = self._reconcile_one(record)
             except Ql3Error as exc:  # one record the control plane cannot settle must not stop the start
@@ -73,7 +48,7 @@ class Reconciliation:
     def _reconcile_one(self, record: JournalRecord) -> str:
         offer = journal_offer(record)
         fence = offer.fence
-        session = self._session.current
+        session = self._ctx.session.current
         if fence.session_id != (session.session_id if session else None):
             return "session_fenced"
         if record.state == "recovery_required" and record.executor_handle is None:
@@ -83,7 +58,7 @@ class Reconciliation:
             # record resumes as `started` (receipt first, else re-adoption); it is never spawned again.
             record = self._resolve_launch(record)
         try:
-            info = self._client.renew(fence, self._config.run_lease_ms)
+            info = self._ctx.client.renew(fence, self._ctx.config.run_lease_ms)
             fence = replace(fence, lease_version=info.version)
         except FenceConflict as exc:
             if exc.details.get("reason") != "version_mismatch":
@@ -91,7 +66,7 @@ class Reconciliation:
             fence = self._resume_version(fence)
         if record.executor_handle is None:
             return self._launch_unknown(record, fence)
-        self._attempts.put(
+        self._ctx.attempts.put(
             record.attempt_id,
             ActiveAttempt(
                 offer_id=record.offer_id,
@@ -99,7 +74,7 @@ class Reconciliation:
                 handle=record.executor_handle,
                 adopted=True,
                 acked=True,
-                renewed_at_ms=self._clock(),  # renewed just above
+                renewed_at_ms=self._ctx.clock(),  # renewed just above
             ),
         )
         if record.state == "started":
@@ -107,51 +82,51 @@ class Reconciliation:
             # stop it) and the token digest (to accept its receipt) before anything else.
             record = self._ack_running(record)
             if record.state not in ("started", "running_acknowledged"):
-                self._attempts.forget(record.attempt_id)
+                self._ctx.attempts.forget(record.attempt_id)
                 return record.recovery_reason or record.state
-            with self._attempts.lock:
-                if self._attempts.by_attempt[record.attempt_id].ack_pending:
+            with self._ctx.attempts.lock:
+                if self._ctx.attempts.by_attempt[record.attempt_id].ack_pending:
                     return "running_ack_pending"  # maintain() sends it again, then settles
-        return self._settlement.settle(record.attempt_id)
+        return self._ctx.settlement.settle(record.attempt_id)
 
     def _resolve_launch(self, record: JournalRecord) -> JournalRecord:
         handle = read_launch_identity(self._receipts_dir, record.attempt_id)
         if handle is None:
             return record
-        return self._journal().advance(
+        return self._ctx.journal().advance(
             record.offer_id,
             expected_revision=record.revision,
             to_state="started",
             executor_handle=handle.encode(),
-            executor_started_at_ms=self._clock(),
+            executor_started_at_ms=self._ctx.clock(),
         )
 
     def _launch_unknown(self, record: JournalRecord, fence: LeaseFence) -> str:
         """No receipt and no trace of the shim: nothing can be proven to run, so the attempt is lost."""
         try:
-            self._client.report_lost(fence, error_code=LOST_LAUNCH_OUTCOME_UNKNOWN)
+            self._ctx.client.report_lost(fence, error_code=LOST_LAUNCH_OUTCOME_UNKNOWN)
         except FenceConflict:
             pass
-        self._journal().prune(record.offer_id)
-        self._attempts.forget(record.attempt_id)
+        self._ctx.journal().prune(record.offer_id)
+        self._ctx.attempts.forget(record.attempt_id)
         return "lost"
 
     def _resume_version(self, fence: LeaseFence) -> LeaseFence:
-        info = self._client.lease_status(fence)
+        info = self._ctx.client.lease_status(fence)
         return replace(fence, lease_version=info.version)
 
     def _settle_stale(self, record: JournalRecord, fence: LeaseFence) -> str:
         active = ActiveAttempt(
             offer_id=record.offer_id, fence=fence, handle=record.executor_handle, adopted=True, acked=True
         )
-        self._attempts.put(record.attempt_id, active)
+        self._ctx.attempts.put(record.attempt_id, active)
         try:
-            state = self._settlement.settle(record.attempt_id)
+            state = self._ctx.settlement.settle(record.attempt_id)
         except (FenceConflict, NotFound):  # NotFound: a database restored from before this run
             state = "stale"
         if record.executor_handle is not None and state in ("running", "stale"):
             # The lease is gone, so the run is no longer ours: what still runs of it must stop.
-            self._stops.lease_lost(record, active)
+            self._ctx.stops.lease_lost(record, active)
         else:
-            self._attempts.forget(record.attempt_id)
+            self._ctx.attempts.forget(record.attempt_id)
         return state

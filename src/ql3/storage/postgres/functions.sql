@@ -3,10 +3,12 @@
 -- The whole claim in one statement: migration 0010's ql3_claim (application/leases.py runs the same
 -- claim as separate statements on SQLite, which has no server-side functions).
 -- name: lease_claim
+-- desc: The whole claim (locks, checks, lease, slot, run, event) in one call of ql3_claim; answers the outcome.
 SELECT * FROM ql3_claim(:run_id, :attempt_id, :worker_id, :session_id, :worker_generation, :lease_ms,
   :generation, :lease_token_digest, :event_id, :payload_json)
 
 -- One Run change (Run CAS, optional Attempt CAS, events) in one statement: migration 0011's
 -- ql3_write_run (application/runs.py runs run_cas, attempt_cas and event_insert on SQLite).
 -- name: run_write
+-- desc: One Run change (Run CAS, optional Attempt CAS, events) in one call of ql3_write_run; answers the outcome.
 SELECT ql3_write_run(:run_json::jsonb, :attempt_json::jsonb, :events_json::jsonb) AS outcome

@@ -3,28 +3,37 @@
 -- for approvals: approval -> execution -> recovery control.
 
 -- name: run_lock
+-- desc: One Run by id, row-locked until the transaction ends (first in the lock order).
 SELECT * FROM runs WHERE id = :id FOR UPDATE
 
 -- name: attempt_lock
+-- desc: One Attempt by id, row-locked until the transaction ends (after its Run).
 SELECT * FROM run_attempts WHERE id = :id FOR UPDATE
 
 -- name: lease_lock
+-- desc: An attempt's lease row, row-locked until the transaction ends (after its Attempt).
 SELECT * FROM run_leases WHERE attempt_id = :attempt_id FOR UPDATE
 
 -- name: worker_lock
+-- desc: One worker row, row-locked until the transaction ends, for session and slot changes.
 SELECT * FROM workers WHERE worker_id = :worker_id FOR UPDATE
 
 -- name: schedule_lock
+-- desc: A task's schedule row, row-locked until the transaction ends, so one admitter advances it.
 SELECT * FROM task_schedules WHERE task_id = :task_id FOR UPDATE
 
 -- name: cancel_dispatch_lock
+-- desc: A run's cancellation dispatch, row-locked until the transaction ends (after the Attempt).
 SELECT * FROM cancellation_dispatches WHERE run_id = :run_id FOR UPDATE
 
 -- name: approval_lock
+-- desc: One approval request, row-locked until the transaction ends (first in the approval lock order).
 SELECT * FROM approval_requests WHERE id = :id FOR UPDATE
 
 -- name: aa_execution_lock
+-- desc: An approved action's execution row, row-locked until the transaction ends (after the approval).
 SELECT * FROM approved_action_executions WHERE dispatch_id = :dispatch_id FOR UPDATE
 
 -- name: aa_recovery_lock
+-- desc: An approved action's recovery control, row-locked until the transaction ends (after the execution).
 SELECT * FROM approved_action_recovery WHERE dispatch_id = :dispatch_id FOR UPDATE

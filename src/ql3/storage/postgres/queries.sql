@@ -9,11 +9,13 @@
 -- counter moves only when the lease row was written.
 
 -- name: attempt_lock_with_latest
+-- desc: An attempt row-locked, plus its run's newest attempt id, so a claim locks and checks latest at once.
 SELECT a.*, (SELECT b.id FROM run_attempts b WHERE b.run_id = a.run_id ORDER BY b.attempt DESC LIMIT 1)
   AS latest_attempt_id
 FROM run_attempts a WHERE a.id = :id FOR UPDATE OF a
 
 -- name: lease_insert_claim
+-- desc: A new claim's lease row and the worker's slot +1 in one statement; no row when a lease exists.
 WITH l AS (
   INSERT INTO run_leases (attempt_id, run_id, status, version, lease_generation, worker_id, worker_session_id,
     worker_generation, lease_token_digest, acquired_at_ms, renewed_at_ms, expires_at_ms, updated_at_ms)
@@ -29,6 +31,7 @@ WITH l AS (
 SELECT l.*, (SELECT count(*) FROM w) AS slot_counted FROM l
 
 -- name: lease_reacquire_claim
+-- desc: Re-leases an ended lease row (CAS on version, new lease generation) and moves the worker's slot with it.
 WITH l AS (
   UPDATE run_leases SET status = 'leased', version = version + 1, lease_generation = lease_generation + 1,
     worker_id = :worker_id, worker_session_id = :worker_session_id, worker_generation = :worker_generation,

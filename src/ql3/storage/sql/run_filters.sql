@@ -3,6 +3,7 @@
 -- the trigger is the derived one: retry (a re-run of an earlier run), approval, cron or manual.
 
 -- name: run_filter_page
+-- desc: A page of a project's runs filtered by task, statuses, trigger and time, newest first, with task name.
 SELECT r.*, t.name AS task_name,
   CASE WHEN r.retry_of_run_id IS NOT NULL THEN 'retry'
        WHEN r.trigger_type = 'approved_action' THEN 'approval'
@@ -23,6 +24,7 @@ WHERE r.project_id = :project_id
 ORDER BY r.created_at_ms DESC, r.id DESC LIMIT :limit
 
 -- name: run_filter_extras
+-- desc: A run's task name, derived trigger kind and attempt count, for one run shown like a filtered row.
 SELECT t.name AS task_name,
   CASE WHEN r.retry_of_run_id IS NOT NULL THEN 'retry'
        WHEN r.trigger_type = 'approved_action' THEN 'approval'
@@ -32,5 +34,6 @@ FROM runs r JOIN tasks t ON t.id = r.task_id
 WHERE r.id = :id
 
 -- name: task_revision_list
+-- desc: A task's revisions, newest first, for revision history.
 SELECT task_id, revision, spec_json, content_digest, created_at_ms FROM task_revisions
 WHERE task_id = :task_id ORDER BY revision DESC LIMIT :limit

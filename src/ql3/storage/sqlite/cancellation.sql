@@ -1,6 +1,7 @@
 -- SQLite cancellation overrides (the locked read of a dispatch is in locks.sql).
 
 -- name: cancel_intent_first
+-- desc: First page of live runs with a cancel intent whose dispatch is missing, due or expired; names the partial index.
 -- The supervisor's intent pages (shared text in storage/sql/cancellation.sql) with the index named: for
 -- the status list SQLite's planner otherwise picks runs_status, i.e. it visits every queued run of the
 -- backlog on each cycle (13 ms per cycle with 100,000 queued), where the partial index holds only the
@@ -15,6 +16,7 @@ WHERE r.cancel_requested_at_ms IS NOT NULL
 ORDER BY r.cancel_requested_at_ms, r.id LIMIT :limit
 
 -- name: cancel_intent_after
+-- desc: Next page of cancel intents after the (cancel_requested_at_ms, id) cursor; names the partial index.
 SELECT r.id AS run_id, r.cancel_requested_at_ms FROM runs r INDEXED BY runs_live_cancel_intent
 LEFT JOIN cancellation_dispatches d ON d.run_id = r.id
 WHERE r.cancel_requested_at_ms IS NOT NULL

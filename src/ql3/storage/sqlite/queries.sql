@@ -4,6 +4,7 @@
 -- otherwise pick another index and sort the whole backlog.
 
 -- name: candidate_first
+-- desc: First page of dispatch candidates in dispatch order, forced onto the partial candidate index.
 SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms,
   (SELECT a.id FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_id,
   (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status
@@ -11,6 +12,7 @@ FROM runs r INDEXED BY runs_dispatch_candidates WHERE r.status = 'queued' AND r.
 ORDER BY r.priority DESC, r.queued_at_ms, r.id LIMIT :limit
 
 -- name: candidate_after
+-- desc: Next page of dispatch candidates after the cursor, forced onto the partial candidate index.
 SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms,
   (SELECT a.id FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_id,
   (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status
