@@ -1,15 +1,17 @@
 """The Run states with no process that no path of today's product commits, set by hand as a repair or an
 older version would leave them: a ``created`` Run with no attempt yet, a ``lost`` Run between attempts, a
 live Run with an intent whose attempt row is gone. A cancel intent still ends the first two in its own
-transaction (docs/contracts.md §4.1), and a claim on the third fails closed (§4.2)."""
+transaction (docs/contracts.md §4.1), and a claim on the third fails closed (§4.2) while the supervisor
+skips it, naming why."""
 
 from __future__ import annotations
 
 import pytest
 
 from ql3.application import cancellation, leases
+from ql3.application.cancellation_supervisor import CancellationSupervisor
 from tests.support.builders import count
-from tests.support.cancellation_builders import claim, events, request
+from tests.support.cancellation_builders import FakeSignal, claim, events, request
 from tests.support.databases import Harness
 from tests.support.execution_builders import dispatcher, queued, register, start
 
@@ -83,4 +85,23 @@ def test_a_claim_for_a_live_run_with_an_intent_and_no_attempt_is_not_eligible(ha
 
     # Then nothing is leased: the answer names the run and carries nothing else
     assert outcome == cancellation.DispatchClaim(status="not_eligible", run_id=run.id)
+    assert count(harness.db, "cancellation_dispatches") == 0
+
+
+def test_the_supervisor_skips_a_live_run_with_an_intent_and_no_attempt_without_a_signal(
+    harness: Harness,
+) -> None:
+    # Given a queued run with a committed intent whose attempt row is gone
+    register(harness.db)
+    _, _, (run,) = queued(harness.db)
+    _without_attempts(harness, run.id)
+    harness.db.raw(
+        "UPDATE runs SET cancel_requested_at_ms = 1, cancel_reason = 'user' WHERE id = ?", (run.id,)
+    )
+    signal = FakeSignal()
+
+    report = CancellationSupervisor(harness.db, signal=signal, owner="sup-a").run_cycle()
+
+    # Then the cycle names why it left the run alone, and nothing was claimed or signalled
+    assert (report.scanned, report.claimed, report.skipped, signal.calls) == (1, 0, {"no_attempt": 1}, [])
     assert count(harness.db, "cancellation_dispatches") == 0
