@@ -408,9 +408,11 @@ def test_results_are_fenced_and_replayed_exactly(harness: Harness) -> None:
     with pytest.raises(Conflict):
         complete(harness.db, fence, outcome="succeeded", result_code="ok", result_digest=digest)
     control = recovery_row(harness.db, dispatch.id)
-    assert control is not None and (control["status"], control["resolution_mutation_id"]) == (
+    assert control is not None
+    assert (control["status"], control["resolution_mutation_id"], control["last_finding"]) == (
         "resolved",
         mutation_id,
+        "completed",
     )
 
 

@@ -20,7 +20,7 @@ from tests.support.cancellation_builders import (
     start_fence,
 )
 from tests.support.databases import Harness
-from tests.support.execution_builders import dispatcher, queued, register
+from tests.support.execution_builders import StatementLog, dispatcher, queued, register
 
 
 def _status(harness: Harness, run_id: str) -> tuple[str, str]:
@@ -60,10 +60,11 @@ def test_an_intent_on_a_running_run_is_one_cas_and_one_event_with_statuses_uncha
     assert run["cancel_reason"] == "user" and run["cancel_requested_at_ms"] is not None
     assert _status(harness, fence.run_id) == ("running", "running")
     last = events(harness.db, fence.run_id)[-1]
-    assert (last["type"], last["actor_type"], last["actor_id"], last["payload"]) == (
+    assert (last["type"], last["actor_type"], last["actor_id"], last["attempt_id"], last["payload"]) == (
         "run.cancel_requested",
         "user",
         "alice",
+        fence.attempt_id,
         {"reason": "user"},
     )
 
@@ -78,10 +79,45 @@ def test_a_queued_run_is_cancelled_at_once_because_no_process_exists(harness: Ha
 
     # Then Run and Attempt ended in the same transaction and the dispatcher never offers it
     assert _status(harness, run.id) == ("cancelled", "cancelled")
-    types = [e["type"] for e in events(harness.db, run.id)]
-    assert types[-3:] == ["run.cancel_requested", "attempt.cancelled", "run.cancelled"]
+    tail = events(harness.db, run.id)[-3:]
+    assert [e["type"] for e in tail] == ["run.cancel_requested", "attempt.cancelled", "run.cancelled"]
+    # the ending is the requester's own
+    assert [(e["actor_type"], e["actor_id"]) for e in tail] == [("user", "alice")] * 3
     assert dispatcher(harness.db).dispatch_once().offer is None
     assert count(harness.db, "cancellation_dispatches") == 0
+
+
+def test_a_queued_run_cancelled_at_once_changes_its_attempt_only_by_the_ending(harness: Harness) -> None:
+    # Given a queued run: its first attempt exists but never ran, so nothing of it has a callback to fence
+    register(harness.db)
+    project, _, (run,) = queued(harness.db)
+    before = dict(harness.db.raw("SELECT * FROM run_attempts WHERE run_id = ?", (run.id,))[0])
+
+    request(harness.db, project, run.id)
+
+    # Then the attempt row changed only by its ending: its callback sequence is the one it had
+    after = dict(harness.db.raw("SELECT * FROM run_attempts WHERE run_id = ?", (run.id,))[0])
+    assert {k for k in after if after[k] != before[k]} == {"status", "finished_at_ms", "error_code"}
+    assert (after["status"], after["error_code"]) == ("cancelled", "EXECUTION_CANCELLED")
+    assert after["callback_sequence"] == before["callback_sequence"]
+
+
+def test_an_intent_wakes_the_supervisors_and_a_request_that_writes_nothing_does_not(harness: Harness) -> None:
+    project, (fence,) = running_runs(harness.db)
+    logs: list[StatementLog] = []
+
+    def requested(tx: Any) -> str:
+        logs.append(StatementLog(tx))
+        answer: str = cancellation.request_cancel(
+            logs[-1], project.id, fence.run_id, reason="user", actor_type="user"
+        )
+        return answer
+
+    assert harness.db.transaction(requested) == "requested"
+    assert harness.db.transaction(requested) == "already_requested"
+
+    assert [c for c in logs[0].channels if c == "cancellations"] == ["cancellations"]
+    assert logs[1].channels == []
 
 
 def test_a_terminal_run_answers_already_terminal_and_writes_nothing(harness: Harness) -> None:
@@ -99,8 +135,12 @@ def test_intent_inputs_are_validated_and_scoped_to_the_project(harness: Harness)
 
     with pytest.raises(ValidationFailed):
         request(harness.db, project, fence.run_id, reason="because")
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound) as foreign:
         request(harness.db, stranger, fence.run_id)
+    # another project's run is answered exactly like a run that does not exist
+    with pytest.raises(NotFound) as missing:
+        request(harness.db, stranger, "01a00000-0000-7000-8000-000000000000")
+    assert foreign.value.to_dict() == missing.value.to_dict()
     assert harness.db.raw("SELECT cancel_requested_at_ms FROM runs")[0]["cancel_requested_at_ms"] is None
 
 

@@ -88,18 +88,6 @@ def test_a_result_naming_an_earlier_attempt_of_the_run_is_an_attempt_mismatch(ha
     assert err.value.details["reason"] == "attempt_mismatch"
 
 
-class _Notifications(StatementLog):
-    """Also records the channels the transaction notifies."""
-
-    def __init__(self, tx: Transaction, first: Any = None) -> None:
-        super().__init__(tx, first)
-        self.channels: list[str] = []
-
-    def notify(self, channel: str) -> None:
-        self.channels.append(channel)
-        super().notify(channel)
-
-
 @pytest.mark.parametrize(
     ("result", "status", "channels"),
     [
@@ -114,10 +102,10 @@ def test_a_settled_result_answers_its_dispatch_and_names_the_attempt_on_its_even
     project, (fence,) = running_runs(harness.db)
     request(harness.db, project, fence.run_id)
     held = claim(harness.db, fence.run_id, owner="sup-a")
-    seen: list[_Notifications] = []
+    seen: list[StatementLog] = []
 
     def settle(tx: Transaction) -> Any:
-        logged = _Notifications(tx)
+        logged = StatementLog(tx)
         seen.append(logged)
         return cancellation.record_result(
             logged,

@@ -120,7 +120,8 @@ Interference = Callable[[Transaction, Params], None]
 
 
 class StatementLog:
-    """A transaction that records the name of every statement it runs, in order.
+    """A transaction that records the name of every statement it runs, in order, and every channel it
+    notifies (``channels``).
 
     ``first`` lets another writer in just before a named statement (once): ``first[name](tx, params)``
     runs in the same transaction, as if a concurrent transaction had committed that write a moment
@@ -133,6 +134,7 @@ class StatementLog:
         self._first = dict(first or {})
         self.dialect = tx.dialect
         self.names: list[str] = []
+        self.channels: list[str] = []
 
     def _enter(self, query: str, params: Params | None) -> None:
         self.names.append(query)
@@ -157,6 +159,7 @@ class StatementLog:
         return self._tx.run(query, params)
 
     def notify(self, channel: str) -> None:
+        self.channels.append(channel)
         self._tx.notify(channel)
 
     def locks(self) -> list[str]:

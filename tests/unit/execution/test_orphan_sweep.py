@@ -130,7 +130,9 @@ def test_a_member_that_moved_to_another_group_is_left_alone(ex: ExecHarness, lef
         "att-moved", f"{sys.executable} -c \"{_OWN_GROUP}\" > '{ex.root}/moved' & sleep 300 & exit 0"
     )
     ex.wait_exit("att-moved")
-    assert wait_for(lambda: (ex.root / "moved").read_text() == "moved\n")
+    # (the shell opens the file in the background child, which may do so only after the shim exited)
+    moved = ex.root / "moved"
+    assert wait_for(lambda: moved.is_file() and moved.read_text() == "moved\n", what="the mover's line")
     assert wait_for(lambda: group_comms(launched.handle.pgid) == ["sleep"])
     mover = next(
         int(name)
