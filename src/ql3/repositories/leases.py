@@ -11,7 +11,7 @@ Times are passed in: a use case reads ``tx.now_ms()`` once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 from ql3.domain.model import Attempt
 from ql3.ports.storage import Row, Transaction
@@ -33,18 +33,7 @@ ClaimFunctionStatus = Literal[
     "run_conflict",
     "attempt_conflict",
 ]
-CLAIM_FUNCTION_STATUSES: Final[tuple[ClaimFunctionStatus, ...]] = (
-    "claimed",
-    "not_eligible",
-    "worker_unavailable",
-    "capacity_exhausted",
-    "leased",
-    "reacquire",
-    "run_missing",
-    "attempt_missing",
-    "run_conflict",
-    "attempt_conflict",
-)
+CLAIM_FUNCTION_STATUSES: Final[tuple[ClaimFunctionStatus, ...]] = get_args(ClaimFunctionStatus)
 RetrySafety = Literal["unknown", "idempotent", "deduplicated"]
 RETRY_SAFETIES: Final[tuple[RetrySafety, ...]] = ("unknown", "idempotent", "deduplicated")
 
