@@ -106,3 +106,65 @@ def test_losing_the_capacity_race_on_the_best_worker_moves_on_to_the_next(harnes
     assert result.claim_calls == 2
     busy = {r["worker_id"]: int(r["active_leases"]) for r in harness.db.raw("SELECT * FROM workers")}
     assert busy == {"a": 1, "b": 1}
+
+
+def test_a_best_worker_gone_unavailable_after_the_snapshot_moves_the_claim_on_to_the_next(
+    harness: Harness,
+) -> None:
+    # Given a preferred worker "a", a plain worker "b", and one run
+    register(harness.db, "a", slots=1, labels={"zone": "us"})
+    register(harness.db, "b", slots=1)
+    project = seed_project(harness.db)
+    task = seed_task(harness.db, project, prefer=[{"labels": {"zone": "us"}, "weight": 10}])
+    run_id = _one_run(harness.db, project, task)
+    d = dispatcher(harness.db)
+    other = harness.second_connection()
+
+    # When, right after our cycle read the worker snapshot, "a" starts draining (another connection)
+    real_workers = d._workers
+
+    def snapshot_then_a_drains(tx: Any) -> tuple[list[WorkerSnapshot], int]:
+        snapshot = real_workers(tx)
+        other.raw("UPDATE workers SET status = 'draining' WHERE worker_id = 'a'")
+        return snapshot
+
+    d._workers = snapshot_then_a_drains  # type: ignore[method-assign]
+    try:
+        result = d.dispatch_once()
+    finally:
+        other.close()
+
+    # Then our claim on "a" met worker_unavailable and went on to "b" in the same cycle
+    assert result.reason == "claimed" and result.offer is not None
+    assert result.offer.fence.run_id == run_id and result.offer.fence.worker_id == "b"
+    assert result.claim_calls == 2
+
+
+def test_a_scan_whose_only_worker_went_unavailable_after_the_snapshot_reports_no_match(
+    harness: Harness,
+) -> None:
+    # Given one worker "a" and one run
+    register(harness.db, "a", slots=1)
+    project = seed_project(harness.db)
+    task = seed_task(harness.db, project)
+    _one_run(harness.db, project, task)
+    d = dispatcher(harness.db)
+    other = harness.second_connection()
+
+    # When "a" starts draining right after our cycle read the worker snapshot
+    real_workers = d._workers
+
+    def snapshot_then_a_drains(tx: Any) -> tuple[list[WorkerSnapshot], int]:
+        snapshot = real_workers(tx)
+        other.raw("UPDATE workers SET status = 'draining' WHERE worker_id = 'a'")
+        return snapshot
+
+    d._workers = snapshot_then_a_drains  # type: ignore[method-assign]
+    try:
+        result = d.dispatch_once()
+    finally:
+        other.close()
+
+    # Then nothing is offered, and the cycle says no worker matched (not a raced claim)
+    assert result.offer is None
+    assert (result.reason, result.claim_calls, result.truncated) == ("no_match", 1, False)
