@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from ql3.http.app import create_app
-from ql3.http.limits import read_deadline_protocol
+from ql3.http.limits import MAX_HEADER_BYTES, read_deadline_protocol
 
 HEADER_S = 1.0
 BODY_S = 1.5
@@ -55,13 +55,13 @@ def _response(conn: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
-def _serve(app: Any) -> Iterator[int]:
+def _serve(app: Any, header_s: float = HEADER_S, body_s: float = BODY_S) -> Iterator[int]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = int(sock.getsockname()[1])
     config = uvicorn.Config(
         app,
-        http=read_deadline_protocol(HEADER_S, BODY_S),
+        http=read_deadline_protocol(header_s, body_s),
         lifespan="off",
         log_level="warning",
         timeout_keep_alive=5,
@@ -84,6 +84,12 @@ def _serve(app: Any) -> Iterator[int]:
 @pytest.fixture
 def api_port(db: Any, owner_token: str) -> Iterator[int]:
     yield from _serve(create_app(db))
+
+
+@pytest.fixture
+def patient_port(db: Any, owner_token: str) -> Iterator[int]:
+    """Deadlines longer than the test waits: only the header cap can close a connection."""
+    yield from _serve(create_app(db), header_s=10 * GIVE_UP_S, body_s=10 * GIVE_UP_S)
 
 
 @pytest.fixture
@@ -163,3 +169,48 @@ def test_a_slow_handler_is_not_a_slow_client(slow_port: int) -> None:
         reply = _response(conn)
 
     assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"ok")
+
+
+def test_headers_over_the_cap_are_refused(patient_port: int) -> None:
+    big = b"X-Big: " + b"a" * (MAX_HEADER_BYTES + 1) + b"\r\n"
+    with socket.create_connection(("127.0.0.1", patient_port)) as conn:
+        conn.settimeout(GIVE_UP_S)
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+        assert _response(conn).startswith(b"HTTP/1.1 400")
+
+
+def test_a_header_that_never_ends_is_cut_off_at_the_cap(patient_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", patient_port)) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+
+        _closed_by_server(conn, b"a" * 1024, every_s=0.01)
+
+
+def test_a_body_is_not_counted_as_headers(patient_port: int) -> None:
+    body = b'{"name": "' + b"a" * (2 * MAX_HEADER_BYTES) + b'"}'
+    with socket.create_connection(("127.0.0.1", patient_port)) as conn:
+        conn.settimeout(GIVE_UP_S)
+        head = b"POST /api/v1/projects HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        conn.sendall(head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        for start in range(0, len(body), 1000):  # apart, so that the server reads them one by one
+            conn.sendall(body[start : start + 1000])
+            time.sleep(0.005)
+        assert _response(conn).startswith(b"HTTP/1.1 401")  # read in full, then refused: no token
+
+
+def test_headers_below_the_cap_are_served_also_when_split_across_writes(api_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", api_port)) as conn:
+        conn.settimeout(GIVE_UP_S)
+        head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES - 1024) + b"\r\n\r\n"
+        for start in range(0, len(head), 1000):
+            conn.sendall(head[start : start + 1000])
+            time.sleep(0.002)
+        assert _response(conn).startswith(b"HTTP/1.1 200")
+
+
+def test_pipelined_requests_are_all_answered(api_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", api_port)) as conn:
+        conn.settimeout(GIVE_UP_S)
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        replies = [_response(conn) for _ in range(3)]
+    assert all(reply.startswith(b"HTTP/1.1 200") for reply in replies), replies

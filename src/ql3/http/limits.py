@@ -170,23 +170,42 @@ HEADER_READ_TIMEOUT_S: Final = 10.0
 BODY_READ_TIMEOUT_S: Final = 30.0
 
 
+# The request line and headers of one request; h11, which ql3 served with before, refused more.
+MAX_HEADER_BYTES: Final = 16 * 1024
+
+
 def read_deadline_protocol(
-    header_timeout_s: float = HEADER_READ_TIMEOUT_S, body_timeout_s: float = BODY_READ_TIMEOUT_S
+    header_timeout_s: float = HEADER_READ_TIMEOUT_S,
+    body_timeout_s: float = BODY_READ_TIMEOUT_S,
+    max_header_bytes: int = MAX_HEADER_BYTES,
 ) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with read deadlines, which uvicorn itself does not have.
+    """uvicorn's httptools protocol with read deadlines, which uvicorn itself does not have, and a cap
+    on the request line and headers, which httptools itself does not have.
 
     A connection must deliver a request's complete headers within ``header_timeout_s`` of opening (or
     of the previous response), and then its complete body within ``body_timeout_s``; otherwise it is
     closed. Unlike uvicorn's keep-alive timer, trickling a byte at a time does not extend either
     deadline (slowloris). A request that has been read completely has no deadline: a slow handler or a
     long poll is not a slow client.
-    """
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class ReadDeadlineH11Protocol(H11Protocol):
+    A request whose line and headers exceed ``max_header_bytes`` gets a 400 and the connection is
+    closed: in the socket read that began the request, counted for each header the parser completes;
+    in every later read while the headers are still incomplete, by the read's whole length. What is
+    buffered of one request's headers thus stays below the cap plus one socket read.
+
+    httptools (C, llhttp) rather than h11 (pure Python): parsing a request and writing its response
+    cost about a sixth of the API's CPU per request under h11 (bench/README.md, 2026-12-02).
+    """
+    import httptools
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class ReadDeadlineHttpToolsProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
-        _reading_body = False
+        # The phase of the request being read: "idle" (none begun), "headers", "body".
+        _phase = "idle"
+        _header_bytes = 0  # the current request's line and headers, as far as counted
+        _began_in_read = False  # the current request began in the read being parsed
+        _unanswered = 0  # requests read in full whose response is not complete yet
 
         def _arm(self, timeout_s: float) -> None:
             self._disarm()
@@ -202,34 +221,68 @@ def read_deadline_protocol(
             if not self.transport.is_closing():
                 self.transport.close()
 
+        def _count_header_bytes(self, n: int) -> None:
+            if not self._began_in_read:
+                return  # counted by data_received, a whole read at a time
+            self._header_bytes += n
+            if self._header_bytes > max_header_bytes:
+                raise httptools.HttpParserError("request headers too large")
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._reading_body = False
             self._arm(header_timeout_s)
 
         def data_received(self, data: bytes) -> None:
+            self._began_in_read = False
             super().data_received(data)
             if self.transport.is_closing():
                 self._disarm()
                 return
-            state = self.conn.their_state
-            if state is h11.SEND_BODY:
-                if not self._reading_body:
-                    self._reading_body = True
-                    self._arm(body_timeout_s)
-            elif state is not h11.IDLE:  # DONE, MUST_CLOSE, CLOSED, ERROR: the request is read
-                self._disarm()
+            if self._phase == "headers" and not self._began_in_read:
+                # Still inside the headers: all of this read was header bytes.
+                self._header_bytes += len(data)
+                if self._header_bytes > max_header_bytes:
+                    self.send_400_response("Invalid HTTP request received.")
+                    self._disarm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._phase = "headers"
+            self._header_bytes = 0
+            self._began_in_read = True
+            if self._deadline is None:  # a pipelined request: its own header deadline from now
+                self._arm(header_timeout_s)
+
+        def on_url(self, url: bytes) -> None:
+            self._count_header_bytes(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_header_bytes(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._phase = "body"
+            self._arm(body_timeout_s)
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._phase = "idle"
+            self._unanswered += 1
+            self._disarm()  # read in full: no deadline while it is handled
+            super().on_message_complete()
 
         def on_response_complete(self) -> None:
+            self._unanswered = max(0, self._unanswered - 1)
             super().on_response_complete()
             if self.transport.is_closing():
+                self._disarm()
                 return
-            self._reading_body = False
-            if self.conn.their_state is h11.IDLE:
-                self._arm(header_timeout_s)
+            if self._phase == "idle" and self._unanswered == 0:
+                self._arm(header_timeout_s)  # the next request's headers, from now
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
-    return ReadDeadlineH11Protocol
+    return ReadDeadlineHttpToolsProtocol
