@@ -20,7 +20,7 @@ from ql3.domain.errors import (
 from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run, RunEvent, Task
 from ql3.domain.states import attempt_transition_allowed, is_run_terminal, run_transition_allowed
-from ql3.domain.tasks import build_spec
+from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.ports import channels
 from ql3.ports.storage import Transaction
 from ql3.repositories import runs as repo
@@ -258,6 +258,9 @@ class CreateRun:
 
     project_id: str
     task: Task
+    # The spec of ``task.revision`` when the caller has read it in this transaction already (the API's
+    # run creation); None: create_run reads it.
+    spec: TaskSpec | None = None
     trigger_type: str = "manual"
     trigger_id: str | None = None
     idempotency_key: str | None = None
@@ -329,7 +332,7 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
         executor_type="local_process",
         now=now,
     )
-    _insert_retry_policy(tx, cmd.task, run_id)
+    _insert_retry_policy(tx, cmd.task, run_id, cmd.spec)
     current = repo.get_run(tx, run_id)
     assert current is not None  # inserted above in this transaction
     payload = {"trigger_type": cmd.trigger_type, "task_revision": cmd.task.revision}
@@ -357,11 +360,11 @@ RETRY_BACKOFF_MIN_MS: Final = 1_000
 RETRY_BACKOFF_MAX_MS: Final = 60_000
 
 
-def _insert_retry_policy(tx: Transaction, task: Task, run_id: str) -> None:
+def _insert_retry_policy(tx: Transaction, task: Task, run_id: str, known: TaskSpec | None) -> None:
     """Written only in the run-create transaction, from the pinned revision. A run is retried only
     when its revision allows more than one attempt *and* its owner declared the command safe to run
     again (``retry_safe``, safety ``idempotent``); a revision whose safety is unknown is never retried."""
-    spec = build_spec(_revision_spec(tx, task.id, task.revision))
+    spec = known if known is not None else build_spec(_revision_spec(tx, task.id, task.revision))
     if spec.max_attempts <= 1 or not spec.retry_safe:
         return
     repo.insert_retry_policy(

@@ -10,7 +10,7 @@ from ql3.domain import leases as lease_rules
 from ql3.domain.errors import Conflict, FenceConflict, NotFound, Ql3Error, ValidationFailed
 from ql3.domain.ids import is_id
 from ql3.domain.model import Run
-from ql3.domain.tasks import build_spec
+from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.domain.workers import (
     WAITING_REASONS,
     Capabilities,
@@ -292,12 +292,17 @@ class WaitingReasons:
     def _placement(self, task_id: str, revision: int) -> Placement | None:
         key = (task_id, revision)
         if key not in self._placements:
-            spec = build_spec(get_revision(self._tx, task_id, revision).spec)
-            try:
-                self._placements[key] = effective_placement(spec.executor, spec.require, spec.prefer)
-            except Ql3Error:
-                self._placements[key] = None
+            self.know_revision(task_id, revision, build_spec(get_revision(self._tx, task_id, revision).spec))
         return self._placements[key]
+
+    def know_revision(self, task_id: str, revision: int, spec: TaskSpec) -> None:
+        """The spec of that revision, as the caller read it in this transaction (no second read)."""
+        try:
+            self._placements[(task_id, revision)] = effective_placement(
+                spec.executor, spec.require, spec.prefer
+            )
+        except Ql3Error:
+            self._placements[(task_id, revision)] = None
 
     def for_revision(self, task_id: str, revision: int) -> WaitingReason:
         return waiting_reason(self._placement(task_id, revision), self._workers())

@@ -221,13 +221,17 @@ def start_run(
         key = runs.validate_idempotency_key(request.idempotency_key)
         # Validated before the approval branch too: bad input is refused whichever path it takes.
         rerun_of = _rerun_of(tx, found.id, found_task.id, request.rerun_of)
-        if tasks.view(tx, found_task).spec.approval == "required":
+        # The current revision, read once: its approval rule here, its retry policy in create_run and
+        # its placement for the waiting reason below.
+        spec = build_spec(tasks.get_revision(tx, found_task.id, found_task.revision).spec)
+        if spec.approval == "required":
             return request_approval(
                 tx, found, found_task, principal, priority=request.priority, idempotency_key=key
             )
         cmd = runs.CreateRun(
             project_id=found.id,
             task=found_task,
+            spec=spec,
             idempotency_key=key,
             priority=request.priority,
             retry_of_run_id=rerun_of,
@@ -235,7 +239,9 @@ def start_run(
             actor_id=principal.id,
         )
         run, created = runs.create_run(tx, cmd)
-        return run_row_out(run_queries.describe(tx, run), workers.WaitingReasons(tx).reason(run)), created
+        reasons = workers.WaitingReasons(tx)
+        reasons.know_revision(found_task.id, found_task.revision, spec)
+        return run_row_out(run_queries.describe(tx, run), reasons.reason(run)), created
 
     result = db.transaction(unit)
     if isinstance(result, ApprovalRequested):
