@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from ql3.application import auth, run_queries, runs, task_revisions, tasks, workers
 from ql3.domain.auth import role_allows
@@ -202,7 +203,7 @@ def delete_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> 
         202: {"model": ApprovalRequested, "description": "approval required: a request, no run"},
     },
 )
-def start_run(
+async def start_run(
     project: str,
     task: str,
     db: DbDep,
@@ -243,7 +244,9 @@ def start_run(
         reasons.know_revision(found_task.id, found_task.revision, spec)
         return run_row_out(run_queries.describe(tx, run), reasons.reason(run)), created
 
-    result = db.transaction(unit)
+    # Async, with the unit alone in the thread pool: FastAPI validates the response of a plain ``def``
+    # route in the thread pool too, one more thread hand-off per request (bench/README.md, 2026-12-02).
+    result = await run_in_threadpool(db.transaction, unit)
     if isinstance(result, ApprovalRequested):
         return JSONResponse(result.model_dump(mode="json"), status_code=status.HTTP_202_ACCEPTED)
     out, created = result
