@@ -10,6 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from ql3.application import attempt_logs, auth, lookup, run_queries, runs, tasks, workers
 from ql3.domain.errors import NotFound
@@ -99,13 +100,17 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunOut)
-def show_run(project: str, run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
+async def show_run(project: str, run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
+    """Async, with the unit alone in the thread pool (polled by ``ql3 run start --wait``): a plain
+    ``def`` route's response would be validated in the thread pool too, one more hand-off."""
+
     def unit(tx: Transaction) -> RunOut:
         found = auth.authorize(tx, principal, project, "run.read")
         run = runs.get_run(tx, found.id, _run_id(run_id))
         return run_row_out(run_queries.describe(tx, run), workers.WaitingReasons(tx).reason(run))
 
-    return db.transaction(unit, write=False)
+    out: RunOut = await run_in_threadpool(db.transaction, unit, write=False)
+    return out
 
 
 @router.get("/{run_id}/events", response_model=EventPage)
