@@ -103,12 +103,13 @@ class LocalLauncher:
 
     def start(self, request: LaunchRequest) -> Launched:
         """Spawn the shim; raises ``LaunchRejected`` (bad input) or ``LaunchFailed`` (nothing runs)."""
-        _validate(request)
+        head = _validate(request)
         receipt_dir = Path(os.path.abspath(request.receipt_dir))
         log_path = Path(os.path.abspath(request.log_path))
+        receipt = receipt_path(receipt_dir, request.attempt_id)  # once per launch: shim and watcher
         user = self._users.for_project(request.project_id)
         env = self._child_environment(request, user)
-        env.update(self._shim_variables(request, receipt_dir, user))
+        env.update(self._shim_variables(request, receipt_dir, receipt, head, user))
         argv = [self._shell, "-c", self._script, "sh"]
         if isinstance(request.command, ArgvCommand):
             argv += [request.command.file, *request.command.args]
@@ -143,9 +144,9 @@ class LocalLauncher:
             raise LaunchFailed("spawn_failed") from exc
         finally:
             os.close(log_fd)
-        return self._identify(pid, request, log_path, receipt_dir)
+        return self._identify(pid, request, log_path, receipt)
 
-    def _identify(self, pid: int, request: LaunchRequest, log_path: Path, receipt_dir: Path) -> Launched:
+    def _identify(self, pid: int, request: LaunchRequest, log_path: Path, receipt: Path) -> Launched:
         # Our unreaped child: its pid (and group id) cannot be reused until we wait for it.
         try:
             pidfd = os.pidfd_open(pid)
@@ -164,7 +165,7 @@ class LocalLauncher:
             pidfd=pidfd,
             log_path=log_path,
             log_cap_bytes=request.log_cap_bytes,
-            receipt_path=receipt_path(receipt_dir, request.attempt_id),
+            receipt_path=receipt,
         )
 
     def _child_environment(self, request: LaunchRequest, user: TaskUser | None) -> dict[str, str]:
@@ -186,7 +187,7 @@ class LocalLauncher:
         return env
 
     def _shim_variables(
-        self, request: LaunchRequest, receipt_dir: Path, user: TaskUser | None
+        self, request: LaunchRequest, receipt_dir: Path, receipt: Path, head: str, user: TaskUser | None
     ) -> dict[str, str]:
         command = request.command
         return {
@@ -194,9 +195,9 @@ class LocalLauncher:
             _COMMAND_VAR: command.command if isinstance(command, ShellCommand) else "",
             "QL3_SHIM_CWD": request.working_directory or "",
             "QL3_SHIM_SH": self._shell,
-            "QL3_SHIM_HEAD": _prefix(request),
+            "QL3_SHIM_HEAD": head,
             "QL3_SHIM_STARTED": str(request.started_at_ms),
-            "QL3_SHIM_DST": str(receipt_path(receipt_dir, request.attempt_id)),
+            "QL3_SHIM_DST": str(receipt),
             "QL3_SHIM_DIR": str(receipt_dir),
             "QL3_SHIM_SYNC": self._sync,
             "QL3_SHIM_BOOT": self._boot_id,
@@ -221,7 +222,8 @@ def _prefix(request: LaunchRequest) -> str:
     )
 
 
-def _validate(request: LaunchRequest) -> None:
+def _validate(request: LaunchRequest) -> str:
+    """Raise ``LaunchRejected`` for bad input; return the receipt's prefix (it is checked for size)."""
     if not _text(request.run_id, MAX_ID_CHARS):
         raise LaunchRejected("run_id")
     try:
@@ -245,8 +247,10 @@ def _validate(request: LaunchRequest) -> None:
         raise LaunchRejected("working_directory")
     if not _valid_environment(request.environment):
         raise LaunchRejected("environment")
-    if len(_prefix(request).encode("utf-8")) + _RECEIPT_TAIL_BYTES > MAX_RECEIPT_BYTES:
+    head = _prefix(request)
+    if len(head.encode("utf-8")) + _RECEIPT_TAIL_BYTES > MAX_RECEIPT_BYTES:
         raise LaunchRejected("receipt_too_large")
+    return head
 
 
 def _text(value: object, max_bytes: int) -> bool:
