@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,6 +22,7 @@ MAX_HANDLE_BYTES = 512
 MAX_ATTEMPT_ID_CHARS = 255
 MAX_PID = 2**31 - 1
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+_STAT_READ_BYTES = 4096  # a stat record is far shorter: one read and the one that sees its end
 EXITED_STATES = frozenset({"Z", "X", "x"})
 
 _BOOT_ID_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
@@ -177,12 +179,20 @@ def read_stat(pid: int) -> ProcStat | None:
     """
     if type(pid) is not int or not 0 < pid <= MAX_PID:
         raise ValueError("pid out of range")
+    # A bare descriptor, not open(): no buffer object, no isatty/fstat/lseek calls around the read.
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return parse_stat(pid, raw)
+    try:
+        chunks: list[bytes] = []
+        while chunk := os.read(fd, _STAT_READ_BYTES):
+            chunks.append(chunk)
+    except (FileNotFoundError, ProcessLookupError):
+        return None  # the process was reaped between the open and the read
+    finally:
+        os.close(fd)
+    return parse_stat(pid, b"".join(chunks))
 
 
 def parse_stat(pid: int, raw: bytes) -> ProcStat:

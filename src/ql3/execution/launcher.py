@@ -3,9 +3,12 @@
 Per run the cost is one ``posix_spawn`` of ``/bin/sh`` (the shim, which is the new session's and
 process group's leader) and one fork+exec for the command (``/bin/sh -c`` for a shell command, the
 program itself for an argv command); the shim writes the receipt itself, with no further process
-(``shim.sh``, ``receipts.py``): no Python interpreter is ever started per run. The shim lives outside
-this process, so if the worker dies the command keeps running, its log keeps growing and its receipt
-is still published.
+(``shim.sh``, ``receipts.py``): no Python interpreter is ever started per run. The shim waits on a
+pipe for the start ticks of its own handle, which the launcher sends once it has captured it, so the
+shim records its launch identity without reading /proc itself (dash's ``read`` takes one byte per
+read(2): some 300 calls for a stat record) and starts nothing if the launcher died first. The shim
+lives outside this process, so if the worker dies the command keeps running, its log keeps growing
+and its receipt is still published.
 """
 
 from __future__ import annotations
@@ -103,12 +106,13 @@ class LocalLauncher:
 
     def start(self, request: LaunchRequest) -> Launched:
         """Spawn the shim; raises ``LaunchRejected`` (bad input) or ``LaunchFailed`` (nothing runs)."""
-        _validate(request)
+        head = _validate(request)
         receipt_dir = Path(os.path.abspath(request.receipt_dir))
         log_path = Path(os.path.abspath(request.log_path))
+        receipt = receipt_path(receipt_dir, request.attempt_id)  # once per launch: shim and watcher
         user = self._users.for_project(request.project_id)
         env = self._child_environment(request, user)
-        env.update(self._shim_variables(request, receipt_dir, user))
+        env.update(self._shim_variables(request, receipt_dir, receipt, head, user))
         argv = [self._shell, "-c", self._script, "sh"]
         if isinstance(request.command, ArgvCommand):
             argv += [request.command.file, *request.command.args]
@@ -119,11 +123,13 @@ class LocalLauncher:
         except OSError as exc:
             self._known_dirs.difference_update((receipt_dir, log_path.parent))
             raise LaunchFailed("log_or_receipt_dir_unavailable") from exc
+        # The shim waits on this pipe (its descriptor 3) for its own start ticks, sent once its
+        # identity is captured below: it writes its launch identity from them, then starts the command.
+        ticks_r, ticks_w = -1, -1
         try:
-            if log_fd < 3:
-                # dup2 onto itself would not clear close-on-exec; keep stdio slots free.
-                low, log_fd = log_fd, fcntl.fcntl(log_fd, fcntl.F_DUPFD_CLOEXEC, 3)
-                os.close(low)
+            log_fd = _high_fd(log_fd)
+            ticks_r, ticks_w = os.pipe2(os.O_CLOEXEC)
+            ticks_r = _high_fd(ticks_r)
             env["QL3_SHIM_CLOCK_BASE"] = str(request.started_at_ms - _boot_time_ms())
             pid = os.posix_spawn(
                 self._shell,
@@ -134,18 +140,28 @@ class LocalLauncher:
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                     (os.POSIX_SPAWN_DUP2, log_fd, 1),
                     (os.POSIX_SPAWN_DUP2, log_fd, 2),
+                    (os.POSIX_SPAWN_DUP2, ticks_r, 3),
                 ],
                 setsid=True,
                 setsigmask=(),
                 setsigdef=self._sigdef,
             )
         except OSError as exc:
+            if ticks_w >= 0:
+                os.close(ticks_w)
             raise LaunchFailed("spawn_failed") from exc
         finally:
             os.close(log_fd)
-        return self._identify(pid, request, log_path, receipt_dir)
+            if ticks_r >= 0:
+                os.close(ticks_r)
+        try:
+            launched = self._identify(pid, request, log_path, receipt)
+            _send_ticks(ticks_w, launched.handle.start_ticks)
+        finally:
+            os.close(ticks_w)
+        return launched
 
-    def _identify(self, pid: int, request: LaunchRequest, log_path: Path, receipt_dir: Path) -> Launched:
+    def _identify(self, pid: int, request: LaunchRequest, log_path: Path, receipt: Path) -> Launched:
         # Our unreaped child: its pid (and group id) cannot be reused until we wait for it.
         try:
             pidfd = os.pidfd_open(pid)
@@ -164,7 +180,7 @@ class LocalLauncher:
             pidfd=pidfd,
             log_path=log_path,
             log_cap_bytes=request.log_cap_bytes,
-            receipt_path=receipt_path(receipt_dir, request.attempt_id),
+            receipt_path=receipt,
         )
 
     def _child_environment(self, request: LaunchRequest, user: TaskUser | None) -> dict[str, str]:
@@ -186,7 +202,7 @@ class LocalLauncher:
         return env
 
     def _shim_variables(
-        self, request: LaunchRequest, receipt_dir: Path, user: TaskUser | None
+        self, request: LaunchRequest, receipt_dir: Path, receipt: Path, head: str, user: TaskUser | None
     ) -> dict[str, str]:
         command = request.command
         return {
@@ -194,9 +210,9 @@ class LocalLauncher:
             _COMMAND_VAR: command.command if isinstance(command, ShellCommand) else "",
             "QL3_SHIM_CWD": request.working_directory or "",
             "QL3_SHIM_SH": self._shell,
-            "QL3_SHIM_HEAD": _prefix(request),
+            "QL3_SHIM_HEAD": head,
             "QL3_SHIM_STARTED": str(request.started_at_ms),
-            "QL3_SHIM_DST": str(receipt_path(receipt_dir, request.attempt_id)),
+            "QL3_SHIM_DST": str(receipt),
             "QL3_SHIM_DIR": str(receipt_dir),
             "QL3_SHIM_SYNC": self._sync,
             "QL3_SHIM_BOOT": self._boot_id,
@@ -221,7 +237,8 @@ def _prefix(request: LaunchRequest) -> str:
     )
 
 
-def _validate(request: LaunchRequest) -> None:
+def _validate(request: LaunchRequest) -> str:
+    """Raise ``LaunchRejected`` for bad input; return the receipt's prefix (it is checked for size)."""
     if not _text(request.run_id, MAX_ID_CHARS):
         raise LaunchRejected("run_id")
     try:
@@ -245,8 +262,10 @@ def _validate(request: LaunchRequest) -> None:
         raise LaunchRejected("working_directory")
     if not _valid_environment(request.environment):
         raise LaunchRejected("environment")
-    if len(_prefix(request).encode("utf-8")) + _RECEIPT_TAIL_BYTES > MAX_RECEIPT_BYTES:
+    head = _prefix(request)
+    if len(head.encode("utf-8")) + _RECEIPT_TAIL_BYTES > MAX_RECEIPT_BYTES:
         raise LaunchRejected("receipt_too_large")
+    return head
 
 
 def _text(value: object, max_bytes: int) -> bool:
@@ -315,6 +334,24 @@ def _close_inheritable_fds() -> list[tuple[int, int]]:
             except OSError:
                 pass  # closed meanwhile (it was the listdir's own descriptor, for one)
     return actions
+
+
+def _high_fd(fd: int) -> int:
+    """``fd`` moved above 3 (close-on-exec kept): the spawn dup2s onto 0-3, and dup2 of a descriptor
+    onto itself would not clear its close-on-exec flag."""
+    if fd > 3:
+        return fd
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 4)
+    os.close(fd)
+    return high
+
+
+def _send_ticks(fd: int, ticks: str) -> None:
+    """The shim's start ticks, one line (far below PIPE_BUF: one write, never partial)."""
+    try:
+        os.write(fd, f"{ticks}\n".encode("ascii"))
+    except BrokenPipeError:
+        pass  # the shim is gone already: the exit watcher reports it, with no receipt
 
 
 def _current_umask() -> int:

@@ -50,6 +50,14 @@ def enforce_log_cap(path: Path, cap_bytes: int) -> bool:
     next call cuts them again. Once the attempt's processes are gone the result is exact.
     """
     _check_cap(cap_bytes)
+    # Most logs end under their cap: a look at the name (never following a link) answers without an
+    # open. Anything else takes the descriptor path below, which decides on what it opened.
+    try:
+        seen = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(seen.st_mode) and seen.st_size <= cap_bytes:
+        return False
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -22,13 +22,16 @@ unset QL3_SHIM_MODE QL3_SHIM_COMMAND QL3_SHIM_CWD QL3_SHIM_SH QL3_SHIM_HEAD QL3_
 
 # Launch identity (boot id, pid, start ticks), written before the command starts: the caller may die
 # between the spawn and journaling the handle, and a restarted caller finds the process from this.
-_ql3_ticks() { shift 19 && _ql3_st=$1; }
-if [ -n "$_ql3_idf" ] && { read -r _ql3_st </proc/$$/stat; } 2>/dev/null; then
-  if _ql3_ticks ${_ql3_st##*) } && umask 077; then
-    { set -C; printf '%s %s %s\n' "$_ql3_boot" "$$" "$_ql3_st" >"$_ql3_idf"; set +C; } 2>/dev/null
-  fi
-  umask "$_ql3_umask" 2>/dev/null
+# The start ticks come from the launcher on descriptor 3, read from our /proc/<pid>/stat for its own
+# handle: one short line, where `read` of /proc/$$/stat would take some 300 one-byte read(2) calls.
+# No line (the launcher died before it captured us): nothing may start, and no receipt is written.
+if ! { read -r _ql3_st <&3; } 2>/dev/null; then exit 125; fi
+exec 3<&-
+case $_ql3_st in '' | *[!0-9]*) exit 125 ;; esac
+if umask 077; then
+  { set -C; printf '%s %s %s\n' "$_ql3_boot" "$$" "$_ql3_st" >"$_ql3_idf"; set +C; } 2>/dev/null
 fi
+umask "$_ql3_umask" 2>/dev/null
 
 # Failures before the command runs stay out of the log: it must never show the cwd or the command.
 if [ "$_ql3_mode" = argv ]; then

@@ -7,16 +7,16 @@ and sleep again: about twenty thread hand-offs per run (bench/README.md, "Worker
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
+from threading import Condition, Lock
 
 
 class LocalNotifier:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self._counters: dict[str, int] = {}
         self._seen: dict[str, int] = {}  # per channel: the count the last wait()/wait_any() consumed
-        self._waiters: dict[str, set[threading.Condition]] = {}
+        self._waiters: dict[str, set[Condition]] = {}
 
     def notify(self, channel: str) -> None:
         with self._lock:
@@ -59,7 +59,7 @@ class LocalNotifier:
         under ``channels`` for the time of the wait."""
         if predicate():
             return True
-        waiter = threading.Condition(self._lock)
+        waiter = Condition(self._lock)
         names = tuple(channels)
         for c in names:
             self._waiters.setdefault(c, set()).add(waiter)

@@ -66,6 +66,19 @@ def test_enforcement_is_idempotent_and_recuts_late_appends(tmp_path: Path) -> No
     assert enforce_log_cap(tmp_path / "missing.log", 10) is False
 
 
+def test_enforcement_never_follows_a_link_at_the_log_name(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"a" * 50)
+    small = tmp_path / "small"
+    small.write_bytes(b"a")
+    for size_of_target, name in ((50, "big.log"), (1, "small.log")):
+        link = tmp_path / name
+        link.symlink_to(target if size_of_target == 50 else small)
+        with pytest.raises(OSError):
+            enforce_log_cap(link, 10)
+    assert target.read_bytes() == b"a" * 50  # nothing cut through the link
+
+
 def _read_all(reader: LogReader, path: Path, chunk: int, cap: int | None) -> tuple[bytes, list[int]]:
     offset, out = 0, b""
     offsets: list[int] = []

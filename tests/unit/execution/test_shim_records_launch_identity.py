@@ -3,6 +3,11 @@ spawn and journaling the handle can find the process after a restart (issue 9 it
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+import ql3.execution.launcher as launcher_module
 from ql3.execution.identity import probe
 from ql3.execution.receipts import (
     delete_receipt,
@@ -57,3 +62,30 @@ def test_consuming_the_receipt_removes_the_identity(ex: ExecHarness) -> None:
 
     assert read_launch_identity(ex.receipts, "att-gone") is None
     assert not launch_identity_path(ex.receipts, "att-gone").exists()
+
+
+def test_a_launcher_that_dies_before_sending_the_ticks_starts_nothing(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given a launcher that closes the shim's ticks pipe without a line, as its death would
+    monkeypatch.setattr(launcher_module, "_send_ticks", lambda fd, ticks: None)
+    marker = tmp_path / "ran"
+
+    # When a command is launched
+    ex.shell("att-orphan", f"touch {marker}")
+    ex.wait_exit("att-orphan")
+
+    # Then the shim ended before the command: it never ran, and there is no identity and no receipt
+    assert not marker.exists()
+    assert read_launch_identity(ex.receipts, "att-orphan") is None
+    assert ex.receipt("att-orphan") is None
+
+
+def test_the_ticks_pipe_is_not_left_to_the_command(ex: ExecHarness) -> None:
+    # Given a command that exits 0 only when its shell has no descriptor 3 (test(1) opens nothing)
+    ex.shell("att-fds", 'test ! -e "/proc/$$/fd/3"')
+
+    # When it has finished, then it had none: the shim closed the launcher's pipe before it
+    ex.wait_exit("att-fds")
+    receipt = ex.receipt("att-fds")
+    assert receipt is not None and receipt.exit_code == 0

@@ -209,6 +209,24 @@ def test_a_replaced_lock_file_makes_the_old_owner_dead_for_good(journal: WorkerJ
             journal.audit()
 
 
+def test_a_lock_file_replaced_by_another_inode_makes_the_old_owner_dead(
+    journal: WorkerJournal, path: Path
+) -> None:
+    # Given an open journal whose lock name now points at another file (the name exists, the inode
+    # is not the one the owner holds its flock on)
+    journal.accept(_offer())
+    lock = path.with_name("worker.db.lock")
+    other = path.with_name("other.lock")
+    other.write_bytes(b"")
+    other.replace(lock)
+
+    # When the old owner is used again, then it refuses, for reads from memory as for writes
+    with pytest.raises(JournalCompromised):
+        journal.get("offer-1")
+    with pytest.raises(JournalCompromised):
+        journal.accept(_offer("offer-2"))
+
+
 def test_a_closed_journal_refuses_every_operation(path: Path) -> None:
     journal = WorkerJournal.open(path, clock=_clock)
     journal.close()

@@ -113,6 +113,12 @@ class WorkerJournal:
         self._conn = conn
         self._lock_fd = lock_fd
         self._lock_path = lock_path
+        # What the descriptor holds never changes: its inode is taken once, the name's on every call.
+        # A descriptor that cannot be stat'ed now is no proof of ownership either.
+        try:
+            self._lock_inode: os.stat_result | None = os.fstat(lock_fd)
+        except OSError:
+            self._lock_inode = None
         self._clock = clock
         self._capacity = capacity
         self._mutex = threading.Lock()
@@ -636,7 +642,9 @@ class WorkerJournal:
         # flock protects an inode, not a name: if the lock file was removed or replaced, a second
         # owner may already hold the new one, so this instance stops for good.
         try:
-            owned = os.path.samestat(os.stat(self._lock_path), os.fstat(self._lock_fd))
+            owned = self._lock_inode is not None and os.path.samestat(
+                os.stat(self._lock_path), self._lock_inode
+            )
         except OSError:
             owned = False
         if not owned:
