@@ -90,6 +90,24 @@ def test_an_offer_whose_spec_does_not_match_its_digest_is_refused(env: Env) -> N
         agent.stop()
 
 
+@pytest.mark.parametrize("field", ["run_id", "attempt_id"])
+def test_an_offer_whose_spec_names_another_attempt_is_refused(env: Env, field: str) -> None:
+    agent = env.agent()
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+        other = dataclasses.replace(offer.spec, **{field: "01a00000-0000-7000-8000-00000000dead"})
+        # the digest matches the swapped spec: only the identity check against the fence refuses it
+        forged = dataclasses.replace(offer, spec=other, spec_digest=other.digest())
+
+        with pytest.raises(ValidationFailed) as caught:
+            agent.receive(forged)
+        assert caught.value.message == "offer spec does not match its digest or identity"
+        assert agent.journal.get(offer.offer_id) is None and env.starts() == 0
+    finally:
+        agent.stop()
+
+
 def test_a_crash_after_the_launching_barrier_is_never_spawned_again(env: Env) -> None:
     # Given a worker that dies after committing `launching`, before the spawn
     crashing = env.agent(fault="after_launching")
