@@ -111,6 +111,18 @@ def build_plan(
     return spec, task_spec
 
 
+def candidate_plan(task_spec: TaskSpec, cand: QueuedCandidate, attempt_id: str) -> ExecutionSpec:
+    """The ExecutionSpec of a queued candidate's claimed attempt (the dispatcher's and the pull's)."""
+    return ExecutionSpec.for_attempt(
+        task_spec,
+        run_id=cand.run_id,
+        attempt_id=attempt_id,
+        project_id=cand.project_id,
+        task_id=cand.task_id,
+        task_revision=cand.task_revision,
+    )
+
+
 class RunDispatcher:
     """``dispatch_once()`` is a plain call: it never creates timers or threads."""
 
@@ -377,14 +389,7 @@ class RunDispatcher:
         ranked = rank(placement, snapshot)
         if not ranked:
             return None, "no_match"
-        spec = ExecutionSpec.for_attempt(
-            task_spec,
-            run_id=cand.run_id,
-            attempt_id=attempt_id,
-            project_id=cand.project_id,
-            task_id=cand.task_id,
-            task_revision=cand.task_revision,
-        )
+        spec = candidate_plan(task_spec, cand, attempt_id)
         for worker, score in ranked:
             if counters.claim_calls >= self.budget.claims:
                 return None, "claim_budget_exhausted"
@@ -427,5 +432,6 @@ __all__ = [
     "DispatchResult",
     "RunDispatcher",
     "build_plan",
+    "candidate_plan",
     "decode_offer",
 ]

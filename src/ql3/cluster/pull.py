@@ -25,7 +25,7 @@ from functools import partial
 from typing import Final
 
 from ql3.application import leases, workers
-from ql3.application.dispatcher import build_plan
+from ql3.application.dispatcher import build_plan, candidate_plan
 from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, domain_digest
@@ -284,14 +284,7 @@ class PullService:
                 except Ql3Error:
                     reason = "plans_unavailable"
                     continue
-                spec = ExecutionSpec.for_attempt(
-                    task_spec,
-                    run_id=cand.run_id,
-                    attempt_id=cand.attempt_id,
-                    project_id=cand.project_id,
-                    task_id=cand.task_id,
-                    task_revision=cand.task_revision,
-                )
+                spec = candidate_plan(task_spec, cand, cand.attempt_id)
                 if not rank(placement, [snapshot]):
                     reason = "no_match"
                     continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass, replace
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
 
 from ql3.domain.digests import canonical_json
 from ql3.domain.execution import ExecutionSpec, JournalSpec
@@ -92,6 +92,28 @@ def _offer_json(offer: Offer | JournaledOffer, spec: dict[str, Any], fence: Leas
     )
 
 
+class _Envelope(TypedDict):
+    """Everything of an offer but its spec."""
+
+    offer_id: str
+    delivery_kind: DeliveryKind
+    fence: LeaseFence
+    lease_expires_at_ms: int
+    spec_digest: str
+    placement_score: int | None
+
+
+def _envelope_from_json(data: dict[str, Any]) -> _Envelope:
+    return _Envelope(
+        offer_id=data["offerId"],
+        delivery_kind=data["deliveryKind"],
+        fence=_fence_from_json(data["fence"]),
+        lease_expires_at_ms=int(data["leaseExpiresAtMs"]),
+        spec_digest=data["specDigest"],
+        placement_score=data.get("placementScore"),
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Offer:
     """A claimed execution offer. Holds the lease token and the spec: never logged or returned by
@@ -114,15 +136,7 @@ class Offer:
     @staticmethod
     def from_json(data: dict[str, Any]) -> Offer:
         """Parse a received offer; its spec is validated here (``ExecutionSpec.from_wire``)."""
-        return Offer(
-            offer_id=data["offerId"],
-            delivery_kind=data["deliveryKind"],
-            fence=_fence_from_json(data["fence"]),
-            lease_expires_at_ms=int(data["leaseExpiresAtMs"]),
-            spec=ExecutionSpec.from_wire(data["spec"]),
-            spec_digest=data["specDigest"],
-            placement_score=data.get("placementScore"),
-        )
+        return Offer(**_envelope_from_json(data), spec=ExecutionSpec.from_wire(data["spec"]))
 
     def journaled(self) -> JournaledOffer:
         """The offer as the worker journal stores it: the spec without its secrets and the fence
@@ -160,12 +174,4 @@ class JournaledOffer:
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> JournaledOffer:
-        return JournaledOffer(
-            offer_id=data["offerId"],
-            delivery_kind=data["deliveryKind"],
-            fence=_fence_from_json(data["fence"]),
-            lease_expires_at_ms=int(data["leaseExpiresAtMs"]),
-            spec=JournalSpec.from_wire(data["spec"]),
-            spec_digest=data["specDigest"],
-            placement_score=data.get("placementScore"),
-        )
+        return JournaledOffer(**_envelope_from_json(data), spec=JournalSpec.from_wire(data["spec"]))
