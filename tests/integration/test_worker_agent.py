@@ -96,7 +96,11 @@ def test_an_offer_whose_spec_names_another_attempt_is_refused(env: Env, field: s
     agent.start()
     try:
         offer = env.queue_and_claim(agent)
-        other = dataclasses.replace(offer.spec, **{field: "01a00000-0000-7000-8000-00000000dead"})
+        stranger = "01a00000-0000-7000-8000-00000000dead"
+        if field == "run_id":
+            other = dataclasses.replace(offer.spec, run_id=stranger)
+        else:
+            other = dataclasses.replace(offer.spec, attempt_id=stranger)
         # the digest matches the swapped spec: only the identity check against the fence refuses it
         forged = dataclasses.replace(offer, spec=other, spec_digest=other.digest())
 
