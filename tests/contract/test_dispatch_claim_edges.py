@@ -12,7 +12,7 @@ from ql3.application import dispatcher as dispatcher_module
 from ql3.application import leases
 from ql3.application.dispatcher import DispatchCycleError
 from ql3.domain.errors import ValidationFailed
-from ql3.domain.offers import offer_id, spec_digest
+from ql3.domain.offers import offer_id
 from tests.support.builders import count
 from tests.support.databases import Harness
 from tests.support.execution_builders import dispatcher, queued, register
@@ -113,7 +113,7 @@ def test_a_claimed_result_reports_its_calls_and_its_offer_carries_the_lease(harn
         lease.attempt_id, lease.lease_generation, lease.worker_id, lease.worker_session_id, 1
     )
     assert offer.fence.lease_generation == lease.lease_generation == 1
-    assert offer.spec_digest == spec_digest(offer.spec)
+    assert offer.spec_digest == offer.spec.digest()
 
 
 def test_a_placement_that_cannot_be_built_is_plans_unavailable_without_a_claim(harness: Harness) -> None:

@@ -11,7 +11,7 @@ import pytest
 from ql3.application import dispatcher as dispatcher_module
 from ql3.application import leases, workers
 from ql3.application.dispatcher import DispatchBudget, DispatchCycleError, RunDispatcher
-from ql3.domain.errors import NotFound
+from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.repositories import runs as run_repo
 from ql3.repositories.dispatch import RecoverableLease, recoverable_leases
 from tests.support.builders import count
@@ -67,16 +67,15 @@ def test_a_recovery_whose_run_cannot_be_read_fails_closed_before_any_new_claim(
     assert _leased(harness) == 2
 
 
-def test_a_drifted_recovery_plan_fails_closed_and_the_next_cycle_moves_on(
+def test_a_recovery_plan_that_no_longer_builds_fails_closed_and_the_next_cycle_moves_on(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     d = _two_claims_then_restart(harness)
-    real = dispatcher_module.normalize_spec  # type: ignore[attr-defined]
 
-    def drifted(raw: dict[str, Any]) -> dict[str, Any]:
-        return real(raw) | {"runId": "0" * 36}  # the rebuilt plan names another run
+    def unbuildable(raw: Any) -> Any:  # the pinned revision no longer passes validation
+        raise ValidationFailed("invalid command", field="command")
 
-    monkeypatch.setattr(dispatcher_module, "normalize_spec", drifted)
+    monkeypatch.setattr(dispatcher_module, "build_spec", unbuildable)
 
     first = d.dispatch_once()
     monkeypatch.undo()

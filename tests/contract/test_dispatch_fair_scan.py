@@ -48,7 +48,7 @@ def test_a_placeable_run_behind_a_thousand_unplaceable_ones_is_placed_in_bounded
     # was placed within the bound
     last = results[-1]
     assert last.reason == "claimed" and last.offer is not None, [r.reason for r in results]
-    assert last.offer.spec["taskId"] == plain.id
+    assert last.offer.spec.task_id == plain.id
     assert all(r.truncated and r.reason == "scan_budget_exhausted" for r in results[:-1])
     assert len(results) == math.ceil(1001 / per_cycle)
 

@@ -44,7 +44,7 @@ def test_claim_produces_one_offer_and_moves_the_run_to_dispatching(harness: Harn
     assert result.reason == "claimed" and result.offer is not None
     offer = result.offer
     assert offer.delivery_kind == "new_claim" and offer.fence.run_id == run.id
-    assert offer.spec["command"] == {"kind": "shell", "command": "echo hello"}
+    assert offer.spec.command == "echo hello"
     assert run_of(harness.db, project, run.id).status == "dispatching"
     lease = harness.db.transaction(lambda tx: leases.get_lease(tx, offer.fence.attempt_id))
     assert lease is not None and lease.lease_generation == 1
@@ -275,7 +275,7 @@ def test_offer_spec_is_a_deep_copy_unaffected_by_later_edits(harness: Harness) -
 
     harness.db.transaction(lambda tx: tasks.edit_task(tx, project.id, task.name, {"command": "echo changed"}))
 
-    assert offer.spec["command"]["command"] == "echo hello"
+    assert offer.spec.command == "echo hello"
     recovered = dispatcher(harness.db, since=harness.now_ms()).dispatch_once().offer
     assert (
         recovered is not None and recovered.spec == offer.spec and recovered.spec_digest == offer.spec_digest
@@ -367,18 +367,16 @@ def test_an_ownership_race_drops_the_candidate_without_reassigning_it(harness: H
     assert [(r["worker_id"], r["lease_generation"]) for r in leases_rows] == [(first.fence.worker_id, 1)]
 
 
-def test_a_spec_whose_identity_drifts_is_refused_before_any_claim(harness: Harness) -> None:
+def test_a_revision_that_no_longer_builds_is_refused_before_any_claim(harness: Harness) -> None:
     register(harness.db)
     queued(harness.db)
     d = dispatcher(harness.db)
-    real = dispatcher_module.normalize_spec  # type: ignore[attr-defined]
 
-    def drifting(raw: dict[str, object]) -> dict[str, object]:
-        spec = real(raw)
-        return {**spec, "runId": "01a00000-0000-7000-8000-00000000dead"}
+    def unbuildable(raw: object) -> object:  # the pinned revision no longer passes validation
+        raise ValidationFailed("invalid command", field="command")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dispatcher_module, "normalize_spec", drifting)
+        mp.setattr(dispatcher_module, "build_spec", unbuildable)
         result = d.dispatch_once()
 
     assert result.reason == "plans_unavailable" and result.offer is None and result.claim_calls == 0

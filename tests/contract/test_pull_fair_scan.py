@@ -64,7 +64,7 @@ def test_successive_pulls_reach_a_placeable_run_behind_more_blockers_than_one_pu
     # was claimed within the bound (without the cursor every pull rescans the same head)
     last = results[-1]
     assert last.reason == "claimed" and last.offer is not None, [r.reason for r in results]
-    assert last.offer.spec["taskId"] == plain.id
+    assert last.offer.spec.task_id == plain.id
     assert len(results) == bound
     assert all(r.truncated and r.reason == "scan_budget_exhausted" for r in results[:-1])
     # And the offer sends the next walk back to the head of the queue

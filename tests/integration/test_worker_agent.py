@@ -43,10 +43,8 @@ def test_the_same_offer_id_with_another_digest_is_refused_before_any_spawn(env: 
         offer = env.queue_and_claim(agent)
         with pytest.raises(Crash):
             agent.receive(offer)
-        tampered_spec = {**offer.spec, "command": {"kind": "shell", "command": "echo evil"}}
-        from ql3.domain.offers import spec_digest
-
-        tampered = dataclasses.replace(offer, spec=tampered_spec, spec_digest=spec_digest(tampered_spec))
+        tampered_spec = dataclasses.replace(offer.spec, command="echo evil")
+        tampered = dataclasses.replace(offer, spec=tampered_spec, spec_digest=tampered_spec.digest())
 
         with pytest.raises(JournalConflict):
             agent.receive(tampered)
@@ -83,11 +81,33 @@ def test_an_offer_whose_spec_does_not_match_its_digest_is_refused(env: Env) -> N
     agent.start()
     try:
         offer = env.queue_and_claim(agent)
-        forged = dataclasses.replace(offer, spec={**offer.spec, "environment": {"X": "1"}})
+        forged = dataclasses.replace(offer, spec=dataclasses.replace(offer.spec, environment=(("X", "1"),)))
 
         with pytest.raises(ValidationFailed):
             agent.receive(forged)
         assert agent.journal.get(offer.offer_id) is None
+    finally:
+        agent.stop()
+
+
+@pytest.mark.parametrize("field", ["run_id", "attempt_id"])
+def test_an_offer_whose_spec_names_another_attempt_is_refused(env: Env, field: str) -> None:
+    agent = env.agent()
+    agent.start()
+    try:
+        offer = env.queue_and_claim(agent)
+        stranger = "01a00000-0000-7000-8000-00000000dead"
+        if field == "run_id":
+            other = dataclasses.replace(offer.spec, run_id=stranger)
+        else:
+            other = dataclasses.replace(offer.spec, attempt_id=stranger)
+        # the digest matches the swapped spec: only the identity check against the fence refuses it
+        forged = dataclasses.replace(offer, spec=other, spec_digest=other.digest())
+
+        with pytest.raises(ValidationFailed) as caught:
+            agent.receive(forged)
+        assert caught.value.message == "offer spec does not match its digest or identity"
+        assert agent.journal.get(offer.offer_id) is None and env.starts() == 0
     finally:
         agent.stop()
 

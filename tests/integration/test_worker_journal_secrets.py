@@ -36,7 +36,7 @@ def test_no_planted_secret_reaches_the_journal_and_the_settled_row_is_gone(
     agent.start()
     try:
         offer = env.queue_and_claim(agent)
-        assert all(c in json.dumps(offer.spec) for c in CANARIES)  # the offer itself carries them
+        assert all(c in offer.to_json() for c in CANARIES)  # the offer itself carries them
 
         # When it runs
         assert agent.receive(offer) == "running_acknowledged"

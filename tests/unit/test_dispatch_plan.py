@@ -1,19 +1,22 @@
-"""The ExecutionSpec the dispatcher and the pull build from a pinned task revision (``plan_from_spec``,
-docs/contracts.md §7): every task setting reaches the spec under its own name, settings left unset
-are absent rather than null, and a spec whose identity drifted from the candidate's is refused."""
+"""The ExecutionSpec the dispatcher and the pull build from a pinned task revision
+(``ExecutionSpec.for_attempt``, docs/contracts.md §7): every task setting reaches the spec's wire form
+under its own name, and settings left unset are absent rather than null."""
 
 from __future__ import annotations
 
-from typing import Any
+from ql3.domain.execution import ExecutionSpec
+from ql3.domain.tasks import TaskSpec, build_spec
 
-import pytest
 
-from ql3.application import dispatcher as dispatcher_module
-from ql3.application.dispatcher import plan_from_spec
-from ql3.domain.errors import ValidationFailed
-from ql3.domain.tasks import build_spec
-
-IDENTITY = ("run-1", "attempt-1", "project-1", "task-1")
+def _plan(task: TaskSpec, revision: int) -> ExecutionSpec:
+    return ExecutionSpec.for_attempt(
+        task,
+        run_id="run-1",
+        attempt_id="attempt-1",
+        project_id="project-1",
+        task_id="task-1",
+        task_revision=revision,
+    )
 
 
 def test_every_task_setting_reaches_the_execution_spec() -> None:
@@ -30,10 +33,10 @@ def test_every_task_setting_reaches_the_execution_spec() -> None:
     )
 
     # When the plan is built for one candidate
-    spec = plan_from_spec(task, *IDENTITY, 7)
+    spec = _plan(task, 7)
 
     # Then the spec is exactly the candidate's identity and the revision's settings
-    assert spec == {
+    assert spec.to_wire() == {
         "runId": "run-1",
         "attemptId": "attempt-1",
         "projectId": "project-1",
@@ -49,7 +52,7 @@ def test_every_task_setting_reaches_the_execution_spec() -> None:
 
 
 def test_settings_left_unset_are_absent_from_the_spec() -> None:
-    spec = plan_from_spec(build_spec({"command": "true", "environment_policy": "inherit"}), *IDENTITY, 1)
+    spec = _plan(build_spec({"command": "true", "environment_policy": "inherit"}), 1).to_wire()
 
     assert "workingDirectory" not in spec and "timeoutMs" not in spec
     assert (spec["environmentPolicy"], spec["environment"], spec["terminationGraceMs"]) == (
@@ -59,19 +62,8 @@ def test_settings_left_unset_are_absent_from_the_spec() -> None:
     )
 
 
-@pytest.mark.parametrize("key", ["runId", "attemptId", "projectId", "taskId", "taskRevision"])
-def test_a_spec_whose_identity_drifted_is_refused(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = dispatcher_module.normalize_spec  # type: ignore[attr-defined]
+def test_an_environment_given_out_of_order_is_sorted() -> None:
+    task = TaskSpec(command="true", env={"Z": "1", "A": "2"})  # built directly, never through build_spec
 
-    def drifted(raw: dict[str, Any]) -> dict[str, Any]:
-        spec: dict[str, Any] = real(raw)
-        return spec | {key: "other"}
-
-    monkeypatch.setattr(dispatcher_module, "normalize_spec", drifted)
-
-    with pytest.raises(ValidationFailed) as caught:
-        plan_from_spec(build_spec({"command": "true"}), *IDENTITY, 3)
-    assert (caught.value.message, dict(caught.value.details)) == (
-        "execution spec identity drifted",
-        {"field": "spec"},
-    )
+    assert _plan(task, 1).environment == (("A", "2"), ("Z", "1"))
+    assert list(_plan(task, 1).to_wire()["environment"]) == ["A", "Z"]

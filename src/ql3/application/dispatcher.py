@@ -16,7 +16,8 @@ from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals
 from ql3.domain.errors import Ql3Error, ValidationFailed
-from ql3.domain.offers import Offer, derive_lease_token, normalize_spec, offer_id, spec_digest
+from ql3.domain.execution import ExecutionSpec
+from ql3.domain.offers import Offer, derive_lease_token, offer_id
 from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
 from ql3.ports.storage import Database, Transaction
@@ -96,36 +97,30 @@ def _task_spec(tx: Transaction, task_id: str, revision: int) -> TaskSpec:
 
 def build_plan(
     tx: Transaction, run_id: str, attempt_id: str, project_id: str, task_id: str, revision: int
-) -> tuple[dict[str, Any], TaskSpec]:
-    """Materialise the pinned revision into a validated, deep-copied ExecutionSpec (memory only)."""
+) -> tuple[ExecutionSpec, TaskSpec]:
+    """Materialise the pinned revision into the attempt's ExecutionSpec (memory only)."""
     task_spec = _task_spec(tx, task_id, revision)
-    return plan_from_spec(task_spec, run_id, attempt_id, project_id, task_id, revision), task_spec
+    spec = ExecutionSpec.for_attempt(
+        task_spec,
+        run_id=run_id,
+        attempt_id=attempt_id,
+        project_id=project_id,
+        task_id=task_id,
+        task_revision=revision,
+    )
+    return spec, task_spec
 
 
-def plan_from_spec(
-    task_spec: TaskSpec, run_id: str, attempt_id: str, project_id: str, task_id: str, revision: int
-) -> dict[str, Any]:
-    """Validated, deep-copied ExecutionSpec with the candidate's identity forced and re-checked."""
-    raw: dict[str, Any] = {
-        "runId": run_id,
-        "attemptId": attempt_id,
-        "projectId": project_id,
-        "taskId": task_id,
-        "taskRevision": str(revision),
-        "command": {"kind": "shell", "command": task_spec.command},
-        "environmentPolicy": task_spec.environment_policy,
-        "environment": dict(task_spec.env),
-        "terminationGraceMs": task_spec.grace_ms,
-    }
-    if task_spec.cwd is not None:
-        raw["workingDirectory"] = task_spec.cwd
-    if task_spec.timeout_ms is not None:
-        raw["timeoutMs"] = task_spec.timeout_ms
-    spec = normalize_spec(raw)
-    identity = (spec["runId"], spec["attemptId"], spec["projectId"], spec["taskId"], spec["taskRevision"])
-    if identity != (run_id, attempt_id, project_id, task_id, str(revision)):
-        raise ValidationFailed("execution spec identity drifted", field="spec")
-    return spec
+def candidate_plan(task_spec: TaskSpec, cand: QueuedCandidate, attempt_id: str) -> ExecutionSpec:
+    """The ExecutionSpec of a queued candidate's claimed attempt (the dispatcher's and the pull's)."""
+    return ExecutionSpec.for_attempt(
+        task_spec,
+        run_id=cand.run_id,
+        attempt_id=attempt_id,
+        project_id=cand.project_id,
+        task_id=cand.task_id,
+        task_revision=cand.task_revision,
+    )
 
 
 class RunDispatcher:
@@ -255,7 +250,7 @@ class RunDispatcher:
             return "recovery_plans_unavailable"
         return self._offer(lease, spec, "lease_recovery", None)
 
-    def _offer(self, lease: leases.Lease, spec: dict[str, Any], kind: Any, score: int | None) -> Offer:
+    def _offer(self, lease: leases.Lease, spec: ExecutionSpec, kind: Any, score: int | None) -> Offer:
         token = derive_lease_token(self._secret, lease.attempt_id, lease.lease_generation)
         if not digest_equals(lease.lease_token_digest, leases.lease_digest(token)):
             raise DispatchCycleError("lease token does not match its digest")
@@ -271,7 +266,7 @@ class RunDispatcher:
             fence=leases.fence_of(lease, token),
             lease_expires_at_ms=lease.expires_at_ms,
             spec=spec,
-            spec_digest=spec_digest(spec),
+            spec_digest=spec.digest(),
             placement_score=score,
         )
 
@@ -394,12 +389,7 @@ class RunDispatcher:
         ranked = rank(placement, snapshot)
         if not ranked:
             return None, "no_match"
-        try:
-            spec = plan_from_spec(
-                task_spec, cand.run_id, attempt_id, cand.project_id, cand.task_id, cand.task_revision
-            )
-        except Ql3Error:
-            return None, "plans_unavailable"
+        spec = candidate_plan(task_spec, cand, attempt_id)
         for worker, score in ranked:
             if counters.claim_calls >= self.budget.claims:
                 return None, "claim_budget_exhausted"
@@ -442,5 +432,6 @@ __all__ = [
     "DispatchResult",
     "RunDispatcher",
     "build_plan",
+    "candidate_plan",
     "decode_offer",
 ]

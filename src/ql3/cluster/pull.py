@@ -22,15 +22,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final
+from typing import Final
 
 from ql3.application import leases, workers
-from ql3.application.dispatcher import build_plan, plan_from_spec
+from ql3.application.dispatcher import build_plan, candidate_plan
 from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, domain_digest
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
-from ql3.domain.offers import Offer, spec_digest
+from ql3.domain.execution import ExecutionSpec
+from ql3.domain.offers import Offer
 from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
 from ql3.ports import channels
@@ -141,14 +142,14 @@ def _check_session(tx: Transaction, req: PullRequest) -> WorkerRecord:
     return worker
 
 
-def _offer(lease: leases.Lease, req: PullRequest, spec: dict[str, Any]) -> Offer:
+def _offer(lease: leases.Lease, req: PullRequest, spec: ExecutionSpec) -> Offer:
     return Offer(
         offer_id=req.offer_id,
         delivery_kind="new_claim",
         fence=leases.fence_of(lease, req.lease_token),
         lease_expires_at_ms=lease.expires_at_ms,
         spec=spec,
-        spec_digest=spec_digest(spec),
+        spec_digest=spec.digest(),
         placement_score=None,
     )
 
@@ -280,17 +281,10 @@ class PullService:
                 try:
                     task_spec = self._spec(cand.task_id, cand.task_revision)
                     placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
-                    spec = plan_from_spec(
-                        task_spec,
-                        cand.run_id,
-                        cand.attempt_id,
-                        cand.project_id,
-                        cand.task_id,
-                        cand.task_revision,
-                    )
                 except Ql3Error:
                     reason = "plans_unavailable"
                     continue
+                spec = candidate_plan(task_spec, cand, cand.attempt_id)
                 if not rank(placement, [snapshot]):
                     reason = "no_match"
                     continue

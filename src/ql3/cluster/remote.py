@@ -32,6 +32,7 @@ from ql3.domain.offers import Offer
 from ql3.execution.launcher import LocalLauncher
 from ql3.ports.control_plane import ControlPlaneUnreachable
 from ql3.worker.agent import WorkerAgent
+from ql3.worker.attempts import journal_offer
 from ql3.worker.config import WorkerConfig
 
 log = logging.getLogger("ql3.worker.remote")
@@ -160,8 +161,8 @@ class RemoteWorker:
             return
         for record in records:
             try:
-                fence = Offer.from_json(json.loads(record.offer_json)).fence
-            except (ValueError, KeyError, TypeError):
+                fence = journal_offer(record).fence
+            except (ValueError, KeyError, TypeError, Ql3Error):
                 continue
             token = record.lease_token  # the journal keeps it sealed and unseals it on read
             if fence.session_id != session.session_id or not token:

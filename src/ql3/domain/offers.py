@@ -1,35 +1,19 @@
-"""ExecutionSpec, its digest, and the claimed execution offer (docs/contracts.md §1.7 and §8)."""
+"""The claimed execution offer and its journaled form (docs/contracts.md §1.7 and §8). The spec it
+carries is the typed ``ExecutionSpec`` (domain/execution.py); the offer's JSON holds its wire form,
+validated once by ``ExecutionSpec.from_wire`` when an offer is parsed (``Offer.from_json``)."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import hmac
-import re
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal, TypedDict
 
-from ql3.domain.digests import canonical_json, sha256_hex
-from ql3.domain.errors import ValidationFailed
-from ql3.domain.tasks import MAX_COMMAND_BYTES, MAX_GRACE_MS, MAX_TIMEOUT_MS
+from ql3.domain.digests import canonical_json
+from ql3.domain.execution import ExecutionSpec, JournalSpec
 
 OFFER_ID_DOMAIN: Final = "qinglong-run-dispatch-offer-v1"
 LEASE_TOKEN_DOMAIN: Final = b"ql3.run-lease-token.v1"
-_SPEC_KEYS: Final = frozenset(
-    {
-        "runId",
-        "attemptId",
-        "projectId",
-        "taskId",
-        "taskRevision",
-        "command",
-        "workingDirectory",
-        "environmentPolicy",
-        "environment",
-        "timeoutMs",
-        "terminationGraceMs",
-    }
-)
 
 
 def offer_id(
@@ -50,66 +34,6 @@ def derive_lease_token(secret: bytes, attempt_id: str, lease_generation: int) ->
     return mac.hexdigest()
 
 
-_IDENT_RE: Final = re.compile(r"[^\x00-\x1f]{1,255}")
-
-
-def _ident(value: object, what: str) -> str:
-    if not isinstance(value, str) or _IDENT_RE.fullmatch(value) is None:
-        raise ValidationFailed(f"invalid {what}", field=what)
-    return value
-
-
-def normalize_spec(raw: dict[str, Any]) -> dict[str, Any]:
-    """Validate and deep-copy an ExecutionSpec, stripping unknown fields, in digest key order."""
-    src = copy.deepcopy({k: v for k, v in raw.items() if k in _SPEC_KEYS})
-    cmd = src.get("command")
-    if not isinstance(cmd, dict) or cmd.get("kind") != "shell" or not isinstance(cmd.get("command"), str):
-        raise ValidationFailed("invalid command", field="command")
-    if (
-        "\x00" in cmd["command"]
-        or len(cmd["command"].encode()) > MAX_COMMAND_BYTES
-        or not cmd["command"].strip()
-    ):
-        raise ValidationFailed("invalid command", field="command")
-    out: dict[str, Any] = {
-        "runId": _ident(src.get("runId"), "runId"),
-        "attemptId": _ident(src.get("attemptId"), "attemptId"),
-        "projectId": _ident(src.get("projectId"), "projectId"),
-        "taskId": _ident(src.get("taskId"), "taskId"),
-        "taskRevision": _ident(str(src.get("taskRevision")), "taskRevision"),
-        "command": {"kind": "shell", "command": cmd["command"]},
-    }
-    cwd = src.get("workingDirectory")
-    if cwd is not None:
-        if not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd:
-            raise ValidationFailed("invalid workingDirectory", field="workingDirectory")
-        out["workingDirectory"] = cwd
-    policy = src.get("environmentPolicy", "inherit")
-    if policy not in ("inherit", "isolated"):
-        raise ValidationFailed("invalid environmentPolicy", field="environmentPolicy")
-    out["environmentPolicy"] = policy
-    env = src.get("environment", {})
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        raise ValidationFailed("invalid environment", field="environment")
-    out["environment"] = dict(sorted(env.items()))
-    timeout = src.get("timeoutMs")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= MAX_TIMEOUT_MS:
-            raise ValidationFailed("invalid timeoutMs", field="timeoutMs")
-        out["timeoutMs"] = timeout
-    grace = src.get("terminationGraceMs", 5000)
-    if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= MAX_GRACE_MS:
-        raise ValidationFailed("invalid terminationGraceMs", field="terminationGraceMs")
-    out["terminationGraceMs"] = grace
-    return out
-
-
-def spec_digest(spec: dict[str, Any]) -> str:
-    return sha256_hex(canonical_json(spec))
-
-
 DeliveryKind = Literal["new_claim", "lease_recovery"]
 
 
@@ -127,6 +51,69 @@ class LeaseFence:
     lease_version: int
 
 
+def _fence_json(fence: LeaseFence) -> dict[str, Any]:
+    return {
+        "runId": fence.run_id,
+        "attemptId": fence.attempt_id,
+        "workerId": fence.worker_id,
+        "sessionId": fence.session_id,
+        "workerGeneration": fence.worker_generation,
+        "leaseGeneration": fence.lease_generation,
+        "leaseToken": fence.lease_token,
+        "leaseVersion": fence.lease_version,
+    }
+
+
+def _fence_from_json(f: dict[str, Any]) -> LeaseFence:
+    return LeaseFence(
+        run_id=f["runId"],
+        attempt_id=f["attemptId"],
+        worker_id=f["workerId"],
+        session_id=f["sessionId"],
+        worker_generation=int(f["workerGeneration"]),
+        lease_generation=int(f["leaseGeneration"]),
+        lease_token=f["leaseToken"],
+        lease_version=int(f["leaseVersion"]),
+    )
+
+
+def _offer_json(offer: Offer | JournaledOffer, spec: dict[str, Any], fence: LeaseFence) -> str:
+    """The one JSON layout of an offer, delivered (full spec) or journaled (trimmed spec)."""
+    return canonical_json(
+        {
+            "offerId": offer.offer_id,
+            "deliveryKind": offer.delivery_kind,
+            "fence": _fence_json(fence),
+            "leaseExpiresAtMs": offer.lease_expires_at_ms,
+            "spec": spec,
+            "specDigest": offer.spec_digest,
+            "placementScore": offer.placement_score,
+        }
+    )
+
+
+class _Envelope(TypedDict):
+    """Everything of an offer but its spec."""
+
+    offer_id: str
+    delivery_kind: DeliveryKind
+    fence: LeaseFence
+    lease_expires_at_ms: int
+    spec_digest: str
+    placement_score: int | None
+
+
+def _envelope_from_json(data: dict[str, Any]) -> _Envelope:
+    return _Envelope(
+        offer_id=data["offerId"],
+        delivery_kind=data["deliveryKind"],
+        fence=_fence_from_json(data["fence"]),
+        lease_expires_at_ms=int(data["leaseExpiresAtMs"]),
+        spec_digest=data["specDigest"],
+        placement_score=data.get("placementScore"),
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Offer:
     """A claimed execution offer. Holds the lease token and the spec: never logged or returned by
@@ -136,7 +123,7 @@ class Offer:
     delivery_kind: DeliveryKind
     fence: LeaseFence
     lease_expires_at_ms: int
-    spec: dict[str, Any]
+    spec: ExecutionSpec
     spec_digest: str
     placement_score: int | None
 
@@ -144,45 +131,47 @@ class Offer:
         return f"Offer(offer_id={self.offer_id[:12]}…, kind={self.delivery_kind})"
 
     def to_json(self) -> str:
-        return canonical_json(
-            {
-                "offerId": self.offer_id,
-                "deliveryKind": self.delivery_kind,
-                "fence": {
-                    "runId": self.fence.run_id,
-                    "attemptId": self.fence.attempt_id,
-                    "workerId": self.fence.worker_id,
-                    "sessionId": self.fence.session_id,
-                    "workerGeneration": self.fence.worker_generation,
-                    "leaseGeneration": self.fence.lease_generation,
-                    "leaseToken": self.fence.lease_token,
-                    "leaseVersion": self.fence.lease_version,
-                },
-                "leaseExpiresAtMs": self.lease_expires_at_ms,
-                "spec": self.spec,
-                "specDigest": self.spec_digest,
-                "placementScore": self.placement_score,
-            }
-        )
+        return _offer_json(self, self.spec.to_wire(), self.fence)
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Offer:
-        f = data["fence"]
-        return Offer(
-            offer_id=data["offerId"],
-            delivery_kind=data["deliveryKind"],
-            fence=LeaseFence(
-                run_id=f["runId"],
-                attempt_id=f["attemptId"],
-                worker_id=f["workerId"],
-                session_id=f["sessionId"],
-                worker_generation=int(f["workerGeneration"]),
-                lease_generation=int(f["leaseGeneration"]),
-                lease_token=f["leaseToken"],
-                lease_version=int(f["leaseVersion"]),
-            ),
-            lease_expires_at_ms=int(data["leaseExpiresAtMs"]),
-            spec=data["spec"],
-            spec_digest=data["specDigest"],
-            placement_score=data.get("placementScore"),
+        """Parse a received offer; its spec is validated here (``ExecutionSpec.from_wire``)."""
+        return Offer(**_envelope_from_json(data), spec=ExecutionSpec.from_wire(data["spec"]))
+
+    def journaled(self) -> JournaledOffer:
+        """The offer as the worker journal stores it: the spec without its secrets and the fence
+        without its lease token (the journal keeps the token sealed beside it)."""
+        return JournaledOffer(
+            offer_id=self.offer_id,
+            delivery_kind=self.delivery_kind,
+            fence=self.fence,
+            lease_expires_at_ms=self.lease_expires_at_ms,
+            spec=self.spec.journaled(),
+            spec_digest=self.spec_digest,
+            placement_score=self.placement_score,
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournaledOffer:
+    """An offer as the worker journal keeps it (``JournalRecord.offer_json``): the same JSON layout as
+    ``Offer.to_json`` with the spec trimmed to a ``JournalSpec`` and an empty lease token."""
+
+    offer_id: str
+    delivery_kind: DeliveryKind
+    fence: LeaseFence
+    lease_expires_at_ms: int
+    spec: JournalSpec
+    spec_digest: str
+    placement_score: int | None
+
+    def __repr__(self) -> str:
+        return f"JournaledOffer(offer_id={self.offer_id[:12]}…, kind={self.delivery_kind})"
+
+    def to_json(self) -> str:
+        """Never holds the lease token, whatever the fence carries."""
+        return _offer_json(self, self.spec.to_wire(), replace(self.fence, lease_token=""))
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> JournaledOffer:
+        return JournaledOffer(**_envelope_from_json(data), spec=JournalSpec.from_wire(data["spec"]))

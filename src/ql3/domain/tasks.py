@@ -23,10 +23,13 @@ MAX_ENV_VALUE_BYTES: Final = 64 * 1024
 MAX_ENV_TOTAL_BYTES: Final = 256 * 1024
 MAX_TIMEOUT_MS: Final = 7 * 24 * 3600 * 1000
 MAX_GRACE_MS: Final = 5 * 60 * 1000
+DEFAULT_GRACE_MS: Final = 5000
+MAX_CWD_BYTES: Final = 4096
 MAX_PLACEMENT_ENTRIES: Final = 16
 MAX_ATTEMPTS: Final = 16
 TASK_DIGEST_DOMAIN: Final = "ql3.task-revision.v1"
 
+EnvironmentPolicy = Literal["inherit", "isolated"]
 Overlap = Literal["allow", "skip", "cancel_previous"]
 OVERLAPS: Final = ("allow", "skip", "cancel_previous")
 
@@ -45,9 +48,9 @@ class TaskSpec:
     cron: str | None = None
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    environment_policy: Literal["inherit", "isolated"] = "isolated"
+    environment_policy: EnvironmentPolicy = "isolated"
     timeout_ms: int | None = None
-    grace_ms: int = 5000
+    grace_ms: int = DEFAULT_GRACE_MS
     require: dict[str, str] = field(default_factory=dict)
     prefer: tuple[Preference, ...] = ()
     overlap: Overlap = "allow"
@@ -95,7 +98,11 @@ def _text(value: object, what: str, max_bytes: int) -> str:
         raise ValidationFailed(f"invalid {what}", field=what)
     if "\x00" in value:
         raise ValidationFailed(f"{what} contains NUL", field=what)
-    if len(value.encode()) > max_bytes:
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800"): no process can take it
+        raise ValidationFailed(f"{what} is not valid text", field=what) from None
+    if size > max_bytes:
         raise ValidationFailed(f"{what} is too large", field=what)
     return value
 
@@ -127,6 +134,57 @@ def _bool(value: object, what: str) -> bool:
     return value
 
 
+# The execution fields' rules, shared by ``build_spec`` (a task revision) and
+# ``ExecutionSpec.from_wire`` (an offer crossing a trust boundary, domain/execution.py): ``what`` is
+# the field name reported, which differs between the two shapes (``cwd`` / ``workingDirectory``).
+
+
+def validate_command(value: object, what: str = "command") -> str:
+    command = _text(value, what, MAX_COMMAND_BYTES)
+    if not command.strip():
+        raise ValidationFailed(f"{what} must not be empty", field=what)
+    return command
+
+
+def validate_cwd(value: object, what: str = "cwd") -> str:
+    cwd = _text(value, what, MAX_CWD_BYTES)
+    if not cwd.startswith("/"):
+        raise ValidationFailed(f"{what} must be an absolute path", field=what)
+    return cwd
+
+
+def validate_env(value: object, what: str = "env") -> dict[str, str]:
+    """The environment, sorted by key; values are never echoed in an error."""
+    if not isinstance(value, Mapping) or len(value) > MAX_ENV_ENTRIES:
+        raise ValidationFailed(f"invalid {what}", field=what)
+    env: dict[str, str] = {}
+    total = 0
+    for key, val in value.items():
+        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
+            raise ValidationFailed(f"invalid {what} key", field=what)
+        env[key] = _text(val, what, MAX_ENV_VALUE_BYTES)
+        total += len(key) + len(env[key].encode())
+    if total > MAX_ENV_TOTAL_BYTES:
+        raise ValidationFailed(f"{what} is too large", field=what)
+    return dict(sorted(env.items()))
+
+
+def validate_environment_policy(value: object, what: str = "environment_policy") -> EnvironmentPolicy:
+    if value == "inherit":
+        return "inherit"
+    if value == "isolated":
+        return "isolated"
+    raise ValidationFailed(f"invalid {what}", field=what)
+
+
+def validate_timeout_ms(value: object, what: str = "timeout_ms") -> int:
+    return _int(value, what, 1, MAX_TIMEOUT_MS)
+
+
+def validate_grace_ms(value: object, what: str = "grace_ms") -> int:
+    return _int(value, what, 0, MAX_GRACE_MS)
+
+
 def build_new_spec(raw: Mapping[str, Any]) -> TaskSpec:
     """``build_spec`` plus the rules a new revision must meet: retries (``max_attempts`` above 1)
     need the owner's explicit ``retry_safe`` declaration. Stored revisions are read with
@@ -143,33 +201,16 @@ def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
     unknown = set(raw) - allowed
     if unknown:
         raise ValidationFailed("unknown fields", fields=sorted(unknown)[:16])
-    command = _text(raw.get("command"), "command", MAX_COMMAND_BYTES)
-    if not command.strip():
-        raise ValidationFailed("command must not be empty", field="command")
+    command = validate_command(raw.get("command"))
     cron = raw.get("cron")
     cwd = raw.get("cwd")
     if cwd is not None:
-        cwd = _text(cwd, "cwd", 4096)
-        if not cwd.startswith("/"):
-            raise ValidationFailed("cwd must be an absolute path", field="cwd")
-    env_raw = raw.get("env") or {}
-    if not isinstance(env_raw, Mapping) or len(env_raw) > MAX_ENV_ENTRIES:
-        raise ValidationFailed("invalid env", field="env")
-    env: dict[str, str] = {}
-    total = 0
-    for key, val in env_raw.items():
-        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
-            raise ValidationFailed("invalid env key", field="env")
-        env[key] = _text(val, "env", MAX_ENV_VALUE_BYTES)
-        total += len(key) + len(env[key].encode())
-    if total > MAX_ENV_TOTAL_BYTES:
-        raise ValidationFailed("env is too large", field="env")
-    policy = raw.get("environment_policy", "isolated")
-    if policy not in ("inherit", "isolated"):
-        raise ValidationFailed("invalid environment_policy", field="environment_policy")
+        cwd = validate_cwd(cwd)
+    env = validate_env(raw.get("env") or {})
+    policy = validate_environment_policy(raw.get("environment_policy", "isolated"))
     timeout = raw.get("timeout_ms")
     if timeout is not None:
-        timeout = _int(timeout, "timeout_ms", 1, MAX_TIMEOUT_MS)
+        timeout = validate_timeout_ms(timeout)
     prefer_raw = raw.get("prefer") or []
     if not isinstance(prefer_raw, list | tuple) or len(prefer_raw) > MAX_PLACEMENT_ENTRIES:
         raise ValidationFailed("invalid prefer", field="prefer")
@@ -199,10 +240,10 @@ def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
         command=command,
         cron=validate_cron(cron) if cron is not None else None,
         cwd=cwd,
-        env=dict(sorted(env.items())),
+        env=env,
         environment_policy=policy,
         timeout_ms=timeout,
-        grace_ms=_int(raw.get("grace_ms", 5000), "grace_ms", 0, MAX_GRACE_MS),
+        grace_ms=validate_grace_ms(raw.get("grace_ms", DEFAULT_GRACE_MS)),
         require=_labels(raw.get("require") or {}, "require"),
         prefer=tuple(prefer),
         overlap=overlap,

@@ -10,17 +10,15 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from ql3.domain.cancellation import DEFAULT_GRACE_MS
+from ql3.domain.errors import Ql3Error
 from ql3.domain.journal import JournalRecord
-from ql3.domain.offers import LeaseFence, Offer
-from ql3.domain.tasks import MAX_GRACE_MS
+from ql3.domain.offers import JournaledOffer, LeaseFence, Offer
 
 CALLBACK_SEQUENCE: Final = 1
 
-# What the journal keeps of a spec: identity and stop policy. The command, working directory and
-# environment values reach the launcher from the delivered offer only, and never touch the disk here.
-_JOURNAL_SPEC_KEYS: Final = frozenset(
-    {"runId", "attemptId", "projectId", "taskId", "taskRevision", "terminationGraceMs", "timeoutMs"}
-)
+# What the journal keeps of a spec is a ``JournalSpec`` (domain/execution.py): identity and stop
+# policy. The command, working directory and environment values reach the launcher from the delivered
+# offer only, and never touch the disk here.
 
 
 @dataclass(slots=True)
@@ -96,22 +94,20 @@ class ActiveAttempts:
 
 def journal_offer_json(offer: Offer) -> str:
     # The lease token travels beside it (``JournalOffer.lease_token``): the journal keeps it sealed.
-    spec = {k: v for k, v in offer.spec.items() if k in _JOURNAL_SPEC_KEYS}
-    return replace(offer, spec=spec, fence=replace(offer.fence, lease_token="")).to_json()
+    return offer.journaled().to_json()
 
 
-def journal_offer(record: JournalRecord) -> Offer:
-    """The stored offer with its lease token unsealed by the journal."""
-    offer = Offer.from_json(json.loads(record.offer_json))
+def journal_offer(record: JournalRecord) -> JournaledOffer:
+    """The stored offer with its lease token unsealed by the journal. Reads this build's journal and
+    the previous build's (the same ``offer_json`` layout)."""
+    offer = JournaledOffer.from_json(json.loads(record.offer_json))
     return replace(offer, fence=replace(offer.fence, lease_token=record.lease_token or ""))
 
 
 def termination_grace_ms(record: JournalRecord) -> int:
-    """The task's TERM -> KILL grace, as the offer carried it (``terminationGraceMs``)."""
+    """The task's TERM -> KILL grace, as the offer carried it (``terminationGraceMs``); the default
+    when the stored offer cannot be read."""
     try:
-        grace = json.loads(record.offer_json).get("spec", {}).get("terminationGraceMs")
-    except (ValueError, AttributeError):
-        grace = None
-    if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= MAX_GRACE_MS:
+        return JournaledOffer.from_json(json.loads(record.offer_json)).spec.termination_grace_ms
+    except (ValueError, KeyError, TypeError, AttributeError, Ql3Error):
         return DEFAULT_GRACE_MS
-    return grace

@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 from ql3.domain.digests import new_token, sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
 from ql3.domain.journal import JournalOffer, JournalRecord
-from ql3.domain.offers import Offer, spec_digest
+from ql3.domain.offers import Offer
 from ql3.execution.identity import ProcessHandle
 from ql3.execution.logs import log_path_for
 from ql3.ports.control_plane import ControlPlaneUnreachable
@@ -124,10 +124,10 @@ class Intake(Generic[LaunchedT]):
             raise FenceConflict("offer is for another worker session", reason="worker_session_mismatch")
         if session.status == "draining" and offer.delivery_kind != "lease_recovery":
             raise FenceConflict("draining workers accept only lease recovery", reason="worker_unavailable")
-        if spec_digest(offer.spec) != offer.spec_digest or (
-            offer.spec.get("runId"),
-            offer.spec.get("attemptId"),
-        ) != (f.run_id, f.attempt_id):
+        if offer.spec.digest() != offer.spec_digest or (offer.spec.run_id, offer.spec.attempt_id) != (
+            f.run_id,
+            f.attempt_id,
+        ):
             raise ValidationFailed("offer spec does not match its digest or identity", field="spec")
 
     def _ack_starting(self, record: JournalRecord, offer: Offer) -> None:
@@ -198,17 +198,17 @@ class Intake(Generic[LaunchedT]):
         return LaunchRequest(
             run_id=record.run_id,
             attempt_id=record.attempt_id,
-            command=ShellCommand(command=spec["command"]["command"]),
-            working_directory=spec.get("workingDirectory") or self._ctx.config.default_cwd,
-            environment_policy=spec.get("environmentPolicy", "inherit"),
-            environment=dict(spec.get("environment", {})),
+            command=ShellCommand(command=spec.command),
+            working_directory=spec.working_directory or self._ctx.config.default_cwd,
+            environment_policy=spec.environment_policy,
+            environment=spec.environment_map(),
             callback_token=token,
             callback_sequence=CALLBACK_SEQUENCE,
             log_path=log_path_for(self._ctx.config.logs_dir, record.attempt_id),
             receipt_dir=self._ctx.config.receipts_dir,
             log_cap_bytes=self._ctx.config.log_cap_bytes,
             started_at_ms=self._ctx.clock(),
-            project_id=spec.get("projectId"),
+            project_id=spec.project_id,
         )
 
     def _start_failed(self, record: JournalRecord, offer: Offer, exc: Ql3Error) -> JournalRecord:
