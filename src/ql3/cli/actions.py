@@ -96,11 +96,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_resolve(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"outcome": args.outcome, "expected_version": args.version}
     if args.reason is not None:
-        if not CODE_RE.match(args.reason):
+        if not CODE_RE.fullmatch(args.reason):
             raise UsageError("--reason must be a code: lowercase letters, digits and _ (at most 64)")
         body["reason_code"] = args.reason
     if args.mutation_id is not None:
-        if not CLIENT_ID_RE.match(args.mutation_id):
+        if not CLIENT_ID_RE.fullmatch(args.mutation_id):
             raise UsageError("--mutation-id must match [A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
         body["mutation_id"] = args.mutation_id
     with ApiClient.from_environment() as api:

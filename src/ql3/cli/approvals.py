@@ -30,7 +30,7 @@ def _base(args: argparse.Namespace) -> str:
 
 
 def _reason(value: str | None) -> str | None:
-    if value is not None and not CODE_RE.match(value):
+    if value is not None and not CODE_RE.fullmatch(value):
         raise UsageError("--reason must be a code: lowercase letters, digits and _ (at most 64)")
     return value
 

@@ -39,7 +39,7 @@ def _is_full(kind: str, value: str) -> bool:
 
 
 def _looks_like_prefix(value: str) -> bool:
-    return len(value) >= MIN_PREFIX and bool(PREFIX_RE.match(value.lower()))
+    return len(value) >= MIN_PREFIX and bool(PREFIX_RE.fullmatch(value.lower()))
 
 
 def resolve_id(api: ApiClient, project: str, kind: str, value: str) -> str:

@@ -104,9 +104,9 @@ IDLE_REASONS: Final = frozenset({"no_candidates", "no_match", "no_capacity", "cl
 
 
 def validate_request(req: PullRequest) -> None:
-    if not LEASE_TOKEN_RE.match(req.lease_token):
+    if not LEASE_TOKEN_RE.fullmatch(req.lease_token):
         raise ValidationFailed("the lease token must be 43-128 URL-safe characters", field="leaseToken")
-    if not OFFER_ID_RE.match(req.offer_id):
+    if not OFFER_ID_RE.fullmatch(req.offer_id):
         raise ValidationFailed("invalid offer id", field="offerId")
     if not digest_equals(req.offer_id, pull_offer_id(req.worker_id, req.lease_token)):
         # The same offer id can only ever carry one token: anything else is drift.

@@ -159,7 +159,7 @@ def execution_transition_allowed(status: str, to: str) -> bool:
 
 def validate_code(value: object, what: str = "reason_code") -> str:
     """Low-cardinality machine codes: ``^[a-z][a-z0-9_]{0,63}$``."""
-    if not isinstance(value, str) or not CODE_RE.match(value):
+    if not isinstance(value, str) or not CODE_RE.fullmatch(value):
         raise ValidationFailed(f"invalid {what}", field=what)
     return value
 
@@ -178,7 +178,7 @@ def validate_note(value: object) -> str | None:
 
 def validate_client_id(value: object, what: str) -> str:
     """Client-supplied idempotency ids (approval, decision, consumption, mutation ids)."""
-    if not isinstance(value, str) or not CLIENT_ID_RE.match(value):
+    if not isinstance(value, str) or not CLIENT_ID_RE.fullmatch(value):
         raise ValidationFailed(f"invalid {what}", field=what)
     return value
 
@@ -206,13 +206,13 @@ def validate_max_attempts(value: object) -> int:
 
 
 def validate_owner(owner: object) -> str:
-    if not isinstance(owner, str) or not CLIENT_ID_RE.match(owner):
+    if not isinstance(owner, str) or not CLIENT_ID_RE.fullmatch(owner):
         raise ValidationFailed("invalid owner", field="owner")
     return owner
 
 
 def is_hex_digest(value: object) -> bool:
-    return isinstance(value, str) and bool(HEX64_RE.match(value))
+    return isinstance(value, str) and bool(HEX64_RE.fullmatch(value))
 
 
 def validate_result(outcome: str, result_code: str, result_digest: str | None) -> TerminalExecutionStatus:

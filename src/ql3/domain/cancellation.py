@@ -115,13 +115,13 @@ def validate_lease_ms(lease_ms: object) -> int:
 
 
 def validate_owner(owner: str) -> str:
-    if not isinstance(owner, str) or not _OWNER_RE.match(owner):
+    if not isinstance(owner, str) or not _OWNER_RE.fullmatch(owner):
         raise ValidationFailed("invalid cancellation lease owner", field="owner")
     return owner
 
 
 def validate_token(token: str) -> str:
-    if not isinstance(token, str) or not _TOKEN_RE.match(token):
+    if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
         raise ValidationFailed("invalid cancellation lease token", field="token")
     return token
 
@@ -133,7 +133,7 @@ def validate_reason(reason: str) -> str:
 
 
 def validate_mutation_id(mutation_id: str) -> str:
-    if not isinstance(mutation_id, str) or not _MUTATION_RE.match(mutation_id):
+    if not isinstance(mutation_id, str) or not _MUTATION_RE.fullmatch(mutation_id):
         raise ValidationFailed("invalid mutation id", field="mutationId")
     return mutation_id
 
@@ -241,7 +241,7 @@ def decode_blocked_cursor(text: object) -> BlockedCursor:
         if not isinstance(text, str) or len(text) > _MAX_CURSOR_CHARS or not text.startswith(_CURSOR_PREFIX):
             raise ValueError("bad prefix")
         encoded = text[len(_CURSOR_PREFIX) :]
-        if not _B64URL_RE.match(encoded):
+        if not _B64URL_RE.fullmatch(encoded):
             raise ValueError("bad alphabet")
         raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
         value = json.loads(raw.decode("utf-8"))

@@ -34,4 +34,4 @@ def new_id() -> str:
 
 def is_id(value: str) -> bool:
     """True when ``value`` is a canonical lowercase UUIDv7 string."""
-    return bool(_UUID_RE.match(value))
+    return bool(_UUID_RE.fullmatch(value))

@@ -27,7 +27,7 @@ class PrefixNotFound(NotFound):
 def validate_prefix(prefix: str) -> str:
     """A lowercase id prefix of at least ``MIN_PREFIX`` characters (shorter ones match too much)."""
     value = prefix.lower()
-    if len(value) < MIN_PREFIX or not PREFIX_RE.match(value):
+    if len(value) < MIN_PREFIX or not PREFIX_RE.fullmatch(value):
         raise ValidationFailed(
             f"an id prefix is at least {MIN_PREFIX} characters: letters, digits, '.', ':' or '-'",
             field="prefix",

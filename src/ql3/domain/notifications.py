@@ -56,7 +56,7 @@ class DeliveryFailed(Ql3Error):
 
     def __init__(self, reason: str) -> None:
         # ``reason`` is a short code (``http_500``, ``timeout``...): never a URL or a response body.
-        super().__init__(reason=reason if _ERROR_RE.match(reason) else "delivery_error")
+        super().__init__(reason=reason if _ERROR_RE.fullmatch(reason) else "delivery_error")
         self.reason = str(self.details["reason"])
 
 
@@ -96,7 +96,7 @@ def validate_channel(kind: str, target: str, secret: str | None) -> tuple[Channe
     if any(ord(c) < 0x21 for c in target):
         raise ValidationFailed("invalid channel url", field="url")
     scheme = target.split("://", 1)[0].lower() if "://" in target else ""
-    if not _SCHEME_RE.match(scheme):
+    if not _SCHEME_RE.fullmatch(scheme):
         raise ValidationFailed("the channel url needs a scheme (https://, tgram://...)", field="url")
     if kind == "webhook":
         parts = urlsplit(target)

@@ -70,7 +70,7 @@ class TaskSpec:
 
 
 def validate_name(name: object, what: str = "name") -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise ValidationFailed(f"invalid {what}", field=what)
     return name
 
@@ -114,7 +114,7 @@ def _labels(value: object, what: str) -> dict[str, str]:
         raise ValidationFailed(f"too many {what}", field=what)
     out: dict[str, str] = {}
     for key, val in value.items():
-        if not isinstance(key, str) or not LABEL_KEY_RE.match(key):
+        if not isinstance(key, str) or not LABEL_KEY_RE.fullmatch(key):
             raise ValidationFailed(f"invalid {what} key", field=what)
         out[key] = _text(val, what, 256)
         if any(ord(c) < 32 for c in out[key]):
@@ -160,7 +160,7 @@ def validate_env(value: object, what: str = "env") -> dict[str, str]:
     env: dict[str, str] = {}
     total = 0
     for key, val in value.items():
-        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
+        if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
             raise ValidationFailed(f"invalid {what} key", field=what)
         env[key] = _text(val, what, MAX_ENV_VALUE_BYTES)
         total += len(key) + len(env[key].encode())

@@ -21,7 +21,7 @@ _CAP_KEYS: Final = frozenset({"executors", "operatingSystem", "runtimes", "label
 
 
 def validate_worker_id(value: object) -> str:
-    if not isinstance(value, str) or not WORKER_ID_RE.match(value):
+    if not isinstance(value, str) or not WORKER_ID_RE.fullmatch(value):
         raise ValidationFailed("invalid worker id", field="worker_id")
     return value
 
@@ -73,7 +73,7 @@ def parse_capabilities(raw: Mapping[str, Any]) -> Capabilities:
     if not isinstance(executors, list) or not 1 <= len(executors) <= 16:
         raise ValidationFailed("executors must list 1-16 executor types", field="executors")
     for ex in executors:
-        if not isinstance(ex, str) or not EXECUTOR_RE.match(ex):
+        if not isinstance(ex, str) or not EXECUTOR_RE.fullmatch(ex):
             raise ValidationFailed("invalid executor type", field="executors")
     if len(set(executors)) != len(executors):
         raise ValidationFailed("duplicate executor type", field="executors")
@@ -88,7 +88,7 @@ def parse_capabilities(raw: Mapping[str, Any]) -> Capabilities:
         if not isinstance(entry, Mapping) or set(entry) != {"name", "semver"}:
             raise ValidationFailed("invalid runtime", field="runtimes")
         semver = _clean(entry["semver"], "semver", 64)
-        if not SEMVER_RE.match(semver):
+        if not SEMVER_RE.fullmatch(semver):
             raise ValidationFailed("invalid semver", field="runtimes")
         runtimes.append((_clean(entry["name"], "runtime", 64), semver))
     if len({n for n, _ in runtimes}) != len(runtimes):

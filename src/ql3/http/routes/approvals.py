@@ -90,7 +90,7 @@ class RejectIn(Body):
 
 
 def _approval_id(approval_id: str) -> str:
-    if not CLIENT_ID_RE.match(approval_id):
+    if not CLIENT_ID_RE.fullmatch(approval_id):
         raise NotFound("approval not found")
     return approval_id
 

@@ -60,7 +60,7 @@ def show_worker(project: str, worker_id: str, db: DbDep, principal: PrincipalDep
 
     def unit(tx: Transaction) -> WorkerOut:
         auth.authorize(tx, principal, project, "worker.read")
-        if not WORKER_ID_RE.match(worker_id):
+        if not WORKER_ID_RE.fullmatch(worker_id):
             raise NotFound("worker not found")
         return WorkerOut(**workers.show_worker(tx, worker_id))
 
@@ -73,7 +73,7 @@ def drain_worker(worker_id: str, db: DbDep, principal: PrincipalDep) -> WorkerOu
 
     def unit(tx: Transaction) -> WorkerOut:
         _require_manage(tx, principal)
-        if not WORKER_ID_RE.match(worker_id):
+        if not WORKER_ID_RE.fullmatch(worker_id):
             raise NotFound("worker not found")
         workers.drain(tx, worker_id)
         return WorkerOut(**workers.show_worker(tx, worker_id))
