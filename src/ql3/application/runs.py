@@ -375,11 +375,14 @@ def _insert_retry_policy(tx: Transaction, task: Task, run_id: str) -> None:
     )
 
 
-def attempt_deadline_ms(tx: Transaction, run: Run) -> int | None:
+def attempt_deadline_ms(tx: Transaction, run: Run, spec: dict[str, Any] | None = None) -> int | None:
     """The absolute deadline of an attempt starting now: the pinned revision's timeout (a duration)
     from the transaction's clock, the one time authority (``ql3_now_ms()`` on PostgreSQL, the injected
-    clock on SQLite). No worker or host clock takes part, so skew between them cannot move a timeout."""
-    timeout_ms = build_spec(_revision_spec(tx, run.task_id, run.task_revision)).timeout_ms
+    clock on SQLite). No worker or host clock takes part, so skew between them cannot move a timeout.
+    ``spec``: the pinned revision's spec when the caller already read it in this transaction."""
+    if spec is None:
+        spec = _revision_spec(tx, run.task_id, run.task_revision)
+    timeout_ms = build_spec(spec).timeout_ms
     return None if timeout_ms is None else tx.now_ms() + timeout_ms
 
 
