@@ -2,7 +2,8 @@
 
 mutmut mutates Python only, but on PostgreSQL the claim and every Run write run as plpgsql:
 ``ql3_claim`` (migration 0010) and ``ql3_write_run`` (migration 0011), a second copy of what
-``application/leases.py`` and ``application/runs.py`` do statement by statement on SQLite. This
+``application/leases.py`` and ``application/runs.py`` do statement by statement on SQLite, and the
+locked reads of a lease holder's result, ``ql3_fence_rows`` (migration 0012). This
 script applies one simple mutation at a time to a function's body, installs the mutant with
 ``CREATE OR REPLACE FUNCTION`` into a throwaway, migrated database ``ql3_mutsql_<pid>`` on the local
 PostgreSQL (``QL3_TEST_PG_DSN``), and runs the PostgreSQL half of the contract tests that reach the
@@ -76,6 +77,25 @@ FUNCTIONS = {
                 "tests/contract/test_lost_retry.py",
                 "tests/contract/test_cancellation_results.py",
                 "tests/contract/test_time_authority.py",
+            ),
+        ),
+    ),
+    "ql3_fence_rows": Function(
+        "ql3_fence_rows",
+        "0012_fence_rows_function.sql",
+        (
+            (
+                # which rows a result holds locked, in which order, and that the worker is not
+                "tests/contract/test_pg_round_trips.py::test_the_starting_ack_locks_run_attempt_then_lease_in_order_and_not_the_worker",
+                "tests/contract/test_fence_edges.py",
+                "tests/contract/test_ack_edges.py",
+                "tests/contract/test_completion_edges.py",
+            ),
+            (
+                "tests/contract/test_lease_fences.py",
+                "tests/contract/test_lease_row_locks.py",
+                "tests/contract/test_time_authority.py",
+                "tests/contract/test_worker_slots_are_never_leaked.py",
             ),
         ),
     ),

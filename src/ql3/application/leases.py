@@ -8,7 +8,7 @@ from typing import Any, Final, Literal
 from ql3.application.runs import (
     AttemptChange,
     EventSpec,
-    attempt_deadline_ms,
+    attempt_deadline_from_spec,
     event_payload_json,
     latest_attempt,
     lock_attempt,
@@ -374,7 +374,8 @@ def _run_and_attempt(tx: Transaction, fence: LeaseFence, *, with_revision: bool 
 
 def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
     """Attempt ``claimed -> starting`` (the Run stays dispatching); the deadline is persisted before spawn.
-    It is computed here (``runs.attempt_deadline_ms``), never taken from the worker's clock.
+    It is computed here (``runs.attempt_deadline_from_spec``, from the pinned revision's spec read with
+    the fence's rows), never taken from the worker's clock.
 
     Like every result of the lease holder, an ACK is fenced on the exact authority (worker, session,
     generations, token, live lease) but not on the renewal version: the holder's own renewal that
@@ -389,7 +390,9 @@ def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
         return "already_running", lease
     if attempt.status != "claimed" or run.status != "dispatching":
         raise Conflict("the attempt cannot start", status=attempt.status)
-    deadline = attempt_deadline_ms(tx, run, held.rows.revision_spec)
+    if held.rows.revision_spec is None:
+        raise NotFound("task revision not found")
+    deadline = attempt_deadline_from_spec(tx, held.rows.revision_spec)
     write_run(
         tx,
         run,
