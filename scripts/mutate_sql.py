@@ -86,7 +86,8 @@ FUNCTIONS = {
         (
             (
                 # which rows a result holds locked, in which order, and that the worker is not
-                "tests/contract/test_pg_round_trips.py::test_the_starting_ack_locks_run_attempt_then_lease_in_order_and_not_the_worker",
+                "tests/contract/test_pg_round_trips.py::test_the_starting_ack_locks_run_attempt_then_lease_in_order",
+                "tests/contract/test_pg_round_trips.py::test_a_result_reads_the_worker_row_without_waiting_for_its_lock",
                 "tests/contract/test_fence_edges.py",
                 "tests/contract/test_ack_edges.py",
                 "tests/contract/test_completion_edges.py",

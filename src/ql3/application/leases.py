@@ -616,10 +616,11 @@ def _end_lease(
     if lease is None or lease.status != "leased":
         return
     if how == "complete":
-        ended = repo.complete_lease(tx, lease, now=now)
+        completed = repo.complete_lease(tx, lease, now=now)
+        ended, freed = completed is not None, completed is not None and completed.slot_freed
     else:
-        ended = repo.release_lease(tx, lease, reason=reason, now=now)
-    if ended:
+        ended, freed = repo.release_lease(tx, lease, reason=reason, now=now), False
+    if ended and not freed:  # on PostgreSQL the completion's statement freed the slot itself
         _adjust(tx, lease.worker_id, -1)
 
 

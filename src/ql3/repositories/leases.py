@@ -154,13 +154,21 @@ def renew_lease(tx: Transaction, current: Lease, *, expires_at_ms: int, now: int
     return count == 1
 
 
-def complete_lease(tx: Transaction, current: Lease, *, now: int) -> bool:
-    """``leased -> completed`` (version +1), compare-and-set on the version of ``current``; False when
-    it moved or the lease is no longer leased."""
-    count = tx.run(
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletedLease:
+    """A completion's lease write. ``slot_freed``: the statement itself also took one from the
+    holder's active-lease counter (PostgreSQL); otherwise the caller does, in the same transaction."""
+
+    slot_freed: bool
+
+
+def complete_lease(tx: Transaction, current: Lease, *, now: int) -> CompletedLease | None:
+    """``leased -> completed`` (version +1), compare-and-set on the version of ``current``; None when
+    it moved or the lease is no longer leased (and then no slot moved either)."""
+    row = tx.one(
         "lease_complete", {"attempt_id": current.attempt_id, "expected_version": current.version, "now": now}
     )
-    return count == 1
+    return None if row is None else CompletedLease(slot_freed=bool(int(row["slot_freed"])))
 
 
 def release_lease(tx: Transaction, current: Lease, *, reason: str, now: int) -> bool:
