@@ -351,7 +351,7 @@ def run_tests(admin: str, template: str, paths: tuple[str, ...]) -> tuple[bool, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("functions", nargs="*", help=f"of {', '.join(FUNCTIONS)} (default: both)")
+    parser.add_argument("functions", nargs="*", help=f"of {', '.join(FUNCTIONS)} (default: all)")
     parser.add_argument("--list", action="store_true", help="only list the mutants")
     parser.add_argument("--only", help="comma-separated mutant numbers (e.g. 3,17) of one function")
     parser.add_argument("--report", action="store_true", help="print the results of the last run")
