@@ -517,7 +517,13 @@ class InstrumentedServe:
     """``ql3 serve`` under bench/ql3_instrumented.py (counters, optionally cProfile) on a Store."""
 
     def __init__(
-        self, store: Store, slots: int, profile: Path | None = None, *, stages: bool = False
+        self,
+        store: Store,
+        slots: int,
+        profile: Path | None = None,
+        *,
+        stages: bool = False,
+        sql_stats: bool = False,
     ) -> None:
         self.store = store
         self.stats = store.home.parent / f"stats-{uuid.uuid4().hex[:6]}.json"
@@ -530,6 +536,8 @@ class InstrumentedServe:
             argv += ["--profile", str(profile)]
         if stages:
             argv += ["--stages"]
+        if sql_stats:
+            argv += ["--sql-stats"]
         argv += ["--", "serve", "--listen", f"127.0.0.1:{port}", "--slots", str(slots)]
         if store.url:
             argv += ["--database-url", store.url]
@@ -590,8 +598,50 @@ def wait_terminal(store: Store, serve: InstrumentedServe, n: int, poll_s: float 
     raise RuntimeError(f"{n} runs not finished within {PHASE_TIMEOUT_S} s")
 
 
+def sql_top(before: dict[str, Any], after: dict[str, Any], runs_n: int, top: int) -> dict[str, Any]:
+    """Per run, from two ``--sql-stats`` snapshots: statements and their wall time by database, and
+    the ``top`` statements by total time (count per run, us per run, us per call)."""
+    b, a = before.get("sql", {}), after.get("sql", {})
+    delta = {k: (v[0] - b.get(k, [0, 0])[0], v[1] - b.get(k, [0, 0])[1]) for k, v in a.items()}
+    delta = {k: v for k, v in delta.items() if v[0] > 0}
+    by_db: dict[str, list[float]] = {}
+    for key, (n, ns) in delta.items():
+        db = key.split("|", 1)[0]
+        tot = by_db.setdefault(db, [0.0, 0.0])
+        tot[0] += n / runs_n
+        tot[1] += ns / 1e6 / runs_n
+    rows = sorted(delta.items(), key=lambda kv: kv[1][1], reverse=True)[:top]
+    return {
+        "per_run_by_database": {
+            db: {"statements": round(v[0], 2), "ms": round(v[1], 3)} for db, v in by_db.items()
+        },
+        "top": [
+            {
+                "statement": key,
+                "per_run": round(n / runs_n, 3),
+                "us_per_run": round(ns / 1e3 / runs_n, 1),
+                "us_per_call": round(ns / 1e3 / n, 1),
+            }
+            for key, (n, ns) in rows
+        ],
+    }
+
+
+def print_sql_top(label: str, stats: dict[str, Any]) -> None:
+    print(f"{label}: per run {json.dumps(stats['per_run_by_database'])}", flush=True)
+    print(f"{'per run':>8} {'us/run':>8} {'us/call':>8}  statement", flush=True)
+    for row in stats["top"]:
+        print(f"{row['per_run']:8.2f} {row['us_per_run']:8.1f} {row['us_per_call']:8.1f}  {row['statement']}")
+
+
 def e2e_backlog(
-    kind: str, n: int, slots: int, *, queued: int | None = None, profile: Path | None = None
+    kind: str,
+    n: int,
+    slots: int,
+    *,
+    queued: int | None = None,
+    profile: Path | None = None,
+    sql_stats: int = 0,
 ) -> dict[str, Any]:
     """``queued`` (default ``n``) runs of ``true`` enqueued first (not timed); then the server is spawned
     and the wall time runs from the spawn to the ``n``-th run finishing, like the peers' figure."""
@@ -601,9 +651,10 @@ def e2e_backlog(
         serve: InstrumentedServe | None = None
         try:
             store.enqueue(queued)
-            serve = InstrumentedServe(store, slots, profile)
+            serve = InstrumentedServe(store, slots, profile, sql_stats=sql_stats > 0)
             end = wait_terminal(store, serve, n, poll_s=0.02 if kind == "sqlite" else 0.05)
             wall = end - serve.spawned
+            sql = sql_top({}, serve.counters(), n, sql_stats) if sql_stats else None
             cpu_self, cpu_children = cpu_ticks(serve.proc.pid)
             hwm = proc_kb(serve.proc.pid, "VmHWM")
             return {
@@ -616,6 +667,7 @@ def e2e_backlog(
                 "cpu_ms_per_run_with_children": round((cpu_self + cpu_children) * TICK_MS / n, 3),
                 "peak_rss_mb": round(hwm / 1024, 1),
                 "load_1m_after": load_1m(),
+                **({"sql": sql} if sql is not None else {}),
             }
         finally:
             if serve is not None:
@@ -623,7 +675,7 @@ def e2e_backlog(
             store.close()
 
 
-def e2e_live(kind: str, n: int, slots: int) -> dict[str, Any]:
+def e2e_live(kind: str, n: int, slots: int, *, sql_stats: int = 0) -> dict[str, Any]:
     """A producer submits ``n`` runs one by one through the API (``POST .../runs``) while the server
     runs them; runs/s from the first request to the last run finishing. CPU, transactions and fsyncs
     are counted over that window (the server's idle loops and the API requests included)."""
@@ -631,7 +683,7 @@ def e2e_live(kind: str, n: int, slots: int) -> dict[str, Any]:
         store = Store(kind, Path(tmp) / "home")
         serve: InstrumentedServe | None = None
         try:
-            serve = InstrumentedServe(store, slots)
+            serve = InstrumentedServe(store, slots, sql_stats=sql_stats > 0)
             serve.wait_healthy()
             assert serve.client is not None
             time.sleep(1.5)  # idle: PostgreSQL flushes a backend's statistics at most once a second
@@ -664,10 +716,14 @@ def e2e_live(kind: str, n: int, slots: int) -> dict[str, Any]:
                 "peak_rss_mb": round(hwm / 1024, 1),
                 "load_1m_after": load_1m(),
             }
-            delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in set(c0) | set(c1)}
+            delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in set(c0) | set(c1) if k != "sql"}
             units = sum(v for k, v in delta.items() if k.endswith("_units"))
             out["transactions_per_run"] = round(units / n, 2)
-            out["transactions_per_run_detail"] = {k: round(v / n, 2) for k, v in sorted(delta.items())}
+            out["transactions_per_run_detail"] = {
+                k: round(v / n, 2) for k, v in sorted(delta.items()) if not isinstance(v, dict)
+            }
+            if sql_stats:
+                out["sql"] = sql_top(c0, c1, n, sql_stats)
             if kind == "sqlite":
                 # WAL mode: a commit fsyncs only with synchronous=FULL (the journal's crash barrier);
                 # the rest of the server's commits use NORMAL; Python's os.fsync calls are counted too.
@@ -940,6 +996,14 @@ def main() -> int:
         action="store_true",
         help="only the idle start latency with its stages, --repeat times per database in --kinds",
     )
+    parser.add_argument(
+        "--sql-stats",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only a backlog and a live-producer run per database in --kinds (--e2e-runs runs, --repeat"
+        " times), each statement counted and timed by the instrumented server; prints the top N per run",
+    )
     args = parser.parse_args()
     out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -953,6 +1017,20 @@ def main() -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(out, indent=2))
 
+    if args.sql_stats:
+        for rep in range(args.repeat):
+            for kind in [k for k in args.kinds.split(",") if k]:
+                for phase in ("backlog", "live"):
+                    if phase == "backlog":
+                        res = e2e_backlog(kind, args.e2e_runs, 8, sql_stats=args.sql_stats)
+                    else:
+                        res = e2e_live(kind, args.e2e_runs, 8, sql_stats=args.sql_stats)
+                    out.setdefault(f"sql_{kind}_{phase}", []).append(res)
+                    rate, load = res["runs_per_s"], res["load_1m_after"]
+                    print(f"[{kind}] rep {rep + 1} {phase}: {rate} runs/s, load {load}")
+                    print_sql_top(f"[{kind}] {phase}", res["sql"])
+                    save()
+        return 0
     if args.latency_only:
         for rep in range(args.repeat):
             for kind in [k for k in args.kinds.split(",") if k]:  # interleaved, so both see the same load

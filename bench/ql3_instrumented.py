@@ -1,6 +1,6 @@
 """``ql3 serve`` with counters (and optionally a profiler), for the benchmarks only; never shipped.
 
-    python bench/ql3_instrumented.py STATS.json [--profile OUT.pstats] [--stages] -- serve --listen ...
+    python bench/ql3_instrumented.py STATS.json [--profile OUT.pstats] [--stages] [--sql-stats] -- serve ...
 
 Counts, from inside the server process, without strace:
 
@@ -19,6 +19,14 @@ With ``--stages`` it also records, for the idle-latency breakdown, the wall-cloc
 intake's ``receive``, the lease check, the journal's ``accepted``, the starting ACK, the
 ``launching`` barrier and the spawn (the bench pairs them with each sample's send time and the
 command's own ``date +%s%N``). The last 4,096 events go to STATS.json under ``stages``.
+
+With ``--sql-stats`` it also counts and times every statement: on SQLite each distinct SQL text
+executed on a connection (the control plane's ``ql3.db`` and the worker journal apart, PRAGMAs,
+BEGIN and COMMIT included), the wall time of its ``execute`` call (which runs the statement to its
+first row); on PostgreSQL each named query of the catalogue, the ``BEGIN`` pipeline and the
+``COMMIT`` pipeline, with the wall time of its round trip. They go to STATS.json under ``sql`` as
+``{"<database>|<statement>": [count, total_ns]}``; ``bench/ql3_bench.py --sql-stats`` prints the
+top of each window per run.
 
 The counters are written to STATS.json on every SIGUSR1 (a snapshot: the benchmark takes one before
 and one after its measured window) and at exit (SIGTERM shuts ``ql3 serve`` down cleanly). With
@@ -45,6 +53,18 @@ from typing import Any
 COUNTS: Counter[str] = Counter()
 _LOCK = threading.Lock()
 STAGES: collections.deque[tuple[str, int]] = collections.deque(maxlen=4096)
+SQL: dict[str, list[int]] = {}
+SQL_STATS = False
+
+
+def _sql(key: str, ns: int) -> None:
+    with _LOCK:
+        entry = SQL.get(key)
+        if entry is None:
+            SQL[key] = [1, ns]
+        else:
+            entry[0] += 1
+            entry[1] += ns
 
 
 def _stage(name: str) -> None:
@@ -111,7 +131,12 @@ class _CountingConnection(sqlite3.Connection):
         word = sql.lstrip()[:40].upper()
         if word.startswith("PRAGMA SYNCHRONOUS"):
             self._full = "FULL" in word
-        result = super().execute(sql, *args)
+        if SQL_STATS:
+            t0 = time.perf_counter_ns()
+            result = super().execute(sql, *args)
+            _sql(f"{self._label}|{' '.join(sql.split())[:160]}", time.perf_counter_ns() - t0)
+        else:
+            result = super().execute(sql, *args)
         if word.startswith("COMMIT"):
             _bump(f"sqlite_commits_{self._label}")
             if self._full:
@@ -162,6 +187,47 @@ def _install_counters(postgres: bool) -> None:
             return result
 
         cls.transaction = transaction  # type: ignore[method-assign]
+    if postgres and SQL_STATS:
+        _install_pg_statement_stats()
+
+
+def _install_pg_statement_stats() -> None:
+    """Count and time (one round trip each) the named queries, the BEGIN pipeline (with its first
+    statement, counted under its own name as well) and the COMMIT pipeline of PostgreSQL units."""
+    from ql3.storage.postgres.adapter import PostgresTransaction
+
+    real_exec, real_open, real_commit = (
+        PostgresTransaction._exec,
+        PostgresTransaction._open,
+        PostgresTransaction.commit,
+    )
+
+    def _exec(self: Any, query: str, params: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        try:
+            return real_exec(self, query, params)
+        finally:
+            _sql(f"postgres|{query}", time.perf_counter_ns() - t0)
+
+    def _open(self: Any, query: Any, params: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        try:
+            return real_open(self, query, params)
+        finally:
+            _sql(f"postgres|(BEGIN pipeline{' + ' + query if query else ''})", time.perf_counter_ns() - t0)
+
+    def commit(self: Any) -> None:
+        t0 = time.perf_counter_ns()
+        sent = self.round_trips
+        try:
+            real_commit(self)
+        finally:
+            if self.round_trips != sent:
+                _sql("postgres|(COMMIT pipeline)", time.perf_counter_ns() - t0)
+
+    PostgresTransaction._exec = _exec  # type: ignore[method-assign]
+    PostgresTransaction._open = _open  # type: ignore[method-assign]
+    PostgresTransaction.commit = commit  # type: ignore[method-assign]
 
 
 def main() -> int:
@@ -171,9 +237,12 @@ def main() -> int:
     if argv and argv[0] == "--profile":
         argv.pop(0)
         profile_path = Path(argv.pop(0))
-    stages = bool(argv and argv[0] == "--stages")
-    if stages:
-        argv.pop(0)
+    stages = False
+    global SQL_STATS
+    while argv and argv[0] in ("--stages", "--sql-stats"):
+        flag = argv.pop(0)
+        stages = stages or flag == "--stages"
+        SQL_STATS = SQL_STATS or flag == "--sql-stats"
     if argv and argv[0] == "--":
         argv.pop(0)
     _install_counters(any(a.startswith("postgres") for a in argv))
@@ -195,7 +264,10 @@ def main() -> int:
 
     def snapshot(*_: Any) -> None:
         with _LOCK:
-            data = json.dumps({**COUNTS, **({"stages": list(STAGES)} if stages else {})}, sort_keys=True)
+            extra: dict[str, Any] = {"stages": list(STAGES)} if stages else {}
+            if SQL_STATS:
+                extra["sql"] = {k: list(v) for k, v in SQL.items()}
+            data = json.dumps({**COUNTS, **extra}, sort_keys=True)
         tmp = stats_path.with_suffix(".tmp")
         tmp.write_text(data)
         tmp.replace(stats_path)

@@ -2,7 +2,8 @@
 
 mutmut mutates Python only, but on PostgreSQL the claim and every Run write run as plpgsql:
 ``ql3_claim`` (migration 0010) and ``ql3_write_run`` (migration 0011), a second copy of what
-``application/leases.py`` and ``application/runs.py`` do statement by statement on SQLite. This
+``application/leases.py`` and ``application/runs.py`` do statement by statement on SQLite, and the
+locked reads of a lease holder's result, ``ql3_fence_rows`` (migration 0012). This
 script applies one simple mutation at a time to a function's body, installs the mutant with
 ``CREATE OR REPLACE FUNCTION`` into a throwaway, migrated database ``ql3_mutsql_<pid>`` on the local
 PostgreSQL (``QL3_TEST_PG_DSN``), and runs the PostgreSQL half of the contract tests that reach the
@@ -76,6 +77,26 @@ FUNCTIONS = {
                 "tests/contract/test_lost_retry.py",
                 "tests/contract/test_cancellation_results.py",
                 "tests/contract/test_time_authority.py",
+            ),
+        ),
+    ),
+    "ql3_fence_rows": Function(
+        "ql3_fence_rows",
+        "0012_fence_rows_function.sql",
+        (
+            (
+                # which rows a result holds locked, in which order, and that the worker is not
+                "tests/contract/test_pg_round_trips.py::test_the_starting_ack_locks_run_attempt_then_lease_in_order",
+                "tests/contract/test_pg_round_trips.py::test_a_result_reads_the_worker_row_without_waiting_for_its_lock",
+                "tests/contract/test_fence_edges.py",
+                "tests/contract/test_ack_edges.py",
+                "tests/contract/test_completion_edges.py",
+            ),
+            (
+                "tests/contract/test_lease_fences.py",
+                "tests/contract/test_lease_row_locks.py",
+                "tests/contract/test_time_authority.py",
+                "tests/contract/test_worker_slots_are_never_leaked.py",
             ),
         ),
     ),
@@ -330,7 +351,7 @@ def run_tests(admin: str, template: str, paths: tuple[str, ...]) -> tuple[bool, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("functions", nargs="*", help=f"of {', '.join(FUNCTIONS)} (default: both)")
+    parser.add_argument("functions", nargs="*", help=f"of {', '.join(FUNCTIONS)} (default: all)")
     parser.add_argument("--list", action="store_true", help="only list the mutants")
     parser.add_argument("--only", help="comma-separated mutant numbers (e.g. 3,17) of one function")
     parser.add_argument("--report", action="store_true", help="print the results of the last run")

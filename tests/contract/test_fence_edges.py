@@ -14,7 +14,7 @@ from ql3.domain.errors import FenceConflict
 from ql3.domain.offers import LeaseFence
 from tests.support.builders import count
 from tests.support.databases import Harness
-from tests.support.execution_builders import SECRET, dispatcher, queued, register, run_of
+from tests.support.execution_builders import SECRET, dispatcher, queued, register, run_of, start
 
 RUN_LEASE_MS = 30_000
 
@@ -145,3 +145,31 @@ def test_only_the_latest_claimed_attempt_is_eligible(harness: Harness, change: s
     assert _claim(harness, run_id, attempt_id) == "not_eligible"
     assert count(harness.db, "run_leases") == 0
     assert run_of(harness.db, project, run_id).status == "queued"
+
+
+def test_a_completion_naming_another_terminal_run_is_a_run_mismatch_not_a_replay(harness: Harness) -> None:
+    # Given two running attempts of two runs, the first run already succeeded
+    register(harness.db, lease_ms=600_000, slots=4)
+    project, _, _ = queued(harness.db, n=2)
+    d = dispatcher(harness.db)
+    first, second = d.dispatch_once().offer, d.dispatch_once().offer
+    assert first is not None and second is not None
+    f1, f2 = start(harness.db, first), start(harness.db, second)
+    done = harness.db.transaction(
+        lambda tx: leases.complete(tx, f1, callback_sequence=1, callback_token="cb-token", exit_code=0)
+    )
+    assert done == ("applied", "succeeded")
+    events = count(harness.db, "run_events")
+
+    # When a completion names the second run's attempt under the first (terminal) run's id
+    wrong = replace(f2, run_id=f1.run_id)
+    with pytest.raises(FenceConflict) as caught:
+        harness.db.transaction(
+            lambda tx: leases.complete(tx, wrong, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        )
+
+    # Then it is refused as a run mismatch before anything else is looked at (not answered as the
+    # terminal run's replay), and nothing was written
+    assert caught.value.details == {"reason": "run_mismatch"}
+    assert count(harness.db, "run_events") == events
+    assert run_of(harness.db, project, f2.run_id).status == "running"

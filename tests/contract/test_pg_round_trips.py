@@ -208,6 +208,97 @@ def test_the_claim_locks_run_attempt_worker_then_lease_in_order_before_writing(
     assert count(pg.db, "run_leases") == 1
 
 
+# A result's rows (ql3_fence_rows, migration 0012): Run, Attempt and lease locked in this order inside
+# one statement, the worker read without a lock.
+FENCE_LOCK_ORDER = [("runs", "id"), ("run_attempts", "id"), ("run_leases", "attempt_id")]
+
+
+@pytest.mark.parametrize("held", range(len(FENCE_LOCK_ORDER)), ids=[t for t, _ in FENCE_LOCK_ORDER])
+def test_the_starting_ack_locks_run_attempt_then_lease_in_order(
+    pg: Harness, held: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a claimed attempt whose Run, Attempt or lease row another connection holds locked
+    register(pg.db, "w1", slots=4, lease_ms=600_000)
+    queued(pg.db)
+    offer = dispatcher(pg.db, lease_ms=600_000).dispatch_once().offer
+    assert offer is not None
+    f = offer.fence
+    keys = {"runs": f.run_id, "run_attempts": f.attempt_id, "run_leases": f.attempt_id}
+    before = count(pg.db, "run_events")
+    monkeypatch.setattr(
+        "ql3.storage.postgres.adapter._OPTIONS", "-c statement_timeout=30000 -c lock_timeout=20000"
+    )
+    acker = PostgresDatabase(pg.db.dsn, min_size=1, max_size=1)
+    outcome: list[Any] = []
+    table, column = FENCE_LOCK_ORDER[held]
+    try:
+        with psycopg.connect(pg.db.dsn) as holder:
+            holder.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", (keys[table],))
+            me = holder.info.backend_pid
+
+            def ack() -> None:
+                try:
+                    outcome.append(acker.transaction(lambda tx: leases.ack_starting(tx, f))[0])
+                except Exception as exc:  # reported by the assertion below
+                    outcome.append(exc)
+
+            # When the starting ACK runs meanwhile
+            worker = threading.Thread(target=ack)
+            worker.start()
+            waiter: int | None = None
+            with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
+                for _ in range(1000):
+                    row = watch.execute(
+                        "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock' AND %s = ANY(pg_blocking_pids(pid))",
+                        (me,),
+                    ).fetchone()
+                    if row is not None:
+                        waiter = int(row[0])
+                        assert "ql3_fence_rows" in str(row[1]), row[1]
+                        break
+                    time.sleep(0.005)
+                assert waiter is not None, "the ACK never waited on the held row"
+                # Then it waits on that row, holding exactly the rows before it in the order
+                waits_on = watch.execute(
+                    "SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND locktype = 'tuple'",
+                    (waiter,),
+                ).fetchall()
+                assert [r[0] for r in waits_on] == [table]
+                others = [(i, t, c) for i, (t, c) in enumerate(FENCE_LOCK_ORDER) if i != held]
+                holds = {t: _locked_elsewhere(watch, t, c, keys[t]) for _, t, c in others}
+                assert holds == {t: i < held for i, t, _ in others}
+                # And it wrote nothing yet
+                assert count(pg.db, "run_events") == before
+            holder.rollback()
+        worker.join(30)
+    finally:
+        acker.close()
+
+    # And once the lock is released, the ACK goes through
+    assert outcome == ["starting"]
+
+
+def test_a_result_reads_the_worker_row_without_waiting_for_its_lock(pg: Harness) -> None:
+    # Given a claimed attempt whose worker row another connection holds locked
+    register(pg.db, "w1", slots=4, lease_ms=600_000)
+    queued(pg.db)
+    offer = dispatcher(pg.db, lease_ms=600_000).dispatch_once().offer
+    assert offer is not None
+    f = offer.fence
+    with psycopg.connect(pg.db.dsn) as holder:
+        holder.execute("SELECT 1 FROM workers WHERE worker_id = %s FOR UPDATE", (f.worker_id,))
+
+        # When the intake's lease check and the starting ACK run meanwhile (a lock wait would end in
+        # the 1 s lock_timeout as StorageBusy)
+        lease = pg.db.transaction(lambda tx: leases.lease_status(tx, f))
+        answer, _ = pg.db.transaction(lambda tx: leases.ack_starting(tx, f))
+
+        # Then both went through while the worker row stayed locked: they read it, never lock it
+        assert (lease.attempt_id, answer) == (f.attempt_id, "starting")
+        holder.rollback()
+
+
 @pytest.fixture
 def round_trips() -> Iterator[list[int]]:
     with count_round_trips() as counter:
@@ -231,12 +322,16 @@ def test_one_offer_costs_a_bounded_number_of_round_trips(pg: Harness, round_trip
     assert round_trips[0] <= ROUND_TRIPS_PER_OFFER, round_trips[0]
 
 
-# ack_starting: BEGIN + clock + Run lock, Attempt lock, lease lock, worker, task revision (the
-# deadline), the Run write (ql3_write_run), COMMIT with the notification. ack_running: the same less
-# the revision. complete: Run lock, Attempt lock, lease lock, worker, the Run write, the outcome's
-# notification rules, the lease completed from the row already locked, the slot, COMMIT. They were
-# 9, 9 and 13: Run CAS, Attempt CAS and one exchange per event, and the lease locked a second time.
-ROUND_TRIPS_PER_ACK = {"starting": 7, "running": 6, "complete": 9}
+# The intake's lease check (lease_status): BEGIN + clock + the lease locked and the worker read (one
+# ql3_fence_rows call), COMMIT (was 3: the lease lock and the worker read apart). ack_starting: BEGIN
+# + clock + Run, Attempt and lease locked, the worker and the pinned revision's spec (one
+# ql3_fence_rows call); the Run write (ql3_write_run); COMMIT with the notification. ack_running: the
+# same without the spec. complete: the ql3_fence_rows call, the Run write, the outcome's notification
+# rules, the lease completed from the row already locked with its slot freed in the same statement,
+# COMMIT. They were 9, 9 and 13 (Run CAS, Attempt CAS and one exchange per event, and the lease
+# locked a second time), then 7, 6 and 9 (the Run, Attempt, lease and worker read one by one, the
+# revision, the slot apart).
+ROUND_TRIPS_PER_ACK = {"lease_check": 2, "starting": 3, "running": 3, "complete": 5}
 
 
 def test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips(
@@ -246,12 +341,13 @@ def test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips(
     register(pg.db, "w1", slots=64, lease_ms=600_000)
     queued(pg.db, n=4)
     d = dispatcher(pg.db, lease_ms=600_000)
-    spent: dict[str, list[int]] = {"starting": [], "running": [], "complete": []}
+    spent: dict[str, list[int]] = {"lease_check": [], "starting": [], "running": [], "complete": []}
     for _ in range(4):
         offer = d.dispatch_once().offer
         assert offer is not None
         f = offer.fence
         steps = {
+            "lease_check": lambda tx, f=f: leases.lease_status(tx, f),
             "starting": lambda tx, f=f: leases.ack_starting(tx, f),
             "running": lambda tx, f=f: leases.ack_running(
                 tx,

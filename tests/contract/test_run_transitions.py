@@ -77,6 +77,34 @@ def test_a_write_from_a_stale_run_row_is_a_conflict_and_writes_nothing(harness: 
     assert count(harness.db, "run_events") == 3
 
 
+def test_an_event_only_write_bumps_only_version_and_sequence_and_is_fenced_on_the_version(
+    harness: Harness,
+) -> None:
+    # Given a writer holding the run as it was before another change committed (version 0, now 1)
+    project = seed_project(harness.db)
+    run, _ = start_run(harness.db, project, seed_task(harness.db, project))
+    stale = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    moved = harness.db.transaction(
+        lambda tx: runs.transition(tx, run.id, 0, "dispatching", actor_type="system")
+    )
+    note = [runs.EventSpec(type="attempt.starting", actor_type="worker", payload={"attempt": 1})]
+
+    # When it appends an event without changing the run (the starting ACK's write) from that row
+    with pytest.raises(RunVersionConflict):
+        harness.db.transaction(lambda tx: runs.write_run(tx, stale, stale, note))
+
+    # Then nothing of it was written
+    stored = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    assert (stored.version, stored.event_sequence) == (1, 3)
+    assert count(harness.db, "run_events") == 3
+
+    # And from the current row it moves the version and the sequence, and nothing else of the run
+    written = harness.db.transaction(lambda tx: runs.write_run(tx, moved, moved, note))
+    stored = harness.db.transaction(lambda tx: runs.get_run(tx, project.id, run.id))
+    assert stored == written == replace(moved, version=2, event_sequence=4)
+    assert count(harness.db, "run_events") == 4
+
+
 def test_a_write_whose_attempt_changed_is_a_conflict_and_rolls_the_run_back(harness: Harness) -> None:
     # Given a writer that believes the attempt is starting while it is still claimed
     project = seed_project(harness.db)

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from ql3.application import cancellation
+from ql3.application import cancellation, tasks
 from ql3.application.gateway import InProcessControlPlane
 from ql3.application.settings import load_serve_settings
 from ql3.bootstrap import build_standalone_runtime
 from ql3.domain.digests import sha256_hex
+from tests.support.builders import seed_project, seed_task, start_run
 from tests.support.databases import Harness
 from tests.support.execution_builders import SECRET, dispatcher, queued, register
 
@@ -104,3 +105,29 @@ def test_a_restarted_server_recovers_exactly_the_leases_claimed_before_it_starte
     assert first.offer is not None and first.offer.offer_id == earlier.offer_id
     second = runtime.dispatcher.dispatch_once()  # type: ignore[attr-defined]
     assert second.offer is None or second.offer.fence.attempt_id != later.fence.attempt_id
+
+
+def test_a_deadline_comes_from_the_runs_own_task_and_pinned_revision(harness: Harness) -> None:
+    # Given another task with two revisions (10 and 20 minutes), and a task whose first revision
+    # (1 minute) was edited to 2 minutes before its run was created (the run is pinned to revision 2)
+    register(harness.db, lease_ms=600_000)
+    project = seed_project(harness.db)
+    other = seed_task(harness.db, project, name="other", timeout_ms=10 * MINUTES)
+    harness.db.transaction(lambda tx: tasks.edit_task(tx, project.id, other.id, {"timeout_ms": 20 * MINUTES}))
+    task = seed_task(harness.db, project, name="job", timeout_ms=MINUTES)
+    edited = harness.db.transaction(
+        lambda tx: tasks.edit_task(tx, project.id, task.id, {"timeout_ms": 2 * MINUTES})
+    )
+    run, _ = start_run(harness.db, project, edited.task)
+    assert run.task_revision == 2
+    offer = dispatcher(harness.db, lease_ms=600_000).dispatch_once().offer
+    assert offer is not None and offer.fence.run_id == run.id
+
+    # When it starts
+    before = harness.now_ms()
+    assert InProcessControlPlane(harness.db).ack_starting(offer.fence)[0] == "starting"
+    after = harness.now_ms()
+
+    # Then its deadline is its own pinned revision's 2 minutes, not the other task's or revision 1's
+    (row,) = harness.db.raw("SELECT deadline_at_ms FROM run_attempts WHERE id = ?", (offer.fence.attempt_id,))
+    assert before + 2 * MINUTES <= int(row["deadline_at_ms"]) <= after + 2 * MINUTES

@@ -8,7 +8,7 @@ from typing import Any, Final, Literal
 from ql3.application.runs import (
     AttemptChange,
     EventSpec,
-    attempt_deadline_ms,
+    attempt_deadline_from_spec,
     event_payload_json,
     latest_attempt,
     lock_attempt,
@@ -260,11 +260,28 @@ def check_fence(
     """Verify the full fence under a lease row lock; raises FenceConflict with a domain reason.
 
     ``ignore_version`` is for results (ACKs, completion, lost report, status): the renewal version may lag
-    behind after a restart, while identity, generation and token must still match exactly.
+    behind after a restart, while identity, generation and token must still match exactly. The lease
+    (locked) and the worker are read in one statement (``repositories.leases.lock_fence_rows``).
     """
-    lease = get_lease(tx, fence.attempt_id, lock=True)
+    rows = repo.lock_fence_rows(tx, run_id=None, attempt_id=fence.attempt_id, worker_id=fence.worker_id)
     now = tx.now_ms()
-    if lease is None:
+    lease = _verify_fence(
+        rows, fence, now, allow_terminal_replay=allow_terminal_replay, ignore_version=ignore_version
+    )
+    return lease, now
+
+
+def _verify_fence(
+    rows: repo.FenceRows,
+    fence: LeaseFence,
+    now: int,
+    *,
+    allow_terminal_replay: bool = False,
+    ignore_version: bool = False,
+) -> Lease:
+    """The checks of ``check_fence`` on rows already read under their locks, in their order."""
+    lease = rows.lease
+    if lease is None or lease.attempt_id != fence.attempt_id:
         raise FenceConflict(reason="missing")
     if lease.run_id != fence.run_id:
         raise FenceConflict(reason="run_mismatch")
@@ -280,22 +297,23 @@ def check_fence(
         raise FenceConflict(reason="lease_token_mismatch")
     if lease.status != "leased":
         if allow_terminal_replay and lease.status == "completed":
-            return lease, now
+            return lease
         raise FenceConflict(reason="not_leased")
     if lease.version != fence.lease_version and not ignore_version:
         raise FenceConflict(reason="version_mismatch")
     if lease.expires_at_ms <= now:
         raise FenceConflict(reason="lease_expired")
-    worker = worker_repo.get_worker(tx, fence.worker_id)
+    worker = rows.worker
     if (
         worker is None
+        or worker.worker_id != fence.worker_id
         or worker.session_id != fence.session_id
         or worker.generation != fence.worker_generation
         or worker.status not in ("online", "draining")
         or worker.lease_expires_at_ms <= now
     ):
         raise FenceConflict(reason="worker_unavailable")
-    return lease, now
+    return lease
 
 
 def renew(tx: Transaction, fence: LeaseFence, lease_ms: int) -> Lease:
@@ -304,39 +322,77 @@ def renew(tx: Transaction, fence: LeaseFence, lease_ms: int) -> Lease:
     lease, now = check_fence(tx, fence)
     if not repo.renew_lease(tx, lease, expires_at_ms=now + lease_ms, now=now):
         raise FenceConflict(reason="version_mismatch")
-    renewed = get_lease(tx, lease.attempt_id)
-    assert renewed is not None
-    return renewed
+    # The CAS wrote exactly this (lease_renew: version + 1, the new expiry): no second read.
+    return replace(lease, version=lease.version + 1, expires_at_ms=now + lease_ms)
 
 
 AckResult = Literal["starting", "already_starting", "running", "already_running"]
 
 
-def _run_and_attempt(tx: Transaction, fence: LeaseFence) -> tuple[Run, Attempt]:
-    run = lock_run(tx, fence.run_id)
-    attempt = lock_attempt(tx, fence.attempt_id)
-    if attempt.run_id != run.id:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Held:
+    """A result's rows, read in one statement under their locks (Run -> Attempt -> lease), with the
+    transaction's clock."""
+
+    run: Run
+    attempt: Attempt
+    rows: repo.FenceRows
+    now: int
+
+    def fence(
+        self, fence: LeaseFence, *, allow_terminal_replay: bool = False, ignore_version: bool = False
+    ) -> Lease:
+        """``check_fence`` on the rows already read: no second read of the lease or the worker."""
+        return _verify_fence(
+            self.rows,
+            fence,
+            self.now,
+            allow_terminal_replay=allow_terminal_replay,
+            ignore_version=ignore_version,
+        )
+
+
+def _run_and_attempt(tx: Transaction, fence: LeaseFence, *, with_revision: bool = False) -> _Held:
+    """The Run, the Attempt, the lease (each locked, in that order) and the worker in one statement;
+    NotFound for a missing Run or Attempt, ``run_mismatch`` for an Attempt of another Run, before any
+    fence check."""
+    rows = repo.lock_fence_rows(
+        tx,
+        run_id=fence.run_id,
+        attempt_id=fence.attempt_id,
+        worker_id=fence.worker_id,
+        with_revision=with_revision,
+    )
+    if rows.run is None or rows.run.id != fence.run_id:
+        raise NotFound("run not found")
+    if rows.attempt is None or rows.attempt.id != fence.attempt_id:
+        raise NotFound("attempt not found")
+    if rows.attempt.run_id != rows.run.id:
         raise FenceConflict(reason="run_mismatch")
-    return run, attempt
+    return _Held(run=rows.run, attempt=rows.attempt, rows=rows, now=tx.now_ms())
 
 
 def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
     """Attempt ``claimed -> starting`` (the Run stays dispatching); the deadline is persisted before spawn.
-    It is computed here (``runs.attempt_deadline_ms``), never taken from the worker's clock.
+    It is computed here (``runs.attempt_deadline_from_spec``, from the pinned revision's spec read with
+    the fence's rows), never taken from the worker's clock.
 
     Like every result of the lease holder, an ACK is fenced on the exact authority (worker, session,
     generations, token, live lease) but not on the renewal version: the holder's own renewal that
     committed a moment earlier must not fence its ACK (docs/dispatch.md).
     """
-    run, attempt = _run_and_attempt(tx, fence)
-    lease, _ = check_fence(tx, fence, ignore_version=True)
+    held = _run_and_attempt(tx, fence, with_revision=True)
+    run, attempt = held.run, held.attempt
+    lease = held.fence(fence, ignore_version=True)
     if attempt.status == "starting":
         return "already_starting", lease
     if attempt.status == "running":
         return "already_running", lease
     if attempt.status != "claimed" or run.status != "dispatching":
         raise Conflict("the attempt cannot start", status=attempt.status)
-    deadline = attempt_deadline_ms(tx, run)
+    if held.rows.revision_spec is None:
+        raise NotFound("task revision not found")
+    deadline = attempt_deadline_from_spec(tx, held.rows.revision_spec)
     write_run(
         tx,
         run,
@@ -374,10 +430,11 @@ def ack_running(
         raise ValidationFailed("invalid running ACK")
     if len(callback_token_digest) != 64:
         raise ValidationFailed("invalid callback digest")
-    run, attempt = _run_and_attempt(tx, fence)
+    held = _run_and_attempt(tx, fence)
+    run, attempt, now = held.run, held.attempt, held.now
     # Not fenced on the renewal version: see ack_starting. A lost running ACK leaves no callback
     # digest, and then even a valid receipt of the current holder could never complete the run.
-    lease, now = check_fence(tx, fence, ignore_version=True)
+    lease = held.fence(fence, ignore_version=True)
     if attempt.status == "running":
         if (
             attempt.executor_handle == handle
@@ -435,8 +492,9 @@ def _cancel_outcome(run: Run, default: str, code: str | None) -> tuple[str, str 
 
 def ack_start_failure(tx: Transaction, fence: LeaseFence, *, error_code: str) -> str:
     """From ``starting``: outcome by cancel fact; lease completed (v+1); two events; atomic."""
-    run, attempt = _run_and_attempt(tx, fence)
-    lease, now = check_fence(tx, fence, allow_terminal_replay=True, ignore_version=True)
+    held = _run_and_attempt(tx, fence)
+    run, attempt, now = held.run, held.attempt, held.now
+    lease = held.fence(fence, allow_terminal_replay=True, ignore_version=True)
     if lease.status == "completed":
         if attempt.status in ATTEMPT_TERMINAL and lease.version == fence.lease_version + 1:
             return "already_terminal"
@@ -558,10 +616,11 @@ def _end_lease(
     if lease is None or lease.status != "leased":
         return
     if how == "complete":
-        ended = repo.complete_lease(tx, lease, now=now)
+        completed = repo.complete_lease(tx, lease, now=now)
+        ended, freed = completed is not None, completed is not None and completed.slot_freed
     else:
-        ended = repo.release_lease(tx, lease, reason=reason, now=now)
-    if ended:
+        ended, freed = repo.release_lease(tx, lease, reason=reason, now=now), False
+    if ended and not freed:  # on PostgreSQL the completion's statement freed the slot itself
         _adjust(tx, lease.worker_id, -1)
 
 
@@ -584,7 +643,8 @@ def complete(
     """
     if not 0 <= exit_code <= 255:
         raise ValidationFailed("exit code out of range")
-    run, attempt = _run_and_attempt(tx, fence)
+    held = _run_and_attempt(tx, fence)
+    run, attempt = held.run, held.attempt
     if attempt.callback_token_hash is None or not digest_equals(
         attempt.callback_token_hash, sha256_hex(callback_token)
     ):
@@ -611,7 +671,7 @@ def complete(
         return "already_terminal", attempt.status
     if callback_sequence != attempt.callback_sequence:
         raise FenceConflict(reason="callback_sequence_mismatch")
-    lease, now = check_fence(tx, fence, ignore_version=True)
+    lease, now = held.fence(fence, ignore_version=True), held.now
     outcome, code = _cancel_outcome(
         run, "succeeded" if exit_code == 0 else "failed", None if exit_code == 0 else "EXIT_NONZERO"
     )

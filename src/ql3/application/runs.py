@@ -158,7 +158,8 @@ def write_run(
         if outcome != "written":
             raise Conflict("the run write answered out of turn", outcome=outcome)
     else:
-        if not repo.update_run(tx, run_params):
+        same = replace(written, version=current.version, event_sequence=current.event_sequence) == current
+        if not repo.update_run(tx, run_params, sequence_only=same):
             raise RunVersionConflict(expected_version=current.version)
         if attempt_change is not None:
             write_attempt(tx, attempt_change.attempt, attempt_change.new)
@@ -378,11 +379,12 @@ def _insert_retry_policy(tx: Transaction, task: Task, run_id: str, known: TaskSp
     )
 
 
-def attempt_deadline_ms(tx: Transaction, run: Run) -> int | None:
-    """The absolute deadline of an attempt starting now: the pinned revision's timeout (a duration)
-    from the transaction's clock, the one time authority (``ql3_now_ms()`` on PostgreSQL, the injected
-    clock on SQLite). No worker or host clock takes part, so skew between them cannot move a timeout."""
-    timeout_ms = build_spec(_revision_spec(tx, run.task_id, run.task_revision)).timeout_ms
+def attempt_deadline_from_spec(tx: Transaction, spec: dict[str, Any]) -> int | None:
+    """The absolute deadline of an attempt starting now: the pinned revision's timeout (a duration,
+    from its ``spec`` the caller read in this transaction) from the transaction's clock, the one time
+    authority (``ql3_now_ms()`` on PostgreSQL, the injected clock on SQLite). No worker or host clock
+    takes part, so skew between them cannot move a timeout."""
+    timeout_ms = build_spec(spec).timeout_ms
     return None if timeout_ms is None else tx.now_ms() + timeout_ms
 
 

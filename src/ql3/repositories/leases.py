@@ -10,13 +10,15 @@ Times are passed in: a use case reads ``tx.now_ms()`` once.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
-from ql3.domain.model import Attempt
+from ql3.domain.model import Attempt, Run
 from ql3.ports.storage import Row, Transaction
 from ql3.repositories.mapping import one_of, opt_int
-from ql3.repositories.runs import attempt_from_row
+from ql3.repositories.runs import attempt_from_row, run_from_row
+from ql3.repositories.workers import WorkerRecord, worker_from_row
 
 LeaseStatus = Literal["leased", "released", "completed"]
 LEASE_STATUSES: Final[tuple[LeaseStatus, ...]] = ("leased", "released", "completed")
@@ -84,6 +86,53 @@ def lock_lease(tx: Transaction, attempt_id: str) -> Lease | None:
     return None if row is None else lease_from_row(row)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FenceRows:
+    """What a lease holder's result is checked against, read in one statement (``fence_lock``): the
+    Run and the Attempt (None when not asked for, or missing), the attempt's lease, the worker, and the
+    pinned revision's spec when asked (None when missing)."""
+
+    run: Run | None
+    attempt: Attempt | None
+    lease: Lease | None
+    worker: WorkerRecord | None
+    revision_spec: dict[str, Any] | None
+
+
+def _json_row(value: Any) -> Row | None:
+    """A row the statement answered as JSON: text on SQLite (``json_object``), already decoded on
+    PostgreSQL (``to_jsonb``)."""
+    if value is None:
+        return None
+    decoded: Row = value if isinstance(value, dict) else json.loads(value)
+    return decoded
+
+
+def lock_fence_rows(
+    tx: Transaction, *, run_id: str | None, attempt_id: str, worker_id: str, with_revision: bool = False
+) -> FenceRows:
+    """In one statement, in the lock order Run -> Attempt -> lease (each under the row lock its
+    transaction holds to its end; on SQLite BEGIN IMMEDIATE serialises writers): the Run and the
+    Attempt when ``run_id`` is given, the attempt's lease, then the worker read without a lock, and
+    with ``with_revision`` the spec of the Run's pinned task revision. Only reads: the caller makes
+    every check."""
+    row = tx.one(
+        "fence_lock",
+        {"run_id": run_id, "attempt_id": attempt_id, "worker_id": worker_id, "with_revision": with_revision},
+    )
+    assert row is not None  # one row whatever exists
+    run, attempt = _json_row(row["run_row"]), _json_row(row["attempt_row"])
+    lease, worker = _json_row(row["lease_row"]), _json_row(row["worker_row"])
+    spec = row["revision_spec"]
+    return FenceRows(
+        run=None if run is None else run_from_row(run),
+        attempt=None if attempt is None else attempt_from_row(attempt),
+        lease=None if lease is None else lease_from_row(lease),
+        worker=None if worker is None else worker_from_row(worker),
+        revision_spec=None if spec is None else json.loads(spec),
+    )
+
+
 def adjust_active_leases(tx: Transaction, worker_id: str, delta: int) -> None:
     """Move the worker's ``active_leases`` counter by ``delta``; the caller does it in the transaction
     that changed the lease."""
@@ -105,13 +154,21 @@ def renew_lease(tx: Transaction, current: Lease, *, expires_at_ms: int, now: int
     return count == 1
 
 
-def complete_lease(tx: Transaction, current: Lease, *, now: int) -> bool:
-    """``leased -> completed`` (version +1), compare-and-set on the version of ``current``; False when
-    it moved or the lease is no longer leased."""
-    count = tx.run(
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletedLease:
+    """A completion's lease write. ``slot_freed``: the statement itself also took one from the
+    holder's active-lease counter (PostgreSQL); otherwise the caller does, in the same transaction."""
+
+    slot_freed: bool
+
+
+def complete_lease(tx: Transaction, current: Lease, *, now: int) -> CompletedLease | None:
+    """``leased -> completed`` (version +1), compare-and-set on the version of ``current``; None when
+    it moved or the lease is no longer leased (and then no slot moved either)."""
+    row = tx.one(
         "lease_complete", {"attempt_id": current.attempt_id, "expected_version": current.version, "now": now}
     )
-    return count == 1
+    return None if row is None else CompletedLease(slot_freed=bool(int(row["slot_freed"])))
 
 
 def release_lease(tx: Transaction, current: Lease, *, reason: str, now: int) -> bool:

@@ -237,8 +237,18 @@ def run_cas_params(current: Run, written: Run) -> dict[str, Any]:
     }
 
 
-def update_run(tx: Transaction, run_params: dict[str, Any]) -> bool:
-    """Compare-and-set on the version in ``run_params`` (``run_cas_params``); False when it moved."""
+def update_run(tx: Transaction, run_params: dict[str, Any], *, sequence_only: bool = False) -> bool:
+    """Compare-and-set on the version in ``run_params`` (``run_cas_params``); False when it moved.
+    ``sequence_only``: the caller changes no column but the version and the event sequence, so the
+    statement sets only those (``run_cas_sequence``, which maintains no index of the runs)."""
+    if sequence_only:
+        params = {
+            "id": run_params["id"],
+            "expected_version": run_params["expected_version"],
+            "event_sequence": run_params["event_sequence"],
+            "now": tx.now_ms(),
+        }
+        return tx.run("run_cas_sequence", params) == 1
     return tx.run("run_cas", {**run_params, "now": tx.now_ms()}) == 1
 
 

@@ -37,3 +37,7 @@ SELECT * FROM approved_action_executions WHERE dispatch_id = :dispatch_id FOR UP
 -- name: aa_recovery_lock
 -- desc: An approved action's recovery control, row-locked until the transaction ends (after the execution).
 SELECT * FROM approved_action_recovery WHERE dispatch_id = :dispatch_id FOR UPDATE
+
+-- name: fence_lock
+-- desc: ql3_fence_rows (migration 0012): Run, Attempt, lease locked in order, the worker, the pinned spec.
+SELECT * FROM ql3_fence_rows(:run_id, :attempt_id, :worker_id, :with_revision)

@@ -46,3 +46,19 @@ WITH l AS (
   RETURNING 1
 )
 SELECT l.*, (SELECT count(*) FROM w) AS slot_counted FROM l
+
+-- The completion's lease row and the holder's slot -1 in one statement (lock order lease -> worker,
+-- as leases.end_attempt runs them one by one on SQLite); the counter moves only when the lease row
+-- was written.
+-- name: lease_complete
+-- desc: Completes a live lease (CAS on its version) and frees its worker's slot; no row when it moved.
+WITH l AS (
+  UPDATE run_leases SET status = 'completed', version = version + 1, completed_at_ms = :now, updated_at_ms = :now
+  WHERE attempt_id = :attempt_id AND version = :expected_version AND status = 'leased'
+  RETURNING worker_id
+), w AS (
+  UPDATE workers SET active_leases = active_leases - 1
+  WHERE worker_id = (SELECT worker_id FROM l)
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM w) AS slot_freed FROM l

@@ -110,6 +110,13 @@ UPDATE runs SET status = :status, version = version + 1, event_sequence = :event
   exit_code = :exit_code, updated_at_ms = :now
 WHERE id = :id AND version = :expected_version
 
+-- A change that moves nothing but the version and the event sequence (an event of the Run, as the
+-- starting ACK's) sets no indexed column, so SQLite touches none of the runs' indexes.
+-- name: run_cas_sequence
+-- desc: Compare-and-set on a Run's version that only bumps it and sets its event sequence; no row when it moved.
+UPDATE runs SET version = version + 1, event_sequence = :event_sequence, updated_at_ms = :now
+WHERE id = :id AND version = :expected_version
+
 -- name: run_list_first
 -- desc: The first page of a project's runs, newest first.
 SELECT * FROM runs WHERE project_id = :project_id

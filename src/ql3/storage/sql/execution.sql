@@ -74,10 +74,13 @@ SELECT * FROM run_leases WHERE attempt_id = :attempt_id
 UPDATE run_leases SET version = version + 1, renewed_at_ms = :now, expires_at_ms = :expires_at_ms, updated_at_ms = :now
 WHERE attempt_id = :attempt_id AND version = :expected_version AND status = 'leased'
 
+-- ``slot_freed`` says whether the statement also moved the holder's active-lease counter
+-- (PostgreSQL does it in the same statement); when it is 0 the caller does.
 -- name: lease_complete
--- desc: Marks a live lease completed when its attempt ends, compare-and-set on its version.
+-- desc: Marks a live lease completed when its attempt ends, CAS on its version; no row when it moved.
 UPDATE run_leases SET status = 'completed', version = version + 1, completed_at_ms = :now, updated_at_ms = :now
 WHERE attempt_id = :attempt_id AND version = :expected_version AND status = 'leased'
+RETURNING 0 AS slot_freed
 
 -- name: lease_release
 -- desc: Releases a live lease with a reason (lost, expired, stopped), compare-and-set on its version.

@@ -88,8 +88,11 @@ class SqliteDatabase:
         # sleeps in coarse steps; busy_timeout then only arbitrates between processes.
         self._write_lock = threading.Lock()
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+    def _conn(self, *, read: bool = False) -> sqlite3.Connection:
+        """This thread's connection: the writer, or (``read``) its own read-only connection, opened
+        with ``PRAGMA query_only`` once, so a read unit costs no PRAGMA statement to enter and leave."""
+        attr = "read_conn" if read else "conn"
+        conn: sqlite3.Connection | None = getattr(self._local, attr, None)
         if conn is None:
             try:
                 conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0.0)
@@ -100,7 +103,9 @@ class SqliteDatabase:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
-            self._local.conn = conn
+            if read:  # a read-only unit really is one: SQLite refuses every write on this connection
+                conn.execute("PRAGMA query_only = ON")
+            setattr(self._local, attr, conn)
             with self._all_lock:
                 self._all.append(conn)
         return conn
@@ -112,24 +117,18 @@ class SqliteDatabase:
         return self._transaction(fn, write=False)
 
     def _transaction(self, fn: Callable[[Transaction], T], *, write: bool) -> T:
-        conn = self._conn()
+        conn = self._conn(read=not write)
         for attempt in range(MAX_BUSY_RETRIES):
             tx = SqliteTransaction(conn, self.clock, self._queries)
             try:
-                if not write:  # a read-only unit really is one: SQLite refuses writes under query_only
-                    conn.execute("PRAGMA query_only = ON")
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
-                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                    try:
-                        result = fn(tx)
-                        conn.execute("COMMIT")
-                    except BaseException:
-                        if conn.in_transaction:
-                            conn.execute("ROLLBACK")
-                        raise
-                finally:
-                    if not write:
-                        conn.execute("PRAGMA query_only = OFF")
+                    result = fn(tx)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
             except sqlite3.OperationalError as exc:
                 if _is_busy(exc) and attempt + 1 < MAX_BUSY_RETRIES:
                     time.sleep(min(0.2, 0.005 * 2**attempt) * (0.5 + random.random()))
