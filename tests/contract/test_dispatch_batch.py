@@ -68,6 +68,27 @@ def test_one_cycle_claims_several_runs_in_one_write_transaction(
     assert d.dispatch_once().reason == "no_candidates"
 
 
+def test_a_batch_spread_over_two_workers_claims_each_run_under_its_own_workers_session(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two one-slot workers and two queued runs
+    register(harness.db, "a", slots=1)
+    register(harness.db, "b", slots=1)
+    queued(harness.db, n=2)
+    d = dispatcher(harness.db, max_offers_per_cycle=8)
+    writes = _write_transactions(harness, monkeypatch)
+
+    # When one cycle places both
+    result = d.dispatch_once()
+
+    # Then each worker got one, with its own session and generation in the fence, in one transaction
+    sessions = {str(r["worker_id"]): str(r["session_id"]) for r in harness.db.raw("SELECT * FROM workers")}
+    assert sorted(o.fence.worker_id for o in result.offers) == ["a", "b"]
+    assert all(o.fence.session_id == sessions[o.fence.worker_id] for o in result.offers)
+    assert result.claim_calls == 2 and writes.count(True) == 1
+    assert busy_and_leased(harness.db) == [("a", 1, 1), ("b", 1, 1)]
+
+
 @pytest.mark.parametrize("stale", [False, True])
 def test_three_free_slots_and_ten_queued_runs_give_exactly_three_offers(
     harness: Harness, stale: bool

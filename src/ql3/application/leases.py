@@ -264,7 +264,7 @@ def _claim_many_in_one_statement(
     locks stay held), with the generation the function named."""
     out: dict[int, RunClaim] = {}
     pending = [(i, request, 1) for i, request in enumerate(requests)]
-    while pending:  # twice at most: a reacquire call names a generation above 1, never answered again
+    for _ in range(2):  # a reacquire answer names a generation above 1, which is never answered so
         answers = repo.claim_batch_in_one_statement(
             tx, [_batch_claim(request, generation) for _, request, generation in pending], lease_ms=lease_ms
         )
@@ -277,7 +277,9 @@ def _claim_many_in_one_statement(
                 continue
             out[i] = _run_claim(status, answer.lease)
         pending = again
-    return [out[i] for i in range(len(requests))]
+        if not pending:
+            return [out[i] for i in range(len(requests))]
+    raise Conflict("the claim function answered out of turn", status="reacquire")
 
 
 def _run_claim(status: str, lease: Lease | None) -> RunClaim:
