@@ -11,7 +11,7 @@ import pytest
 
 from ql3.application import cancellation, leases, runs
 from ql3.application.dispatcher import DispatchBudget
-from ql3.domain.errors import ValidationFailed
+from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.domain.offers import derive_lease_token
 from tests.support.builders import count
 from tests.support.databases import Harness
@@ -217,9 +217,23 @@ def test_claim_many_refuses_an_empty_or_oversized_batch_and_a_run_named_twice(ha
         worker_generation=int(w["generation"]),
         token_for_generation=lambda g: derive_lease_token(SECRET, attempt.id, g),
     )
-    for batch in ([], [one, one], [replace(one, run_id=f"r{i}") for i in range(leases.MAX_CLAIM_BATCH + 1)]):
-        with pytest.raises(ValidationFailed):
-            harness.db.transaction(lambda tx, batch=batch: leases.claim_many(tx, batch, lease_ms=LEASE_MS))
+    too_many = [replace(one, run_id=f"r{i}") for i in range(leases.MAX_CLAIM_BATCH + 1)]
+    refused = {
+        "a claim batch holds 1-64 claims": ([], too_many),
+        "a claim batch names each run once": ([one, one],),
+    }
+    for message, batches in refused.items():
+        for batch in batches:
+            with pytest.raises(ValidationFailed) as caught:
+                harness.db.transaction(
+                    lambda tx, batch=batch: leases.claim_many(tx, batch, lease_ms=LEASE_MS)
+                )
+            assert (caught.value.message, dict(caught.value.details)) == (message, {"field": "claims"})
+    # The largest batch is taken: its first claim names a run that does not exist
+    with pytest.raises(NotFound):
+        harness.db.transaction(
+            lambda tx: leases.claim_many(tx, too_many[: leases.MAX_CLAIM_BATCH], lease_ms=LEASE_MS)
+        )
     assert count(harness.db, "run_leases") == 0
 
 
