@@ -108,31 +108,36 @@ def seed(db: Any, queued: int, *, workers_n: int = 16, require: dict[str, str] |
         db.transaction(create)
 
 
-def bench_dispatch_throughput(kind: str, queued: int, claims: int) -> float:
+def _budget(offers_per_cycle: int) -> DispatchBudget:
+    return DispatchBudget(lease_ms=600_000, max_offers_per_cycle=offers_per_cycle)
+
+
+def bench_dispatch_throughput(kind: str, queued: int, claims: int, offers_per_cycle: int) -> float:
     with database(kind) as db:
         seed(db, queued)
         d = RunDispatcher(
-            db, lease_secret=b"b" * 32, budget=DispatchBudget(lease_ms=600_000), incarnation_started_ms=0
+            db, lease_secret=b"b" * 32, budget=_budget(offers_per_cycle), incarnation_started_ms=0
         )
         start = time.perf_counter()
         done = 0
         deadline = start + PHASE_TIMEOUT_S
         while done < claims and time.perf_counter() < deadline:
-            if d.dispatch_once().offer is not None:
-                done += 1
+            done += len(d.dispatch_once().offers)
         return done / (time.perf_counter() - start)
 
 
-def bench_round_trips(queued: int, claims: int) -> float:
-    """Mean PostgreSQL round trips (pool checks included) per dispatch_once() that makes an offer."""
+def bench_round_trips(queued: int, claims: int, offers_per_cycle: int) -> float:
+    """Mean PostgreSQL round trips (pool checks included) per offer of dispatch_once()."""
     with database("postgres") as db:
         seed(db, queued)
         d = RunDispatcher(
-            db, lease_secret=b"b" * 32, budget=DispatchBudget(lease_ms=600_000), incarnation_started_ms=0
+            db, lease_secret=b"b" * 32, budget=_budget(offers_per_cycle), incarnation_started_ms=0
         )
         d.dispatch_once()  # warm the spec cache and the recovery walk
+        offers = 0
         with count_round_trips() as counter:
-            offers = sum(1 for _ in range(claims) if d.dispatch_once().offer is not None)
+            while offers < claims:
+                offers += len(d.dispatch_once().offers)
         return counter[0] / max(1, offers)
 
 
@@ -992,6 +997,12 @@ def main() -> int:
     )
     parser.add_argument("--claims", type=int, default=2000, help="offers per throughput repetition")
     parser.add_argument(
+        "--offers-per-cycle",
+        type=int,
+        default=8,
+        help="the dispatcher's max_offers_per_cycle in the dispatch throughput part (1: one offer a cycle)",
+    )
+    parser.add_argument(
         "--latency-only",
         action="store_true",
         help="only the idle start latency with its stages, --repeat times per database in --kinds",
@@ -1043,14 +1054,17 @@ def main() -> int:
         for _ in range(args.repeat):
             for kind in ("sqlite", "postgres"):  # interleaved, so both see the same load
                 out.setdefault(f"dispatch_offers_per_s_{kind}_runs", []).append(
-                    round(bench_dispatch_throughput(kind, args.queued, args.claims), 1)
+                    round(bench_dispatch_throughput(kind, args.queued, args.claims, args.offers_per_cycle), 1)
                 )
         for kind in ("sqlite", "postgres"):
             out[f"dispatch_offers_per_s_{kind}"] = round(
                 statistics.median(out[f"dispatch_offers_per_s_{kind}_runs"]), 1
             )
             print(f"dispatch throughput {kind}: {out[f'dispatch_offers_per_s_{kind}']} offers/s", flush=True)
-        out["pg_round_trips_per_offer"] = round(bench_round_trips(min(args.queued, 1000), 200), 2)
+        out["dispatch_offers_per_cycle"] = args.offers_per_cycle
+        out["pg_round_trips_per_offer"] = round(
+            bench_round_trips(min(args.queued, 1000), 200, args.offers_per_cycle), 2
+        )
         print(f"PostgreSQL round trips per offer: {out['pg_round_trips_per_offer']}", flush=True)
         save()
     if args.dispatch_only:

@@ -102,9 +102,9 @@ def _install_stages() -> None:
     _timed(LocalNotifier, "notify", "notify_runs", None, lambda a, k, r: a[1] == "runs")
     real_dispatch = RunDispatcher.dispatch_once
 
-    def dispatch_once(self: Any) -> Any:
+    def dispatch_once(self: Any, max_offers: int | None = None) -> Any:
         _stage("dispatch_start")
-        result = real_dispatch(self)
+        result = real_dispatch(self, max_offers)
         _stage("dispatch_offer" if result.offer is not None else "dispatch_empty")
         return result
 

@@ -195,7 +195,7 @@ def build_standalone_runtime(
 
 def _embedded_dispatcher(db: ManagedDatabase, settings: ServeSettings, wid: str) -> RunDispatcher:
     """The run dispatcher of ``ql3 serve`` with the settings' budgets, offering to worker ``wid``."""
-    from ql3.application.dispatcher import DispatchBudget, RunDispatcher
+    from ql3.application.dispatcher import HARD_CLAIMS, DispatchBudget, RunDispatcher
 
     budgets = settings.budgets
     home = settings.home
@@ -208,6 +208,8 @@ def _embedded_dispatcher(db: ManagedDatabase, settings: ServeSettings, wid: str)
             candidate_page=budgets.dispatch_page,
             candidate_pages=budgets.dispatch_pages,
             claims=budgets.dispatch_claims,
+            # As many offers per cycle as the worker has slots (the claims above still bound it).
+            max_offers_per_cycle=min(settings.slots, HARD_CLAIMS),
             lease_ms=settings.run_lease_ms,
         ),
         # The restart boundary is compared with lease acquisition times, so it is read from the

@@ -47,14 +47,14 @@ def test_a_cycle_stopped_by_its_claim_budget_resumes_behind_that_candidate(
     current, _ = harness.db.transaction(d._workers, write=False)
     stale = [replace(w, free_slots=1) for w in current]
     d._workers = lambda tx: (list(stale), 1)  # type: ignore[method-assign]
-    real_claim = leases.claim
+    real_claim_many = leases.claim_many
     tried: list[str] = []
 
-    def recording(tx: Any, **kwargs: Any) -> leases.RunClaim:
-        tried.append(str(kwargs["run_id"]))
-        return real_claim(tx, **kwargs)
+    def recording(tx: Any, requests: list[leases.ClaimRequest], **kwargs: Any) -> list[leases.RunClaim]:
+        tried.extend(r.run_id for r in requests)
+        return real_claim_many(tx, requests, **kwargs)
 
-    monkeypatch.setattr(leases, "claim", recording)
+    monkeypatch.setattr(leases, "claim_many", recording)
 
     # When two cycles each spend their only claim on the capacity race
     results = [d.dispatch_once() for _ in range(2)]

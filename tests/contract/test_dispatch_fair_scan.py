@@ -93,3 +93,25 @@ def test_an_offer_sends_the_next_scan_back_to_the_head_of_the_queue(harness: Har
     # Then the next cycle scans from the head again (priority order), not from the placed run
     after = d.dispatch_once()
     assert after.reason == "scan_budget_exhausted" and after.plan_calls == 16
+
+
+def test_an_offering_cycle_that_started_behind_the_head_asks_for_the_next_cycle_now(harness: Harness) -> None:
+    # Given 20 unplaceable runs ahead of one plain run, and a dispatcher that may offer several
+    register(harness.db)
+    project = seed_project(harness.db)
+    gpu = seed_task(harness.db, project, name="gpu", require={"gpu": "yes"})
+    plain = seed_task(harness.db, project, name="plain")
+    _queue(harness.db, project, gpu, 20)
+    harness.advance_clock(5)
+    _queue(harness.db, project, plain, 1)
+    d = dispatcher(harness.db, max_offers_per_cycle=8)
+
+    # When the second cycle, continuing behind the first, places the plain run at the end of the queue
+    assert d.dispatch_once().truncated
+    placed = d.dispatch_once()
+
+    # Then it does not claim to have seen the whole queue (it started behind the head): the loop
+    # looks again at once, from the head
+    assert placed.reason == "claimed" and len(placed.offers) == 1
+    assert (placed.truncated, placed.drained) == (True, False)
+    assert d.dispatch_once().plan_calls == 16

@@ -28,6 +28,10 @@ from tests.support.round_trips import count_round_trips
 # call: Run, Attempt, worker and lease locks, lease with the counter, Run CAS, Attempt CAS, event),
 # COMMIT (was 33, then 12 with the claim as eight exchanges).
 ROUND_TRIPS_PER_OFFER = 6
+# A cycle of several offers (max_offers_per_cycle): the same read unit, and one ql3_claim_batch call
+# for all its claims in one write unit, so 8 offers cost what one did (0.75 round trips per offer).
+OFFERS_PER_BATCH = 8
+ROUND_TRIPS_PER_BATCH = 6
 
 
 @pytest.fixture
@@ -320,6 +324,93 @@ def test_one_offer_costs_a_bounded_number_of_round_trips(pg: Harness, round_trip
 
     # Then it took at most the budgeted exchanges with the server
     assert round_trips[0] <= ROUND_TRIPS_PER_OFFER, round_trips[0]
+
+
+def test_a_cycle_of_several_offers_costs_the_round_trips_of_one(pg: Harness, round_trips: list[int]) -> None:
+    # Given 16 workers (two snapshot pages) and queued runs, past statement preparation
+    for i in range(16):
+        register(pg.db, f"w{i:02d}", slots=64, lease_ms=600_000)
+    queued(pg.db, n=4 * OFFERS_PER_BATCH)
+    d = dispatcher(pg.db, lease_ms=600_000, max_offers_per_cycle=OFFERS_PER_BATCH)
+    for _ in range(2):
+        assert len(d.dispatch_once().offers) == OFFERS_PER_BATCH
+
+    # When one more cycle makes its offers
+    round_trips[0] = 0
+    assert len(d.dispatch_once().offers) == OFFERS_PER_BATCH
+
+    # Then the whole batch took at most the budgeted exchanges with the server
+    assert round_trips[0] <= ROUND_TRIPS_PER_BATCH, round_trips[0]
+
+
+@pytest.mark.parametrize("held", ["second_run", "worker"])
+def test_a_batch_locks_its_runs_then_its_attempts_then_the_worker(
+    pg: Harness, held: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two queued runs for one worker, and another connection holding the second Run's row (or
+    # the worker's) locked
+    register(pg.db, "w1", slots=4, lease_ms=600_000)
+    _, _, (first, second) = queued(pg.db, n=2)
+    runs_by_id = sorted([first.id, second.id])
+    attempts = {str(r["run_id"]): str(r["id"]) for r in pg.db.raw("SELECT id, run_id FROM run_attempts")}
+    monkeypatch.setattr(
+        "ql3.storage.postgres.adapter._OPTIONS", "-c statement_timeout=30000 -c lock_timeout=20000"
+    )
+    claimer = PostgresDatabase(pg.db.dsn, min_size=1, max_size=1)
+    d = dispatcher(claimer, lease_ms=600_000, max_offers_per_cycle=8)
+    outcome: list[Any] = []
+    table, column, key = (
+        ("runs", "id", runs_by_id[1]) if held == "second_run" else ("workers", "worker_id", "w1")
+    )
+    try:
+        with psycopg.connect(pg.db.dsn) as holder:
+            holder.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", (key,))
+            me = holder.info.backend_pid
+
+            def claim() -> None:
+                try:
+                    outcome.append(len(d.dispatch_once().offers))
+                except Exception as exc:  # reported by the assertion below
+                    outcome.append(exc)
+
+            # When one cycle claims both
+            worker = threading.Thread(target=claim)
+            worker.start()
+            with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
+                waiter = None
+                for _ in range(1000):
+                    row = watch.execute(
+                        "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock' AND %s = ANY(pg_blocking_pids(pid))",
+                        (me,),
+                    ).fetchone()
+                    if row is not None:
+                        waiter = row
+                        assert "ql3_claim_batch" in str(row[1]), row[1]
+                        break
+                    time.sleep(0.005)
+                assert waiter is not None, "the batch never waited on the held row"
+                # Then it waits holding the rows of the levels before, all of them, and none after
+                held_now = {
+                    "first run": _locked_elsewhere(watch, "runs", "id", runs_by_id[0]),
+                    "attempts": _locked_elsewhere(watch, "run_attempts", "id", attempts[runs_by_id[0]]),
+                    "worker": held == "worker" or _locked_elsewhere(watch, "workers", "worker_id", "w1"),
+                }
+                if held == "second_run":
+                    assert held_now == {"first run": True, "attempts": False, "worker": False}
+                else:
+                    second_attempt = attempts[runs_by_id[1]]
+                    assert held_now == {"first run": True, "attempts": True, "worker": True}
+                    assert _locked_elsewhere(watch, "run_attempts", "id", second_attempt)
+                assert count(pg.db, "run_leases") == 0
+            holder.rollback()
+        worker.join(30)
+    finally:
+        claimer.close()
+
+    # And once the lock is released, both are claimed
+    assert outcome == [2]
+    assert count(pg.db, "run_leases") == 2
 
 
 # The intake's lease check (lease_status): BEGIN + clock + the lease locked and the worker read (one

@@ -23,6 +23,7 @@ class _World:
         self.submitted: list[Offer] = []
         self.faults: list[str] = []
         self.dispatches = 0
+        self.asked: list[int] = []
         self._during = during
         self.loop = EmbeddedDispatch(
             self._dispatch_once,
@@ -33,8 +34,9 @@ class _World:
             fault=self.faults.append,
         )
 
-    def _dispatch_once(self) -> DispatchResult:
+    def _dispatch_once(self, max_offers: int) -> DispatchResult:
         self.dispatches += 1
+        self.asked.append(max_offers)
         if self._during is not None:
             self._during()
         return self.results.pop(0)
@@ -125,10 +127,61 @@ def test_a_notification_while_the_cycle_looks_ends_the_next_wait_at_once() -> No
 
 def test_an_offer_goes_to_the_worker_and_the_loop_looks_again_at_once() -> None:
     offer = object.__new__(Offer)
-    world = _World(DispatchResult(reason="claimed", offer=offer), DispatchResult(reason="x", truncated=True))
+    world = _World(
+        DispatchResult(reason="claimed", offers=(offer,), truncated=True),
+        DispatchResult(reason="x", truncated=True),
+    )
 
     assert world.loop.cycle() is True
     assert world.submitted == [offer] and world.faults == ["after_claim"]
     # A scan cut by its budget is progress too: the loop continues without waiting
     assert world.loop.cycle() is True
     assert world.submitted == [offer]
+
+
+def test_a_cycle_asks_for_no_more_offers_than_the_active_set_has_free_slots() -> None:
+    world = _World(_idle("no_candidates"))
+    world.active = SLOTS - 1
+
+    world.loop.cycle()
+
+    assert world.asked == [1]
+
+
+def test_a_cycle_that_offered_every_queued_run_waits_without_an_empty_cycle() -> None:
+    # Given a cycle that started at the head, reached the end of the queue and claimed all it saw
+    offers = (object.__new__(Offer), object.__new__(Offer))
+    world = _World(DispatchResult(reason="claimed", offers=offers, drained=True))
+
+    # Then every offer goes to the worker and the loop waits instead of looking again at once
+    assert world.loop.cycle() is False
+    assert world.submitted == list(offers) and world.faults == ["after_claim"]
+    assert world.dispatches == 1
+
+    # A freed slot has nothing to place; a new run ends the wait
+    world.notifier.notify(channels.SLOTS)
+    assert world.loop.wait(0) is False
+    world.notifier.notify(channels.RUNS)
+    assert world.loop.wait(0) is True
+
+
+def test_a_run_created_while_an_offering_cycle_looked_ends_its_wait_at_once() -> None:
+    # A run committed while the cycle was claiming the ones it had read: no wake-up is lost
+    offer = object.__new__(Offer)
+    world = _World(
+        DispatchResult(reason="claimed", offers=(offer,), drained=True),
+        during=lambda: world.notifier.notify(channels.RUNS),
+    )
+    assert world.loop.cycle() is False
+
+    assert world.loop.wait(0) is True
+
+
+def test_a_cycle_that_offered_some_runs_and_left_others_queued_also_waits_for_a_freed_slot() -> None:
+    offer = object.__new__(Offer)
+    world = _World(DispatchResult(reason="claimed", offers=(offer,)))
+    assert world.loop.cycle() is False
+
+    world.notifier.notify(channels.SLOTS)
+
+    assert world.loop.wait(0) is True

@@ -1,12 +1,12 @@
 """The bounded Run dispatcher (docs/dispatch.md, docs/contracts.md §7): one observation, no timer, at
-most one offer per cycle."""
+most ``max_offers_per_cycle`` offers per cycle, claimed together in one write transaction."""
 
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Final
 
@@ -19,7 +19,7 @@ from ql3.domain.errors import Ql3Error, ValidationFailed
 from ql3.domain.execution import ExecutionSpec
 from ql3.domain.offers import Offer, derive_lease_token, offer_id
 from ql3.domain.tasks import TaskSpec, build_spec
-from ql3.domain.workers import WorkerSnapshot, effective_placement, rank
+from ql3.domain.workers import Placement, WorkerSnapshot, effective_placement, rank
 from ql3.ports.storage import Database, Transaction
 from ql3.repositories import dispatch as dispatch_repo
 from ql3.repositories import runs as run_repo
@@ -52,6 +52,9 @@ class DispatchBudget:
     worker_page: int = 8
     worker_pages: int = 2
     claims: int = 8
+    # New claims placed and claimed together in one cycle (``ql3 serve`` sizes it for its slots);
+    # the candidate pages, the claim attempts above and the lease duration still bound the cycle.
+    max_offers_per_cycle: int = 1
     lease_ms: int = 30_000
 
     def __post_init__(self) -> None:
@@ -65,6 +68,10 @@ class DispatchBudget:
             raise ValidationFailed(f"at most {HARD_WORKERS} workers per placement", field="worker_pages")
         if not 1 <= self.claims <= HARD_CLAIMS:
             raise ValidationFailed(f"claims must be 1-{HARD_CLAIMS}", field="claims")
+        if not 1 <= self.max_offers_per_cycle <= HARD_CLAIMS:
+            raise ValidationFailed(
+                f"max_offers_per_cycle must be 1-{HARD_CLAIMS}", field="max_offers_per_cycle"
+            )
         lease_rules.RUN.validate(self.lease_ms)
 
 
@@ -73,15 +80,24 @@ class DispatchResult:
     """What one cycle did. Carries no spec or plan unless an offer was produced."""
 
     reason: str
-    offer: Offer | None = None
+    # The cycle's offers, in queue order (recovery hands out one at a time).
+    offers: tuple[Offer, ...] = ()
     # ``truncated``: a budget stopped the scan before the end of the queue; the next cycle continues
     # from the scan cursor, so the caller runs it now. A cycle that reached the end of the queue
     # without an offer made no progress and is never truncated: the loop then waits for a wake or its
     # idle cadence instead of spinning (docs/dispatch.md).
     truncated: bool = False
+    # ``drained``: the cycle started at the head of the queue, reached its end and claimed every run it
+    # saw, so a freed slot has nothing left to place (only a new run can give the loop work).
+    drained: bool = False
     worker_calls: int = 0
     plan_calls: int = 0
     claim_calls: int = 0
+
+    @property
+    def offer(self) -> Offer | None:
+        """The first offer, None when the cycle made none."""
+        return self.offers[0] if self.offers else None
 
 
 @dataclass(slots=True)
@@ -205,7 +221,7 @@ class RunDispatcher:
                         self._recovered.clear()
                     self._recovered.add(offer.offer_id)
                     counters.plan_calls += 1
-                    return DispatchResult(reason="recovered", offer=offer, plan_calls=counters.plan_calls)
+                    return DispatchResult(reason="recovered", offers=(offer,), plan_calls=counters.plan_calls)
             if len(page) < self.budget.recovery_page:
                 self._recovery_done = True
                 self._recovery_cursor = None
@@ -309,17 +325,26 @@ class RunDispatcher:
                 break
         return out, calls
 
-    def dispatch_once(self) -> DispatchResult:
+    def dispatch_once(self, max_offers: int | None = None) -> DispatchResult:
+        """One cycle: recovery first, else up to ``max_offers`` (at most the budget's
+        ``max_offers_per_cycle``) new claims placed from one scan and claimed together."""
         counters = _Counters()
         if not self._recovery_done:
             recovered = self._recover(counters)
             if recovered is not None:
                 return recovered
+        if max_offers is not None and max_offers < 1:
+            raise ValidationFailed("max_offers must be at least 1", field="max_offers")
+        want = min(self.budget.max_offers_per_cycle, self.budget.claims, max_offers or HARD_CLAIMS)
+        from_head = self._scan_cursor is None
         cursor: QueuedCandidate | None = self._scan_cursor
         seen: set[str] = set()
         snapshot: list[WorkerSnapshot] | None = None
         checked_capacity = False
         outcome = "no_candidates"
+        planned: list[_Planned] = []
+        # Why the scan stopped before the end of the queue; None once it reached the end.
+        stopped: str | None = None
         for page_no in range(self.budget.candidate_pages):
             page, fetched, calls = self._db.transaction(
                 partial(self._page, cursor=cursor, with_workers=snapshot is None), write=False
@@ -329,7 +354,8 @@ class RunDispatcher:
                 counters.worker_calls += calls
             if len(page) > self.budget.candidate_page:
                 raise DispatchCycleError("oversized candidate page")
-            for cand in page:
+            at_end = len(page) < self.budget.candidate_page
+            for index, cand in enumerate(page):
                 key = (-cand.priority, cand.queued_at_ms, cand.run_id)
                 if cand.run_id in seen or (
                     cursor is not None and key <= (-cursor.priority, cursor.queued_at_ms, cursor.run_id)
@@ -346,19 +372,49 @@ class RunDispatcher:
                 if not snapshot:
                     return self._result("no_workers", counters)
                 cursor = cand
-                result, outcome_for = self._try_candidate(cand, snapshot, counters)
-                if result is not None:
-                    self._scan_cursor = None
-                    return result
-                outcome = outcome_for
-                if counters.claim_calls >= self.budget.claims:
-                    self._scan_cursor = cursor
-                    return self._result("claim_budget_exhausted", counters, truncated=True)
-            if len(page) < self.budget.candidate_page:
-                break
-            if page_no == self.budget.candidate_pages - 1:
-                self._scan_cursor = cursor
-                return self._result("scan_budget_exhausted", counters, truncated=True)
+                found = self._plan(cand, snapshot, counters)
+                if isinstance(found, str):
+                    outcome = found
+                else:
+                    planned.append(found)
+                    _take_slot(snapshot, found.worker.worker_id)
+                if len(planned) >= want or not any(w.free_slots > 0 for w in snapshot):
+                    # The batch is full, or so is every worker as the snapshot tells it.
+                    if not (at_end and index == len(page) - 1):
+                        stopped = "offers"
+                    break
+            else:
+                if at_end:
+                    break
+                if page_no == self.budget.candidate_pages - 1:
+                    stopped = "scan_budget_exhausted"
+                continue
+            break
+        offers, claim_outcome = self._claim_planned(planned, snapshot or [], counters)
+        if claim_outcome is not None:
+            outcome = claim_outcome
+        if counters.claim_calls >= self.budget.claims and (not offers or outcome == "claim_budget_exhausted"):
+            # The cycle spent its claims: what it could not place waits for the next cycle, which
+            # continues behind the last run examined.
+            stopped = "claim_budget_exhausted"
+        if offers:
+            # Priority order: the next cycle starts at the head of the queue again. Only a cycle that
+            # started there and reached the end without a budget stopping it saw the whole queue (as
+            # of its read, after the loop's marks): the loop may then wait (docs/dispatch.md).
+            self._scan_cursor = None
+            return DispatchResult(
+                reason="claimed",
+                offers=tuple(offers),
+                truncated=stopped is not None or not from_head,
+                drained=stopped is None and from_head and len(offers) == len(seen),
+                worker_calls=counters.worker_calls,
+                plan_calls=counters.plan_calls,
+                claim_calls=counters.claim_calls,
+            )
+        if stopped is not None:
+            self._scan_cursor = cursor
+            reason = outcome if stopped == "offers" else stopped
+            return self._result(reason, counters, truncated=True)
         # The end of the queue: every lap starts at the head (an offer resets the cursor), so the
         # whole queue was examined since the last offer and nothing could be placed. Wrap to the head
         # and report no progress: the loop waits for a wake (a new run, a freed slot) or its cadence.
@@ -374,52 +430,106 @@ class RunDispatcher:
             claim_calls=counters.claim_calls,
         )
 
-    def _try_candidate(
+    def _plan(
         self, cand: QueuedCandidate, snapshot: list[WorkerSnapshot], counters: _Counters
-    ) -> tuple[DispatchResult | None, str]:
+    ) -> _Planned | str:
+        """The candidate's plan and its best-ranked worker with a free slot in the snapshot, or why
+        it cannot be placed this cycle."""
         if cand.attempt_id is None or cand.attempt_status != "claimed":
-            return None, "claim_raced"
+            return "claim_raced"
         attempt_id = cand.attempt_id
         counters.plan_calls += 1
         try:
             task_spec = self._cached_spec(cand.task_id, cand.task_revision)
             placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
         except Ql3Error:
-            return None, "plans_unavailable"
+            return "plans_unavailable"
         ranked = rank(placement, snapshot)
         if not ranked:
-            return None, "no_match"
+            return "no_match"
         spec = candidate_plan(task_spec, cand, attempt_id)
-        for worker, score in ranked:
-            if counters.claim_calls >= self.budget.claims:
-                return None, "claim_budget_exhausted"
-            counters.claim_calls += 1
-            result = self._db.transaction(
-                partial(
-                    leases.claim,
-                    run_id=cand.run_id,
-                    attempt_id=attempt_id,
-                    worker_id=worker.worker_id,
-                    session_id=worker.session_id,
-                    worker_generation=worker.generation,
-                    token_for_generation=self.token_for(attempt_id),
-                    lease_ms=self.budget.lease_ms,
+        worker, score = ranked[0]
+        return _Planned(
+            run_id=cand.run_id,
+            attempt_id=attempt_id,
+            spec=spec,
+            placement=placement,
+            worker=worker,
+            score=score,
+        )
+
+    def _claim_planned(
+        self, planned: list[_Planned], snapshot: list[WorkerSnapshot], counters: _Counters
+    ) -> tuple[list[Offer], str | None]:
+        """Claim the planned runs, all of them in one write transaction (``leases.claim_many``: each
+        claim with its own fences, a refused one writes nothing). A claim refused for its worker
+        (gone, or full after all) drops that worker from the snapshot and goes to the next ranked
+        worker with a free slot, in one more transaction for all such claims, while the claim
+        budget lasts. Answers the offers and the outcome of the last claim that placed nothing."""
+        offers: list[Offer] = []
+        outcome: str | None = None
+        pending = planned
+        while pending:
+            counters.claim_calls += len(pending)
+            answers = self._db.transaction(partial(self._claim_batch, batch=pending))
+            retry: list[_Planned] = []
+            for item, answer in zip(pending, answers, strict=True):
+                if answer.status == "claimed" and answer.lease is not None:
+                    offers.append(self._offer(answer.lease, item.spec, "new_claim", item.score))
+                    continue
+                if answer.status not in ("worker_unavailable", "capacity_exhausted"):
+                    outcome = "claim_raced"
+                    continue
+                snapshot[:] = [w for w in snapshot if w.worker_id != item.worker.worker_id]
+                ranked = rank(item.placement, snapshot)
+                if not ranked:
+                    outcome = "no_match"
+                    continue
+                if counters.claim_calls + len(retry) >= self.budget.claims:
+                    outcome = "claim_budget_exhausted"
+                    continue
+                worker, score = ranked[0]
+                retry.append(replace(item, worker=worker, score=score))
+                _take_slot(snapshot, worker.worker_id)
+            pending = retry
+        return offers, outcome
+
+    def _claim_batch(self, tx: Transaction, batch: list[_Planned]) -> list[leases.RunClaim]:
+        return leases.claim_many(
+            tx,
+            [
+                leases.ClaimRequest(
+                    run_id=item.run_id,
+                    attempt_id=item.attempt_id,
+                    worker_id=item.worker.worker_id,
+                    session_id=item.worker.session_id,
+                    worker_generation=item.worker.generation,
+                    token_for_generation=self.token_for(item.attempt_id),
                 )
-            )
-            if result.status == "claimed" and result.lease is not None:
-                offer = self._offer(result.lease, spec, "new_claim", score)
-                return DispatchResult(
-                    reason="claimed",
-                    offer=offer,
-                    worker_calls=counters.worker_calls,
-                    plan_calls=counters.plan_calls,
-                    claim_calls=counters.claim_calls,
-                ), "claimed"
-            if result.status in ("worker_unavailable", "capacity_exhausted"):
-                snapshot[:] = [w for w in snapshot if w.worker_id != worker.worker_id]
-                continue
-            return None, "claim_raced"
-        return None, "no_match"
+                for item in batch
+            ],
+            lease_ms=self.budget.lease_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Planned:
+    """A candidate to claim this cycle: its plan and the worker it goes to."""
+
+    run_id: str
+    attempt_id: str
+    spec: ExecutionSpec
+    placement: Placement
+    worker: WorkerSnapshot
+    score: int
+
+
+def _take_slot(snapshot: list[WorkerSnapshot], worker_id: str) -> None:
+    """One free slot of ``worker_id`` is spoken for in this cycle's snapshot (a placement hint: the
+    claim checks the worker's capacity under its row lock)."""
+    for i, w in enumerate(snapshot):
+        if w.worker_id == worker_id:
+            snapshot[i] = replace(w, free_slots=w.free_slots - 1)
 
 
 def decode_offer(text: str) -> Offer:

@@ -1,13 +1,20 @@
-"""The dispatch loop of ``ql3 serve``: one cycle hands its embedded worker at most one offer, and the
-loop's wait decides which notifications can wake it (docs/architecture.md, "Wake-ups").
+"""The dispatch loop of ``ql3 serve``: one cycle hands its embedded worker at most as many offers as its
+active set has free slots, and the loop's wait decides which notifications can wake it
+(docs/architecture.md, "Wake-ups").
+
+No empty cycle after an offer: a cycle that started at the head of the queue and reached its end
+(the dispatcher's result is not ``truncated``) saw every run queued before its look, and its marks
+were taken before that look, so the loop waits; a run created meanwhile has already moved a mark and
+ends that wait at once. A cycle cut by a budget or by its batch size runs again at once.
 
 One wake-up per run (issue 11; bench/README.md, "Idle start latency"): a new run notifies ``runs``;
 the end of its lease notifies ``slots`` at commit, and the worker frees the slot of its active set a
 moment later (``on_settled``). Only one of the three can find work, so the loop listens to what the
 last cycle needs:
 
-- after a scan that found no queued run (``no_candidates``), ``runs`` only: a freed slot has nothing
-  to place, and whatever queues a run (creation, a retry, an expired claim) notifies ``runs``;
+- after a scan that found no queued run (``no_candidates``), or that claimed every run it saw from
+  the head to the end of the queue (``drained``), ``runs`` only: a freed slot has nothing to place,
+  and whatever queues a run (creation, a retry, an expired claim) notifies ``runs``;
 - after a cycle refused because the worker's active set is full, ``runs`` only as well, and the
   worker's ``on_settled`` notifies ``runs`` (in this process) when one of those attempts leaves the
   set. The lease's ``slots`` commit came before, while the set was still full, and could not help;
@@ -47,7 +54,7 @@ class EmbeddedDispatch:
 
     def __init__(
         self,
-        dispatch_once: Callable[[], DispatchResult],
+        dispatch_once: Callable[[int], DispatchResult],
         *,
         active_count: Callable[[], int],
         slots: int,
@@ -71,19 +78,21 @@ class EmbeddedDispatch:
         with self._lock:
             # Under the lock that on_settled takes after the attempt left the set: either this sees the
             # slot free, or on_settled sees the flag and wakes the loop.
-            self._full = self._active_count() >= self._slots
+            free = self._slots - self._active_count()
+            self._full = free <= 0
             full = self._full
         if full:
             self._wait_on = {channels.RUNS: marks[channels.RUNS]}
             return False
-        result = self._dispatch_once()
-        if result.offer is None:
-            empty = result.reason == "no_candidates"
-            self._wait_on = {channels.RUNS: marks[channels.RUNS]} if empty else marks
-            return result.truncated
-        self._fault("after_claim")
-        self._submit(result.offer)
-        return True
+        # At most the set's free slots (the claims check the worker row's own count as well).
+        result = self._dispatch_once(free)
+        empty = result.reason == "no_candidates" or result.drained
+        self._wait_on = {channels.RUNS: marks[channels.RUNS]} if empty else marks
+        if result.offers:
+            self._fault("after_claim")
+            for offer in result.offers:
+                self._submit(offer)
+        return result.truncated
 
     def wait(self, timeout_s: float) -> bool:
         """Until a channel the last cycle needs is notified past its mark, or the timeout."""

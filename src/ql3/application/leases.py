@@ -186,6 +186,119 @@ def claim(
     return RunClaim(status="claimed", lease=lease)
 
 
+MAX_CLAIM_BATCH: Final = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimRequest:
+    """One claim of a ``claim_many`` batch: the arguments ``claim`` takes besides the lease duration."""
+
+    run_id: str
+    attempt_id: str
+    worker_id: str
+    session_id: str
+    worker_generation: int
+    token_for_generation: Any
+
+
+def claim_many(tx: Transaction, requests: list[ClaimRequest], *, lease_ms: int) -> list[RunClaim]:
+    """Several claims in one transaction, one answer each, in order (docs/dispatch.md, "Several
+    offers per cycle").
+
+    Each claim keeps all the fences of ``claim``: the Run and Attempt checks and CASes, the worker's
+    session, generation, status and lease, its capacity (checked per claim, after the slots the claims
+    before it in this batch took), the lease generation. A claim that is refused writes nothing, so it
+    never undoes the others; only an invariant that ``claim`` raises for rolls the batch back. On
+    SQLite (one writer at a time) it is ``claim`` once per request; on PostgreSQL one call of
+    ``ql3_claim_batch`` (migration 0013), which first locks the rows of every claim level by level in
+    a fixed order, plus one more call for the claims that reacquire an earlier lease row.
+    """
+    lease_rules.RUN.validate(lease_ms)
+    if not 1 <= len(requests) <= MAX_CLAIM_BATCH:
+        raise ValidationFailed(f"a claim batch holds 1-{MAX_CLAIM_BATCH} claims", field="claims")
+    if len({r.run_id for r in requests}) != len(requests):
+        raise ValidationFailed("a claim batch names each run once", field="claims")
+    if tx.dialect == "postgres":
+        return _claim_many_in_one_statement(tx, requests, lease_ms=lease_ms)
+    return [
+        claim(
+            tx,
+            run_id=r.run_id,
+            attempt_id=r.attempt_id,
+            worker_id=r.worker_id,
+            session_id=r.session_id,
+            worker_generation=r.worker_generation,
+            token_for_generation=r.token_for_generation,
+            lease_ms=lease_ms,
+        )
+        for r in requests
+    ]
+
+
+def _batch_claim(request: ClaimRequest, generation: int) -> repo.BatchClaim:
+    return repo.BatchClaim(
+        run_id=request.run_id,
+        attempt_id=request.attempt_id,
+        worker_id=request.worker_id,
+        session_id=request.session_id,
+        worker_generation=request.worker_generation,
+        generation=generation,
+        lease_token_digest=lease_digest(request.token_for_generation(generation)),
+        event_id=new_id(),
+        payload_json=event_payload_json(
+            {
+                "from": "queued",
+                "to": "dispatching",
+                "worker_id": request.worker_id,
+                "lease_generation": generation,
+            }
+        ),
+    )
+
+
+def _claim_many_in_one_statement(
+    tx: Transaction, requests: list[ClaimRequest], *, lease_ms: int
+) -> list[RunClaim]:
+    """``claim_many`` on PostgreSQL: the answers of ``_claim_in_one_statement``, for all the claims
+    in one call; those answered ``reacquire`` go once more, in one more call in this transaction (the
+    locks stay held), with the generation the function named."""
+    out: dict[int, RunClaim] = {}
+    pending = [(i, request, 1) for i, request in enumerate(requests)]
+    for _ in range(2):  # a reacquire answer names a generation above 1, which is never answered so
+        answers = repo.claim_batch_in_one_statement(
+            tx, [_batch_claim(request, generation) for _, request, generation in pending], lease_ms=lease_ms
+        )
+        again: list[tuple[int, ClaimRequest, int]] = []
+        for (i, request, generation), answer in zip(pending, answers, strict=True):
+            status = answer.status
+            if status == "reacquire" and generation == 1:
+                assert answer.lease_generation is not None  # a reacquire answer names the generation
+                again.append((i, request, answer.lease_generation))
+                continue
+            out[i] = _run_claim(status, answer.lease)
+        pending = again
+        if not pending:
+            return [out[i] for i in range(len(requests))]
+    raise Conflict("the claim function answered out of turn", status="reacquire")
+
+
+def _run_claim(status: str, lease: Lease | None) -> RunClaim:
+    """A claim function's answer as a ``RunClaim``; raises for the answers that break an invariant."""
+    if status == "claimed":
+        return RunClaim(status="claimed", lease=lease)
+    if status in _CLAIM_ANSWERS:
+        return RunClaim(status=_CLAIM_ANSWERS[status])
+    if status == "run_missing":
+        raise NotFound("run not found")
+    if status == "attempt_missing":
+        raise NotFound("attempt not found")
+    if status == "run_conflict":
+        raise RunVersionConflict()
+    if status == "attempt_conflict":
+        raise Conflict("the attempt changed concurrently")
+    raise Conflict("the claim function answered out of turn", status=status)
+
+
 _CLAIM_ANSWERS: Final[dict[str, RunClaimStatus]] = {
     "not_eligible": "not_eligible",
     "worker_unavailable": "worker_unavailable",

@@ -325,6 +325,59 @@ def claim_in_one_statement(
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchClaim:
+    """One element of a ``ql3_claim_batch`` call: the arguments of one ``ql3_claim``."""
+
+    run_id: str
+    attempt_id: str
+    worker_id: str
+    session_id: str
+    worker_generation: int
+    generation: int
+    lease_token_digest: str
+    event_id: str
+    payload_json: str
+
+
+def claim_batch_in_one_statement(
+    tx: Transaction, claims: list[BatchClaim], *, lease_ms: int
+) -> list[ClaimAnswer]:
+    """PostgreSQL only: one call of ``ql3_claim_batch`` (migration 0013), the claims in this order
+    after the rows of all of them were locked level by level; one answer per claim, in order."""
+    payload = json.dumps(
+        [
+            {
+                "run_id": c.run_id,
+                "attempt_id": c.attempt_id,
+                "worker_id": c.worker_id,
+                "session_id": c.session_id,
+                "worker_generation": c.worker_generation,
+                "generation": c.generation,
+                "token_digest": c.lease_token_digest,
+                "event_id": c.event_id,
+                "payload_json": c.payload_json,
+            }
+            for c in claims
+        ],
+        separators=(",", ":"),
+    )
+    rows = tx.all("lease_claim_batch", {"claims_json": payload, "lease_ms": lease_ms})
+    if [int(row["ord"]) for row in rows] != list(range(len(claims))):
+        raise ValueError("ql3_claim_batch answered another number or order of claims")
+    answers: list[ClaimAnswer] = []
+    for row in rows:
+        status = one_of(row["claim_status"], CLAIM_FUNCTION_STATUSES, "ql3_claim_batch.claim_status")
+        answers.append(
+            ClaimAnswer(
+                status=status,
+                lease=lease_from_row(row) if status == "claimed" else None,
+                lease_generation=opt_int(row["lease_generation"]),
+            )
+        )
+    return answers
+
+
 # -- expiry and lost retry -------------------------------------------------------------------------
 
 

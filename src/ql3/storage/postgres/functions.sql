@@ -12,3 +12,9 @@ SELECT * FROM ql3_claim(:run_id, :attempt_id, :worker_id, :session_id, :worker_g
 -- name: run_write
 -- desc: One Run change (Run CAS, optional Attempt CAS, events) in one call of ql3_write_run; answers the outcome.
 SELECT ql3_write_run(:run_json::jsonb, :attempt_json::jsonb, :events_json::jsonb) AS outcome
+
+-- Several claims of one dispatch cycle in one statement: migration 0013's ql3_claim_batch (on SQLite
+-- leases.claim_many runs leases.claim once per claim in the same transaction).
+-- name: lease_claim_batch
+-- desc: Several claims in one call of ql3_claim_batch (all their rows locked level by level first); one answer row each.
+SELECT * FROM ql3_claim_batch(:claims_json::jsonb, :lease_ms) ORDER BY ord

@@ -629,6 +629,7 @@ CONSTRAINT workers.workers_status_check CHECK ((status = ANY (ARRAY['online'::te
 CONSTRAINT workers.workers_version_check CHECK ((version >= 0))
 FUNCTION ql3_approvals_refuse_update
 FUNCTION ql3_claim
+FUNCTION ql3_claim_batch
 FUNCTION ql3_fence_rows
 FUNCTION ql3_now_ms
 FUNCTION ql3_write_run
