@@ -3,7 +3,6 @@ most ``max_offers_per_cycle`` offers per cycle, claimed together in one write tr
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -532,10 +531,6 @@ def _take_slot(snapshot: list[WorkerSnapshot], worker_id: str) -> None:
             snapshot[i] = replace(w, free_slots=w.free_slots - 1)
 
 
-def decode_offer(text: str) -> Offer:
-    return Offer.from_json(json.loads(text))
-
-
 __all__ = [
     "DispatchBudget",
     "DispatchCycleError",
@@ -543,5 +538,4 @@ __all__ = [
     "RunDispatcher",
     "build_plan",
     "candidate_plan",
-    "decode_offer",
 ]
