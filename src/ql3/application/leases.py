@@ -346,25 +346,12 @@ def _claim_in_one_statement(
                 }
             ),
         )
-        status = answer.status
-        if status == "claimed":
-            return RunClaim(status="claimed", lease=answer.lease)
-        if status in _CLAIM_ANSWERS:
-            return RunClaim(status=_CLAIM_ANSWERS[status])
-        if status == "reacquire" and generation == 1:
+        if answer.status == "reacquire" and generation == 1:
             assert answer.lease_generation is not None  # a reacquire answer names the generation
             generation = answer.lease_generation
             continue
-        if status == "run_missing":
-            raise NotFound("run not found")
-        if status == "attempt_missing":
-            raise NotFound("attempt not found")
-        if status == "run_conflict":
-            raise RunVersionConflict()
-        if status == "attempt_conflict":
-            raise Conflict("the attempt changed concurrently")
-        break
-    raise Conflict("the claim function answered out of turn", status=str(status))
+        return _run_claim(answer.status, answer.lease)
+    raise Conflict("the claim function answered out of turn", status="reacquire")
 
 
 def check_fence(
