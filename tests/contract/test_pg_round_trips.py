@@ -39,6 +39,22 @@ def pg(pg_harness: Harness) -> Harness:
     return pg_harness
 
 
+def _waiter_on(watch: psycopg.Connection[Any], holder_pid: int, function: str, never: str) -> int:
+    """The backend that waits on a row lock ``holder_pid`` holds, running ``function``; fails with
+    ``never`` when none does within about five seconds."""
+    for _ in range(1000):
+        row = watch.execute(
+            "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND %s = ANY(pg_blocking_pids(pid))",
+            (holder_pid,),
+        ).fetchone()
+        if row is not None:
+            assert function in str(row[1]), row[1]
+            return int(row[0])
+        time.sleep(0.005)
+    raise AssertionError(never)
+
+
 def _terminate(harness: Harness, pids: list[int]) -> None:
     """pg_terminate_backend, then wait (bounded) until the backends are gone."""
     with psycopg.connect(harness.db.dsn, autocommit=True) as admin:
@@ -172,20 +188,8 @@ def test_the_claim_locks_run_attempt_worker_then_lease_in_order_before_writing(
             # When a claim runs meanwhile
             worker = threading.Thread(target=claim)
             worker.start()
-            waiter: int | None = None
             with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
-                for _ in range(1000):
-                    row = watch.execute(
-                        "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND wait_event_type = 'Lock' AND %s = ANY(pg_blocking_pids(pid))",
-                        (me,),
-                    ).fetchone()
-                    if row is not None:
-                        waiter = int(row[0])
-                        assert "ql3_claim" in str(row[1]), row[1]
-                        break
-                    time.sleep(0.005)
-                assert waiter is not None, "the claim never waited on the held row"
+                waiter = _waiter_on(watch, me, "ql3_claim", "the claim never waited on the held row")
                 # Then it waits on that row, holding exactly the rows before it in the order
                 waits_on = watch.execute(
                     "SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND locktype = 'tuple'",
@@ -249,20 +253,8 @@ def test_the_starting_ack_locks_run_attempt_then_lease_in_order(
             # When the starting ACK runs meanwhile
             worker = threading.Thread(target=ack)
             worker.start()
-            waiter: int | None = None
             with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
-                for _ in range(1000):
-                    row = watch.execute(
-                        "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND wait_event_type = 'Lock' AND %s = ANY(pg_blocking_pids(pid))",
-                        (me,),
-                    ).fetchone()
-                    if row is not None:
-                        waiter = int(row[0])
-                        assert "ql3_fence_rows" in str(row[1]), row[1]
-                        break
-                    time.sleep(0.005)
-                assert waiter is not None, "the ACK never waited on the held row"
+                waiter = _waiter_on(watch, me, "ql3_fence_rows", "the ACK never waited on the held row")
                 # Then it waits on that row, holding exactly the rows before it in the order
                 waits_on = watch.execute(
                     "SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND locktype = 'tuple'",
@@ -377,19 +369,7 @@ def test_a_batch_locks_its_runs_then_its_attempts_then_the_worker(
             worker = threading.Thread(target=claim)
             worker.start()
             with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
-                waiter = None
-                for _ in range(1000):
-                    row = watch.execute(
-                        "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND wait_event_type = 'Lock' AND %s = ANY(pg_blocking_pids(pid))",
-                        (me,),
-                    ).fetchone()
-                    if row is not None:
-                        waiter = row
-                        assert "ql3_claim_batch" in str(row[1]), row[1]
-                        break
-                    time.sleep(0.005)
-                assert waiter is not None, "the batch never waited on the held row"
+                _waiter_on(watch, me, "ql3_claim_batch", "the batch never waited on the held row")
                 # Then it waits holding the rows of the levels before, all of them, and none after
                 held_now = {
                     "first run": _locked_elsewhere(watch, "runs", "id", runs_by_id[0]),
