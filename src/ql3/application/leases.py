@@ -209,17 +209,21 @@ def claim_many(tx: Transaction, requests: list[ClaimRequest], *, lease_ms: int) 
     session, generation, status and lease, its capacity (checked per claim, after the slots the claims
     before it in this batch took), the lease generation. A claim that is refused writes nothing, so it
     never undoes the others; only an invariant that ``claim`` raises for rolls the batch back. On
-    SQLite (one writer at a time) it is ``claim`` once per request; on PostgreSQL one call of
-    ``ql3_claim_batch`` (migration 0013), which first locks the rows of every claim level by level in
-    a fixed order, plus one more call for the claims that reacquire an earlier lease row.
+    SQLite (one writer at a time) it is ``claim`` once per request; on PostgreSQL a batch of one is
+    ``claim`` too, and a larger one is one call of ``ql3_claim_batch`` (migration 0013), which first
+    locks the rows of every claim level by level in a fixed order, plus one more call for the claims
+    that reacquire an earlier lease row.
     """
     lease_rules.RUN.validate(lease_ms)
     if not 1 <= len(requests) <= MAX_CLAIM_BATCH:
         raise ValidationFailed(f"a claim batch holds 1-{MAX_CLAIM_BATCH} claims", field="claims")
     if len({r.run_id for r in requests}) != len(requests):
         raise ValidationFailed("a claim batch names each run once", field="claims")
-    if tx.dialect == "postgres":
+    if tx.dialect == "postgres" and len(requests) > 1:
         return _claim_many_in_one_statement(tx, requests, lease_ms=lease_ms)
+    # SQLite (one writer at a time), and a batch of one on PostgreSQL: ``ql3_claim`` alone skips the
+    # batch's level-by-level locking, which only orders several claims (about a third faster per
+    # offer in an interleaved check, bench/README.md "2026-12-02").
     return [
         claim(
             tx,
