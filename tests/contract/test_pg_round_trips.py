@@ -55,6 +55,14 @@ def _waiter_on(watch: psycopg.Connection[Any], holder_pid: int, function: str, n
     raise AssertionError(never)
 
 
+def _tuple_locks_of(watch: psycopg.Connection[Any], pid: int) -> list[str]:
+    """The tables of the row (tuple) locks backend ``pid`` waits for or holds."""
+    rows = watch.execute(
+        "SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND locktype = 'tuple'", (pid,)
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 def _terminate(harness: Harness, pids: list[int]) -> None:
     """pg_terminate_backend, then wait (bounded) until the backends are gone."""
     with psycopg.connect(harness.db.dsn, autocommit=True) as admin:
@@ -191,11 +199,7 @@ def test_the_claim_locks_run_attempt_worker_then_lease_in_order_before_writing(
             with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
                 waiter = _waiter_on(watch, me, "ql3_claim", "the claim never waited on the held row")
                 # Then it waits on that row, holding exactly the rows before it in the order
-                waits_on = watch.execute(
-                    "SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND locktype = 'tuple'",
-                    (waiter,),
-                ).fetchall()
-                assert [r[0] for r in waits_on] == [table]
+                assert _tuple_locks_of(watch, waiter) == [table]
                 # (a lease row that does not exist yet is neither)
                 others = [
                     (i, t, c)
@@ -256,11 +260,7 @@ def test_the_starting_ack_locks_run_attempt_then_lease_in_order(
             with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
                 waiter = _waiter_on(watch, me, "ql3_fence_rows", "the ACK never waited on the held row")
                 # Then it waits on that row, holding exactly the rows before it in the order
-                waits_on = watch.execute(
-                    "SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND locktype = 'tuple'",
-                    (waiter,),
-                ).fetchall()
-                assert [r[0] for r in waits_on] == [table]
+                assert _tuple_locks_of(watch, waiter) == [table]
                 others = [(i, t, c) for i, (t, c) in enumerate(FENCE_LOCK_ORDER) if i != held]
                 holds = {t: _locked_elsewhere(watch, t, c, keys[t]) for _, t, c in others}
                 assert holds == {t: i < held for i, t, _ in others}
