@@ -215,7 +215,7 @@ def test_via_passes_through_a_state_in_the_launching_barriers_own_fsynced_commit
     # Then both transitions were one commit, made under synchronous=FULL, with two revisions
     assert statements.count("COMMIT") == 1
     assert statements[0] == "PRAGMA synchronous = FULL"
-    assert statements.index("COMMIT") < statements.index("PRAGMA synchronous = NORMAL")
+    assert statements[1] == "BEGIN IMMEDIATE" and statements[-1] == "COMMIT"
     assert (launched.state, launched.revision) == ("launching", record.revision + 2)
     assert _file_row(path, record.offer_id) == _fields(launched)
 

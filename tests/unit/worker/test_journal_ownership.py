@@ -161,13 +161,13 @@ def test_the_file_is_a_wal_database_and_only_the_launching_barrier_is_fsynced(
     statements: list[str] = []
     journal._conn.set_trace_callback(statements.append)
 
-    # When an offer is accepted, acknowledged and then crosses the launching barrier
+    # When an offer is accepted, acknowledged, crosses the launching barrier, and is started
     record = journal.accept(_offer()).record
     record = journal.advance(
         record.offer_id, expected_revision=record.revision, to_state="starting_acknowledged"
     )
     before_barrier = len(statements)
-    journal.advance(
+    record = journal.advance(
         record.offer_id,
         expected_revision=record.revision,
         to_state="launching",
@@ -175,11 +175,22 @@ def test_the_file_is_a_wal_database_and_only_the_launching_barrier_is_fsynced(
         completion_token_digest="a" * 64,
         log_artifact_id="artifact-1",
     )
+    after_barrier = len(statements)
+    journal.advance(
+        record.offer_id,
+        expected_revision=record.revision,
+        to_state="started",
+        executor_handle="ql3lp1.eyJ2IjoxfQ",
+        executor_started_at_ms=1,
+    )
 
-    # Then only the barrier's commit ran under synchronous=FULL, and the file is a WAL database
+    # Then only the barrier's commit ran under synchronous=FULL (the next write sets NORMAL back
+    # before its own transaction), and the file is a WAL database
     assert not any("synchronous = FULL" in s for s in statements[:before_barrier])
-    barrier = statements[before_barrier:]
-    assert barrier[0] == "PRAGMA synchronous = FULL" and barrier[-1] == "PRAGMA synchronous = NORMAL"
+    barrier = statements[before_barrier:after_barrier]
+    assert barrier[0] == "PRAGMA synchronous = FULL" and barrier[-1] == "COMMIT"
+    assert statements[after_barrier] == "PRAGMA synchronous = NORMAL"
+    assert statements[after_barrier + 1] == "BEGIN IMMEDIATE"
     assert journal._conn.execute("PRAGMA synchronous").fetchone() == (1,)
     probe = sqlite3.connect(path)
     try:

@@ -1,7 +1,8 @@
-"""``WorkerJournal``: the single-owner store of the journal, one short transaction per call."""
+"""``WorkerJournal``: the single-owner store of the journal; concurrent writes share a commit."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sqlite3
@@ -12,7 +13,7 @@ from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Any, TypeVar, get_args
+from typing import Any, Generic, TypeVar, get_args
 
 from ql3.domain.journal import (
     AUDIT_CLASSES,
@@ -28,6 +29,7 @@ from ql3.domain.journal import (
     JournalClosed,
     JournalCompromised,
     JournalConflict,
+    JournalError,
     JournalFull,
     JournalInvalid,
     JournalOffer,
@@ -84,11 +86,13 @@ _T = TypeVar("_T")
 class WorkerJournal:
     """The single-owner local journal of one worker host.
 
-    Every method is thread-safe (one lock, one connection) and every write is one short
-    ``BEGIN IMMEDIATE`` transaction. Every write survives a crash of the process; the ``launching``
-    barrier (written before every spawn) is committed with ``synchronous=FULL``, so it and every
-    write before it also survive power loss. Later states are re-derivable after a power loss: the
-    process died with the machine, and its handle proves that.
+    Every method is thread-safe (one lock, one connection) and every write is committed in a short
+    ``BEGIN IMMEDIATE`` transaction, which it shares with the writes of other threads that arrived
+    while the previous one was committing (group commit, ``_write``): each keeps its own checks and
+    errors. Every write survives a crash of the process once it returned; the ``launching`` barrier
+    (written before every spawn) returns only after a commit with ``synchronous=FULL``, so it and
+    every write before it also survive power loss. Later states are re-derivable after a power loss:
+    the process died with the machine, and its handle proves that.
 
     The records that are not settled are also kept in memory, exactly as committed, so a record is
     read from the file (and its token unsealed) once, not at every step of its attempt. The memory is
@@ -129,6 +133,15 @@ class WorkerJournal:
         # ``_mutex``; ``_staged`` holds what the open transaction wrote, applied once it commits.
         self._records: dict[str, JournalRecord] = {}
         self._staged: dict[str, JournalRecord | None] = {}
+        # What the earlier writes of the group being committed staged (``_write``), applied with it.
+        self._group: dict[str, JournalRecord | None] = {}
+        self._group_keys: dict[str, tuple[str, int, int] | None] = {}
+        # Group commit: writes queued while a group commits; ``_committing`` while one does.
+        self._arrived = threading.Condition(threading.Lock())
+        self._queue: list[_Write[Any]] = []
+        self._committing = False
+        # Whether the connection is at synchronous=FULL now (it opens at NORMAL, schema.connect).
+        self._full = False
         # Every row's keys (offer id -> attempt id, lease generation, accepted at), loaded at open: a
         # miss in it is an answer ("no such record") without a read of the file. None when the file
         # holds more than KEY_INDEX_LIMIT rows: then misses are read from the file, as before.
@@ -166,7 +179,7 @@ class WorkerJournal:
         return journal
 
     def _load_keys(self) -> None:
-        with self._transaction(write=False) as conn:
+        with self._reading() as conn:
             rows = conn.execute(SELECT_KEYS, (KEY_INDEX_LIMIT + 1,)).fetchall()
             if len(rows) > KEY_INDEX_LIMIT:
                 return  # too many rows to index: misses are read from the file
@@ -213,8 +226,9 @@ class WorkerJournal:
         offer when ``capacity`` records are still active raises ``JournalFull``; nothing is evicted.
         """
         validate_offer(offer)
-        with self._transaction(write=True) as conn:
-            existing = self._records.get(offer.offer_id)
+
+        def write(conn: sqlite3.Connection) -> AcceptResult:
+            existing = self._known(offer.offer_id)
             if existing is None:
                 row = conn.execute(SELECT_ONE, (offer.offer_id,)).fetchone()
                 existing = None if row is None else self._read(row)
@@ -246,6 +260,8 @@ class WorkerJournal:
                 record.accepted_at_ms,
             )
             return AcceptResult(record=record, created=True)
+
+        return self._write(write)
 
     def advance(
         self,
@@ -284,8 +300,9 @@ class WorkerJournal:
             executor_started_at_ms=executor_started_at_ms,
             recovery_reason=recovery_reason,
         )
-        with self._transaction(write=True, durable=to_state == "launching") as conn:
-            current = self._records.get(offer_id)
+
+        def write(conn: sqlite3.Connection) -> JournalRecord:
+            current = self._known(offer_id)
             if current is None:
                 row = conn.execute(SELECT_ONE, (offer_id,)).fetchone()
                 if row is None:
@@ -326,13 +343,16 @@ class WorkerJournal:
                 # Settled and deleted at once: nothing is left to recover, and the delete is as
                 # conditional on the revision and state read as the update it replaces.
                 if conn.execute(DELETE, (current.offer_id, current.revision, current.state)).rowcount != 1:
-                    self._records.pop(current.offer_id, None)
+                    self._forget(current.offer_id)
                     raise JournalConflict(reason="stale_revision")
                 self._staged_keys[current.offer_id] = None
             else:
                 self._update(conn, current, updated)
             self._stage(updated)
             return updated
+
+        # The crash barrier: its commit is FULL-synchronous, whatever else shares it.
+        return self._write(write, durable=to_state == "launching")
 
     def get(self, offer_id: str) -> JournalRecord | None:
         """The record of ``offer_id``, or None."""
@@ -344,7 +364,7 @@ class WorkerJournal:
             return known  # what this owner last committed for it (see the class docstring)
         if absent:
             return None  # no such row: the index holds every row's keys
-        with self._transaction(write=False) as conn:
+        with self._reading() as conn:
             row = conn.execute(SELECT_ONE, (offer_id,)).fetchone()
             return None if row is None else self._read(row)
 
@@ -362,7 +382,7 @@ class WorkerJournal:
                 known = self._records.get(latest)
                 if known is not None:
                     return known
-        with self._transaction(write=False) as conn:
+        with self._reading() as conn:
             row = conn.execute(SELECT_BY_ATTEMPT, (attempt_id,)).fetchone()
             return None if row is None else self._read(row)
 
@@ -382,7 +402,7 @@ class WorkerJournal:
             if isinstance(states, str) or not states or not set(states) <= STATES:
                 raise JournalInvalid(reason="states_invalid")
             states_json = json.dumps(sorted(states))
-        with self._transaction(write=False) as conn:
+        with self._reading() as conn:
             rows = conn.execute(
                 SELECT_PAGE, {"after": after_offer_id, "states": states_json, "limit": limit}
             ).fetchall()
@@ -396,7 +416,7 @@ class WorkerJournal:
         check_budget(page_size, max_pages)
         counts: dict[AuditClass, int] = dict.fromkeys(get_args(AuditClass), 0)
         pending: list[str] = []
-        with self._transaction(write=False) as conn:
+        with self._reading() as conn:
             after = ""
             for _ in range(max_pages):
                 rows = conn.execute(SELECT_AUDIT_PAGE, (after, page_size)).fetchall()
@@ -430,7 +450,8 @@ class WorkerJournal:
         any write.
         """
         check_budget(page_size, max_pages)
-        with self._transaction(write=True) as conn:
+
+        def write(conn: sqlite3.Connection) -> list[JournalRecord]:
             found: list[JournalRecord] = []
             after = ""
             for _ in range(max_pages):
@@ -458,6 +479,9 @@ class WorkerJournal:
                 result.append(record)
             return result
 
+        # Several updates: a conflict in the middle must undo the earlier ones of this call alone.
+        return self._write(write, savepoint=True)
+
     def retention(self, *, older_than_ms: int, limit: int = DEFAULT_RETENTION_LIMIT) -> int:
         """Delete at most ``limit`` (1..64) settled records (``completion_acknowledged``,
         ``start_failure_acknowledged``) not updated for ``older_than_ms`` (1 min..30 d).
@@ -467,7 +491,8 @@ class WorkerJournal:
         """
         check_int(older_than_ms, MIN_RETENTION_AGE_MS, MAX_RETENTION_AGE_MS, "retention_age_out_of_range")
         check_int(limit, 1, MAX_RETENTION_LIMIT, "limit_out_of_range")
-        with self._transaction(write=True) as conn:
+
+        def write(conn: sqlite3.Connection) -> int:
             cutoff = self._now() - older_than_ms
             deleted = 0
             for offer_id, revision, state in conn.execute(SELECT_EXPIRED, (cutoff, limit)).fetchall():
@@ -477,18 +502,23 @@ class WorkerJournal:
                     self._staged_keys[offer_id] = None
             return deleted
 
+        return self._write(write)
+
     def prune(self, offer_id: str) -> bool:
         """Delete one settled record now: ``completion_acknowledged``, ``start_failure_acknowledged``, or
         ``recovery_required`` once the control plane holds the outcome (the caller knows when).
 
         In-flight records are never deleted. Returns True when a row was deleted.
         """
-        with self._transaction(write=True) as conn:
+
+        def write(conn: sqlite3.Connection) -> bool:
             deleted: bool = conn.execute(DELETE_SETTLED, (offer_id,)).rowcount == 1
             if deleted:
                 self._staged[offer_id] = None
                 self._staged_keys[offer_id] = None
             return deleted
+
+        return self._write(write)
 
     def _redelivered(
         self, conn: sqlite3.Connection, existing: JournalRecord, offer: JournalOffer
@@ -513,7 +543,7 @@ class WorkerJournal:
             (offer.offer_json, sealed, now, existing.offer_id, existing.revision, existing.state),
         )
         if cursor.rowcount != 1:
-            self._records.pop(existing.offer_id, None)
+            self._forget(existing.offer_id)
             raise JournalConflict(reason="stale_revision")
         refreshed = replace(
             existing,
@@ -529,7 +559,7 @@ class WorkerJournal:
         return None if token is None else self._seal.seal(offer_id, token)
 
     def _read(self, row: tuple[Any, ...]) -> JournalRecord:
-        known = self._records.get(row[0])
+        known = self._known(row[0])
         if known is not None and (known.revision, known.state) == (row[7], row[6]):
             return known  # the row as this owner committed it: already validated and unsealed
         record = self._unsealed(row)
@@ -565,7 +595,7 @@ class WorkerJournal:
             ),
         )
         if cursor.rowcount != 1:
-            self._records.pop(current.offer_id, None)  # the memory was behind the file: read it again
+            self._forget(current.offer_id)  # the memory was behind the file: read it again
             raise JournalConflict(reason="stale_revision")
 
     def _index(self, offer_id: str, key: tuple[str, int, int] | None) -> None:
@@ -590,7 +620,7 @@ class WorkerJournal:
         self._by_attempt.setdefault(key[0], set()).add(offer_id)
 
     def _stage(self, record: JournalRecord) -> None:
-        """Remember ``record`` once the open transaction commits; settled records are not kept."""
+        """Remember ``record`` once this write commits; settled records are not kept."""
         self._staged[record.offer_id] = None if record.state in TERMINAL_STATES else record
 
     def _now(self, *, floor: int = 0) -> int:
@@ -600,30 +630,41 @@ class WorkerJournal:
         # A clock stepping backwards must not make a record look older than its last write.
         return max(now, floor)
 
+    def _known(self, offer_id: str) -> JournalRecord | None:
+        """The record as the running transaction sees it: this write's staging, then the earlier
+        writes of its group, then what is committed (None: read the file)."""
+        for layer in (self._staged, self._group):
+            if offer_id in layer:
+                return layer[offer_id]
+        return self._records.get(offer_id)
+
+    def _forget(self, offer_id: str) -> None:
+        """The memory was behind the file (a compare-and-set refused it): read the file next time."""
+        self._records.pop(offer_id, None)
+        self._group.pop(offer_id, None)
+
+    def _apply(
+        self, records: dict[str, JournalRecord | None], keys: dict[str, tuple[str, int, int] | None]
+    ) -> None:
+        for offer_id, record in records.items():
+            if record is None:
+                self._records.pop(offer_id, None)
+            else:
+                self._records[offer_id] = record
+        for offer_id, key in keys.items():
+            self._index(offer_id, key)
+
     @contextmanager
-    def _transaction(self, *, write: bool, durable: bool = False) -> Iterator[sqlite3.Connection]:
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """One read-only transaction; the records it read from the file are remembered once it ends."""
         with self._mutex:
             conn = self._owned_connection()
-            staged = self._staged
-            staged.clear()
-            self._staged_keys.clear()
+            self._staged, self._staged_keys = {}, {}
             try:
-                if durable:
-                    # The crash barrier itself: fsync the WAL (and every earlier frame) at this commit.
-                    conn.execute("PRAGMA synchronous = FULL")
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                conn.execute("BEGIN")
                 yield conn
                 conn.execute("COMMIT")
-                # Only what is committed reaches the memory, and before the lock is released.
-                for offer_id, record in staged.items():
-                    if record is None:
-                        self._records.pop(offer_id, None)
-                    else:
-                        self._records[offer_id] = record
-                for offer_id, key in self._staged_keys.items():
-                    self._index(offer_id, key)
-                if durable:
-                    conn.execute("PRAGMA synchronous = NORMAL")
+                self._apply(self._staged, self._staged_keys)
             except sqlite3.Error as exc:
                 rollback(conn)
                 raise JournalUnavailable() from exc
@@ -631,8 +672,101 @@ class WorkerJournal:
                 rollback(conn)
                 raise
             finally:
-                staged.clear()
-                self._staged_keys.clear()
+                self._staged, self._staged_keys = {}, {}
+
+    def _write(
+        self, op: Callable[[sqlite3.Connection], _T], *, durable: bool = False, savepoint: bool = False
+    ) -> _T:
+        """Run ``op`` in a write transaction, sharing it (group commit) with the writes that arrive
+        while another group is committing; returns ``op``'s value or raises its own error.
+
+        The first writer to find no commit in flight leads: it takes every queued write and runs them
+        in arrival order in ONE ``BEGIN IMMEDIATE`` transaction and one COMMIT (FULL-synchronous when
+        any of them is ``durable``), then wakes the others with their own outcomes. A writer alone
+        leads at once: nothing waits for company. Each write keeps its own checks and its own errors:
+        ``op`` must raise only before its single write statement (every compare-and-set here is
+        checked from memory first, and a refused SQL one writes no row), or set ``savepoint`` when it
+        writes several rows. A SQLite error, or a failed COMMIT, fails every write of the group.
+        """
+        write = _Write(op, durable=durable, savepoint=savepoint)
+        group: list[_Write[Any]] = []
+        with self._arrived:
+            self._queue.append(write)
+            while self._committing and not write.done:
+                self._arrived.wait()  # woken when the group in flight has committed (or failed)
+            lead = not write.done
+            if lead:
+                self._committing = True
+                group = self._queue[:]
+                self._queue.clear()
+        if lead:
+            try:
+                self._commit_group(group)
+            finally:
+                with self._arrived:
+                    for member in group:
+                        member.done = True
+                    self._committing = False
+                    self._arrived.notify_all()
+        return write.result()
+
+    def _commit_group(self, group: list[_Write[Any]]) -> None:
+        """One transaction for every write of ``group``; each gets its outcome (see ``_write``)."""
+        with self._mutex:
+            try:
+                conn = self._owned_connection()
+            except JournalError as exc:
+                for write in group:
+                    write.error = copy.copy(exc)
+                return
+            durable = any(write.durable for write in group)
+            try:
+                if durable != self._full:
+                    # The crash barrier: FULL fsyncs the WAL (and every earlier frame) at this commit.
+                    # The level stays until a group needs the other one (no pragma pair per barrier).
+                    conn.execute("PRAGMA synchronous = FULL" if durable else "PRAGMA synchronous = NORMAL")
+                    self._full = durable
+                conn.execute("BEGIN IMMEDIATE")
+                for write in group:
+                    self._run(conn, write)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                rollback(conn)
+                for write in group:
+                    if write.error is None:  # a write refused on its own stays refused for its reason
+                        write.outcome = None
+                        write.error = JournalUnavailable()
+                        write.error.__cause__ = exc
+                if not isinstance(exc, sqlite3.Error):
+                    raise
+                return
+            else:
+                # Only what is committed reaches the memory, and before the lock is released.
+                self._apply(self._group, self._group_keys)
+            finally:
+                self._staged, self._staged_keys = {}, {}
+                self._group, self._group_keys = {}, {}
+
+    def _run(self, conn: sqlite3.Connection, write: _Write[Any]) -> None:
+        """One write of a group: its staging joins the group's only when it succeeds."""
+        self._staged, self._staged_keys = {}, {}
+        if write.savepoint:
+            conn.execute("SAVEPOINT journal_write")
+        try:
+            value = write.op(conn)
+        except sqlite3.Error:
+            raise  # the file failed, not this write: the whole group is rolled back
+        except Exception as exc:
+            if write.savepoint:
+                conn.execute("ROLLBACK TO journal_write")
+                conn.execute("RELEASE journal_write")
+            write.error = exc
+            return
+        if write.savepoint:
+            conn.execute("RELEASE journal_write")
+        write.outcome = (value,)
+        self._group.update(self._staged)
+        self._group_keys.update(self._staged_keys)
 
     def _owned_connection(self) -> sqlite3.Connection:
         if self._closed:
@@ -651,6 +785,26 @@ class WorkerJournal:
             self._compromised = True
             raise JournalCompromised()
         return self._conn
+
+
+class _Write(Generic[_T]):
+    """One queued write of a group commit and, once its group ended, its outcome."""
+
+    __slots__ = ("done", "durable", "error", "op", "outcome", "savepoint")
+
+    def __init__(self, op: Callable[[sqlite3.Connection], _T], *, durable: bool, savepoint: bool) -> None:
+        self.op = op
+        self.durable = durable
+        self.savepoint = savepoint
+        self.done = False  # its group ended (changed under ``_arrived``)
+        self.outcome: tuple[_T] | None = None
+        self.error: BaseException | None = None
+
+    def result(self) -> _T:
+        if self.error is not None:
+            raise self.error
+        assert self.outcome is not None
+        return self.outcome[0]
 
 
 def _keep(new: _T | None, old: _T | None) -> _T | None:
