@@ -140,7 +140,7 @@ def test_a_remote_agent_runs_a_real_process_and_completes_it(
         assert agent.session is not None
         # When it pulls and receives the offer
         offer = pull(p, agent.session)
-        assert agent.receive(offer) in ("running_acknowledged", "completion_acknowledged")
+        assert agent.receive(offer) in ("started", "completion_acknowledged")
         # Then the run succeeds through the HTTP completion
         done = wait_status(api_client, owner, run["id"], {"succeeded", "failed"})
         assert done["status"] == "succeeded"
@@ -161,7 +161,7 @@ def test_a_stop_is_released_only_after_its_dispatch_is_settled(
         run = task_and_run(api_client, owner, "sleeper", "trap '' TERM; sleep 60", grace_ms=3000)
         assert agent.session is not None
         offer = pull(p, agent.session)
-        assert agent.receive(offer) == "running_acknowledged"
+        assert agent.receive(offer) == "started"
         # Lease control without a stop intent says run, and creates no dispatch
         assert p.lease_control(offer.fence) == "run"
         assert db.raw("SELECT count(*) AS n FROM cancellation_dispatches")[0]["n"] == 0
@@ -245,7 +245,7 @@ def test_a_worker_cut_off_stops_its_process_before_its_lease_can_expire(
         task_and_run(api_client, owner, "sleeper", "sleep 300")
         assert agent.session is not None
         offer = pull(link.inner, agent.session)
-        assert agent.receive(offer) == "running_acknowledged"
+        assert agent.receive(offer) == "started"
         record = agent.journal.get(offer.offer_id)
         assert record is not None and record.executor_handle is not None
         handle = ProcessHandle.decode(record.executor_handle)

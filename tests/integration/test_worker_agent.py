@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ def test_a_redelivered_offer_starts_the_command_once(env: Env) -> None:
         first = agent.receive(offer)
         again = agent.receive(offer)
 
-        assert first == "running_acknowledged" and again == "running_acknowledged"
+        assert first == "started" and again == "started"
         wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
         assert env.starts() == 1
     finally:
@@ -156,7 +157,7 @@ def test_a_crash_between_the_starting_ack_and_the_barrier_loses_nothing(env: Env
         state = restarted.receive(offer)
 
         # Then the repeated starting ACK is accepted, the command starts exactly once and succeeds
-        assert state == "running_acknowledged"
+        assert state == "started"
         wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
         assert env.starts() == 1
     finally:
@@ -173,7 +174,7 @@ def test_lease_loss_stops_only_our_process_and_the_old_worker_never_writes_lost(
     agent.start()
     try:
         offer = env.queue_and_claim(agent)
-        assert agent.receive(offer) == "running_acknowledged"
+        assert agent.receive(offer) == "started"
 
         # When another session replaces ours (our leases are fenced) and the worker renews
         env.db.transaction(
@@ -210,7 +211,7 @@ def test_a_process_that_exits_after_its_session_was_replaced_keeps_its_journal_r
     agent.start()
     try:
         offer = env.queue_and_claim(agent)
-        assert agent.receive(offer) == "running_acknowledged"
+        assert agent.receive(offer) == "started"
         env.db.transaction(
             lambda tx: workers.register(
                 tx,
@@ -257,6 +258,40 @@ def test_a_journal_row_is_pruned_as_soon_as_its_attempt_settles(env: Env) -> Non
         # Then its journal row is gone at once (no retention age to wait for)
         wait_for(lambda: agent.journal.get(offer.offer_id) is None)
         assert agent.journal.audit().total == 0
+    finally:
+        agent.stop()
+
+
+def test_a_run_writes_the_journal_four_times_and_never_for_its_running_ack(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker whose every journal write is recorded
+    agent = env.agent()
+    agent.start()
+    writes: list[str] = []
+    journal = agent.journal
+    real_accept, real_advance = journal.accept, journal.advance
+
+    def accept(offer: Any) -> Any:
+        writes.append("accepted")
+        return real_accept(offer)
+
+    def advance(offer_id: str, **kwargs: Any) -> Any:
+        writes.append(kwargs["to_state"] + (" (pruned)" if kwargs.get("prune") else ""))
+        return real_advance(offer_id, **kwargs)
+
+    monkeypatch.setattr(journal, "accept", accept)
+    monkeypatch.setattr(journal, "advance", advance)
+    try:
+        # When a run goes through its whole life, its running ACK confirmed
+        offer = env.queue_and_claim(agent)
+        assert agent.receive(offer) == "started"
+        wait_for(lambda: env.run_status(offer.fence.run_id) == "succeeded")
+        wait_for(lambda: journal.get(offer.offer_id) is None)
+
+        # Then the journal was written at the barrier's steps only: the running ACK needs no row
+        # (a `started` row found after a crash sends it again, answered as an identical replay)
+        assert writes == ["accepted", "launching", "started", "completion_acknowledged (pruned)"]
     finally:
         agent.stop()
 

@@ -39,11 +39,11 @@ def test_no_planted_secret_reaches_the_journal_and_the_settled_row_is_gone(
         assert all(c in offer.to_json() for c in CANARIES)  # the offer itself carries them
 
         # When it runs
-        assert agent.receive(offer) == "running_acknowledged"
+        assert agent.receive(offer) == "started"
 
         # Then the journal on disk holds none of them, though it holds the attempt's row
         record = agent.journal.get(offer.offer_id)
-        assert record is not None and record.state == "running_acknowledged"
+        assert record is not None and record.state == "started"
         stored = json.loads(record.offer_json)["spec"]
         assert set(stored) <= {
             "runId",

@@ -28,7 +28,7 @@ def _lose_the_lease_while_running(world: Env, grace_ms: int, tmp_path: Path) -> 
     agent.start()
     try:
         offer = world.queue_and_claim(agent)
-        assert agent.receive(offer) == "running_acknowledged"
+        assert agent.receive(offer) == "started"
         wait_for(ready.exists)
         # Another session replaces ours: every lease we hold is fenced, so the worker stops its process.
         world.db.transaction(

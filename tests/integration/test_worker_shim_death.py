@@ -26,7 +26,7 @@ def test_a_killed_shim_ends_the_run_lost_and_takes_its_group_along(env: Env, tmp
     pgid = 0
     try:
         offer = env.queue_and_claim(agent)
-        assert agent.receive(offer) == "running_acknowledged"
+        assert agent.receive(offer) == "started"
         record = agent.journal.get(offer.offer_id)
         assert record is not None and record.executor_handle is not None
         handle = ProcessHandle.decode(record.executor_handle)

@@ -181,7 +181,7 @@ def test_a_second_settlement_while_one_is_under_way_leaves_it_to_the_first(env: 
     agent.start()
     try:
         offer = env.claim()
-        assert agent.receive(offer) == "running_acknowledged"
+        assert agent.receive(offer) == "started"
         # Given the exit watcher's settlement of the exited process, held inside its completion
         assert plane.entered.wait(15)
 

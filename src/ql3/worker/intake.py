@@ -274,10 +274,9 @@ class Intake(Generic[LaunchedT]):
             return record
         with self._ctx.attempts.lock:
             active.ack_pending = False
+        # No journal write: the record stays `started` (docs/contracts.md §3). After a crash a
+        # `started` record sends this ACK again, which the control plane answers as an identical
+        # replay (`already_running`), so a commit of `running_acknowledged` would protect nothing.
         current = self._ctx.journal().get(record.offer_id)
         assert current is not None
-        if current.state != "started":
-            return current  # completion raced ahead of the ACK bookkeeping
-        return self._ctx.journal().advance(
-            record.offer_id, expected_revision=current.revision, to_state="running_acknowledged"
-        )
+        return current  # a lease-loss stop may have moved it on meanwhile
