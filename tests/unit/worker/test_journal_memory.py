@@ -314,6 +314,30 @@ def test_an_unknown_offer_or_attempt_is_answered_without_reading_the_file(journa
     assert statements == []
 
 
+def test_a_new_offer_is_accepted_without_reading_its_row_and_a_known_one_is_read(
+    journal: WorkerJournal,
+) -> None:
+    # Given a journal holding a settled record (no longer kept in memory), and a trace of every
+    # statement it sends to SQLite
+    settled = journal.accept(make_offer("offer-settled")).record
+    walk(journal, settled.offer_id, "start_failed", "start_failure_acknowledged")
+    statements: list[str] = []
+    journal._conn.set_trace_callback(statements.append)
+
+    # When a new offer is accepted
+    assert journal.accept(make_offer("offer-new")).created
+
+    # Then no read of its row was needed: the index holds every row's keys
+    assert [s.split(" ")[0] for s in statements] == ["BEGIN", "SELECT", "INSERT", "COMMIT"]
+    assert statements[1].startswith("SELECT count(*)")
+
+    # And the settled offer delivered again is read from the file and deduplicated, not inserted
+    statements.clear()
+    again = journal.accept(make_offer("offer-settled"))
+    assert not again.created and again.record.state == "start_failure_acknowledged"
+    assert any(s.startswith("SELECT offer_id") for s in statements)
+
+
 def test_rows_found_at_open_are_indexed_and_the_latest_lease_generation_wins(
     path: Path, clock: Clock
 ) -> None:
@@ -363,6 +387,8 @@ def test_past_its_limit_the_index_is_dropped_and_rows_are_read_from_the_file(
         found = journal.find_by_attempt("attempt-offer-0")
         assert found is not None and found.state == "start_failure_acknowledged"
         assert journal.get("offer-404") is None
+        # And a settled offer delivered again is still found in the file and deduplicated
+        assert not journal.accept(make_offer("offer-0")).created
 
     # And so they are when the file already holds more rows than the limit at open
     with WorkerJournal.open(path, clock=clock) as reopened:

@@ -229,7 +229,7 @@ class WorkerJournal:
 
         def write(conn: sqlite3.Connection) -> AcceptResult:
             existing = self._known(offer.offer_id)
-            if existing is None:
+            if existing is None and not self._absent(offer.offer_id):
                 row = conn.execute(SELECT_ONE, (offer.offer_id,)).fetchone()
                 existing = None if row is None else self._read(row)
             if existing is not None:
@@ -637,6 +637,14 @@ class WorkerJournal:
             if offer_id in layer:
                 return layer[offer_id]
         return self._records.get(offer_id)
+
+    def _absent(self, offer_id: str) -> bool:
+        """True when the key index proves the file holds no row of ``offer_id`` (as the running
+        transaction sees it), so nothing needs to be read; False when only the file can tell."""
+        for layer in (self._staged_keys, self._group_keys):
+            if offer_id in layer:
+                return layer[offer_id] is None
+        return self._keys is not None and offer_id not in self._keys
 
     def _forget(self, offer_id: str) -> None:
         """The memory was behind the file (a compare-and-set refused it): read the file next time."""
