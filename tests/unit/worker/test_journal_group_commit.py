@@ -307,3 +307,31 @@ def test_a_group_that_holds_the_launching_barrier_commits_with_synchronous_full(
     # And the next write without a barrier commits at NORMAL again
     _step(journal, launched, "started")()
     assert gate.levels == [1, 2, 1]
+
+
+def test_an_offer_deleted_earlier_in_a_group_is_accepted_again_without_reading_the_file(
+    journal: WorkerJournal, path: Path
+) -> None:
+    # Given a settled record still in the file, and a trace of every statement sent to SQLite
+    (record,) = _accepted(journal, 1)
+    settled = _step(journal, record, "start_failed")()
+    settled = _step(journal, settled, "start_failure_acknowledged")()
+    other = journal.accept(make_offer("offer-other")).record
+    statements: list[str] = []
+    journal._conn.set_trace_callback(statements.append)
+    gate, arrivals = _install(journal)
+
+    # When one group deletes it and then receives its offer again
+    _, pruned, again = _grouped(
+        gate,
+        arrivals,
+        _step(journal, other, "starting_acknowledged"),
+        [lambda: journal.prune(record.offer_id), lambda: journal.accept(make_offer(record.offer_id))],
+    )
+
+    # Then the offer is a new row, known absent from the group's own delete: no row was read
+    assert _value(pruned) is True
+    created: AcceptResult = _value(again)
+    assert created.created and created.record.state == "accepted"
+    assert not any(s.startswith("SELECT offer_id") for s in statements)
+    assert _file_row(path, record.offer_id) == _fields(created.record)

@@ -331,6 +331,11 @@ def test_a_new_offer_is_accepted_without_reading_its_row_and_a_known_one_is_read
     assert [s.split(" ")[0] for s in statements] == ["BEGIN", "SELECT", "INSERT", "COMMIT"]
     assert statements[1].startswith("SELECT count(*)")
 
+    # And delivered again it is answered from memory, without a read either
+    statements.clear()
+    assert not journal.accept(make_offer("offer-new")).created
+    assert not any(s.startswith("SELECT") for s in statements)
+
     # And the settled offer delivered again is read from the file and deduplicated, not inserted
     statements.clear()
     again = journal.accept(make_offer("offer-settled"))
@@ -387,8 +392,10 @@ def test_past_its_limit_the_index_is_dropped_and_rows_are_read_from_the_file(
         found = journal.find_by_attempt("attempt-offer-0")
         assert found is not None and found.state == "start_failure_acknowledged"
         assert journal.get("offer-404") is None
-        # And a settled offer delivered again is still found in the file and deduplicated
+        # And a settled offer delivered again is still found in the file and deduplicated, and a
+        # new one is looked for there and inserted
         assert not journal.accept(make_offer("offer-0")).created
+        assert journal.accept(make_offer("offer-3")).created
 
     # And so they are when the file already holds more rows than the limit at open
     with WorkerJournal.open(path, clock=clock) as reopened:

@@ -343,7 +343,7 @@ class WorkerJournal:
                 # Settled and deleted at once: nothing is left to recover, and the delete is as
                 # conditional on the revision and state read as the update it replaces.
                 if conn.execute(DELETE, (current.offer_id, current.revision, current.state)).rowcount != 1:
-                    self._forget(current.offer_id)
+                    self._records.pop(current.offer_id, None)
                     raise JournalConflict(reason="stale_revision")
                 self._staged_keys[current.offer_id] = None
             else:
@@ -543,7 +543,7 @@ class WorkerJournal:
             (offer.offer_json, sealed, now, existing.offer_id, existing.revision, existing.state),
         )
         if cursor.rowcount != 1:
-            self._forget(existing.offer_id)
+            self._records.pop(existing.offer_id, None)
             raise JournalConflict(reason="stale_revision")
         refreshed = replace(
             existing,
@@ -595,7 +595,7 @@ class WorkerJournal:
             ),
         )
         if cursor.rowcount != 1:
-            self._forget(current.offer_id)  # the memory was behind the file: read it again
+            self._records.pop(current.offer_id, None)  # the memory was behind the file: read it again
             raise JournalConflict(reason="stale_revision")
 
     def _index(self, offer_id: str, key: tuple[str, int, int] | None) -> None:
@@ -631,25 +631,18 @@ class WorkerJournal:
         return max(now, floor)
 
     def _known(self, offer_id: str) -> JournalRecord | None:
-        """The record as the running transaction sees it: this write's staging, then the earlier
-        writes of its group, then what is committed (None: read the file)."""
-        for layer in (self._staged, self._group):
-            if offer_id in layer:
-                return layer[offer_id]
+        """The record as the running transaction sees it before a write: what the earlier writes of
+        its group staged, else what is committed (None: read the file)."""
+        if offer_id in self._group:
+            return self._group[offer_id]
         return self._records.get(offer_id)
 
     def _absent(self, offer_id: str) -> bool:
         """True when the key index proves the file holds no row of ``offer_id`` (as the running
         transaction sees it), so nothing needs to be read; False when only the file can tell."""
-        for layer in (self._staged_keys, self._group_keys):
-            if offer_id in layer:
-                return layer[offer_id] is None
+        if offer_id in self._group_keys:
+            return self._group_keys[offer_id] is None
         return self._keys is not None and offer_id not in self._keys
-
-    def _forget(self, offer_id: str) -> None:
-        """The memory was behind the file (a compare-and-set refused it): read the file next time."""
-        self._records.pop(offer_id, None)
-        self._group.pop(offer_id, None)
 
     def _apply(
         self, records: dict[str, JournalRecord | None], keys: dict[str, tuple[str, int, int] | None]
