@@ -687,7 +687,8 @@ class WorkerJournal:
         leads at once: nothing waits for company. Each write keeps its own checks and its own errors:
         ``op`` must raise only before its single write statement (every compare-and-set here is
         checked from memory first, and a refused SQL one writes no row), or set ``savepoint`` when it
-        writes several rows. A SQLite error, or a failed COMMIT, fails every write of the group.
+        writes several rows. Any other error than a ``JournalError`` (a SQLite error), or a failed
+        COMMIT, fails every write of the group.
         """
         write = _Write(op, durable=durable, savepoint=savepoint)
         group: list[_Write[Any]] = []
@@ -755,9 +756,9 @@ class WorkerJournal:
             conn.execute("SAVEPOINT journal_write")
         try:
             value = write.op(conn)
-        except sqlite3.Error:
-            raise  # the file failed, not this write: the whole group is rolled back
-        except Exception as exc:
+        except JournalError as exc:
+            # This write refused (a conflict, a full journal, a bad clock): it alone fails. Anything
+            # else (a SQLite error: the file failed, not this write) rolls the whole group back.
             if write.savepoint:
                 conn.execute("ROLLBACK TO journal_write")
                 conn.execute("RELEASE journal_write")
