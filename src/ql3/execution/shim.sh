@@ -25,13 +25,18 @@ unset QL3_SHIM_MODE QL3_SHIM_COMMAND QL3_SHIM_CWD QL3_SHIM_SH QL3_SHIM_HEAD QL3_
 # The start ticks come from the launcher on descriptor 3, read from our /proc/<pid>/stat for its own
 # handle: one short line, where `read` of /proc/$$/stat would take some 300 one-byte read(2) calls.
 # No line (the launcher died before it captured us): nothing may start, and no receipt is written.
-if ! { read -r _ql3_st <&3; } 2>/dev/null; then exit 125; fi
-exec 3<&-
-case $_ql3_st in '' | *[!0-9]*) exit 125 ;; esac
+# The file is created (noclobber: O_EXCL, mode 0600) before the wait, so that making its inode overlaps
+# the launcher's capture, and written after it; without the line it stays empty, which is no evidence.
+# If the file cannot be made, descriptor 4 stays closed (nothing else can hold it: the launcher passes
+# only 0-3) and the printf into it fails quietly: the command starts without the evidence, as before.
 if umask 077; then
-  { set -C; printf '%s %s %s\n' "$_ql3_boot" "$$" "$_ql3_st" >"$_ql3_idf"; set +C; } 2>/dev/null
+  { set -C; command exec 4>"$_ql3_idf"; set +C; } 2>/dev/null
 fi
 umask "$_ql3_umask" 2>/dev/null
+if ! { read -r _ql3_st <&3; } 2>/dev/null; then exit 125; fi
+case $_ql3_st in '' | *[!0-9]*) exit 125 ;; esac
+{ printf '%s %s %s\n' "$_ql3_boot" "$$" "$_ql3_st" >&4; } 2>/dev/null
+exec 3<&- 4>&-
 
 # Failures before the command runs stay out of the log: it must never show the cwd or the command.
 if [ "$_ql3_mode" = argv ]; then

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 import ql3.execution.launcher as launcher_module
-from ql3.execution.identity import probe
+from ql3.execution.identity import CaptureFailed, ProcessHandle, probe
 from ql3.execution.receipts import (
     delete_receipt,
     launch_identity_path,
     read_launch_identity,
 )
+from ql3.ports.execution import LaunchFailed
 from tests.support.processes import ExecHarness, group_comms
 from tests.support.waits import wait_for
 
@@ -89,3 +90,51 @@ def test_the_ticks_pipe_is_not_left_to_the_command(ex: ExecHarness) -> None:
     ex.wait_exit("att-fds")
     receipt = ex.receipt("att-fds")
     assert receipt is not None and receipt.exit_code == 0
+
+
+def test_the_identity_descriptor_is_not_left_to_the_command(ex: ExecHarness) -> None:
+    # Given a command that exits 0 only when its shell has no descriptor 4 (the shim's identity file)
+    ex.shell("att-fd4", 'test ! -e "/proc/$$/fd/4"')
+
+    # When it has finished, then it had none: the shim closed the file before it
+    ex.wait_exit("att-fd4")
+    receipt = ex.receipt("att-fd4")
+    assert receipt is not None and receipt.exit_code == 0
+
+
+def test_without_the_ticks_the_identity_file_made_before_the_wait_stays_empty(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given a launcher that never sends the line, as its death right after the spawn would
+    monkeypatch.setattr(launcher_module, "_send_ticks", lambda fd, ticks: None)
+    marker = tmp_path / "ran"
+
+    # When the shim has given up
+    ex.shell("att-empty", f"touch {marker}")
+    ex.wait_exit("att-empty")
+
+    # Then the file it created before waiting holds nothing (no evidence), and the command never ran
+    assert launch_identity_path(ex.receipts, "att-empty").read_bytes() == b""
+    assert read_launch_identity(ex.receipts, "att-empty") is None
+    assert not marker.exists()
+
+
+def test_a_launch_that_cannot_capture_its_shim_leaves_no_identity_file(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given a capture that fails after the spawn (the shim has made its identity file by then, or soon)
+    def failing_capture(*args: object, **kwargs: object) -> ProcessHandle:
+        # Wait until the shim created the file, so the launcher's clean-up is what removes it.
+        assert wait_for(lambda: launch_identity_path(ex.receipts, "att-nocap").exists())
+        raise CaptureFailed()
+
+    monkeypatch.setattr(launcher_module, "capture", failing_capture)
+    marker = tmp_path / "ran"
+
+    # When the launch is attempted, it fails and nothing ran
+    with pytest.raises(LaunchFailed):
+        ex.shell("att-nocap", f"touch {marker}")
+
+    # Then the shim was ended and reaped, and its empty identity file is gone with it
+    assert not launch_identity_path(ex.receipts, "att-nocap").exists()
+    assert not marker.exists()
