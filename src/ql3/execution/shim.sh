@@ -17,6 +17,10 @@ _ql3_umask=$QL3_SHIM_UMASK _ql3_as=$QL3_SHIM_AS
 unset QL3_SHIM_MODE QL3_SHIM_COMMAND QL3_SHIM_CWD QL3_SHIM_SH QL3_SHIM_HEAD QL3_SHIM_STARTED \
   QL3_SHIM_CLOCK_BASE QL3_SHIM_DST QL3_SHIM_DIR QL3_SHIM_SYNC \
   QL3_SHIM_BOOT QL3_SHIM_IDENTITY QL3_SHIM_UMASK QL3_SHIM_AS
+# The shim's own failures never reach the log (it must never show the cwd or the command): its stderr
+# is /dev/null from here on, once, instead of a redirection (and its save and restore) per step. The
+# log's descriptor waits on 5 for the command, which gets it back as its stderr when it is exec'd.
+exec 5>&2 2>/dev/null
 # _ql3_as: empty, or the task user's `setpriv ... --` words (no spaces or globs in any of them); the
 # command execs through it, the shim stays the server's user to publish the receipt.
 
@@ -30,35 +34,38 @@ unset QL3_SHIM_MODE QL3_SHIM_COMMAND QL3_SHIM_CWD QL3_SHIM_SH QL3_SHIM_HEAD QL3_
 # If the file cannot be made, descriptor 4 stays closed (nothing else can hold it: the launcher passes
 # only 0-3) and the printf into it fails quietly: the command starts without the evidence, as before.
 if umask 077; then
-  { set -C; command exec 4>"$_ql3_idf"; set +C; } 2>/dev/null
+  set -C
+  command exec 4>"$_ql3_idf"
+  set +C
 fi
-umask "$_ql3_umask" 2>/dev/null
-if ! { read -r _ql3_st <&3; } 2>/dev/null; then exit 125; fi
+umask "$_ql3_umask"
+read -r _ql3_st <&3 || exit 125
 case $_ql3_st in '' | *[!0-9]*) exit 125 ;; esac
-{ printf '%s %s %s\n' "$_ql3_boot" "$$" "$_ql3_st" >&4; } 2>/dev/null
+printf '%s %s %s\n' "$_ql3_boot" "$$" "$_ql3_st" >&4
 exec 3<&- 4>&-
 
-# Failures before the command runs stay out of the log: it must never show the cwd or the command.
+# Failures before the command runs stay out of the log (stderr is still /dev/null); the exec gives the
+# command the log as its stderr and closes descriptor 5.
 if [ "$_ql3_mode" = argv ]; then
   (
-    if [ -n "$_ql3_cwd" ]; then cd "$_ql3_cwd" 2>/dev/null || exit 126; unset OLDPWD; fi
+    if [ -n "$_ql3_cwd" ]; then cd "$_ql3_cwd" || exit 126; unset OLDPWD; fi
     case $1 in
       */*) [ -e "$1" ] || exit 127; [ -f "$1" ] && [ -x "$1" ] || exit 126 ;;
-      *) command -v "$1" >/dev/null 2>&1 || exit 127 ;;
+      *) command -v "$1" >/dev/null || exit 127 ;;
     esac
-    exec $_ql3_as "$@"
+    exec $_ql3_as "$@" 2>&5 5>&-
   )
 else
   (
-    if [ -n "$_ql3_cwd" ]; then cd "$_ql3_cwd" 2>/dev/null || exit 126; unset OLDPWD; fi
-    exec $_ql3_as "$_ql3_sh" -c "$_ql3_cmd"
+    if [ -n "$_ql3_cwd" ]; then cd "$_ql3_cwd" || exit 126; unset OLDPWD; fi
+    exec $_ql3_as "$_ql3_sh" -c "$_ql3_cmd" 2>&5 5>&-
   )
 fi
 _ql3_rc=$?
 
 # finishedAtMs = (startedAtMs - boot time at launch) + boot time now, from /proc/uptime: no date(1) exec.
 _ql3_fin=$_ql3_start
-if { read -r _ql3_up _ql3_idle; } 2>/dev/null </proc/uptime; then
+if read -r _ql3_up _ql3_idle </proc/uptime; then
   case $_ql3_up in
     *[0-9].[0-9][0-9])
       _ql3_cs=${_ql3_up#*.}
@@ -66,7 +73,7 @@ if { read -r _ql3_up _ql3_idle; } 2>/dev/null </proc/uptime; then
       ;;
   esac
 fi
-[ "$_ql3_fin" -ge "$_ql3_start" ] 2>/dev/null || _ql3_fin=$_ql3_start
+[ "$_ql3_fin" -ge "$_ql3_start" ] || _ql3_fin=$_ql3_start
 
 # Publish: noclobber creates the receipt with O_EXCL (an existing receipt is never replaced) and one
 # printf writes it, its newline last. A reader takes a file without that final newline (a write in
@@ -75,9 +82,9 @@ fi
 # Any failure here only means "no receipt"; the exit status stays the command's.
 umask 077
 set -C
-if { printf '%s%s,"exitCode":%s}\n' "$_ql3_head" "$_ql3_fin" "$_ql3_rc" >"$_ql3_dst"; } 2>/dev/null; then
+if printf '%s%s,"exitCode":%s}\n' "$_ql3_head" "$_ql3_fin" "$_ql3_rc" >"$_ql3_dst"; then
   if [ -n "$_ql3_sync" ]; then
-    "$_ql3_sync" "$_ql3_dst" 2>/dev/null && "$_ql3_sync" "$_ql3_dir" 2>/dev/null
+    "$_ql3_sync" "$_ql3_dst" && "$_ql3_sync" "$_ql3_dir"
   fi
 fi
 exit "$_ql3_rc"

@@ -92,11 +92,12 @@ def test_the_ticks_pipe_is_not_left_to_the_command(ex: ExecHarness) -> None:
     assert receipt is not None and receipt.exit_code == 0
 
 
-def test_the_identity_descriptor_is_not_left_to_the_command(ex: ExecHarness) -> None:
-    # Given a command that exits 0 only when its shell has no descriptor 4 (the shim's identity file)
-    ex.shell("att-fd4", 'test ! -e "/proc/$$/fd/4"')
+def test_the_shims_own_descriptors_are_not_left_to_the_command(ex: ExecHarness) -> None:
+    # Given a command that exits 0 only when its shell has none of the shim's descriptors: 4 (the
+    # identity file) and 5 (the log, kept while the shim's own stderr is /dev/null)
+    ex.shell("att-fd4", 'test ! -e "/proc/$$/fd/4" && test ! -e "/proc/$$/fd/5"')
 
-    # When it has finished, then it had none: the shim closed the file before it
+    # When it has finished, then it had none: the shim closed them before it
     ex.wait_exit("att-fd4")
     receipt = ex.receipt("att-fd4")
     assert receipt is not None and receipt.exit_code == 0
