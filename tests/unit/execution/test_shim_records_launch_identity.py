@@ -3,6 +3,7 @@ spawn and journaling the handle can find the process after a restart (issue 9 it
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,37 @@ def test_a_launch_that_cannot_capture_its_shim_leaves_no_identity_file(
     # Then the shim was ended and reaped, and its empty identity file is gone with it
     assert not launch_identity_path(ex.receipts, "att-nocap").exists()
     assert not marker.exists()
+
+
+def test_a_ticks_line_that_is_not_a_number_starts_nothing(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given a launcher whose line is not start ticks
+    monkeypatch.setattr(launcher_module, "_send_ticks", lambda fd, ticks: os.write(fd, b"12x\n"))
+    marker = tmp_path / "ran"
+
+    # When a command is launched
+    ex.shell("att-garbled", f"touch {marker}")
+    ex.wait_exit("att-garbled")
+
+    # Then the shim ended before the command, with no evidence and no receipt
+    assert not marker.exists()
+    assert read_launch_identity(ex.receipts, "att-garbled") is None
+    assert ex.receipt("att-garbled") is None
+
+
+def test_an_existing_identity_path_is_never_followed_nor_overwritten(ex: ExecHarness, tmp_path: Path) -> None:
+    # Given a link planted where the shim's identity file goes
+    target = tmp_path / "elsewhere"
+    target.write_text("keep\n")
+    ex.receipts.mkdir(parents=True, exist_ok=True)
+    launch_identity_path(ex.receipts, "att-planted").symlink_to(target)
+
+    # When the attempt runs
+    ex.shell("att-planted", "true")
+    ex.wait_exit("att-planted")
+
+    # Then the link was not followed (noclobber creates with O_EXCL), and the command still ran
+    assert target.read_text() == "keep\n"
+    receipt = ex.receipt("att-planted")
+    assert receipt is not None and receipt.exit_code == 0
