@@ -33,12 +33,11 @@ exec 5>&2 2>/dev/null
 # the launcher's capture, and written after it; without the line it stays empty, which is no evidence.
 # If the file cannot be made, descriptor 4 stays closed (nothing else can hold it: the launcher passes
 # only 0-3) and the printf into it fails quietly: the command starts without the evidence, as before.
-if umask 077; then
-  set -C
-  command exec 4>"$_ql3_idf"
-  set +C
-fi
-umask "$_ql3_umask"
+# The shim's own files are all made this way: umask 077 and noclobber stay set for the shim's whole
+# life; the command's subshell restores the server's umask just before its exec (noclobber is a shell
+# option: the exec'd program does not inherit it).
+set -C
+umask 077 && command exec 4>"$_ql3_idf"
 read -r _ql3_st <&3 || exit 125
 case $_ql3_st in '' | *[!0-9]*) exit 125 ;; esac
 printf '%s %s %s\n' "$_ql3_boot" "$$" "$_ql3_st" >&4
@@ -53,11 +52,13 @@ if [ "$_ql3_mode" = argv ]; then
       */*) [ -e "$1" ] || exit 127; [ -f "$1" ] && [ -x "$1" ] || exit 126 ;;
       *) command -v "$1" >/dev/null || exit 127 ;;
     esac
+    umask "$_ql3_umask"
     exec $_ql3_as "$@" 2>&5 5>&-
   )
 else
   (
     if [ -n "$_ql3_cwd" ]; then cd "$_ql3_cwd" || exit 126; unset OLDPWD; fi
+    umask "$_ql3_umask"
     exec $_ql3_as "$_ql3_sh" -c "$_ql3_cmd" 2>&5 5>&-
   )
 fi
@@ -79,9 +80,8 @@ fi
 # printf writes it, its newline last. A reader takes a file without that final newline (a write in
 # progress, or one cut short by the shim's death) for no receipt: never valid, never quarantined
 # (execution/receipts.py). No temp file and no ln(1): one process per run fewer.
-# Any failure here only means "no receipt"; the exit status stays the command's.
-umask 077
-set -C
+# Any failure here only means "no receipt"; the exit status stays the command's (noclobber and umask
+# 077 are still set from the start).
 if printf '%s%s,"exitCode":%s}\n' "$_ql3_head" "$_ql3_fin" "$_ql3_rc" >"$_ql3_dst"; then
   if [ -n "$_ql3_sync" ]; then
     "$_ql3_sync" "$_ql3_dst" && "$_ql3_sync" "$_ql3_dir"

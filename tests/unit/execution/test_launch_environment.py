@@ -11,6 +11,8 @@ import pytest
 
 import ql3.execution.launcher as launcher_module
 from ql3.execution.identity import read_stat
+from ql3.execution.launcher import LocalLauncher
+from ql3.execution.receipts import launch_identity_path, receipt_path
 from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, ShellCommand
 from tests.support.processes import ExecHarness
 
@@ -218,3 +220,28 @@ def test_a_working_directory_gone_before_the_shim_enters_it_exits_126_silently(
     receipt = ex.receipt("att-gonecwd")
     assert receipt is not None and receipt.exit_code == 126
     assert ex.log_path("att-gonecwd").read_text() == ""
+
+
+@pytest.mark.parametrize("mode", ["shell", "argv"])
+def test_the_command_keeps_the_servers_umask_while_the_shims_own_files_stay_private(
+    ex: ExecHarness, mode: str
+) -> None:
+    # Given a launcher made under a distinctive umask (it hands that one to every command)
+    previous = os.umask(0o027)
+    try:
+        ex.launcher = LocalLauncher()
+    finally:
+        os.umask(previous)
+
+    # When a command reports its umask
+    attempt_id = f"att-umask-{mode}"
+    if mode == "shell":
+        ex.shell(attempt_id, "umask")
+    else:
+        ex.launch(attempt_id, ArgvCommand(file="sh", args=("-c", "umask")))
+    ex.wait_exit(attempt_id)
+
+    # Then it ran with the server's umask, and the shim's receipt and identity file are 0600 anyway
+    assert ex.log_path(attempt_id).read_text() == "0027\n"
+    for path in (receipt_path(ex.receipts, attempt_id), launch_identity_path(ex.receipts, attempt_id)):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
