@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import ql3.execution.identity as identity_module
 import ql3.execution.launcher as launcher_module
 from ql3.execution.identity import read_stat
 from ql3.execution.launcher import LocalLauncher
@@ -205,7 +206,7 @@ def test_a_working_directory_gone_before_the_shim_enters_it_exits_126_silently(
     # (the shim waits for its ticks in between: the directory goes while the launcher captures it)
     workdir = tmp_path / "going"
     workdir.mkdir()
-    real_capture = launcher_module.capture
+    real_capture = identity_module.capture
 
     def capture_then_remove(*args: Any, **kwargs: Any) -> Any:
         workdir.rmdir()
