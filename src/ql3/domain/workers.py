@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Final, Literal
 
 from ql3.domain.digests import canonical_json, sha256_hex
@@ -113,6 +115,17 @@ def parse_capabilities(raw: Mapping[str, Any]) -> Capabilities:
     if len(caps.to_json().encode()) > MAX_CAPABILITIES_BYTES:
         raise ValidationFailed("capabilities are too large", field="capabilities")
     return caps
+
+
+@lru_cache(maxsize=256)
+def stored_capabilities(text: str) -> Capabilities:
+    """``parse_capabilities`` of a stored capabilities JSON text, remembered per text.
+
+    The dispatcher reads every eligible worker's row on every cycle, and a worker's text changes only
+    when it registers again: the same text always parses to the same (immutable) value, so each one
+    is parsed and checked once. Invalid text raises every time (exceptions are not remembered).
+    """
+    return parse_capabilities(json.loads(text))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,7 @@ import binascii
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ql3.domain.errors import Ql3Error
@@ -22,7 +22,7 @@ MAX_HANDLE_BYTES = 512
 MAX_ATTEMPT_ID_CHARS = 255
 MAX_PID = 2**31 - 1
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-_STAT_READ_BYTES = 4096  # a stat record is far shorter: one read and the one that sees its end
+_STAT_READ_BYTES = 4096  # a stat record is far shorter: one read
 EXITED_STATES = frozenset({"Z", "X", "x"})
 
 _BOOT_ID_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
@@ -69,6 +69,7 @@ class ProcessHandle:
     """Boot id + pid + pgid + start ticks: a process identity that survives restarts of its caller.
 
     Construction validates every field and raises ``InvalidHandle``; ``encode()`` therefore never fails.
+    The text is computed once, by the construction's size check, and kept (the handle is immutable).
     """
 
     attempt_id: str
@@ -76,18 +77,23 @@ class ProcessHandle:
     pid: int
     pgid: int
     start_ticks: str
+    _text: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not _valid_fields(self.attempt_id, self.boot_id, self.pid, self.pgid, self.start_ticks):
             raise InvalidHandle()
         try:
-            size = len(self.encode())
+            text = self._encode()
         except UnicodeEncodeError as exc:
             raise InvalidHandle() from exc
-        if size > MAX_HANDLE_BYTES:
+        if len(text) > MAX_HANDLE_BYTES:
             raise InvalidHandle()
+        object.__setattr__(self, "_text", text)
 
     def encode(self) -> str:
+        return self._text
+
+    def _encode(self) -> str:
         payload = json.dumps(
             {
                 "v": 1,
@@ -114,9 +120,6 @@ class ProcessHandle:
             raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
         except (binascii.Error, ValueError) as exc:
             raise InvalidHandle() from exc
-        # Non-zero padding bits would give one handle several spellings.
-        if base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != body:
-            raise InvalidHandle()
         try:
             obj = json.loads(
                 raw.decode("utf-8"),
@@ -128,11 +131,10 @@ class ProcessHandle:
             raise InvalidHandle() from exc
         if type(obj) is not dict or obj.keys() != _KEYS or type(obj["v"]) is not int or obj["v"] != 1:
             raise InvalidHandle()
-        h, b, p, g, s = obj["h"], obj["b"], obj["p"], obj["g"], obj["s"]
-        if not _valid_fields(h, b, p, g, s):
-            raise InvalidHandle()
-        handle = cls(attempt_id=h, boot_id=b, pid=p, pgid=g, start_ticks=s)
-        # One text per handle: JSON with other whitespace, key order or escapes is another spelling.
+        # The construction validates every field (InvalidHandle) and encodes the handle once.
+        handle = cls(attempt_id=obj["h"], boot_id=obj["b"], pid=obj["p"], pgid=obj["g"], start_ticks=obj["s"])
+        # One text per handle: JSON with other whitespace, key order or escapes is another spelling, and
+        # so is base64 with non-zero padding bits (it re-encodes without them).
         if handle.encode() != text:
             raise InvalidHandle()
         return handle
@@ -185,14 +187,24 @@ def read_stat(pid: int) -> ProcStat | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     try:
-        chunks: list[bytes] = []
-        while chunk := os.read(fd, _STAT_READ_BYTES):
-            chunks.append(chunk)
+        raw = _read_record(fd)
     except (FileNotFoundError, ProcessLookupError):
         return None  # the process was reaped between the open and the read
     finally:
         os.close(fd)
-    return parse_stat(pid, b"".join(chunks))
+    return parse_stat(pid, raw)
+
+
+def _read_record(fd: int) -> bytes:
+    """The whole record: the kernel hands it out in one read when it fits, and it ends with a newline,
+    so the read that would only see the end of the file is skipped."""
+    chunk = os.read(fd, _STAT_READ_BYTES)
+    if not chunk or chunk.endswith(b"\n"):
+        return chunk
+    chunks = [chunk]
+    while chunk := os.read(fd, _STAT_READ_BYTES):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def parse_stat(pid: int, raw: bytes) -> ProcStat:

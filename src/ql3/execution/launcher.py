@@ -34,8 +34,6 @@ from ql3.execution.receipts import (
     MAX_RECEIPT_BYTES,
     InvalidAttemptId,
     check_file_id,
-    launch_identity_path,
-    receipt_path,
     receipt_prefix,
 )
 from ql3.execution.run_as import TaskUser, TaskUsers
@@ -74,7 +72,7 @@ class Launched:
     pidfd: int
     log_path: Path
     log_cap_bytes: int
-    receipt_path: Path
+    receipt_path: str
 
 
 class LocalLauncher:
@@ -100,80 +98,85 @@ class LocalLauncher:
         self._sync = _find_tool("sync") if durable_receipts else ""
         self._home = _home_directory()
         self._sigdef = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
-        self._known_dirs: set[Path] = set()
+        self._known_dirs: set[str] = set()
         # The command inherits our umask; the shim tightens it only for its own files and restores it.
         self._umask = f"{_current_umask():04o}"
 
     def start(self, request: LaunchRequest) -> Launched:
         """Spawn the shim; raises ``LaunchRejected`` (bad input) or ``LaunchFailed`` (nothing runs)."""
         head = _validate(request)
-        receipt_dir = Path(os.path.abspath(request.receipt_dir))
-        log_path = Path(os.path.abspath(request.log_path))
-        receipt = receipt_path(receipt_dir, request.attempt_id)  # once per launch: shim and watcher
+        # Plain strings, once per launch (the attempt id was checked as a file name by _validate).
+        receipt_dir = os.path.abspath(request.receipt_dir)
+        log_name = os.path.abspath(request.log_path)
+        log_dir = os.path.dirname(log_name)
+        receipt = f"{receipt_dir}/{request.attempt_id}.json"
+        identity = f"{receipt_dir}/{request.attempt_id}.launch"
         user = self._users.for_project(request.project_id)
         env = self._child_environment(request, user)
-        env.update(self._shim_variables(request, receipt_dir, receipt, head, user))
+        env.update(self._shim_variables(request, receipt_dir, receipt, identity, head, user))
         argv = [self._shell, "-c", self._script, "sh"]
         if isinstance(request.command, ArgvCommand):
             argv += [request.command.file, *request.command.args]
         try:
             self._ensure_dir(receipt_dir)
-            self._ensure_dir(log_path.parent)
-            log_fd = create_log(log_path)
+            self._ensure_dir(log_dir)
+            log_fd = create_log(log_name)
         except OSError as exc:
-            self._known_dirs.difference_update((receipt_dir, log_path.parent))
+            self._known_dirs.difference_update((receipt_dir, log_dir))
             raise LaunchFailed("log_or_receipt_dir_unavailable") from exc
         # The shim waits on this pipe (its descriptor 3) for its own start ticks, sent once its
         # identity is captured below: it writes its launch identity from them, then starts the command.
         ticks_r, ticks_w = -1, -1
         try:
-            log_fd = _high_fd(log_fd)
-            ticks_r, ticks_w = os.pipe2(os.O_CLOEXEC)
-            ticks_r = _high_fd(ticks_r)
-            env["QL3_SHIM_CLOCK_BASE"] = str(request.started_at_ms - _boot_time_ms())
-            pid = os.posix_spawn(
-                self._shell,
-                argv,
-                env,
-                file_actions=[
-                    *_close_inheritable_fds(),
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, log_fd, 1),
-                    (os.POSIX_SPAWN_DUP2, log_fd, 2),
-                    (os.POSIX_SPAWN_DUP2, ticks_r, 3),
-                ],
-                setsid=True,
-                setsigmask=(),
-                setsigdef=self._sigdef,
-            )
-        except OSError as exc:
-            if ticks_w >= 0:
-                os.close(ticks_w)
-            raise LaunchFailed("spawn_failed") from exc
-        finally:
-            os.close(log_fd)
-            if ticks_r >= 0:
-                os.close(ticks_r)
+            try:
+                log_fd = _high_fd(log_fd)
+                ticks_r, ticks_w = os.pipe2(os.O_CLOEXEC)
+                ticks_r = _high_fd(ticks_r)
+                env["QL3_SHIM_CLOCK_BASE"] = str(request.started_at_ms - _boot_time_ms())
+                pid = os.posix_spawn(
+                    self._shell,
+                    argv,
+                    env,
+                    file_actions=[
+                        *_close_inheritable_fds(),
+                        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                        (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                        (os.POSIX_SPAWN_DUP2, log_fd, 2),
+                        (os.POSIX_SPAWN_DUP2, ticks_r, 3),
+                    ],
+                    setsid=True,
+                    setsigmask=(),
+                    setsigdef=self._sigdef,
+                )
+            except OSError as exc:
+                raise LaunchFailed("spawn_failed") from exc
+        except BaseException:
+            _close_all(log_fd, ticks_r, ticks_w)
+            raise
+        # The shim is waiting for its ticks: nothing else comes first, not even closing our copies of
+        # its descriptors (every system call is a point where another thread may take the GIL).
         try:
-            launched = self._identify(pid, request, log_path, receipt)
-            _send_ticks(ticks_w, launched.handle.start_ticks)
+            launched = self._identify(pid, request, Path(log_name), receipt, identity, ticks_w)
         finally:
-            os.close(ticks_w)
+            _close_all(ticks_w, log_fd, ticks_r)
         return launched
 
-    def _identify(self, pid: int, request: LaunchRequest, log_path: Path, receipt: Path) -> Launched:
+    def _identify(
+        self, pid: int, request: LaunchRequest, log_path: Path, receipt: str, identity: str, ticks_w: int
+    ) -> Launched:
         # Our unreaped child: its pid (and group id) cannot be reused until we wait for it.
         try:
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
-            _abandon(pid, None)
+            _abandon(pid, None, identity)
             raise LaunchFailed("pidfd_unavailable") from exc
         try:
             handle = capture(pid, request.attempt_id, boot_id=self._boot_id, allow_zombie=True)
         except CaptureFailed as exc:
             # Without a handle nothing could ever stop it or prove its exit; end it now.
-            _abandon(pid, pidfd)
+            _abandon(pid, pidfd, identity)
             raise LaunchFailed("capture_failed") from exc
+        _send_ticks(ticks_w, handle.start_ticks)
         return Launched(
             handle=handle,
             pid=pid,
@@ -202,7 +205,13 @@ class LocalLauncher:
         return env
 
     def _shim_variables(
-        self, request: LaunchRequest, receipt_dir: Path, receipt: Path, head: str, user: TaskUser | None
+        self,
+        request: LaunchRequest,
+        receipt_dir: str,
+        receipt: str,
+        identity: str,
+        head: str,
+        user: TaskUser | None,
     ) -> dict[str, str]:
         command = request.command
         return {
@@ -212,18 +221,18 @@ class LocalLauncher:
             "QL3_SHIM_SH": self._shell,
             "QL3_SHIM_HEAD": head,
             "QL3_SHIM_STARTED": str(request.started_at_ms),
-            "QL3_SHIM_DST": str(receipt),
-            "QL3_SHIM_DIR": str(receipt_dir),
+            "QL3_SHIM_DST": receipt,
+            "QL3_SHIM_DIR": receipt_dir,
             "QL3_SHIM_SYNC": self._sync,
             "QL3_SHIM_BOOT": self._boot_id,
             "QL3_SHIM_UMASK": self._umask,
-            "QL3_SHIM_IDENTITY": str(launch_identity_path(receipt_dir, request.attempt_id)),
+            "QL3_SHIM_IDENTITY": identity,
             "QL3_SHIM_AS": user.command_prefix() if user is not None else "",
         }
 
-    def _ensure_dir(self, path: Path) -> None:
+    def _ensure_dir(self, path: str) -> None:
         if path not in self._known_dirs:
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.makedirs(path, mode=0o700, exist_ok=True)
             self._known_dirs.add(path)
 
 
@@ -336,6 +345,12 @@ def _close_inheritable_fds() -> list[tuple[int, int]]:
     return actions
 
 
+def _close_all(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
 def _high_fd(fd: int) -> int:
     """``fd`` moved above 3 (close-on-exec kept): the spawn dup2s onto 0-3, and dup2 of a descriptor
     onto itself would not clear its close-on-exec flag."""
@@ -390,7 +405,8 @@ def _kill_pinned_group(pidfd: int, pid: int) -> None:
             return
 
 
-def _abandon(pid: int, pidfd: int | None) -> None:
+def _abandon(pid: int, pidfd: int | None, identity: str) -> None:
+    """End a shim that never got its ticks, and remove the identity file it made empty for them."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -398,6 +414,10 @@ def _abandon(pid: int, pidfd: int | None) -> None:
     os.waitpid(pid, 0)
     if pidfd is not None:
         os.close(pidfd)
+    try:
+        os.unlink(identity)
+    except FileNotFoundError:
+        pass
 
 
 class ExitWatcher:

@@ -36,7 +36,7 @@ def truncation_marker(cap_bytes: int) -> bytes:
     return f"\n[ql3: log truncated at {cap_bytes} bytes]\n".encode("ascii")
 
 
-def create_log(path: Path) -> int:
+def create_log(path: str | os.PathLike[str]) -> int:
     """Create a new log file (mode 0600, never an existing one) and return an ``O_APPEND`` descriptor."""
     return os.open(
         path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600

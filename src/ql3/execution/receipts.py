@@ -107,7 +107,12 @@ def check_file_id(attempt_id: str) -> str:
 
 
 def receipt_path(receipt_dir: Path, attempt_id: str) -> Path:
-    return receipt_dir / f"{check_file_id(attempt_id)}.json"
+    return Path(_file(receipt_dir, attempt_id, ".json"))
+
+
+def _file(receipt_dir: str | os.PathLike[str], attempt_id: str, suffix: str) -> str:
+    """``<receipt_dir>/<attempt_id><suffix>`` as a plain string (the per-run paths: no ``Path`` parsing)."""
+    return f"{os.fspath(receipt_dir)}/{check_file_id(attempt_id)}{suffix}"
 
 
 def receipt_temp_path(receipt_dir: Path, attempt_id: str) -> Path:
@@ -226,7 +231,7 @@ def read_receipt(
     """
     if not isinstance(expected_token_digest, str) or _DIGEST_RE.fullmatch(expected_token_digest) is None:
         raise ValueError("expected_token_digest must be lowercase hex sha256")
-    path = receipt_path(receipt_dir, attempt_id)
+    path = _file(receipt_dir, attempt_id, ".json")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -298,12 +303,18 @@ def parse_receipt(raw: bytes) -> Receipt:
     )
 
 
-def delete_receipt(receipt_dir: Path, attempt_id: str) -> bool:
-    """Remove a consumed receipt (and any leftover temp and launch identity); True if one was there."""
-    _unlink_quietly(receipt_temp_path(receipt_dir, attempt_id))
-    _unlink_quietly(launch_identity_path(receipt_dir, attempt_id))
+def delete_receipt(receipt_dir: Path, attempt_id: str, *, legacy_temp: bool = True) -> bool:
+    """Remove a consumed receipt and its launch identity; True if a receipt was there.
+
+    ``legacy_temp`` also removes the earlier protocol's temp file (``receipt_temp_path``): only a shim
+    started by an earlier version leaves one, so a worker settling the attempts it launched itself
+    passes False and saves the system call.
+    """
+    if legacy_temp:
+        _unlink_quietly(receipt_temp_path(receipt_dir, attempt_id))
+    _unlink_quietly(_file(receipt_dir, attempt_id, ".launch"))
     try:
-        os.unlink(receipt_path(receipt_dir, attempt_id))
+        os.unlink(_file(receipt_dir, attempt_id, ".json"))
     except FileNotFoundError:
         return False
     return True
@@ -366,7 +377,7 @@ def _read_at_most(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _unlink_quietly(path: Path) -> None:
+def _unlink_quietly(path: str | os.PathLike[str]) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from ql3.domain.workers import WorkerSnapshot, parse_capabilities
+from ql3.domain.workers import WorkerSnapshot, stored_capabilities
 from ql3.ports.storage import Row, Transaction
 from ql3.repositories.mapping import one_of
 
@@ -174,7 +174,7 @@ def _snapshot(row: Row) -> WorkerSnapshot:
         worker_id=row["worker_id"],
         session_id=row["session_id"],
         generation=int(row["generation"]),
-        capabilities=parse_capabilities(json.loads(row["capabilities_json"])),
+        capabilities=stored_capabilities(row["capabilities_json"]),
         free_slots=max(0, int(row["max_concurrent_runs"]) - int(row["active_leases"])),
     )
 

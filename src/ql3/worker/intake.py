@@ -46,6 +46,9 @@ class Intake(Generic[LaunchedT]):
         self._watcher = watcher
         self._fault = fault
         self._pool: ThreadPoolExecutor | None = None
+        # The config is frozen: its directories are computed once, not per launch request.
+        self._logs_dir = context.config.logs_dir
+        self._receipts_dir = context.config.receipts_dir
 
     def open(self) -> None:
         self._pool = ThreadPoolExecutor(self._ctx.config.intake_threads, thread_name_prefix="ql3-intake")
@@ -204,8 +207,8 @@ class Intake(Generic[LaunchedT]):
             environment=spec.environment_map(),
             callback_token=token,
             callback_sequence=CALLBACK_SEQUENCE,
-            log_path=log_path_for(self._ctx.config.logs_dir, record.attempt_id),
-            receipt_dir=self._ctx.config.receipts_dir,
+            log_path=log_path_for(self._logs_dir, record.attempt_id),
+            receipt_dir=self._receipts_dir,
             log_cap_bytes=self._ctx.config.log_cap_bytes,
             started_at_ms=self._ctx.clock(),
             project_id=spec.project_id,

@@ -114,7 +114,8 @@ class Settlement:
             exit_code=receipt.exit_code,
         )
         self._acknowledge(record)
-        delete_receipt(self._receipts_dir, attempt_id)
+        # Only a shim of an earlier version leaves a temp file: not one this process launched (pid set).
+        delete_receipt(self._receipts_dir, attempt_id, legacy_temp=active.pid is None or active.adopted)
         self._attempts.forget(attempt_id)
         return "completion_acknowledged"
 

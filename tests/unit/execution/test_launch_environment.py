@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
+import ql3.execution.identity as identity_module
+import ql3.execution.launcher as launcher_module
 from ql3.execution.identity import read_stat
+from ql3.execution.launcher import LocalLauncher
+from ql3.execution.receipts import launch_identity_path, receipt_path
 from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, ShellCommand
 from tests.support.processes import ExecHarness
 
@@ -193,3 +197,52 @@ def test_only_stdio_reaches_the_command_even_if_the_caller_leaks_a_descriptor(ex
 
     # Then it has stdin, stdout, stderr and the descriptor ls itself opened, nothing else
     assert ex.log_path("att-fds").read_text().split() == ["0", "1", "2", "3"]
+
+
+def test_a_working_directory_gone_before_the_shim_enters_it_exits_126_silently(
+    ex: ExecHarness, tmp_path: Path
+) -> None:
+    # Given a working directory that passes the launcher's check and is removed before the shim's cd
+    # (the shim waits for its ticks in between: the directory goes while the launcher captures it)
+    workdir = tmp_path / "going"
+    workdir.mkdir()
+    real_capture = identity_module.capture
+
+    def capture_then_remove(*args: Any, **kwargs: Any) -> Any:
+        workdir.rmdir()
+        return real_capture(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launcher_module, "capture", capture_then_remove)
+        ex.shell("att-gonecwd", "echo ran", working_directory=str(workdir))
+    ex.wait_exit("att-gonecwd")
+
+    # Then the command never ran, the exit code says so, and the shim's own error is not in the log
+    receipt = ex.receipt("att-gonecwd")
+    assert receipt is not None and receipt.exit_code == 126
+    assert ex.log_path("att-gonecwd").read_text() == ""
+
+
+@pytest.mark.parametrize("mode", ["shell", "argv"])
+def test_the_command_keeps_the_servers_umask_while_the_shims_own_files_stay_private(
+    ex: ExecHarness, mode: str
+) -> None:
+    # Given a launcher made under a distinctive umask (it hands that one to every command)
+    previous = os.umask(0o027)
+    try:
+        ex.launcher = LocalLauncher()
+    finally:
+        os.umask(previous)
+
+    # When a command reports its umask
+    attempt_id = f"att-umask-{mode}"
+    if mode == "shell":
+        ex.shell(attempt_id, "umask")
+    else:
+        ex.launch(attempt_id, ArgvCommand(file="sh", args=("-c", "umask")))
+    ex.wait_exit(attempt_id)
+
+    # Then it ran with the server's umask, and the shim's receipt and identity file are 0600 anyway
+    assert ex.log_path(attempt_id).read_text() == "0027\n"
+    for path in (receipt_path(ex.receipts, attempt_id), launch_identity_path(ex.receipts, attempt_id)):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600

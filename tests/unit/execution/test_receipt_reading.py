@@ -19,6 +19,7 @@ from ql3.execution.receipts import (
     quarantine_receipt,
     read_receipt,
     receipt_path,
+    receipt_temp_path,
     token_digest,
 )
 
@@ -221,3 +222,19 @@ def test_a_write_cut_short_by_a_full_disk_is_no_receipt(
     assert receipt_path(tmp_path, "att-1").stat().st_size == 40
     assert _read(tmp_path) is None
     assert publish_receipt(tmp_path, _good_receipt()) is False
+
+
+def test_the_earlier_protocols_temp_file_is_removed_only_when_asked(tmp_path: Path) -> None:
+    # Given a published receipt beside a temp file that only a shim of an earlier version leaves
+    assert publish_receipt(tmp_path, _good_receipt()) is True
+    temp = receipt_temp_path(tmp_path, "att-1")
+    temp.write_bytes(b"partial")
+
+    # When a worker deletes a receipt of a shim it launched itself, the temp file is not looked for
+    assert delete_receipt(tmp_path, "att-1", legacy_temp=False) is True
+    assert os.listdir(tmp_path) == [temp.name]
+
+    # And by default (a re-adopted attempt) it is removed
+    assert publish_receipt(tmp_path, _good_receipt()) is True
+    assert delete_receipt(tmp_path, "att-1") is True
+    assert os.listdir(tmp_path) == []
