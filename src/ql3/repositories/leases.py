@@ -100,12 +100,39 @@ class FenceRows:
 
 
 def _json_row(value: Any) -> Row | None:
-    """A row the statement answered as JSON: text on SQLite (``json_object``), already decoded on
-    PostgreSQL (``to_jsonb``)."""
+    """A row the statement answered as JSON (PostgreSQL's ``ql3_fence_rows``: ``to_jsonb``, already
+    decoded; text if a driver leaves it undecoded)."""
     if value is None:
         return None
     decoded: Row = value if isinstance(value, dict) else json.loads(value)
     return decoded
+
+
+def _prefixed_row(row: Row, prefix: str, key: str) -> Row | None:
+    """The columns of one table a statement answered under ``prefix`` (SQLite's ``fence_lock``: plain
+    columns named ``r__id``, ``a__status``...), without the prefix; None when its ``key`` is NULL (the
+    row is missing, or was not asked for)."""
+    if row[prefix + key] is None:
+        return None
+    cut = len(prefix)
+    return {name[cut:]: value for name, value in row.items() if name.startswith(prefix)}
+
+
+def _fence_parts(row: Row) -> tuple[Row | None, Row | None, Row | None, Row | None]:
+    """The Run, Attempt, lease and worker rows of a ``fence_lock`` answer, in either dialect's form."""
+    if "run_row" in row:
+        return (
+            _json_row(row["run_row"]),
+            _json_row(row["attempt_row"]),
+            _json_row(row["lease_row"]),
+            _json_row(row["worker_row"]),
+        )
+    return (
+        _prefixed_row(row, "r__", "id"),
+        _prefixed_row(row, "a__", "id"),
+        _prefixed_row(row, "l__", "attempt_id"),
+        _prefixed_row(row, "w__", "worker_id"),
+    )
 
 
 def lock_fence_rows(
@@ -121,8 +148,7 @@ def lock_fence_rows(
         {"run_id": run_id, "attempt_id": attempt_id, "worker_id": worker_id, "with_revision": with_revision},
     )
     assert row is not None  # one row whatever exists
-    run, attempt = _json_row(row["run_row"]), _json_row(row["attempt_row"])
-    lease, worker = _json_row(row["lease_row"]), _json_row(row["worker_row"])
+    run, attempt, lease, worker = _fence_parts(row)
     spec = row["revision_spec"]
     return FenceRows(
         run=None if run is None else run_from_row(run),
