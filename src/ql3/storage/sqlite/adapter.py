@@ -19,6 +19,7 @@ from ql3.storage.queries import catalogue
 T = TypeVar("T")
 Clock = Callable[[], int]
 MAX_BUSY_RETRIES = 8
+WAL_AUTOCHECKPOINT_PAGES = 10_000
 
 
 def system_clock_ms() -> int:
@@ -99,6 +100,11 @@ class SqliteDatabase:
         conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
+        # A checkpoint (run by the commit that finds the WAL past this many pages) copies the WAL into
+        # the database and syncs both while the write lock is held: at 10,000 pages (the default is
+        # 1,000) a page written by many units is copied once per checkpoint, not once per 1,000 pages,
+        # and the syncs are a tenth as frequent. Durability is unchanged: a commit is in the WAL.
+        conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
         conn.execute("PRAGMA foreign_keys = ON")
         if read:  # a read-only unit really is one: SQLite refuses every write on this connection
             conn.execute("PRAGMA query_only = ON")
