@@ -108,14 +108,31 @@ def _json_row(value: Any) -> Row | None:
     return decoded
 
 
+# The columns SQLite's ``fence_lock`` answers for each table, under its prefix (storage/sqlite/locks.sql).
+_FENCE_COLUMNS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    prefix: tuple((name, prefix + name) for name in names.split())
+    for prefix, names in {
+        "r__": "id project_id task_id task_revision trigger_type status version event_sequence priority"
+        " idempotency_key request_id scheduled_for_ms created_at_ms queued_at_ms started_at_ms"
+        " finished_at_ms cancel_requested_at_ms cancel_reason error_code exit_code",
+        "a__": "id run_id attempt status executor_type worker_id pid executor_handle log_artifact_id"
+        " deadline_at_ms callback_token_hash callback_sequence created_at_ms started_at_ms finished_at_ms"
+        " exit_code error_code",
+        "l__": "attempt_id run_id status version lease_generation worker_id worker_session_id"
+        " worker_generation lease_token_digest acquired_at_ms expires_at_ms",
+        "w__": "worker_id session_id generation status version capabilities_json capabilities_hash"
+        " max_concurrent_runs active_leases session_lease_ms last_heartbeat_at_ms lease_expires_at_ms",
+    }.items()
+}
+
+
 def _prefixed_row(row: Row, prefix: str, key: str) -> Row | None:
     """The columns of one table a statement answered under ``prefix`` (SQLite's ``fence_lock``: plain
     columns named ``r__id``, ``a__status``...), without the prefix; None when its ``key`` is NULL (the
     row is missing, or was not asked for)."""
     if row[prefix + key] is None:
         return None
-    cut = len(prefix)
-    return {name[cut:]: value for name, value in row.items() if name.startswith(prefix)}
+    return {name: row[column] for name, column in _FENCE_COLUMNS[prefix]}
 
 
 def _fence_parts(row: Row) -> tuple[Row | None, Row | None, Row | None, Row | None]:

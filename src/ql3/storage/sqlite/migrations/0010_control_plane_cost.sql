@@ -1,6 +1,6 @@
--- The control plane's cost per run on SQLite (docs/dispatch.md "Worker slots", "SQLite: statements per
--- run"). Fewer b-trees written per run, and the worker's active-lease counter moved by the lease row's
--- own statement instead of a second one.
+-- The control plane's cost per run on SQLite (bench/README.md, issue 11): fewer b-trees written per
+-- run, and the worker's active-lease counter moved by the lease row's own statement instead of a
+-- second one (docs/dispatch.md "Worker slots").
 
 -- Every status change of a run wrote three (task, status...) entries: (task_id, status) is the prefix
 -- of runs_task_outcome (task_id, status, finished_at_ms), which serves every query it served.
