@@ -203,7 +203,8 @@ def renew_lease(tx: Transaction, current: Lease, *, expires_at_ms: int, now: int
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompletedLease:
     """A completion's lease write. ``slot_freed``: the statement itself also took one from the
-    holder's active-lease counter (PostgreSQL); otherwise the caller does, in the same transaction."""
+    holder's active-lease counter (PostgreSQL's form; SQLite's trigger); otherwise the caller does, in
+    the same transaction."""
 
     slot_freed: bool
 
@@ -241,7 +242,7 @@ class ClaimedAttempt:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimWrite:
     """The lease row a claim wrote. ``slot_counted``: the statement itself also moved the worker's
-    active-lease counter (PostgreSQL's form does); when False the caller moves it."""
+    active-lease counter (PostgreSQL's form does, and SQLite's triggers); when False the caller moves it."""
 
     lease: Lease
     slot_counted: bool
