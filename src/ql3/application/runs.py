@@ -93,12 +93,9 @@ def event_payload_json(payload: dict[str, Any] | None) -> str:
 
 def append_events(tx: Transaction, run_id: str, first_sequence: int, events: list[EventSpec]) -> None:
     """Insert events with consecutive sequences; a failure aborts the caller's transaction."""
-    now = tx.now_ms()
-    for offset, ev in enumerate(events):
-        repo.insert_event(
-            tx,
+    rows = [
+        repo.NewEvent(
             event_id=new_id(),
-            run_id=run_id,
             sequence=first_sequence + offset,
             type=ev.type,
             dedupe_key=ev.dedupe_key,
@@ -106,8 +103,10 @@ def append_events(tx: Transaction, run_id: str, first_sequence: int, events: lis
             actor_id=ev.actor_id,
             attempt_id=ev.attempt_id,
             payload_json=event_payload_json(ev.payload),
-            now=now,
         )
+        for offset, ev in enumerate(events)
+    ]
+    repo.insert_events(tx, run_id=run_id, events=rows, now=tx.now_ms())
 
 
 def lock_run(tx: Transaction, run_id: str) -> Run:
@@ -158,7 +157,9 @@ def write_run(
         if outcome != "written":
             raise Conflict("the run write answered out of turn", outcome=outcome)
     else:
-        same = replace(written, version=current.version, event_sequence=current.event_sequence) == current
+        # Only the version and the event sequence move when no column the CAS sets changes (compared
+        # on the parameters themselves: no second copy of the Run is built for it).
+        same = repo.run_cas_sets_only_sequence(current, run_params)
         if not repo.update_run(tx, run_params, sequence_only=same):
             raise RunVersionConflict(expected_version=current.version)
         if attempt_change is not None:

@@ -100,12 +100,56 @@ class FenceRows:
 
 
 def _json_row(value: Any) -> Row | None:
-    """A row the statement answered as JSON: text on SQLite (``json_object``), already decoded on
-    PostgreSQL (``to_jsonb``)."""
+    """A row the statement answered as JSON (PostgreSQL's ``ql3_fence_rows``: ``to_jsonb``, already
+    decoded; text if a driver leaves it undecoded)."""
     if value is None:
         return None
     decoded: Row = value if isinstance(value, dict) else json.loads(value)
     return decoded
+
+
+# The columns SQLite's ``fence_lock`` answers for each table, under its prefix (storage/sqlite/locks.sql).
+_FENCE_COLUMNS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    prefix: tuple((name, prefix + name) for name in names.split())
+    for prefix, names in {
+        "r__": "id project_id task_id task_revision trigger_type status version event_sequence priority"
+        " idempotency_key request_id scheduled_for_ms created_at_ms queued_at_ms started_at_ms"
+        " finished_at_ms cancel_requested_at_ms cancel_reason error_code exit_code",
+        "a__": "id run_id attempt status executor_type worker_id pid executor_handle log_artifact_id"
+        " deadline_at_ms callback_token_hash callback_sequence created_at_ms started_at_ms finished_at_ms"
+        " exit_code error_code",
+        "l__": "attempt_id run_id status version lease_generation worker_id worker_session_id"
+        " worker_generation lease_token_digest acquired_at_ms expires_at_ms",
+        "w__": "worker_id session_id generation status version capabilities_json capabilities_hash"
+        " max_concurrent_runs active_leases session_lease_ms last_heartbeat_at_ms lease_expires_at_ms",
+    }.items()
+}
+
+
+def _prefixed_row(row: Row, prefix: str, key: str) -> Row | None:
+    """The columns of one table a statement answered under ``prefix`` (SQLite's ``fence_lock``: plain
+    columns named ``r__id``, ``a__status``...), without the prefix; None when its ``key`` is NULL (the
+    row is missing, or was not asked for)."""
+    if row[prefix + key] is None:
+        return None
+    return {name: row[column] for name, column in _FENCE_COLUMNS[prefix]}
+
+
+def _fence_parts(row: Row) -> tuple[Row | None, Row | None, Row | None, Row | None]:
+    """The Run, Attempt, lease and worker rows of a ``fence_lock`` answer, in either dialect's form."""
+    if "run_row" in row:
+        return (
+            _json_row(row["run_row"]),
+            _json_row(row["attempt_row"]),
+            _json_row(row["lease_row"]),
+            _json_row(row["worker_row"]),
+        )
+    return (
+        _prefixed_row(row, "r__", "id"),
+        _prefixed_row(row, "a__", "id"),
+        _prefixed_row(row, "l__", "attempt_id"),
+        _prefixed_row(row, "w__", "worker_id"),
+    )
 
 
 def lock_fence_rows(
@@ -121,8 +165,7 @@ def lock_fence_rows(
         {"run_id": run_id, "attempt_id": attempt_id, "worker_id": worker_id, "with_revision": with_revision},
     )
     assert row is not None  # one row whatever exists
-    run, attempt = _json_row(row["run_row"]), _json_row(row["attempt_row"])
-    lease, worker = _json_row(row["lease_row"]), _json_row(row["worker_row"])
+    run, attempt, lease, worker = _fence_parts(row)
     spec = row["revision_spec"]
     return FenceRows(
         run=None if run is None else run_from_row(run),
@@ -135,7 +178,10 @@ def lock_fence_rows(
 
 def adjust_active_leases(tx: Transaction, worker_id: str, delta: int) -> None:
     """Move the worker's ``active_leases`` counter by ``delta``; the caller does it in the transaction
-    that changed the lease."""
+    that changed the lease, after the lease statement that applied. On SQLite that statement already
+    moved it (the triggers of ``run_leases``, SQLite migration 0010), so there is nothing to write."""
+    if tx.dialect == "sqlite":
+        return
     tx.run("worker_leases_adjust", {"worker_id": worker_id, "delta": delta})
 
 
@@ -157,7 +203,8 @@ def renew_lease(tx: Transaction, current: Lease, *, expires_at_ms: int, now: int
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompletedLease:
     """A completion's lease write. ``slot_freed``: the statement itself also took one from the
-    holder's active-lease counter (PostgreSQL); otherwise the caller does, in the same transaction."""
+    holder's active-lease counter (PostgreSQL's form; SQLite's trigger); otherwise the caller does, in
+    the same transaction."""
 
     slot_freed: bool
 
@@ -195,7 +242,7 @@ class ClaimedAttempt:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimWrite:
     """The lease row a claim wrote. ``slot_counted``: the statement itself also moved the worker's
-    active-lease counter (PostgreSQL's form does); when False the caller moves it."""
+    active-lease counter (PostgreSQL's form does, and SQLite's triggers); when False the caller moves it."""
 
     lease: Lease
     slot_counted: bool

@@ -237,6 +237,24 @@ def run_cas_params(current: Run, written: Run) -> dict[str, Any]:
     }
 
 
+_RUN_CAS_COLUMNS: Final = (
+    "status",
+    "queued_at_ms",
+    "started_at_ms",
+    "finished_at_ms",
+    "cancel_requested_at_ms",
+    "cancel_reason",
+    "error_code",
+    "exit_code",
+)
+
+
+def run_cas_sets_only_sequence(current: Run, run_params: dict[str, Any]) -> bool:
+    """Whether a write with ``run_params`` (``run_cas_params``) leaves every column ``run_cas`` sets
+    as ``current`` has it, but the version and the event sequence."""
+    return all(run_params[name] == getattr(current, name) for name in _RUN_CAS_COLUMNS)
+
+
 def update_run(tx: Transaction, run_params: dict[str, Any], *, sequence_only: bool = False) -> bool:
     """Compare-and-set on the version in ``run_params`` (``run_cas_params``); False when it moved.
     ``sequence_only``: the caller changes no column but the version and the event sequence, so the
@@ -387,6 +405,66 @@ def insert_event(
             "now": now,
         },
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewEvent:
+    """One event to append: its id, its sequence and what it says (``insert_events``)."""
+
+    event_id: str
+    sequence: int
+    type: str
+    dedupe_key: str | None
+    actor_type: str
+    actor_id: str | None
+    attempt_id: str | None
+    payload_json: str
+
+
+def insert_events(tx: Transaction, *, run_id: str, events: list[NewEvent], now: int) -> None:
+    """The events in order, two to a statement (``event_insert_pair``) and the last one alone when
+    their number is odd; a taken ``(run_id, sequence)`` or dedupe key raises and aborts the
+    transaction, as ``insert_event`` does."""
+    for i in range(0, len(events) - 1, 2):
+        first, second = events[i], events[i + 1]
+        tx.run(
+            "event_insert_pair",
+            {
+                "run_id": run_id,
+                "now": now,
+                "id": first.event_id,
+                "sequence": first.sequence,
+                "type": first.type,
+                "dedupe_key": first.dedupe_key,
+                "actor_type": first.actor_type,
+                "actor_id": first.actor_id,
+                "attempt_id": first.attempt_id,
+                "payload_json": first.payload_json,
+                "id_2": second.event_id,
+                "sequence_2": second.sequence,
+                "type_2": second.type,
+                "dedupe_key_2": second.dedupe_key,
+                "actor_type_2": second.actor_type,
+                "actor_id_2": second.actor_id,
+                "attempt_id_2": second.attempt_id,
+                "payload_json_2": second.payload_json,
+            },
+        )
+    if len(events) % 2:
+        last = events[-1]
+        insert_event(
+            tx,
+            event_id=last.event_id,
+            run_id=run_id,
+            sequence=last.sequence,
+            type=last.type,
+            dedupe_key=last.dedupe_key,
+            actor_type=last.actor_type,
+            actor_id=last.actor_id,
+            attempt_id=last.attempt_id,
+            payload_json=last.payload_json,
+            now=now,
+        )
 
 
 def list_events(tx: Transaction, run_id: str, *, after: int, limit: int) -> list[RunEvent]:

@@ -170,6 +170,14 @@ INSERT INTO run_events (id, run_id, sequence, type, dedupe_key, actor_type, acto
   created_at_ms)
 VALUES (:id, :run_id, :sequence, :type, :dedupe_key, :actor_type, :actor_id, :attempt_id, :payload_json, :now)
 
+-- name: event_insert_pair
+-- desc: Appends two run events of one run at consecutive sequences in one statement (the second's params end in _2).
+INSERT INTO run_events (id, run_id, sequence, type, dedupe_key, actor_type, actor_id, attempt_id, payload_json,
+  created_at_ms)
+VALUES (:id, :run_id, :sequence, :type, :dedupe_key, :actor_type, :actor_id, :attempt_id, :payload_json, :now),
+  (:id_2, :run_id, :sequence_2, :type_2, :dedupe_key_2, :actor_type_2, :actor_id_2, :attempt_id_2, :payload_json_2,
+   :now)
+
 -- name: event_list
 -- desc: A page of a run's events after a sequence number, for event streams and history.
 SELECT * FROM run_events WHERE run_id = :run_id AND sequence > :after ORDER BY sequence LIMIT :limit

@@ -37,41 +37,39 @@ SELECT * FROM approved_action_executions WHERE dispatch_id = :dispatch_id
 -- desc: An approved action's recovery control; a plain read is a locked read (writers are serialised).
 SELECT * FROM approved_action_recovery WHERE dispatch_id = :dispatch_id
 
+-- fence_lock: plain columns, each table's under its own prefix (r__, a__, l__, w__; NULL when the row is missing or not
+-- asked for), read from one row that always exists: no JSON built in SQL and parsed again in Python.
 -- name: fence_lock
 -- desc: One statement: the Run and Attempt (given run_id), the lease, the worker, the pinned spec (with_revision).
 SELECT
-  (SELECT json_object('id', r.id, 'project_id', r.project_id, 'task_id', r.task_id,
-    'task_revision', r.task_revision, 'trigger_type', r.trigger_type, 'trigger_id', r.trigger_id,
-    'status', r.status, 'version', r.version, 'event_sequence', r.event_sequence,
-    'priority', r.priority, 'idempotency_key', r.idempotency_key, 'request_id', r.request_id,
-    'retry_of_run_id', r.retry_of_run_id, 'scheduled_for_ms', r.scheduled_for_ms,
-    'created_at_ms', r.created_at_ms, 'queued_at_ms', r.queued_at_ms,
-    'started_at_ms', r.started_at_ms, 'finished_at_ms', r.finished_at_ms,
-    'cancel_requested_at_ms', r.cancel_requested_at_ms, 'cancel_reason', r.cancel_reason,
-    'error_code', r.error_code, 'exit_code', r.exit_code, 'updated_at_ms', r.updated_at_ms)
-   FROM runs r WHERE r.id = :run_id) AS run_row,
-  (SELECT json_object('id', a.id, 'run_id', a.run_id, 'attempt', a.attempt, 'status', a.status,
-    'executor_type', a.executor_type, 'worker_id', a.worker_id, 'pid', a.pid,
-    'executor_handle', a.executor_handle, 'log_artifact_id', a.log_artifact_id,
-    'deadline_at_ms', a.deadline_at_ms, 'callback_token_hash', a.callback_token_hash,
-    'callback_sequence', a.callback_sequence, 'created_at_ms', a.created_at_ms,
-    'started_at_ms', a.started_at_ms, 'finished_at_ms', a.finished_at_ms, 'exit_code', a.exit_code,
-    'error_code', a.error_code)
-   FROM run_attempts a WHERE a.id = :attempt_id AND :run_id IS NOT NULL) AS attempt_row,
-  (SELECT json_object('attempt_id', l.attempt_id, 'run_id', l.run_id, 'status', l.status,
-    'version', l.version, 'lease_generation', l.lease_generation, 'worker_id', l.worker_id,
-    'worker_session_id', l.worker_session_id, 'worker_generation', l.worker_generation,
-    'lease_token_digest', l.lease_token_digest, 'acquired_at_ms', l.acquired_at_ms,
-    'renewed_at_ms', l.renewed_at_ms, 'expires_at_ms', l.expires_at_ms,
-    'released_at_ms', l.released_at_ms, 'release_reason', l.release_reason,
-    'completed_at_ms', l.completed_at_ms, 'updated_at_ms', l.updated_at_ms)
-   FROM run_leases l WHERE l.attempt_id = :attempt_id) AS lease_row,
-  (SELECT json_object('worker_id', w.worker_id, 'session_id', w.session_id, 'generation', w.generation,
-    'status', w.status, 'version', w.version, 'capabilities_json', w.capabilities_json,
-    'capabilities_hash', w.capabilities_hash, 'max_concurrent_runs', w.max_concurrent_runs,
-    'active_leases', w.active_leases, 'session_lease_ms', w.session_lease_ms,
-    'registered_at_ms', w.registered_at_ms, 'last_heartbeat_at_ms', w.last_heartbeat_at_ms,
-    'lease_expires_at_ms', w.lease_expires_at_ms, 'updated_at_ms', w.updated_at_ms)
-   FROM workers w WHERE w.worker_id = :worker_id) AS worker_row,
-  (SELECT v.spec_json FROM runs r JOIN task_revisions v ON v.task_id = r.task_id AND v.revision = r.task_revision
-   WHERE r.id = :run_id AND :with_revision = 1) AS revision_spec
+  r.id AS r__id, r.project_id AS r__project_id, r.task_id AS r__task_id, r.task_revision AS r__task_revision,
+  r.trigger_type AS r__trigger_type, r.status AS r__status, r.version AS r__version,
+  r.event_sequence AS r__event_sequence, r.priority AS r__priority, r.idempotency_key AS r__idempotency_key,
+  r.request_id AS r__request_id, r.scheduled_for_ms AS r__scheduled_for_ms,
+  r.created_at_ms AS r__created_at_ms, r.queued_at_ms AS r__queued_at_ms, r.started_at_ms AS r__started_at_ms,
+  r.finished_at_ms AS r__finished_at_ms, r.cancel_requested_at_ms AS r__cancel_requested_at_ms,
+  r.cancel_reason AS r__cancel_reason, r.error_code AS r__error_code, r.exit_code AS r__exit_code,
+  a.id AS a__id, a.run_id AS a__run_id, a.attempt AS a__attempt, a.status AS a__status,
+  a.executor_type AS a__executor_type, a.worker_id AS a__worker_id, a.pid AS a__pid,
+  a.executor_handle AS a__executor_handle, a.log_artifact_id AS a__log_artifact_id,
+  a.deadline_at_ms AS a__deadline_at_ms, a.callback_token_hash AS a__callback_token_hash,
+  a.callback_sequence AS a__callback_sequence, a.created_at_ms AS a__created_at_ms,
+  a.started_at_ms AS a__started_at_ms, a.finished_at_ms AS a__finished_at_ms, a.exit_code AS a__exit_code,
+  a.error_code AS a__error_code,
+  l.attempt_id AS l__attempt_id, l.run_id AS l__run_id, l.status AS l__status, l.version AS l__version,
+  l.lease_generation AS l__lease_generation, l.worker_id AS l__worker_id,
+  l.worker_session_id AS l__worker_session_id, l.worker_generation AS l__worker_generation,
+  l.lease_token_digest AS l__lease_token_digest, l.acquired_at_ms AS l__acquired_at_ms,
+  l.expires_at_ms AS l__expires_at_ms,
+  w.worker_id AS w__worker_id, w.session_id AS w__session_id, w.generation AS w__generation,
+  w.status AS w__status, w.version AS w__version, w.capabilities_json AS w__capabilities_json,
+  w.capabilities_hash AS w__capabilities_hash, w.max_concurrent_runs AS w__max_concurrent_runs,
+  w.active_leases AS w__active_leases, w.session_lease_ms AS w__session_lease_ms,
+  w.last_heartbeat_at_ms AS w__last_heartbeat_at_ms, w.lease_expires_at_ms AS w__lease_expires_at_ms,
+  v.spec_json AS revision_spec
+FROM (SELECT 1) AS one_row
+LEFT JOIN runs r ON r.id = :run_id
+LEFT JOIN run_attempts a ON a.id = :attempt_id AND :run_id IS NOT NULL
+LEFT JOIN run_leases l ON l.attempt_id = :attempt_id
+LEFT JOIN workers w ON w.worker_id = :worker_id
+LEFT JOIN task_revisions v ON :with_revision = 1 AND v.task_id = r.task_id AND v.revision = r.task_revision

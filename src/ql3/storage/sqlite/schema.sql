@@ -16,7 +16,6 @@ CREATE INDEX notification_outbox_settled ON notification_outbox (updated_at_ms, 
 CREATE INDEX notification_rules_project ON notification_rules (project_id, channel_id);
 CREATE INDEX run_attempts_deadline ON run_attempts (status, deadline_at_ms, id);
 CREATE INDEX run_attempts_finished ON run_attempts (finished_at_ms, id) WHERE finished_at_ms IS NOT NULL;
-CREATE INDEX run_attempts_status ON run_attempts (status, created_at_ms);
 CREATE INDEX run_leases_expiry ON run_leases (status, expires_at_ms, attempt_id);
 CREATE INDEX run_leases_run ON run_leases (run_id);
 CREATE INDEX run_leases_worker ON run_leases (worker_id, status);
@@ -27,7 +26,6 @@ CREATE UNIQUE INDEX runs_idempotency ON runs (project_id, idempotency_key) WHERE
 CREATE INDEX runs_live_cancel_intent ON runs (cancel_requested_at_ms, id) WHERE cancel_requested_at_ms IS NOT NULL AND status IN ('created', 'queued', 'dispatching', 'running', 'waiting_approval', 'retry_wait', 'lost');
 CREATE INDEX runs_project_created ON runs (project_id, created_at_ms, id);
 CREATE INDEX runs_status ON runs (status, created_at_ms);
-CREATE INDEX runs_task_active ON runs (task_id, status);
 CREATE INDEX runs_task_created ON runs (task_id, created_at_ms);
 CREATE INDEX runs_task_outcome ON runs (task_id, status, finished_at_ms);
 CREATE INDEX task_schedules_due ON task_schedules (next_fire_at_ms, task_id) WHERE next_fire_at_ms IS NOT NULL;
@@ -64,3 +62,5 @@ CREATE TABLE workers ( worker_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, gen
 CREATE TRIGGER approved_action_dispatches_immutable BEFORE UPDATE ON approved_action_dispatches BEGIN SELECT RAISE(ABORT, 'approved_action_dispatches rows are immutable'); END;
 CREATE TRIGGER approved_action_resolutions_immutable BEFORE UPDATE ON approved_action_resolutions BEGIN SELECT RAISE(ABORT, 'approved_action_resolutions rows are immutable'); END;
 CREATE TRIGGER approved_run_action_receipts_immutable BEFORE UPDATE ON approved_run_action_receipts BEGIN SELECT RAISE(ABORT, 'approved_run_action_receipts rows are immutable'); END;
+CREATE TRIGGER run_leases_slot_moved AFTER UPDATE OF status, worker_id ON run_leases WHEN (OLD.status = 'leased') != (NEW.status = 'leased') OR (OLD.status = 'leased' AND OLD.worker_id != NEW.worker_id) BEGIN UPDATE workers SET active_leases = active_leases - 1 WHERE worker_id = OLD.worker_id AND OLD.status = 'leased'; UPDATE workers SET active_leases = active_leases + 1 WHERE worker_id = NEW.worker_id AND NEW.status = 'leased'; END;
+CREATE TRIGGER run_leases_slot_taken AFTER INSERT ON run_leases WHEN NEW.status = 'leased' BEGIN UPDATE workers SET active_leases = active_leases + 1 WHERE worker_id = NEW.worker_id; END;
