@@ -129,6 +129,29 @@ def test_a_connection_lost_after_the_first_exchange_is_unavailable_and_not_re_ru
         db.close()
 
 
+def test_a_unit_that_commits_with_its_statement_survives_a_terminated_pooled_connection(pg: Harness) -> None:
+    # Given a claimed run, and a pool of one idle connection whose backend is then terminated
+    register(pg.db, "w1", slots=4, lease_ms=600_000)
+    queued(pg.db)
+    offer = dispatcher(pg.db, lease_ms=600_000).dispatch_once().offer
+    assert offer is not None
+    db = PostgresDatabase(pg.db.dsn, min_size=1, max_size=1)
+    try:
+        with db.pool.connection() as conn:
+            pid = conn.info.backend_pid
+        _terminate(pg, [pid])
+
+        # When the starting ACK runs (BEGIN, its one statement and COMMIT in one round trip)
+        answer, _ = db.transaction(lambda tx: leases.ack_starting(tx, offer.fence))
+
+        # Then it saw the connection had hung up, took the path that fails before the server got
+        # anything, and was re-run on a fresh connection: applied once
+        assert answer == "starting"
+        assert pg.db.raw("SELECT status FROM run_attempts") == [{"status": "starting"}]
+    finally:
+        db.close()
+
+
 def _claim(harness: Harness, run_id: str, attempt_id: str) -> Any:
     w = harness.db.raw("SELECT * FROM workers")[0]
     return harness.db.transaction(
@@ -220,8 +243,9 @@ def test_the_claim_locks_run_attempt_worker_then_lease_in_order_before_writing(
     assert count(pg.db, "run_leases") == 1
 
 
-# A result's rows (ql3_fence_rows, migration 0012): Run, Attempt and lease locked in this order inside
-# one statement, the worker read without a lock.
+# A result's rows (ql3_lease_result, migration 0014, as ql3_fence_rows of migration 0012 for the
+# path it defers to): Run, Attempt and lease locked in this order inside one statement, the worker
+# read without a lock.
 FENCE_LOCK_ORDER = [("runs", "id"), ("run_attempts", "id"), ("run_leases", "attempt_id")]
 
 
@@ -258,7 +282,7 @@ def test_the_starting_ack_locks_run_attempt_then_lease_in_order(
             worker = threading.Thread(target=ack)
             worker.start()
             with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
-                waiter = _waiter_on(watch, me, "ql3_fence_rows", "the ACK never waited on the held row")
+                waiter = _waiter_on(watch, me, "ql3_lease_result", "the ACK never waited on the held row")
                 # Then it waits on that row, holding exactly the rows before it in the order
                 assert _tuple_locks_of(watch, waiter) == [table]
                 others = [(i, t, c) for i, (t, c) in enumerate(FENCE_LOCK_ORDER) if i != held]
@@ -393,16 +417,16 @@ def test_a_batch_locks_its_runs_then_its_attempts_then_the_worker(
     assert count(pg.db, "run_leases") == 2
 
 
-# The intake's lease check (lease_status): BEGIN + clock + the lease locked and the worker read (one
-# ql3_fence_rows call), COMMIT (was 3: the lease lock and the worker read apart). ack_starting: BEGIN
-# + clock + Run, Attempt and lease locked, the worker and the pinned revision's spec (one
-# ql3_fence_rows call); the Run write (ql3_write_run); COMMIT with the notification. ack_running: the
-# same without the spec. complete: the ql3_fence_rows call, the Run write, the outcome's notification
-# rules, the lease completed from the row already locked with its slot freed in the same statement,
-# COMMIT. They were 9, 9 and 13 (Run CAS, Attempt CAS and one exchange per event, and the lease
+# Each step is one round trip: BEGIN, the clock, one statement and COMMIT in one pipeline
+# (PostgresTransaction.one_then_commit). The intake's lease check (lease_status): the lease locked and
+# the worker read (one ql3_fence_rows call), checked after the commit (it writes nothing).
+# ack_starting, ack_running, complete: one ql3_lease_result call (migration 0014), which checks the
+# fence and the states and writes the Attempt and Run, the events, and for the completion the lease
+# with its slot. They were 9, 9 and 13 (Run CAS, Attempt CAS and one exchange per event, and the lease
 # locked a second time), then 7, 6 and 9 (the Run, Attempt, lease and worker read one by one, the
-# revision, the slot apart).
-ROUND_TRIPS_PER_ACK = {"lease_check": 2, "starting": 3, "running": 3, "complete": 5}
+# revision, the slot apart), then 2, 3, 3 and 5 (ql3_fence_rows, ql3_write_run, the notification rules,
+# the lease write and COMMIT apart).
+ROUND_TRIPS_PER_ACK = {"lease_check": 1, "starting": 1, "running": 1, "complete": 1}
 
 
 def test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -34,6 +34,20 @@ class Transaction(Protocol):
 
     def notify(self, channel: str) -> None:
         """Wake listeners of ``channel`` after (and only if) this transaction commits."""
+        ...
+
+
+@runtime_checkable
+class CommitsWithStatement(Protocol):
+    """A transaction that can send its one statement together with BEGIN and COMMIT (PostgreSQL:
+    one round trip for a whole unit, ``PostgresTransaction.one_then_commit``)."""
+
+    def one_then_commit(self, query: str, params: Params) -> Row | None:
+        """Run the named query as the unit's only statement and commit at once; when the unit has
+        already begun, run it in the open transaction instead (its commit comes at the end as
+        usual). After an early commit a further statement opens a new transaction. The query takes
+        ``:origin`` (filled in here) and answers, in a ``notified`` column, the channels it sent
+        ``pg_notify`` on, which are then posted locally like ``notify``'s."""
         ...
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
 from ql3.domain.model import Attempt, Run
-from ql3.ports.storage import Row, Transaction
+from ql3.ports.storage import CommitsWithStatement, Row, Transaction
 from ql3.repositories.mapping import one_of, opt_int
 from ql3.repositories.runs import attempt_from_row, run_from_row
 from ql3.repositories.workers import WorkerRecord, worker_from_row
@@ -109,17 +109,30 @@ def _json_row(value: Any) -> Row | None:
 
 
 def lock_fence_rows(
-    tx: Transaction, *, run_id: str | None, attempt_id: str, worker_id: str, with_revision: bool = False
+    tx: Transaction,
+    *,
+    run_id: str | None,
+    attempt_id: str,
+    worker_id: str,
+    with_revision: bool = False,
+    then_commit: bool = False,
 ) -> FenceRows:
     """In one statement, in the lock order Run -> Attempt -> lease (each under the row lock its
     transaction holds to its end; on SQLite BEGIN IMMEDIATE serialises writers): the Run and the
     Attempt when ``run_id`` is given, the attempt's lease, then the worker read without a lock, and
     with ``with_revision`` the spec of the Run's pinned task revision. Only reads: the caller makes
-    every check."""
-    row = tx.one(
-        "fence_lock",
-        {"run_id": run_id, "attempt_id": attempt_id, "worker_id": worker_id, "with_revision": with_revision},
-    )
+    every check. ``then_commit`` (PostgreSQL): the read is the unit's only statement and commits in
+    the same round trip (``one_then_commit``), for a caller that writes nothing after it."""
+    params = {
+        "run_id": run_id,
+        "attempt_id": attempt_id,
+        "worker_id": worker_id,
+        "with_revision": with_revision,
+    }
+    if then_commit and isinstance(tx, CommitsWithStatement):
+        row = tx.one_then_commit("fence_lock", params)
+    else:
+        row = tx.one("fence_lock", params)
     assert row is not None  # one row whatever exists
     run, attempt = _json_row(row["run_row"]), _json_row(row["attempt_row"])
     lease, worker = _json_row(row["lease_row"]), _json_row(row["worker_row"])
@@ -376,6 +389,67 @@ def claim_batch_in_one_statement(
             )
         )
     return answers
+
+
+# -- a lease holder's result in one statement (PostgreSQL) ----------------------------------------
+
+ResultKind = Literal["starting", "running", "complete"]
+ResultFunctionAnswer = Literal["starting", "running", "applied", "defer"]
+RESULT_FUNCTION_ANSWERS: Final[tuple[ResultFunctionAnswer, ...]] = get_args(ResultFunctionAnswer)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResultAnswer:
+    """What one ``ql3_lease_result`` call answered: ``defer`` (nothing written), or the result it
+    wrote, with the lease as it locked it and, for a completion, the outcome."""
+
+    answer: ResultFunctionAnswer
+    outcome: str | None
+    lease: Lease | None
+
+
+def result_in_one_statement(
+    tx: Transaction,
+    *,
+    kind: ResultKind,
+    run_id: str,
+    attempt_id: str,
+    worker_id: str,
+    session_id: str,
+    worker_generation: int,
+    lease_generation: int,
+    token_digest: str,
+    args: dict[str, Any],
+    event_ids: list[str],
+    channel: str,
+) -> ResultAnswer:
+    """PostgreSQL only: one call of ``ql3_lease_result`` (migration 0014), sent with BEGIN and
+    COMMIT when it is the unit's first statement (``one_then_commit``); ``channel`` is notified when
+    the write wakes a loop."""
+    params = {
+        "kind": kind,
+        "run_id": run_id,
+        "attempt_id": attempt_id,
+        "worker_id": worker_id,
+        "session_id": session_id,
+        "worker_generation": worker_generation,
+        "lease_generation": lease_generation,
+        "token_digest": token_digest,
+        "args_json": json.dumps(args, separators=(",", ":")),
+        "event_ids": event_ids,
+        "channel": channel,
+    }
+    if not isinstance(tx, CommitsWithStatement):
+        raise TypeError("ql3_lease_result needs a transaction that commits with its statement")
+    row = tx.one_then_commit("lease_result", params)
+    assert row is not None  # a function call always answers one row
+    answer = one_of(row["answer"], RESULT_FUNCTION_ANSWERS, "ql3_lease_result.answer")
+    lease = _json_row(row["lease_row"])
+    return ResultAnswer(
+        answer=answer,
+        outcome=None if row["outcome"] is None else str(row["outcome"]),
+        lease=None if lease is None else lease_from_row(lease),
+    )
 
 
 # -- expiry and lost retry -------------------------------------------------------------------------

@@ -60,6 +60,8 @@ class PostgresTransaction:
         self.round_trips = 0
         self.commit_sent = False
         self.channels: set[str] = set()
+        # Channels a statement notified itself (``one_then_commit``): posted locally after the unit.
+        self.notified: set[str] = set()
 
     def _open(self, query: str | None, params: Params | None) -> psycopg.Cursor[Row] | None:
         """BEGIN, the clock and (optionally) the first statement, in one round trip."""
@@ -105,6 +107,42 @@ class PostgresTransaction:
 
     def notify(self, channel: str) -> None:
         self.channels.add(channel)
+
+    def one_then_commit(self, query: str, params: Params) -> Row | None:
+        """BEGIN, the clock, the unit's only statement and COMMIT in one round trip (see
+        ``ports.storage.CommitsWithStatement``). Only for a statement that writes nothing unless it
+        answers so, and that the caller does not follow with a write of the same unit: the COMMIT
+        does not wait for the answer. On a pooled connection whose backend was terminated, the
+        pipeline fails as BEGIN is queued (psycopg reads the server's goodbye there), before COMMIT
+        is marked sent, and ``PostgresDatabase.transaction`` re-runs the unit on a fresh connection;
+        once COMMIT was queued, a lost connection is StorageUnavailable and never re-run (the unit
+        may have committed)."""
+        args = {**params, "origin": self._origin}
+        if self.begun or self.channels:
+            row = self.one(query, args)
+        else:
+            self.round_trips += 1
+            try:
+                with self._conn.pipeline():
+                    self._conn.execute(self._begin)
+                    self.begun = True
+                    clock = self._conn.execute(_NOW)
+                    cur = self._conn.execute(self._queries[query], args)
+                    self.commit_sent = True
+                    self._conn.execute(b"COMMIT")
+            except pg_errors.IntegrityError as exc:
+                raise Conflict("a uniqueness or integrity rule rejected the write", query=query) from exc
+            except pg_errors.ReadOnlySqlTransaction as exc:
+                raise ReadOnlyTransaction(query=query) from exc
+            clock_row = clock.fetchone()
+            assert clock_row is not None
+            self._now = int(clock_row["now"])  # the committed transaction's clock, until a new one
+            row = cur.fetchone() if cur.description else None
+            # Committed: a further statement of the unit opens a new transaction (with its clock).
+            self.begun, self.commit_sent = False, False
+        if row is not None:
+            self.notified.update(row.get("notified") or ())
+        return row
 
     def commit(self) -> None:
         """The notifications (delivered by PostgreSQL only at commit) and COMMIT, in one round trip.
@@ -182,7 +220,7 @@ class PostgresDatabase:
                     except BaseException:
                         tx.rollback()
                         raise
-                for channel in tx.channels:
+                for channel in tx.channels | tx.notified:
                     self.notifier.notify(channel)
                 return result
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as exc:
