@@ -485,7 +485,7 @@ def _result_answer(
     it answers ``defer`` having written nothing, and that path then runs (in a new transaction when
     the call committed), deciding and refusing as on SQLite. The rows stay locked in the order Run ->
     Attempt -> lease."""
-    return repo.result_in_one_statement(
+    answer = repo.result_in_one_statement(
         tx,
         kind=kind,
         run_id=fence.run_id,
@@ -499,6 +499,9 @@ def _result_answer(
         event_ids=[new_id(), new_id()],
         channel=channel or "",
     )
+    for notified in answer.notified:
+        tx.notify(notified)  # the function sent the NOTIFY: the transaction only posts it locally
+    return answer
 
 
 def _result_in_one_statement(

@@ -401,11 +401,13 @@ RESULT_FUNCTION_ANSWERS: Final[tuple[ResultFunctionAnswer, ...]] = get_args(Resu
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResultAnswer:
     """What one ``ql3_lease_result`` call answered: ``defer`` (nothing written), or the result it
-    wrote, with the lease as it locked it and, for a completion, the outcome."""
+    wrote, with the lease as it locked it, for a completion the outcome, and the channels it sent
+    ``pg_notify`` on."""
 
     answer: ResultFunctionAnswer
     outcome: str | None
     lease: Lease | None
+    notified: tuple[str, ...]
 
 
 def result_in_one_statement(
@@ -449,6 +451,7 @@ def result_in_one_statement(
         answer=answer,
         outcome=None if row["outcome"] is None else str(row["outcome"]),
         lease=None if lease is None else lease_from_row(lease),
+        notified=tuple(str(channel) for channel in row["notified"] or ()),
     )
 
 

@@ -106,6 +106,8 @@ class PostgresTransaction:
         return self._exec(query, params).rowcount
 
     def notify(self, channel: str) -> None:
+        if channel in self.notified:
+            return  # a statement of this unit sent that NOTIFY itself (``one_then_commit``)
         self.channels.add(channel)
 
     def one_then_commit(self, query: str, params: Params) -> Row | None:
