@@ -15,7 +15,7 @@ import pytest
 
 from ql3.application import leases
 from ql3.domain.digests import sha256_hex
-from ql3.domain.errors import StorageUnavailable
+from ql3.domain.errors import Conflict, StorageUnavailable
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
 from ql3.storage.postgres.adapter import PostgresDatabase
@@ -24,14 +24,17 @@ from tests.support.databases import Harness
 from tests.support.execution_builders import SECRET, dispatcher, queued, register
 from tests.support.round_trips import count_round_trips
 
-# BEGIN + clock + candidate page, two worker pages, COMMIT; BEGIN + clock + the claim (one ql3_claim
-# call: Run, Attempt, worker and lease locks, lease with the counter, Run CAS, Attempt CAS, event),
-# COMMIT (was 33, then 12 with the claim as eight exchanges).
-ROUND_TRIPS_PER_OFFER = 6
+# BEGIN + clock + candidate page; the first worker page with the COMMIT; the second worker page in a
+# read transaction of its own (BEGIN, clock, page, COMMIT: the snapshot is a placement hint); BEGIN +
+# clock + the claim (one ql3_claim_or_raise call: Run, Attempt, worker and lease locks, lease with the
+# counter, Run CAS, Attempt CAS, event) + COMMIT in one pipeline (was 33, then 12 with the claim as
+# eight exchanges, then 6 with the read unit's and the claim's COMMIT apart).
+ROUND_TRIPS_PER_OFFER = 4
 # A cycle of several offers (max_offers_per_cycle): the same read unit, and one ql3_claim_batch call
-# for all its claims in one write unit, so 8 offers cost what one did (0.75 round trips per offer).
+# for all its claims in one write unit with its own COMMIT, so 8 offers cost what one did and one more
+# (0.62 round trips per offer; was 6).
 OFFERS_PER_BATCH = 8
-ROUND_TRIPS_PER_BATCH = 6
+ROUND_TRIPS_PER_BATCH = 5
 
 
 @pytest.fixture
@@ -166,6 +169,42 @@ def _claim(harness: Harness, run_id: str, attempt_id: str) -> Any:
             lease_ms=600_000,
         )
     )
+
+
+def test_a_claim_sent_with_its_commit_keeps_nothing_of_a_claim_whose_run_cas_missed(pg: Harness) -> None:
+    # Given a queued run whose Run row update is silently skipped (a trigger), so that ql3_claim's
+    # Run CAS matches nothing after it wrote the lease and the worker's counter
+    register(pg.db, "w1", slots=4, lease_ms=600_000)
+    _, _, (run,) = queued(pg.db)
+    attempt_id = str(pg.db.raw("SELECT id FROM run_attempts")[0]["id"])
+    pg.db.raw(
+        "CREATE FUNCTION test_skip_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$"
+    )
+    pg.db.raw(
+        "CREATE TRIGGER test_skip BEFORE UPDATE ON runs FOR EACH ROW EXECUTE FUNCTION test_skip_update()"
+    )
+    w = pg.db.raw("SELECT * FROM workers")[0]
+
+    # When the claim runs as its unit's last statement (with the COMMIT in the same round trip)
+    with pytest.raises(Conflict):
+        pg.db.transaction(
+            lambda tx: leases.claim(
+                tx,
+                run_id=run.id,
+                attempt_id=attempt_id,
+                worker_id="w1",
+                session_id=w["session_id"],
+                worker_generation=int(w["generation"]),
+                token_for_generation=lambda g: derive_lease_token(SECRET, attempt_id, g),
+                lease_ms=600_000,
+                last=True,
+            )
+        )
+
+    # Then the conflict rolled the whole claim back: no lease, no slot taken, no event
+    assert count(pg.db, "run_leases") == 0
+    assert pg.db.raw("SELECT active_leases FROM workers") == [{"active_leases": 0}]
+    assert pg.db.raw("SELECT status FROM runs") == [{"status": "queued"}]
 
 
 # The claim's row locks in their order (docs/dispatch.md); on PostgreSQL all four are taken inside

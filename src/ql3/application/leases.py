@@ -82,12 +82,15 @@ def claim(
     worker_generation: int,
     token_for_generation: Any,
     lease_ms: int,
+    last: bool = False,
 ) -> RunClaim:
     """Atomic claim: lease (generation +1) and Run ``queued -> dispatching``; the Attempt stays claimed.
 
     Lock order Run -> Attempt -> worker -> lease. ``token_for_generation(g)`` returns the raw token of
     lease generation ``g``; only its digest is stored. On PostgreSQL the same claim is one statement,
-    the ``ql3_claim`` function (docs/dispatch.md, "Dispatch on PostgreSQL: round trips").
+    the ``ql3_claim`` function (docs/dispatch.md, "Dispatch on PostgreSQL: round trips"); with
+    ``last`` (the claim ends its unit, nothing follows it that must commit with it) it travels with
+    the unit's COMMIT.
     """
     lease_rules.RUN.validate(lease_ms)
     if tx.dialect == "postgres":
@@ -100,6 +103,7 @@ def claim(
             worker_generation=worker_generation,
             token_for_generation=token_for_generation,
             lease_ms=lease_ms,
+            last=last,
         )
     run = lock_run(tx, run_id)
     if run.status != "queued" or run.cancel_requested_at_ms is not None:
@@ -212,7 +216,8 @@ def claim_many(tx: Transaction, requests: list[ClaimRequest], *, lease_ms: int) 
     SQLite (one writer at a time) it is ``claim`` once per request; on PostgreSQL a batch of one is
     ``claim`` too, and a larger one is one call of ``ql3_claim_batch`` (migration 0013), which first
     locks the rows of every claim level by level in a fixed order, plus one more call for the claims
-    that reacquire an earlier lease row.
+    that reacquire an earlier lease row. It is its unit's last work: a batch of one on PostgreSQL
+    travels with the unit's COMMIT (``claim`` with ``last``).
     """
     lease_rules.RUN.validate(lease_ms)
     if not 1 <= len(requests) <= MAX_CLAIM_BATCH:
@@ -223,7 +228,8 @@ def claim_many(tx: Transaction, requests: list[ClaimRequest], *, lease_ms: int) 
         return _claim_many_in_one_statement(tx, requests, lease_ms=lease_ms)
     # SQLite (one writer at a time), and a batch of one on PostgreSQL: ``ql3_claim`` alone skips the
     # batch's level-by-level locking, which only orders several claims (about a third faster per
-    # offer in an interleaved check, bench/README.md "2026-12-02").
+    # offer in an interleaved check, bench/README.md "2026-12-02"). A batch of one ends the unit
+    # (``claim_many`` is its caller's last statement): on PostgreSQL it travels with the COMMIT.
     return [
         claim(
             tx,
@@ -234,6 +240,7 @@ def claim_many(tx: Transaction, requests: list[ClaimRequest], *, lease_ms: int) 
             worker_generation=r.worker_generation,
             token_for_generation=r.token_for_generation,
             lease_ms=lease_ms,
+            last=len(requests) == 1,
         )
         for r in requests
     ]
@@ -321,6 +328,7 @@ def _claim_in_one_statement(
     worker_generation: int,
     token_for_generation: Any,
     lease_ms: int,
+    last: bool,
 ) -> RunClaim:
     """The claim as ``ql3_claim`` (PostgreSQL migration 0010): the statements of ``claim`` above, in
     the same order under the same locks, in one round trip. A lease row that may be reacquired costs
@@ -349,6 +357,7 @@ def _claim_in_one_statement(
                     "lease_generation": generation,
                 }
             ),
+            last=last,
         )
         if answer.status == "reacquire" and generation == 1:
             assert answer.lease_generation is not None  # a reacquire answer names the generation

@@ -39,15 +39,19 @@ class Transaction(Protocol):
 
 @runtime_checkable
 class CommitsWithStatement(Protocol):
-    """A transaction that can send its one statement together with BEGIN and COMMIT (PostgreSQL:
-    one round trip for a whole unit, ``PostgresTransaction.one_then_commit``)."""
+    """A transaction that can send its last statement together with its COMMIT (and with BEGIN when
+    it is also the first): PostgreSQL, one round trip fewer per unit (``PostgresTransaction``)."""
 
     def one_then_commit(self, query: str, params: Params) -> Row | None:
-        """Run the named query as the unit's only statement and commit at once; when the unit has
-        already begun, run it in the open transaction instead (its commit comes at the end as
-        usual). After an early commit a further statement opens a new transaction. The query takes
-        ``:origin`` (filled in here) and answers, in a ``notified`` column, the channels it sent
-        ``pg_notify`` on, which are then posted locally like ``notify``'s."""
+        """Run the named query as the unit's last statement and commit with it; its first row. The
+        caller writes nothing after it that must commit together with it: a further statement opens
+        a new transaction. The query may take ``:origin`` (filled in here) and answer, in a
+        ``notified`` column, the channels it sent ``pg_notify`` on with that payload: they are
+        posted locally like ``notify``'s, and ``notify`` does not send them again."""
+        ...
+
+    def all_then_commit(self, query: str, params: Params) -> list[Row]:
+        """``one_then_commit``, all the rows."""
         ...
 
 

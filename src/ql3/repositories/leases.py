@@ -310,25 +310,29 @@ def claim_in_one_statement(
     lease_token_digest: str,
     event_id: str,
     payload_json: str,
+    last: bool = False,
 ) -> ClaimAnswer:
     """PostgreSQL only: one call of ``ql3_claim`` (migration 0010) for lease generation
     ``generation``, whose token digest the caller derived; ``payload_json`` is the
-    ``run.dispatching`` event's payload, ``event_id`` its id."""
-    row = tx.one(
-        "lease_claim",
-        {
-            "run_id": run_id,
-            "attempt_id": attempt_id,
-            "worker_id": worker_id,
-            "session_id": session_id,
-            "worker_generation": worker_generation,
-            "lease_ms": lease_ms,
-            "generation": generation,
-            "lease_token_digest": lease_token_digest,
-            "event_id": event_id,
-            "payload_json": payload_json,
-        },
-    )
+    ``run.dispatching`` event's payload, ``event_id`` its id. ``last``: the claim is the unit's last
+    statement, sent with its COMMIT (``ql3_claim_or_raise``, migration 0015: a CAS conflict raises
+    Conflict instead of answering, so the COMMIT cannot keep a half claim)."""
+    params = {
+        "run_id": run_id,
+        "attempt_id": attempt_id,
+        "worker_id": worker_id,
+        "session_id": session_id,
+        "worker_generation": worker_generation,
+        "lease_ms": lease_ms,
+        "generation": generation,
+        "lease_token_digest": lease_token_digest,
+        "event_id": event_id,
+        "payload_json": payload_json,
+    }
+    if last and isinstance(tx, CommitsWithStatement):
+        row = tx.one_then_commit("lease_claim_last", params)
+    else:
+        row = tx.one("lease_claim", params)
     assert row is not None  # a function call always answers one row
     status = one_of(row["claim_status"], CLAIM_FUNCTION_STATUSES, "ql3_claim.claim_status")
     return ClaimAnswer(

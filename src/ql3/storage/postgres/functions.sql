@@ -1,4 +1,4 @@
--- dialect-only: calls of the server-side functions (migrations 0010, 0011, 0013, 0014); SQLite runs the same steps as separate shared statements.
+-- dialect-only: calls of the server-side functions (migrations 0010, 0011, 0013, 0014, 0015); SQLite runs the same steps as separate shared statements.
 
 -- The whole claim in one statement: migration 0010's ql3_claim (application/leases.py runs the same
 -- claim as separate statements on SQLite, which has no server-side functions).
@@ -12,6 +12,13 @@ SELECT * FROM ql3_claim(:run_id, :attempt_id, :worker_id, :session_id, :worker_g
 -- name: run_write
 -- desc: One Run change (Run CAS, optional Attempt CAS, events) in one call of ql3_write_run; answers the outcome.
 SELECT ql3_write_run(:run_json::jsonb, :attempt_json::jsonb, :events_json::jsonb) AS outcome
+
+-- The same claim for a unit that ends with it: migration 0015's ql3_claim_or_raise, sent with BEGIN
+-- and COMMIT in one round trip (the two conflict answers raise, so the COMMIT cannot keep them).
+-- name: lease_claim_last
+-- desc: The whole claim in one call of ql3_claim_or_raise (ql3_claim; a CAS conflict raises); answers the outcome.
+SELECT * FROM ql3_claim_or_raise(:run_id, :attempt_id, :worker_id, :session_id, :worker_generation,
+  :lease_ms, :generation, :lease_token_digest, :event_id, :payload_json)
 
 -- Several claims of one dispatch cycle in one statement: migration 0013's ql3_claim_batch (on SQLite
 -- leases.claim_many runs leases.claim once per claim in the same transaction).
