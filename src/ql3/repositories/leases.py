@@ -429,9 +429,9 @@ def result_in_one_statement(
     event_ids: list[str],
     channel: str,
 ) -> ResultAnswer:
-    """PostgreSQL only: one call of ``ql3_lease_result`` (migration 0014), sent with BEGIN and
-    COMMIT when it is the unit's first statement (``one_then_commit``); ``channel`` is notified when
-    the write wakes a loop."""
+    """PostgreSQL only: one call of ``ql3_lease_result`` (migration 0014) as the unit's last
+    statement, sent with its COMMIT (and with BEGIN when it is also the first: ``one_then_commit``);
+    ``channel`` is notified when the write wakes a loop."""
     params = {
         "kind": kind,
         "run_id": run_id,
@@ -446,7 +446,9 @@ def result_in_one_statement(
         "channel": channel,
     }
     if not isinstance(tx, CommitsWithStatement):
-        raise TypeError("ql3_lease_result needs a transaction that commits with its statement")
+        # A transaction that cannot send the call with its COMMIT (a wrapper of the port) takes the
+        # statement-by-statement path, as on SQLite.
+        return ResultAnswer(answer="defer", outcome=None, lease=None, notified=())
     row = tx.one_then_commit("lease_result", params)
     assert row is not None  # a function call always answers one row
     answer = one_of(row["answer"], RESULT_FUNCTION_ANSWERS, "ql3_lease_result.answer")
