@@ -26,9 +26,9 @@ SESSION_MS = 5_000
 OTHER_ID = "01a00000-0000-7000-8000-0000000000cc"
 
 
-def _at(harness: Harness, result: str) -> tuple[LeaseFence, str]:
+def _at(harness: Harness, result: str, *, session_ms: int = SESSION_MS) -> tuple[LeaseFence, str]:
     """A run whose next step is ``result``, and the id of another run of the same task."""
-    register(harness.db, lease_ms=SESSION_MS)
+    register(harness.db, lease_ms=session_ms)
     _, _, created = queued(harness.db, n=2)
     offer = dispatcher(harness.db, lease_ms=RUN_LEASE_MS).dispatch_once().offer
     assert offer is not None
@@ -132,7 +132,8 @@ def test_a_result_whose_lease_or_worker_changed_is_refused_with_its_reason_and_w
     harness: Harness, result: str, change: str
 ) -> None:
     # Given a run at the step ``result`` whose lease or worker then changed
-    fence, _ = _at(harness, result)
+    # (an expired lease of a worker whose session is still live: only the lease's expiry refuses it)
+    fence, _ = _at(harness, result, session_ms=10 * RUN_LEASE_MS if change == "lease_expired" else SESSION_MS)
     alter, reason = ROW_CHANGES[change]
     alter(harness)
     before = _state(harness)
