@@ -3,7 +3,8 @@
 mutmut mutates Python only, but on PostgreSQL the claim and every Run write run as plpgsql:
 ``ql3_claim`` (migration 0010) and ``ql3_write_run`` (migration 0011), a second copy of what
 ``application/leases.py`` and ``application/runs.py`` do statement by statement on SQLite, and the
-locked reads of a lease holder's result, ``ql3_fence_rows`` (migration 0012). This
+locked reads of a lease holder's result, ``ql3_fence_rows`` (migration 0012), and the common case of
+each result in one statement, ``ql3_lease_result`` (migration 0014). This
 script applies one simple mutation at a time to a function's body, installs the mutant with
 ``CREATE OR REPLACE FUNCTION`` into a throwaway, migrated database ``ql3_mutsql_<pid>`` on the local
 PostgreSQL (``QL3_TEST_PG_DSN``), and runs the PostgreSQL half of the contract tests that reach the
@@ -97,6 +98,29 @@ FUNCTIONS = {
                 "tests/contract/test_lease_row_locks.py",
                 "tests/contract/test_time_authority.py",
                 "tests/contract/test_worker_slots_are_never_leaked.py",
+            ),
+        ),
+    ),
+    "ql3_lease_result": Function(
+        "ql3_lease_result",
+        "0014_lease_result_function.sql",
+        (
+            (
+                "tests/contract/test_lease_result_function.py",
+                "tests/contract/test_ack_edges.py",
+                "tests/contract/test_completion_edges.py",
+                # which rows a result holds locked, in which order; and that it takes one round trip
+                "tests/contract/test_pg_round_trips.py::test_the_starting_ack_locks_run_attempt_then_lease_in_order",
+                "tests/contract/test_pg_round_trips.py::test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips",
+            ),
+            (
+                "tests/contract/test_lease_fences.py",
+                "tests/contract/test_lease_row_locks.py",
+                "tests/contract/test_time_authority.py",
+                "tests/contract/test_worker_slots_are_never_leaked.py",
+                "tests/contract/test_cancellation_results.py",
+                "tests/contract/test_notification_outbox.py",
+                "tests/contract/test_notification_sources.py",
             ),
         ),
     ),

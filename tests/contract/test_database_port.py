@@ -152,7 +152,7 @@ def _queries_named_in_src() -> set[str]:
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("one", "all", "run")
+                and node.func.attr in ("one", "all", "run", "one_then_commit", "all_then_commit")
                 and isinstance(node.func.value, ast.Name)
                 and node.func.value.id == "tx"
                 and node.args
@@ -169,6 +169,8 @@ POSTGRES_ONLY = {
     "lease_claim": "ql3_claim (migration 0010): leases.claim; SQLite runs the claim's statements",
     "lease_claim_batch": "ql3_claim_batch (migration 0013): leases.claim_many; SQLite runs leases.claim each",
     "run_write": "ql3_write_run (migration 0011): runs.write_run; SQLite runs run_cas, attempt_cas, events",
+    "lease_claim_last": "ql3_claim_or_raise (migration 0015): leases.claim with last; SQLite as lease_claim",
+    "lease_result": "ql3_lease_result (migration 0014): the ACKs and completion; SQLite runs their steps",
 }
 
 

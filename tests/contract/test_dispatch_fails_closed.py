@@ -218,8 +218,8 @@ def test_an_oversized_worker_page_fails_the_cycle_closed(
     queued(harness.db)
     real = workers.snapshot_page
 
-    def oversized(tx: Any, *, after: str, limit: int) -> list[Any]:
-        return real(tx, after=after, limit=limit + 1)
+    def oversized(tx: Any, *, after: str, limit: int, last: bool = False) -> list[Any]:
+        return real(tx, after=after, limit=limit + 1, last=last)
 
     monkeypatch.setattr(workers, "snapshot_page", oversized)
 

@@ -337,8 +337,8 @@ def test_a_stalled_worker_cursor_fails_the_cycle_closed(harness: Harness) -> Non
     d = dispatcher(harness.db, worker_page=1, worker_pages=3)
     real = workers.snapshot_page
 
-    def stalled(tx: Any, *, after: str, limit: int) -> list[WorkerSnapshot]:
-        return real(tx, after="", limit=limit)
+    def stalled(tx: Any, *, after: str, limit: int, last: bool = False) -> list[WorkerSnapshot]:
+        return real(tx, after="", limit=limit, last=last)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(workers, "snapshot_page", stalled)

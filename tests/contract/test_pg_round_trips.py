@@ -15,7 +15,7 @@ import pytest
 
 from ql3.application import leases
 from ql3.domain.digests import sha256_hex
-from ql3.domain.errors import StorageUnavailable
+from ql3.domain.errors import Conflict, StorageUnavailable
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
 from ql3.storage.postgres.adapter import PostgresDatabase
@@ -24,14 +24,17 @@ from tests.support.databases import Harness
 from tests.support.execution_builders import SECRET, dispatcher, queued, register
 from tests.support.round_trips import count_round_trips
 
-# BEGIN + clock + candidate page, two worker pages, COMMIT; BEGIN + clock + the claim (one ql3_claim
-# call: Run, Attempt, worker and lease locks, lease with the counter, Run CAS, Attempt CAS, event),
-# COMMIT (was 33, then 12 with the claim as eight exchanges).
-ROUND_TRIPS_PER_OFFER = 6
+# BEGIN + clock + candidate page; the first worker page with the COMMIT; the second worker page in a
+# read transaction of its own (BEGIN, clock, page, COMMIT: the snapshot is a placement hint); BEGIN +
+# clock + the claim (one ql3_claim_or_raise call: Run, Attempt, worker and lease locks, lease with the
+# counter, Run CAS, Attempt CAS, event) + COMMIT in one pipeline (was 33, then 12 with the claim as
+# eight exchanges, then 6 with the read unit's and the claim's COMMIT apart).
+ROUND_TRIPS_PER_OFFER = 4
 # A cycle of several offers (max_offers_per_cycle): the same read unit, and one ql3_claim_batch call
-# for all its claims in one write unit, so 8 offers cost what one did (0.75 round trips per offer).
+# for all its claims in one write unit with its own COMMIT, so 8 offers cost what one did and one more
+# (0.62 round trips per offer; was 6).
 OFFERS_PER_BATCH = 8
-ROUND_TRIPS_PER_BATCH = 6
+ROUND_TRIPS_PER_BATCH = 5
 
 
 @pytest.fixture
@@ -129,6 +132,29 @@ def test_a_connection_lost_after_the_first_exchange_is_unavailable_and_not_re_ru
         db.close()
 
 
+def test_a_unit_that_commits_with_its_statement_survives_a_terminated_pooled_connection(pg: Harness) -> None:
+    # Given a claimed run, and a pool of one idle connection whose backend is then terminated
+    register(pg.db, "w1", slots=4, lease_ms=600_000)
+    queued(pg.db)
+    offer = dispatcher(pg.db, lease_ms=600_000).dispatch_once().offer
+    assert offer is not None
+    db = PostgresDatabase(pg.db.dsn, min_size=1, max_size=1)
+    try:
+        with db.pool.connection() as conn:
+            pid = conn.info.backend_pid
+        _terminate(pg, [pid])
+
+        # When the starting ACK runs (BEGIN, its one statement and COMMIT in one round trip)
+        answer, _ = db.transaction(lambda tx: leases.ack_starting(tx, offer.fence))
+
+        # Then it saw the connection had hung up, took the path that fails before the server got
+        # anything, and was re-run on a fresh connection: applied once
+        assert answer == "starting"
+        assert pg.db.raw("SELECT status FROM run_attempts") == [{"status": "starting"}]
+    finally:
+        db.close()
+
+
 def _claim(harness: Harness, run_id: str, attempt_id: str) -> Any:
     w = harness.db.raw("SELECT * FROM workers")[0]
     return harness.db.transaction(
@@ -143,6 +169,42 @@ def _claim(harness: Harness, run_id: str, attempt_id: str) -> Any:
             lease_ms=600_000,
         )
     )
+
+
+def test_a_claim_sent_with_its_commit_keeps_nothing_of_a_claim_whose_run_cas_missed(pg: Harness) -> None:
+    # Given a queued run whose Run row update is silently skipped (a trigger), so that ql3_claim's
+    # Run CAS matches nothing after it wrote the lease and the worker's counter
+    register(pg.db, "w1", slots=4, lease_ms=600_000)
+    _, _, (run,) = queued(pg.db)
+    attempt_id = str(pg.db.raw("SELECT id FROM run_attempts")[0]["id"])
+    pg.db.raw(
+        "CREATE FUNCTION test_skip_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$"
+    )
+    pg.db.raw(
+        "CREATE TRIGGER test_skip BEFORE UPDATE ON runs FOR EACH ROW EXECUTE FUNCTION test_skip_update()"
+    )
+    w = pg.db.raw("SELECT * FROM workers")[0]
+
+    # When the claim runs as its unit's last statement (with the COMMIT in the same round trip)
+    with pytest.raises(Conflict):
+        pg.db.transaction(
+            lambda tx: leases.claim(
+                tx,
+                run_id=run.id,
+                attempt_id=attempt_id,
+                worker_id="w1",
+                session_id=w["session_id"],
+                worker_generation=int(w["generation"]),
+                token_for_generation=lambda g: derive_lease_token(SECRET, attempt_id, g),
+                lease_ms=600_000,
+                last=True,
+            )
+        )
+
+    # Then the conflict rolled the whole claim back: no lease, no slot taken, no event
+    assert count(pg.db, "run_leases") == 0
+    assert pg.db.raw("SELECT active_leases FROM workers") == [{"active_leases": 0}]
+    assert pg.db.raw("SELECT status FROM runs") == [{"status": "queued"}]
 
 
 # The claim's row locks in their order (docs/dispatch.md); on PostgreSQL all four are taken inside
@@ -220,8 +282,9 @@ def test_the_claim_locks_run_attempt_worker_then_lease_in_order_before_writing(
     assert count(pg.db, "run_leases") == 1
 
 
-# A result's rows (ql3_fence_rows, migration 0012): Run, Attempt and lease locked in this order inside
-# one statement, the worker read without a lock.
+# A result's rows (ql3_lease_result, migration 0014, as ql3_fence_rows of migration 0012 for the
+# path it defers to): Run, Attempt and lease locked in this order inside one statement, the worker
+# read without a lock.
 FENCE_LOCK_ORDER = [("runs", "id"), ("run_attempts", "id"), ("run_leases", "attempt_id")]
 
 
@@ -258,7 +321,7 @@ def test_the_starting_ack_locks_run_attempt_then_lease_in_order(
             worker = threading.Thread(target=ack)
             worker.start()
             with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
-                waiter = _waiter_on(watch, me, "ql3_fence_rows", "the ACK never waited on the held row")
+                waiter = _waiter_on(watch, me, "ql3_lease_result", "the ACK never waited on the held row")
                 # Then it waits on that row, holding exactly the rows before it in the order
                 assert _tuple_locks_of(watch, waiter) == [table]
                 others = [(i, t, c) for i, (t, c) in enumerate(FENCE_LOCK_ORDER) if i != held]
@@ -393,16 +456,16 @@ def test_a_batch_locks_its_runs_then_its_attempts_then_the_worker(
     assert count(pg.db, "run_leases") == 2
 
 
-# The intake's lease check (lease_status): BEGIN + clock + the lease locked and the worker read (one
-# ql3_fence_rows call), COMMIT (was 3: the lease lock and the worker read apart). ack_starting: BEGIN
-# + clock + Run, Attempt and lease locked, the worker and the pinned revision's spec (one
-# ql3_fence_rows call); the Run write (ql3_write_run); COMMIT with the notification. ack_running: the
-# same without the spec. complete: the ql3_fence_rows call, the Run write, the outcome's notification
-# rules, the lease completed from the row already locked with its slot freed in the same statement,
-# COMMIT. They were 9, 9 and 13 (Run CAS, Attempt CAS and one exchange per event, and the lease
+# Each step is one round trip: BEGIN, the clock, one statement and COMMIT in one pipeline
+# (PostgresTransaction.one_then_commit). The intake's lease check (lease_status): the lease locked and
+# the worker read (one ql3_fence_rows call), checked after the commit (it writes nothing).
+# ack_starting, ack_running, complete: one ql3_lease_result call (migration 0014), which checks the
+# fence and the states and writes the Attempt and Run, the events, and for the completion the lease
+# with its slot. They were 9, 9 and 13 (Run CAS, Attempt CAS and one exchange per event, and the lease
 # locked a second time), then 7, 6 and 9 (the Run, Attempt, lease and worker read one by one, the
-# revision, the slot apart).
-ROUND_TRIPS_PER_ACK = {"lease_check": 2, "starting": 3, "running": 3, "complete": 5}
+# revision, the slot apart), then 2, 3, 3 and 5 (ql3_fence_rows, ql3_write_run, the notification rules,
+# the lease write and COMMIT apart).
+ROUND_TRIPS_PER_ACK = {"lease_check": 1, "starting": 1, "running": 1, "complete": 1}
 
 
 def test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips(

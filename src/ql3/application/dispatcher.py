@@ -304,15 +304,17 @@ class RunDispatcher:
         return page, snapshot, calls
 
     def _workers(self, tx: Transaction) -> tuple[list[WorkerSnapshot], int]:
-        """The eligible workers (bounded pages, keyset by id) and the number of pages read."""
+        """The eligible workers (bounded pages, keyset by id) and the number of pages read. Each
+        page is the last read of its unit: on PostgreSQL it travels with the COMMIT, and a further
+        page is read in a transaction of its own (the snapshot is a placement hint, see ``_page``)."""
         if self._local_worker_id is not None:
-            return workers.snapshot_one(tx, worker_id=self._local_worker_id), 1
+            return workers.snapshot_one(tx, worker_id=self._local_worker_id, last=True), 1
         out: list[WorkerSnapshot] = []
         after = ""
         calls = 0
         for _ in range(self.budget.worker_pages):
             calls += 1
-            page = workers.snapshot_page(tx, after=after, limit=self.budget.worker_page)
+            page = workers.snapshot_page(tx, after=after, limit=self.budget.worker_page, last=True)
             if len(page) > self.budget.worker_page:
                 raise DispatchCycleError("oversized worker page")
             for w in page:

@@ -82,12 +82,15 @@ def claim(
     worker_generation: int,
     token_for_generation: Any,
     lease_ms: int,
+    last: bool = False,
 ) -> RunClaim:
     """Atomic claim: lease (generation +1) and Run ``queued -> dispatching``; the Attempt stays claimed.
 
     Lock order Run -> Attempt -> worker -> lease. ``token_for_generation(g)`` returns the raw token of
     lease generation ``g``; only its digest is stored. On PostgreSQL the same claim is one statement,
-    the ``ql3_claim`` function (docs/dispatch.md, "Dispatch on PostgreSQL: round trips").
+    the ``ql3_claim`` function (docs/dispatch.md, "Dispatch on PostgreSQL: round trips"); with
+    ``last`` (the claim ends its unit, nothing follows it that must commit with it) it travels with
+    the unit's COMMIT.
     """
     lease_rules.RUN.validate(lease_ms)
     if tx.dialect == "postgres":
@@ -100,6 +103,7 @@ def claim(
             worker_generation=worker_generation,
             token_for_generation=token_for_generation,
             lease_ms=lease_ms,
+            last=last,
         )
     run = lock_run(tx, run_id)
     if run.status != "queued" or run.cancel_requested_at_ms is not None:
@@ -212,7 +216,8 @@ def claim_many(tx: Transaction, requests: list[ClaimRequest], *, lease_ms: int) 
     SQLite (one writer at a time) it is ``claim`` once per request; on PostgreSQL a batch of one is
     ``claim`` too, and a larger one is one call of ``ql3_claim_batch`` (migration 0013), which first
     locks the rows of every claim level by level in a fixed order, plus one more call for the claims
-    that reacquire an earlier lease row.
+    that reacquire an earlier lease row. It is its unit's last work: a batch of one on PostgreSQL
+    travels with the unit's COMMIT (``claim`` with ``last``).
     """
     lease_rules.RUN.validate(lease_ms)
     if not 1 <= len(requests) <= MAX_CLAIM_BATCH:
@@ -223,7 +228,8 @@ def claim_many(tx: Transaction, requests: list[ClaimRequest], *, lease_ms: int) 
         return _claim_many_in_one_statement(tx, requests, lease_ms=lease_ms)
     # SQLite (one writer at a time), and a batch of one on PostgreSQL: ``ql3_claim`` alone skips the
     # batch's level-by-level locking, which only orders several claims (about a third faster per
-    # offer in an interleaved check, bench/README.md "2026-12-02").
+    # offer in an interleaved check, bench/README.md "2026-12-02"). A batch of one ends the unit
+    # (``claim_many`` is its caller's last statement): on PostgreSQL it travels with the COMMIT.
     return [
         claim(
             tx,
@@ -234,6 +240,7 @@ def claim_many(tx: Transaction, requests: list[ClaimRequest], *, lease_ms: int) 
             worker_generation=r.worker_generation,
             token_for_generation=r.token_for_generation,
             lease_ms=lease_ms,
+            last=len(requests) == 1,
         )
         for r in requests
     ]
@@ -321,6 +328,7 @@ def _claim_in_one_statement(
     worker_generation: int,
     token_for_generation: Any,
     lease_ms: int,
+    last: bool,
 ) -> RunClaim:
     """The claim as ``ql3_claim`` (PostgreSQL migration 0010): the statements of ``claim`` above, in
     the same order under the same locks, in one round trip. A lease row that may be reacquired costs
@@ -349,6 +357,7 @@ def _claim_in_one_statement(
                     "lease_generation": generation,
                 }
             ),
+            last=last,
         )
         if answer.status == "reacquire" and generation == 1:
             assert answer.lease_generation is not None  # a reacquire answer names the generation
@@ -476,6 +485,49 @@ def _run_and_attempt(tx: Transaction, fence: LeaseFence, *, with_revision: bool 
     return _Held(run=rows.run, attempt=rows.attempt, rows=rows, now=tx.now_ms())
 
 
+def _result_answer(
+    tx: Transaction, kind: repo.ResultKind, fence: LeaseFence, args: dict[str, Any], channel: str | None
+) -> repo.ResultAnswer:
+    """PostgreSQL: the result's common case in one call of ``ql3_lease_result`` (migration 0014),
+    with BEGIN and COMMIT in the same round trip when it opens the unit. The function makes every
+    check the statement-by-statement path below makes and writes only when all pass; anything else
+    it answers ``defer`` having written nothing, and that path then runs (in a new transaction when
+    the call committed), deciding and refusing as on SQLite. The rows stay locked in the order Run ->
+    Attempt -> lease."""
+    answer = repo.result_in_one_statement(
+        tx,
+        kind=kind,
+        run_id=fence.run_id,
+        attempt_id=fence.attempt_id,
+        worker_id=fence.worker_id,
+        session_id=fence.session_id,
+        worker_generation=fence.worker_generation,
+        lease_generation=fence.lease_generation,
+        token_digest=lease_digest(fence.lease_token),
+        args=args,
+        event_ids=[new_id(), new_id()],
+        channel=channel or "",
+    )
+    for notified in answer.notified:
+        tx.notify(notified)  # the function sent the NOTIFY: the transaction only posts it locally
+    return answer
+
+
+def _result_in_one_statement(
+    tx: Transaction, kind: repo.ResultKind, fence: LeaseFence, args: dict[str, Any], channel: str | None
+) -> Lease | None:
+    """An ACK by ``_result_answer``: the lease when the function wrote it, None (and nothing
+    written) on SQLite or when it deferred."""
+    if tx.dialect != "postgres":
+        return None
+    answer = _result_answer(tx, kind, fence, args, channel)
+    if answer.answer == "defer":
+        return None
+    if answer.answer != kind or answer.lease is None:
+        raise Conflict("the result function answered out of turn", status=answer.answer)
+    return answer.lease
+
+
 def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
     """Attempt ``claimed -> starting`` (the Run stays dispatching); the deadline is persisted before spawn.
     It is computed here (``runs.attempt_deadline_from_spec``, from the pinned revision's spec read with
@@ -485,6 +537,9 @@ def ack_starting(tx: Transaction, fence: LeaseFence) -> tuple[AckResult, Lease]:
     generations, token, live lease) but not on the renewal version: the holder's own renewal that
     committed a moment earlier must not fence its ACK (docs/dispatch.md).
     """
+    done = _result_in_one_statement(tx, "starting", fence, {}, channels.ATTEMPTS)
+    if done is not None:
+        return "starting", done
     held = _run_and_attempt(tx, fence, with_revision=True)
     run, attempt = held.run, held.attempt
     lease = held.fence(fence, ignore_version=True)
@@ -534,6 +589,21 @@ def ack_running(
         raise ValidationFailed("invalid running ACK")
     if len(callback_token_digest) != 64:
         raise ValidationFailed("invalid callback digest")
+    done = _result_in_one_statement(
+        tx,
+        "running",
+        fence,
+        {
+            "pid": pid,
+            "handle": handle,
+            "log_artifact_id": log_artifact_id,
+            "callback_sequence": callback_sequence,
+            "callback_token_digest": callback_token_digest,
+        },
+        None,
+    )
+    if done is not None:
+        return "running", done
     held = _run_and_attempt(tx, fence)
     run, attempt, now = held.run, held.attempt, held.now
     # Not fenced on the renewal version: see ack_starting. A lost running ACK leaves no callback
@@ -747,6 +817,22 @@ def complete(
     """
     if not 0 <= exit_code <= 255:
         raise ValidationFailed("exit code out of range")
+    if tx.dialect == "postgres":
+        answer = _result_answer(
+            tx,
+            "complete",
+            fence,
+            {
+                "callback_sequence": callback_sequence,
+                "callback_digest": sha256_hex(callback_token),
+                "exit_code": exit_code,
+            },
+            channels.SLOTS,  # a slot was freed, as end_attempt notifies
+        )
+        if answer.answer == "applied" and answer.outcome is not None:
+            return "applied", answer.outcome
+        if answer.answer != "defer":
+            raise Conflict("the result function answered out of turn", status=answer.answer)
     held = _run_and_attempt(tx, fence)
     run, attempt = held.run, held.attempt
     if attempt.callback_token_hash is None or not digest_equals(
@@ -977,5 +1063,12 @@ def attempt_row(tx: Transaction, attempt_id: str) -> Attempt | None:
 
 def lease_status(tx: Transaction, fence: LeaseFence) -> Lease:
     """The live lease for an exact authority (any renewal version), for a worker resuming after a restart."""
+    if tx.dialect == "postgres":
+        # Only reads: on PostgreSQL the read commits in the same round trip as BEGIN and the checks
+        # run on the rows it answered (no write follows that the lock would have to cover).
+        rows = repo.lock_fence_rows(
+            tx, run_id=None, attempt_id=fence.attempt_id, worker_id=fence.worker_id, then_commit=True
+        )
+        return _verify_fence(rows, fence, tx.now_ms(), ignore_version=True)
     lease, _ = check_fence(tx, fence, ignore_version=True)
     return lease

@@ -188,16 +188,18 @@ def go_offline(tx: Transaction, worker_id: str, session_id: str, generation: int
     return _update(tx, worker_id, session_id, generation, "offline")
 
 
-def snapshot_page(tx: Transaction, *, after: str, limit: int) -> list[WorkerSnapshot]:
-    """Eligible workers (online, live session lease), keyset by worker id."""
+def snapshot_page(tx: Transaction, *, after: str, limit: int, last: bool = False) -> list[WorkerSnapshot]:
+    """Eligible workers (online, live session lease), keyset by worker id. ``last``: the read is the
+    unit's last statement (on PostgreSQL it goes with the COMMIT; a further page opens a new read
+    transaction)."""
     if not 1 <= limit <= MAX_WORKER_PAGE:
         raise ValidationFailed("worker page out of range")
-    return repo.eligible_workers(tx, after=after, limit=limit)
+    return repo.eligible_workers(tx, after=after, limit=limit, last=last)
 
 
-def snapshot_one(tx: Transaction, *, worker_id: str) -> list[WorkerSnapshot]:
+def snapshot_one(tx: Transaction, *, worker_id: str, last: bool = False) -> list[WorkerSnapshot]:
     """The one named worker if it is eligible (online, live session lease), else nothing."""
-    return repo.eligible_worker(tx, worker_id)
+    return repo.eligible_worker(tx, worker_id, last=last)
 
 
 def worker_view(worker: WorkerRecord, now: int) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -34,6 +34,24 @@ class Transaction(Protocol):
 
     def notify(self, channel: str) -> None:
         """Wake listeners of ``channel`` after (and only if) this transaction commits."""
+        ...
+
+
+@runtime_checkable
+class CommitsWithStatement(Protocol):
+    """A transaction that can send its last statement together with its COMMIT (and with BEGIN when
+    it is also the first): PostgreSQL, one round trip fewer per unit (``PostgresTransaction``)."""
+
+    def one_then_commit(self, query: str, params: Params) -> Row | None:
+        """Run the named query as the unit's last statement and commit with it; its first row. The
+        caller writes nothing after it that must commit together with it: a further statement opens
+        a new transaction. The query may take ``:origin`` (filled in here) and answer, in a
+        ``notified`` column, the channels it sent ``pg_notify`` on with that payload: they are
+        posted locally like ``notify``'s, and ``notify`` does not send them again."""
+        ...
+
+    def all_then_commit(self, query: str, params: Params) -> list[Row]:
+        """``one_then_commit``, all the rows."""
         ...
 
 

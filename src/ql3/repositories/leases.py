@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
 from ql3.domain.model import Attempt, Run
-from ql3.ports.storage import Row, Transaction
+from ql3.ports.storage import CommitsWithStatement, Row, Transaction
 from ql3.repositories.mapping import one_of, opt_int
 from ql3.repositories.runs import attempt_from_row, run_from_row
 from ql3.repositories.workers import WorkerRecord, worker_from_row
@@ -153,17 +153,30 @@ def _fence_parts(row: Row) -> tuple[Row | None, Row | None, Row | None, Row | No
 
 
 def lock_fence_rows(
-    tx: Transaction, *, run_id: str | None, attempt_id: str, worker_id: str, with_revision: bool = False
+    tx: Transaction,
+    *,
+    run_id: str | None,
+    attempt_id: str,
+    worker_id: str,
+    with_revision: bool = False,
+    then_commit: bool = False,
 ) -> FenceRows:
     """In one statement, in the lock order Run -> Attempt -> lease (each under the row lock its
     transaction holds to its end; on SQLite BEGIN IMMEDIATE serialises writers): the Run and the
     Attempt when ``run_id`` is given, the attempt's lease, then the worker read without a lock, and
     with ``with_revision`` the spec of the Run's pinned task revision. Only reads: the caller makes
-    every check."""
-    row = tx.one(
-        "fence_lock",
-        {"run_id": run_id, "attempt_id": attempt_id, "worker_id": worker_id, "with_revision": with_revision},
-    )
+    every check. ``then_commit`` (PostgreSQL): the read is the unit's only statement and commits in
+    the same round trip (``one_then_commit``), for a caller that writes nothing after it."""
+    params = {
+        "run_id": run_id,
+        "attempt_id": attempt_id,
+        "worker_id": worker_id,
+        "with_revision": with_revision,
+    }
+    if then_commit and isinstance(tx, CommitsWithStatement):
+        row = tx.one_then_commit("fence_lock", params)
+    else:
+        row = tx.one("fence_lock", params)
     assert row is not None  # one row whatever exists
     run, attempt, lease, worker = _fence_parts(row)
     spec = row["revision_spec"]
@@ -344,25 +357,29 @@ def claim_in_one_statement(
     lease_token_digest: str,
     event_id: str,
     payload_json: str,
+    last: bool = False,
 ) -> ClaimAnswer:
     """PostgreSQL only: one call of ``ql3_claim`` (migration 0010) for lease generation
     ``generation``, whose token digest the caller derived; ``payload_json`` is the
-    ``run.dispatching`` event's payload, ``event_id`` its id."""
-    row = tx.one(
-        "lease_claim",
-        {
-            "run_id": run_id,
-            "attempt_id": attempt_id,
-            "worker_id": worker_id,
-            "session_id": session_id,
-            "worker_generation": worker_generation,
-            "lease_ms": lease_ms,
-            "generation": generation,
-            "lease_token_digest": lease_token_digest,
-            "event_id": event_id,
-            "payload_json": payload_json,
-        },
-    )
+    ``run.dispatching`` event's payload, ``event_id`` its id. ``last``: the claim is the unit's last
+    statement, sent with its COMMIT (``ql3_claim_or_raise``, migration 0015: a CAS conflict raises
+    Conflict instead of answering, so the COMMIT cannot keep a half claim)."""
+    params = {
+        "run_id": run_id,
+        "attempt_id": attempt_id,
+        "worker_id": worker_id,
+        "session_id": session_id,
+        "worker_generation": worker_generation,
+        "lease_ms": lease_ms,
+        "generation": generation,
+        "lease_token_digest": lease_token_digest,
+        "event_id": event_id,
+        "payload_json": payload_json,
+    }
+    if last and isinstance(tx, CommitsWithStatement):
+        row = tx.one_then_commit("lease_claim_last", params)
+    else:
+        row = tx.one("lease_claim", params)
     assert row is not None  # a function call always answers one row
     status = one_of(row["claim_status"], CLAIM_FUNCTION_STATUSES, "ql3_claim.claim_status")
     return ClaimAnswer(
@@ -423,6 +440,72 @@ def claim_batch_in_one_statement(
             )
         )
     return answers
+
+
+# -- a lease holder's result in one statement (PostgreSQL) ----------------------------------------
+
+ResultKind = Literal["starting", "running", "complete"]
+ResultFunctionAnswer = Literal["starting", "running", "applied", "defer"]
+RESULT_FUNCTION_ANSWERS: Final[tuple[ResultFunctionAnswer, ...]] = get_args(ResultFunctionAnswer)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResultAnswer:
+    """What one ``ql3_lease_result`` call answered: ``defer`` (nothing written), or the result it
+    wrote, with the lease as it locked it, for a completion the outcome, and the channels it sent
+    ``pg_notify`` on."""
+
+    answer: ResultFunctionAnswer
+    outcome: str | None
+    lease: Lease | None
+    notified: tuple[str, ...]
+
+
+def result_in_one_statement(
+    tx: Transaction,
+    *,
+    kind: ResultKind,
+    run_id: str,
+    attempt_id: str,
+    worker_id: str,
+    session_id: str,
+    worker_generation: int,
+    lease_generation: int,
+    token_digest: str,
+    args: dict[str, Any],
+    event_ids: list[str],
+    channel: str,
+) -> ResultAnswer:
+    """PostgreSQL only: one call of ``ql3_lease_result`` (migration 0014) as the unit's last
+    statement, sent with its COMMIT (and with BEGIN when it is also the first: ``one_then_commit``);
+    ``channel`` is notified when the write wakes a loop."""
+    params = {
+        "kind": kind,
+        "run_id": run_id,
+        "attempt_id": attempt_id,
+        "worker_id": worker_id,
+        "session_id": session_id,
+        "worker_generation": worker_generation,
+        "lease_generation": lease_generation,
+        "token_digest": token_digest,
+        "args_json": json.dumps(args, separators=(",", ":")),
+        "event_ids": event_ids,
+        "channel": channel,
+    }
+    if not isinstance(tx, CommitsWithStatement):
+        # A transaction that cannot send the call with its COMMIT (a wrapper of the port) takes the
+        # statement-by-statement path, as on SQLite.
+        return ResultAnswer(answer="defer", outcome=None, lease=None, notified=())
+    row = tx.one_then_commit("lease_result", params)
+    assert row is not None  # a function call always answers one row
+    answer = one_of(row["answer"], RESULT_FUNCTION_ANSWERS, "ql3_lease_result.answer")
+    lease = _json_row(row["lease_row"])
+    return ResultAnswer(
+        answer=answer,
+        outcome=None if row["outcome"] is None else str(row["outcome"]),
+        lease=None if lease is None else lease_from_row(lease),
+        notified=tuple(str(channel) for channel in row["notified"] or ()),
+    )
 
 
 # -- expiry and lost retry -------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from ql3.domain.workers import WorkerSnapshot, stored_capabilities
-from ql3.ports.storage import Row, Transaction
+from ql3.ports.storage import CommitsWithStatement, Row, Transaction
 from ql3.repositories.mapping import one_of
 
 WorkerStatus = Literal["online", "draining", "offline"]
@@ -179,15 +179,23 @@ def _snapshot(row: Row) -> WorkerSnapshot:
     )
 
 
-def eligible_workers(tx: Transaction, *, after: str, limit: int) -> list[WorkerSnapshot]:
+def _read(tx: Transaction, query: str, params: dict[str, Any], last: bool) -> list[Row]:
+    """``last``: the unit's last statement, sent with its COMMIT where the database can
+    (PostgreSQL, ``CommitsWithStatement``)."""
+    if last and isinstance(tx, CommitsWithStatement):
+        return tx.all_then_commit(query, params)
+    return tx.all(query, params)
+
+
+def eligible_workers(tx: Transaction, *, after: str, limit: int, last: bool = False) -> list[WorkerSnapshot]:
     """Online workers with a live session lease (at the transaction's clock), keyset by worker id."""
-    found = tx.all("worker_snapshot_page", {"now": tx.now_ms(), "after": after, "limit": limit})
+    found = _read(tx, "worker_snapshot_page", {"now": tx.now_ms(), "after": after, "limit": limit}, last)
     return [_snapshot(row) for row in found]
 
 
-def eligible_worker(tx: Transaction, worker_id: str) -> list[WorkerSnapshot]:
+def eligible_worker(tx: Transaction, worker_id: str, *, last: bool = False) -> list[WorkerSnapshot]:
     """The one named worker if it is online with a live session lease, else nothing."""
-    found = tx.all("worker_snapshot_one", {"now": tx.now_ms(), "worker_id": worker_id})
+    found = _read(tx, "worker_snapshot_one", {"now": tx.now_ms(), "worker_id": worker_id}, last)
     return [_snapshot(row) for row in found]
 
 

@@ -60,9 +60,14 @@ class PostgresTransaction:
         self.round_trips = 0
         self.commit_sent = False
         self.channels: set[str] = set()
+        # Channels already sent and committed by an early commit (``_then_commit``), posted locally
+        # after the unit; those the committing statement sent itself are not sent again by ``notify``.
+        self.posted: set[str] = set()
+        self._sent_by_last: set[str] = set()
 
     def _open(self, query: str | None, params: Params | None) -> psycopg.Cursor[Row] | None:
         """BEGIN, the clock and (optionally) the first statement, in one round trip."""
+        self._sent_by_last = set()
         self.round_trips += 1
         with self._conn.pipeline():
             self._conn.execute(self._begin)
@@ -104,7 +109,60 @@ class PostgresTransaction:
         return self._exec(query, params).rowcount
 
     def notify(self, channel: str) -> None:
+        if channel in self._sent_by_last:
+            return  # the statement that committed the unit sent it (``one_then_commit``)
         self.channels.add(channel)
+
+    def one_then_commit(self, query: str, params: Params) -> Row | None:
+        """The first row of ``_then_commit``."""
+        cur = self._then_commit(query, params)
+        row = cur.fetchone() if cur.description else None
+        if row is not None and row.get("notified"):
+            self._sent_by_last.update(row["notified"])
+            self.posted.update(row["notified"])
+        return row
+
+    def all_then_commit(self, query: str, params: Params) -> list[Row]:
+        """All the rows of ``_then_commit``."""
+        return self._then_commit(query, params).fetchall()
+
+    def _then_commit(self, query: str, params: Params) -> psycopg.Cursor[Row]:
+        """The unit's last statement and COMMIT in one round trip, with BEGIN and the clock when it
+        is also the first, and the NOTIFYs of ``notify`` (see ``ports.storage.CommitsWithStatement``).
+        The caller writes nothing after it that must commit together with it: a further statement
+        opens a new transaction. On a pooled connection whose backend was terminated the pipeline
+        fails as its first statement is queued (psycopg reads the server's goodbye there), before
+        COMMIT is marked sent, and ``PostgresDatabase.transaction`` re-runs the unit on a fresh
+        connection; once COMMIT was queued, a lost connection is StorageUnavailable and never re-run
+        (the unit may have committed)."""
+        args = {**params, "origin": self._origin}
+        first = not self.begun
+        self.round_trips += 1
+        try:
+            with self._conn.pipeline():
+                if first:
+                    self._conn.execute(self._begin)
+                    self.begun = True
+                    clock = self._conn.execute(_NOW)
+                cur = self._conn.execute(self._queries[query], args)
+                for channel in sorted(self.channels):
+                    self._conn.execute(_NOTIFY, (f"ql3_{channel}", self._origin))
+                self.commit_sent = True
+                self._conn.execute(b"COMMIT")
+        except pg_errors.IntegrityError as exc:
+            raise Conflict("a uniqueness or integrity rule rejected the write", query=query) from exc
+        except pg_errors.ReadOnlySqlTransaction as exc:
+            raise ReadOnlyTransaction(query=query) from exc
+        if first:
+            clock_row = clock.fetchone()
+            assert clock_row is not None
+            self._now = int(clock_row["now"])  # the committed transaction's clock, until a new one
+        # Committed: a further statement of the unit opens a new transaction (with its clock).
+        self.begun, self.commit_sent = False, False
+        self.posted.update(self.channels)
+        self.channels = set()
+        self._sent_by_last = set()
+        return cur
 
     def commit(self) -> None:
         """The notifications (delivered by PostgreSQL only at commit) and COMMIT, in one round trip.
@@ -182,7 +240,7 @@ class PostgresDatabase:
                     except BaseException:
                         tx.rollback()
                         raise
-                for channel in tx.channels:
+                for channel in tx.channels | tx.posted:
                     self.notifier.notify(channel)
                 return result
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as exc:

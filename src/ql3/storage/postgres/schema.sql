@@ -630,6 +630,8 @@ CONSTRAINT workers.workers_version_check CHECK ((version >= 0))
 FUNCTION ql3_approvals_refuse_update
 FUNCTION ql3_claim
 FUNCTION ql3_claim_batch
+FUNCTION ql3_claim_or_raise
 FUNCTION ql3_fence_rows
+FUNCTION ql3_lease_result
 FUNCTION ql3_now_ms
 FUNCTION ql3_write_run

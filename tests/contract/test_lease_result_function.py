@@ -1,0 +1,158 @@
+"""A lease holder's results (the starting ACK, the running ACK, the completion) against every fence:
+each refused with its exact reason and nothing written, and a draining worker's still applied. On
+PostgreSQL each result goes first through one call of ``ql3_lease_result`` (migration 0014), which
+must write only when every fence holds and otherwise defer to the statement-by-statement path that
+names the reason (docs/dispatch.md, "Dispatch on PostgreSQL: round trips")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ql3.application import leases, workers
+from ql3.domain.digests import sha256_hex
+from ql3.domain.errors import FenceConflict
+from ql3.domain.offers import LeaseFence
+from tests.support.builders import count
+from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, start
+
+RESULTS = ["starting", "running", "complete"]
+RUN_LEASE_MS = 30_000
+SESSION_MS = 5_000
+OTHER_ID = "01a00000-0000-7000-8000-0000000000cc"
+
+
+def _at(harness: Harness, result: str, *, session_ms: int = SESSION_MS) -> tuple[LeaseFence, str]:
+    """A run whose next step is ``result``, and the id of another run of the same task."""
+    register(harness.db, lease_ms=session_ms)
+    _, _, created = queued(harness.db, n=2)
+    offer = dispatcher(harness.db, lease_ms=RUN_LEASE_MS).dispatch_once().offer
+    assert offer is not None
+    fence = offer.fence
+    if result == "running":
+        harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+    if result == "complete":
+        start(harness.db, offer)
+    other = next(r.id for r in created if r.id != fence.run_id)
+    return fence, other
+
+
+def _step(harness: Harness, result: str, fence: LeaseFence) -> Any:
+    def run(tx: Any) -> Any:
+        if result == "starting":
+            return leases.ack_starting(tx, fence)[0]
+        if result == "running":
+            return leases.ack_running(
+                tx,
+                fence,
+                pid=4242,
+                handle="ql3lp1.test",
+                log_artifact_id="a",
+                callback_sequence=1,
+                callback_token_digest=sha256_hex("cb-token"),
+            )[0]
+        return leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+
+    return harness.db.transaction(run)
+
+
+def _state(harness: Harness) -> list[Any]:
+    """Everything a result writes: events, attempts, runs, leases and the worker's counter."""
+    return [
+        count(harness.db, "run_events"),
+        harness.db.raw("SELECT id, status, callback_sequence, deadline_at_ms FROM run_attempts ORDER BY id"),
+        harness.db.raw("SELECT id, status, version FROM runs ORDER BY id"),
+        harness.db.raw("SELECT attempt_id, status, version FROM run_leases ORDER BY attempt_id"),
+        harness.db.raw("SELECT active_leases FROM workers"),
+    ]
+
+
+FENCE_CHANGES: dict[str, tuple[Callable[[LeaseFence, str], LeaseFence], str]] = {
+    "run": (lambda f, other: replace(f, run_id=other), "run_mismatch"),
+    "worker": (lambda f, _: replace(f, worker_id="w9"), "worker_mismatch"),
+    "session": (lambda f, _: replace(f, session_id=OTHER_ID), "worker_session_mismatch"),
+    "worker_generation": (
+        lambda f, _: replace(f, worker_generation=f.worker_generation + 1),
+        "worker_generation_mismatch",
+    ),
+    "lease_generation": (
+        lambda f, _: replace(f, lease_generation=f.lease_generation + 1),
+        "lease_generation_mismatch",
+    ),
+    "token": (lambda f, _: replace(f, lease_token="0" * len(f.lease_token)), "lease_token_mismatch"),
+}
+
+ROW_CHANGES: dict[str, tuple[Callable[[Harness], None], str]] = {
+    "lease_released": (
+        lambda h: h.db.raw(
+            "UPDATE run_leases SET status = 'released', version = version + 1,"
+            " released_at_ms = acquired_at_ms, release_reason = 'lease_expired'"
+        ),
+        "not_leased",
+    ),
+    "lease_expired": (lambda h: h.advance_clock(RUN_LEASE_MS), "lease_expired"),
+    "worker_offline": (
+        lambda h: h.db.raw("UPDATE workers SET status = 'offline' WHERE worker_id = 'w1'"),
+        "worker_unavailable",
+    ),
+    "worker_restarted": (
+        lambda h: h.db.raw("UPDATE workers SET generation = generation + 1 WHERE worker_id = 'w1'"),
+        "worker_unavailable",
+    ),
+    "worker_session_ended": (lambda h: h.advance_clock(SESSION_MS), "worker_unavailable"),
+}
+
+
+@pytest.mark.parametrize("change", list(FENCE_CHANGES))
+@pytest.mark.parametrize("result", RESULTS)
+def test_a_result_with_a_wrong_fence_is_refused_with_its_reason_and_writes_nothing(
+    harness: Harness, result: str, change: str
+) -> None:
+    # Given a run at the step ``result``, and a fence that differs from its lease in one part
+    fence, other = _at(harness, result)
+    wrong, reason = FENCE_CHANGES[change]
+    before = _state(harness)
+
+    # When the result comes with that fence
+    with pytest.raises(FenceConflict) as caught:
+        _step(harness, result, wrong(fence, other))
+
+    # Then it is refused with the part's reason, and nothing changed
+    assert caught.value.details["reason"] == reason
+    assert _state(harness) == before
+
+
+@pytest.mark.parametrize("change", list(ROW_CHANGES))
+@pytest.mark.parametrize("result", RESULTS)
+def test_a_result_whose_lease_or_worker_changed_is_refused_with_its_reason_and_writes_nothing(
+    harness: Harness, result: str, change: str
+) -> None:
+    # Given a run at the step ``result`` whose lease or worker then changed
+    # (an expired lease of a worker whose session is still live: only the lease's expiry refuses it)
+    fence, _ = _at(harness, result, session_ms=10 * RUN_LEASE_MS if change == "lease_expired" else SESSION_MS)
+    alter, reason = ROW_CHANGES[change]
+    alter(harness)
+    before = _state(harness)
+
+    # When the result comes with the fence it was offered
+    with pytest.raises(FenceConflict) as caught:
+        _step(harness, result, fence)
+
+    # Then it is refused with the reason, and nothing changed
+    assert caught.value.details["reason"] == reason
+    assert _state(harness) == before
+
+
+@pytest.mark.parametrize("result", RESULTS)
+def test_a_draining_worker_still_reports_the_results_of_what_it_holds(harness: Harness, result: str) -> None:
+    # Given a run at the step ``result`` whose worker is draining
+    fence, _ = _at(harness, result)
+    harness.db.transaction(lambda tx: workers.drain(tx, "w1"))
+
+    # When the result comes, then it applies
+    expected = {"starting": "starting", "running": "running", "complete": ("applied", "succeeded")}
+    assert _step(harness, result, fence) == expected[result]
