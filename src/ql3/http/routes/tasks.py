@@ -235,14 +235,17 @@ def start_run_in(
     """The create unit of ``POST .../tasks/{task}/runs`` for an authenticated ``principal``: the run
     and whether it is new, or the approval request standing in for it. Shared by the route and the
     fast path in front of the framework (ql3/http/run_intake.py)."""
-    found = auth.authorize(tx, principal, project, "run.create")
-    found_task = tasks.find_task(tx, found.id, task)
+    # The project, the caller's role there, the task and its current revision: one read.
+    access = auth.authorize_task(tx, principal, project, task, "run.create")
+    found, found_task = access.project, access.task
     key = runs.validate_idempotency_key(request.idempotency_key)
     # Validated before the approval branch too: bad input is refused whichever path it takes.
     rerun_of = _rerun_of(tx, found.id, found_task.id, request.rerun_of)
     # The current revision, read once: its approval rule here, its retry policy in create_run and
     # its placement for the waiting reason below.
-    spec = build_spec(tasks.get_revision(tx, found_task.id, found_task.revision).spec)
+    if access.revision is None:
+        raise NotFound("task revision not found")
+    spec = build_spec(access.revision.spec)
     if spec.approval == "required":
         return request_approval(
             tx, found, found_task, principal, priority=request.priority, idempotency_key=key
