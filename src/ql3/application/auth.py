@@ -8,12 +8,13 @@ from typing import Final
 from ql3.domain.auth import PrincipalKind, Role, as_role, role_allows
 from ql3.domain.digests import API_TOKEN_DOMAIN, digest_equals, new_token, token_digest
 from ql3.domain.errors import Conflict, NotFound, PermissionDenied, Unauthenticated, ValidationFailed
-from ql3.domain.ids import new_id
-from ql3.domain.model import Principal, Project
+from ql3.domain.ids import is_id, new_id
+from ql3.domain.model import Principal, Project, Task, TaskRevision
 from ql3.domain.tasks import validate_name
 from ql3.ports.storage import Transaction
 from ql3.repositories import auth as auth_store
 from ql3.repositories import projects as project_store
+from ql3.repositories import tasks as task_store
 from ql3.repositories.auth import TokenRecord as TokenRecord
 
 TOKEN_PREFIX: Final = "ql3_"
@@ -134,6 +135,40 @@ def authorize(tx: Transaction, principal: Principal, project_ref: str, permissio
     if not role_allows(role, permission):
         raise PermissionDenied(permission=permission)
     return project
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskAccess:
+    project: Project
+    task: Task
+    revision: TaskRevision | None  # the task's current revision; None when it is missing
+
+
+def authorize_task(
+    tx: Transaction, principal: Principal, project_ref: str, task_ref: str, permission: str
+) -> TaskAccess:
+    """``authorize``, then ``tasks.find_task`` and the task's current revision, in one read
+    (``run_create_target``) instead of four, refused in the same order with the same errors."""
+    if not isinstance(project_ref, str) or not project_ref or len(project_ref) > 128:
+        raise NotFound("project not found")
+    valid_task = isinstance(task_ref, str) and 0 < len(task_ref) <= 128
+    found = task_store.get_run_create_target(
+        tx,
+        principal_id=principal.id,
+        project_ref=project_ref,
+        task_ref=task_ref if valid_task else "",
+        task_id=task_ref if valid_task and is_id(task_ref) else None,
+    )
+    if found is None:
+        raise NotFound("project not found")
+    role = "admin" if principal.is_owner else found.role
+    if role is None:
+        raise NotFound("project not found")
+    if not role_allows(role, permission):
+        raise PermissionDenied(permission=permission)
+    if not valid_task or found.task is None:
+        raise NotFound("task not found")
+    return TaskAccess(project=found.project, task=found.task, revision=found.revision)
 
 
 def issue_token(

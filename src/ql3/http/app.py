@@ -24,6 +24,7 @@ from ql3.http.dto import ErrorOut, Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
 from ql3.http.routes import notifications as notification_routes
+from ql3.http.run_intake import StartRunFastPath
 from ql3.ports.storage import Database
 
 log = logging.getLogger("ql3.http")
@@ -182,6 +183,7 @@ def create_app(
     app.state.logs_root = logs_root
     errors.install(app)
     # Starlette wraps later additions around earlier ones.
+    app.add_middleware(StartRunFastPath, db=db)  # innermost: inside the cap, the 500 and the headers
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(CatchAll)
     app.add_middleware(SecurityHeaders)  # outermost: also on the 413s and 500s above

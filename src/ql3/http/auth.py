@@ -11,7 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from ql3.application import auth
 from ql3.domain.errors import PermissionDenied, StorageBusy, StorageUnavailable
 from ql3.domain.model import Principal
-from ql3.ports.storage import Database
+from ql3.ports.storage import Database, Transaction
 
 log = logging.getLogger("ql3.http")
 
@@ -28,19 +28,16 @@ DbDep = Annotated[Database, Depends(get_db)]
 
 # auto_error=False: a missing or non-Bearer header reaches ``authenticate`` as None and becomes our
 # own ``unauthenticated`` error instead of the framework's 403.
-_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>`")
+bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>`")
 
 
 def current_principal(
     db: DbDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
     """The authenticated caller; a missing, malformed or unknown token is ``unauthenticated``."""
     token = credentials.credentials if credentials else None
-    found = db.transaction(lambda tx: auth.authenticate_use(tx, token), write=False)
-    if found.principal.kind == "worker":
-        # A worker credential speaks only the worker API (docs/cluster.md), never the management one.
-        raise PermissionDenied("a worker credential cannot use the management API")
+    found = db.transaction(lambda tx: _management_caller(tx, token), write=False)
     if found.needs_touch:
         # last_used_at_ms, at most once a minute per principal (so reads stay reads otherwise). Best
         # effort: when the database cannot take a write (a full disk, a busy writer) the request
@@ -53,3 +50,21 @@ def current_principal(
 
 
 PrincipalDep = Annotated[Principal, Depends(current_principal)]
+
+
+def _management_caller(tx: Transaction, token: str | None) -> auth.Authenticated:
+    found = auth.authenticate_use(tx, token)
+    if found.principal.kind == "worker":
+        # A worker credential speaks only the worker API (docs/cluster.md), never the management one.
+        raise PermissionDenied("a worker credential cannot use the management API")
+    return found
+
+
+def principal_in(tx: Transaction, token: str | None) -> Principal:
+    """``current_principal`` inside the request's own write unit (the fast path of ``POST
+    .../tasks/{task}/runs``, ql3/http/run_intake.py): the same check against the database state, first
+    in the unit, and the token's use recorded in the same transaction when it is due."""
+    found = _management_caller(tx, token)
+    if found.needs_touch:
+        auth.touch(tx, found.principal.id)
+    return found.principal

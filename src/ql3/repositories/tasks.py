@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ql3.domain.model import Task, TaskRevision, TaskSchedule
+from ql3.domain.auth import ROLES, Role
+from ql3.domain.model import Project, Task, TaskRevision, TaskSchedule
 from ql3.ports.storage import Row, Transaction
-from ql3.repositories.mapping import opt_int
+from ql3.repositories.mapping import one_of, opt_int
 
 # -- tasks --------------------------------------------------------------------------------------
 
@@ -209,3 +211,58 @@ def earliest_fire_at(tx: Transaction) -> int | None:
     """The next due time over all schedules (one index lookup)."""
     row = tx.one("schedule_earliest")
     return None if row is None else opt_int(row["next_fire_at_ms"])
+
+
+# -- the API's run creation ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCreateTarget:
+    """What the API's run creation reads before it writes (``run_create_target``): the project, the
+    caller's role binding there, the live task and its current revision, each None when missing."""
+
+    project: Project
+    role: Role | None
+    task: Task | None
+    revision: TaskRevision | None
+
+
+def get_run_create_target(
+    tx: Transaction, *, principal_id: str, project_ref: str, task_ref: str, task_id: str | None
+) -> RunCreateTarget | None:
+    """One read for ``project_get``, ``binding_get``, the task by id (``task_id``, None when the ref
+    is no id) or else by name, and ``task_revision_get``; None when there is no such project."""
+    row = tx.one(
+        "run_create_target",
+        {"principal_id": principal_id, "project": project_ref, "task": task_ref, "task_id": task_id},
+    )
+    if row is None:
+        return None
+    project = Project(
+        id=row["project_id"],
+        name=row["project_name"],
+        version=int(row["project_version"]),
+        created_at_ms=row["project_created_at_ms"],
+    )
+    task = None
+    if row["task_id"] is not None:
+        task = Task(
+            id=row["task_id"],
+            project_id=project.id,
+            name=row["task_name"],
+            enabled=bool(row["task_enabled"]),
+            revision=int(row["task_revision"]),
+            created_at_ms=int(row["task_created_at_ms"]),
+            updated_at_ms=int(row["task_updated_at_ms"]),
+        )
+    revision = None
+    if task is not None and row["revision"] is not None:
+        revision = TaskRevision(
+            task_id=task.id,
+            revision=int(row["revision"]),
+            spec=json.loads(row["spec_json"]),
+            content_digest=row["content_digest"],
+            created_at_ms=int(row["revision_created_at_ms"]),
+        )
+    role = None if row["role"] is None else one_of(row["role"], ROLES, "role_bindings.role")
+    return RunCreateTarget(project=project, role=role, task=task, revision=revision)

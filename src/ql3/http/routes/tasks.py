@@ -217,32 +217,7 @@ async def start_run(
     request = body or RunCreate()
 
     def unit(tx: Transaction) -> tuple[RunOut, bool] | ApprovalRequested:
-        found = auth.authorize(tx, principal, project, "run.create")
-        found_task = tasks.find_task(tx, found.id, task)
-        key = runs.validate_idempotency_key(request.idempotency_key)
-        # Validated before the approval branch too: bad input is refused whichever path it takes.
-        rerun_of = _rerun_of(tx, found.id, found_task.id, request.rerun_of)
-        # The current revision, read once: its approval rule here, its retry policy in create_run and
-        # its placement for the waiting reason below.
-        spec = build_spec(tasks.get_revision(tx, found_task.id, found_task.revision).spec)
-        if spec.approval == "required":
-            return request_approval(
-                tx, found, found_task, principal, priority=request.priority, idempotency_key=key
-            )
-        cmd = runs.CreateRun(
-            project_id=found.id,
-            task=found_task,
-            spec=spec,
-            idempotency_key=key,
-            priority=request.priority,
-            retry_of_run_id=rerun_of,
-            actor_type="user",
-            actor_id=principal.id,
-        )
-        run, created = runs.create_run(tx, cmd)
-        reasons = workers.WaitingReasons(tx)
-        reasons.know_revision(found_task.id, found_task.revision, spec)
-        return run_row_out(run_queries.describe(tx, run), reasons.reason(run)), created
+        return start_run_in(tx, principal, project, task, request)
 
     # Async, with the unit alone in the thread pool: FastAPI validates the response of a plain ``def``
     # route in the thread pool too, one more thread hand-off per request (bench/README.md, 2026-12-02).
@@ -252,6 +227,43 @@ async def start_run(
     out, created = result
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return out
+
+
+def start_run_in(
+    tx: Transaction, principal: Principal, project: str, task: str, request: RunCreate
+) -> tuple[RunOut, bool] | ApprovalRequested:
+    """The create unit of ``POST .../tasks/{task}/runs`` for an authenticated ``principal``: the run
+    and whether it is new, or the approval request standing in for it. Shared by the route and the
+    fast path in front of the framework (ql3/http/run_intake.py)."""
+    # The project, the caller's role there, the task and its current revision: one read.
+    access = auth.authorize_task(tx, principal, project, task, "run.create")
+    found, found_task = access.project, access.task
+    key = runs.validate_idempotency_key(request.idempotency_key)
+    # Validated before the approval branch too: bad input is refused whichever path it takes.
+    rerun_of = _rerun_of(tx, found.id, found_task.id, request.rerun_of)
+    # The current revision, read once: its approval rule here, its retry policy in create_run and
+    # its placement for the waiting reason below.
+    if access.revision is None:
+        raise NotFound("task revision not found")
+    spec = build_spec(access.revision.spec)
+    if spec.approval == "required":
+        return request_approval(
+            tx, found, found_task, principal, priority=request.priority, idempotency_key=key
+        )
+    cmd = runs.CreateRun(
+        project_id=found.id,
+        task=found_task,
+        spec=spec,
+        idempotency_key=key,
+        priority=request.priority,
+        retry_of_run_id=rerun_of,
+        actor_type="user",
+        actor_id=principal.id,
+    )
+    run, created = runs.create_run(tx, cmd)
+    reasons = workers.WaitingReasons(tx)
+    reasons.know_revision(found_task.id, found_task.revision, spec)
+    return run_row_out(run_queries.describe(tx, run), reasons.reason(run)), created
 
 
 def _rerun_of(tx: Transaction, project_id: str, task_id: str, ref: str | None) -> str | None:
