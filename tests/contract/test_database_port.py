@@ -6,6 +6,7 @@ the code runs."""
 from __future__ import annotations
 
 import ast
+import functools
 import threading
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,13 @@ def test_every_query_that_returns_many_rows_is_limited() -> None:
 
 
 def _returns_many(name: str) -> bool:
-    used_with_all = set()
+    return name in _names_used_with_all()
+
+
+@functools.cache
+def _names_used_with_all() -> frozenset[str]:
+    """Every query name passed to ``tx.all(...)`` somewhere in src/ (src/ parsed once per session)."""
+    used_with_all: set[str] = set()
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
@@ -217,9 +224,10 @@ def _returns_many(name: str) -> bool:
                 and node.func.attr == "all"
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
             ):
                 used_with_all.add(node.args[0].value)
-    return name in used_with_all
+    return frozenset(used_with_all)
 
 
 def _wakes(listener: Any, notifier: Any, channel: str, tries: int = 40) -> bool:
