@@ -28,11 +28,16 @@ def journal_rows(home: Path) -> list[dict[str, Any]]:
 
 
 def test_kill_9_mid_run_completes_with_the_real_exit_code_and_runs_once(tmp_path: Path) -> None:
-    # Given a 3-second task that records each start in a marker file and exits 7
+    # Given a task that records each start in a marker file, then waits for a gate (at most 60 s) and
+    # exits 7: the test sees it running however slowly its CLI polls start on a loaded machine
     home = tmp_path / "home"
     marker = tmp_path / "starts.txt"
+    gate = tmp_path / "gate"
     server = start_with_env(home, {})
-    command = f"echo started >> {marker}; echo before; sleep 3; echo after; exit 7"
+    command = (
+        f"echo started >> {marker}; echo before;"
+        f" for i in $(seq 600); do [ -e {gate} ] && break; sleep 0.1; done; echo after; exit 7"
+    )
     assert server.cli("task", "add", "slow", "--command", command).returncode == 0
     run_id = server.cli_json("run", "start", "slow")["id"]
     wait_for(lambda: run_json(server, run_id)["status"] == "running")
@@ -42,6 +47,7 @@ def test_kill_9_mid_run_completes_with_the_real_exit_code_and_runs_once(tmp_path
     server.process.wait(timeout=10)
     restarted = start_with_env(home, {})
     try:
+        gate.touch()  # the command, still running under the restarted server, may finish now
         final = wait_for(
             lambda: (r := run_json(restarted, run_id))["status"] in ("succeeded", "failed") and r
         )
@@ -52,6 +58,7 @@ def test_kill_9_mid_run_completes_with_the_real_exit_code_and_runs_once(tmp_path
         logs = list((home / "worker" / "logs").iterdir())
         assert len(logs) == 1 and logs[0].read_text().splitlines() == ["before", "after"]
     finally:
+        gate.touch()
         stop(restarted.process)
 
 
