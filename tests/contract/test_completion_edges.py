@@ -185,3 +185,31 @@ def test_a_completion_for_a_run_that_already_ended_changes_nothing(harness: Harn
 
     assert len(_events(harness, fence.run_id)) == before
     assert run_of(harness.db, project, fence.run_id).status == "cancelled"
+
+
+@pytest.mark.parametrize(("code", "event"), [(0, "succeeded"), (3, "failed")])
+def test_a_completion_in_a_project_with_a_notification_rule_enqueues_its_outcome_once(
+    harness: Harness, code: int, event: str
+) -> None:
+    """The worker's completion is the outcome's transaction: a project routing run outcomes to a
+    channel gets one outbox row with it (on PostgreSQL the one-call result function must defer to
+    the path that writes it, never complete the run without it)."""
+    from ql3.application import notifications
+
+    project, fence = _running(harness)
+    harness.db.transaction(
+        lambda tx: notifications.create_channel(
+            tx, project, name="hook", kind="webhook", url="https://example.invalid/h", secret="s" * 32
+        )
+    )
+    harness.db.transaction(
+        lambda tx: notifications.create_rule(
+            tx, project, channel="hook", task=None, events=["succeeded", "failed"]
+        )
+    )
+
+    assert _complete(harness, fence, code=code) == ("applied", event)
+
+    rows = harness.db.raw("SELECT event, status, outcome_key FROM notification_outbox")
+    assert [(r["event"], r["status"]) for r in rows] == [(event, "pending")]
+    assert rows[0]["outcome_key"].startswith(f"run:{fence.run_id}:{event}:")
