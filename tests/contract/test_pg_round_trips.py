@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from ql3.application import leases
+from ql3.application.dispatcher import DispatchBudget, RunDispatcher
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import Conflict, StorageUnavailable
 from ql3.domain.ids import new_id
@@ -362,6 +363,35 @@ def test_a_result_reads_the_worker_row_without_waiting_for_its_lock(pg: Harness)
 def round_trips() -> Iterator[list[int]]:
     with count_round_trips() as counter:
         yield counter
+
+
+# ``ql3 serve``'s dispatcher (one embedded worker): its worker snapshot is the cycle's last read and
+# travels with the COMMIT.
+ROUND_TRIPS_PER_LOCAL_OFFER = 3
+
+
+def test_one_offer_to_the_embedded_worker_costs_a_bounded_number_of_round_trips(
+    pg: Harness, round_trips: list[int]
+) -> None:
+    # Given serve's dispatcher for its one local worker and queued runs, past statement preparation
+    register(pg.db, "local", slots=64, lease_ms=600_000)
+    queued(pg.db, n=12)
+    d = RunDispatcher(
+        pg.db,
+        lease_secret=SECRET,
+        budget=DispatchBudget(lease_ms=600_000),
+        incarnation_started_ms=0,
+        local_worker_id="local",
+    )
+    for _ in range(10):
+        assert d.dispatch_once().offer is not None
+
+    # When one more offer is made
+    round_trips[0] = 0
+    assert d.dispatch_once().offer is not None
+
+    # Then it took at most the budgeted exchanges with the server
+    assert round_trips[0] <= ROUND_TRIPS_PER_LOCAL_OFFER, round_trips[0]
 
 
 def test_one_offer_costs_a_bounded_number_of_round_trips(pg: Harness, round_trips: list[int]) -> None:
