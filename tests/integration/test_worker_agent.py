@@ -15,7 +15,7 @@ from ql3.domain.ids import new_id
 from ql3.domain.journal import JournalConflict
 from ql3.domain.workers import parse_capabilities
 from ql3.execution.identity import ProcessHandle
-from ql3.execution.receipts import receipt_path
+from ql3.execution.receipts import launch_identity_path, receipt_path
 from ql3.worker.agent import WorkerAgent
 from tests.support.waits import wait_for
 from tests.support.worker_agent import Crash, Env
@@ -133,6 +133,35 @@ def test_a_crash_after_the_launching_barrier_is_never_spawned_again(env: Env) ->
         assert restarted.journal.get(offer.offer_id) is None
         with pytest.raises(FenceConflict):
             restarted.receive(offer)
+        assert env.starts() == 0
+    finally:
+        restarted.stop()
+
+
+def test_an_empty_identity_file_left_by_a_shim_without_ticks_is_removed_with_the_lost_attempt(
+    env: Env,
+) -> None:
+    # Given a worker that dies after `launching`, and the empty identity file a shim leaves when its
+    # launcher dies before sending the start ticks (the shim then exits without starting the command)
+    crashing = env.agent(fault="after_launching")
+    crashing.start()
+    offer = env.queue_and_claim(crashing)
+    with pytest.raises(Crash):
+        crashing.receive(offer)
+    crashing.stop()
+    identity = launch_identity_path(env.home / "worker" / "receipts", offer.fence.attempt_id)
+    identity.parent.mkdir(parents=True, exist_ok=True)
+    identity.touch(mode=0o600)
+
+    # When a new incarnation starts
+    restarted = env.agent()
+    restarted.start()
+    try:
+        # Then the empty file is no evidence: the attempt is lost, and the file is gone with its row
+        run = env.db.transaction(lambda tx: runs.get_run(tx, env.project.id, offer.fence.run_id))
+        assert (run.status, run.error_code) == ("failed", "RECOVERY_LAUNCH_OUTCOME_UNKNOWN")
+        assert restarted.journal.get(offer.offer_id) is None
+        assert not identity.exists()
         assert env.starts() == 0
     finally:
         restarted.stop()

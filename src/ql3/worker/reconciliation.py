@@ -12,7 +12,7 @@ from typing import Final
 from ql3.domain.errors import FenceConflict, NotFound, Ql3Error
 from ql3.domain.journal import JournalRecord
 from ql3.domain.offers import LeaseFence
-from ql3.execution.receipts import read_launch_identity
+from ql3.execution.receipts import delete_launch_identity, read_launch_identity
 from ql3.worker.attempts import ActiveAttempt, journal_offer
 from ql3.worker.context import AckRunning, WorkerContext
 
@@ -102,11 +102,16 @@ class Reconciliation:
         )
 
     def _launch_unknown(self, record: JournalRecord, fence: LeaseFence) -> str:
-        """No receipt and no trace of the shim: nothing can be proven to run, so the attempt is lost."""
+        """No receipt and no trace of the shim: nothing can be proven to run, so the attempt is lost.
+
+        A shim whose launcher died before sending its start ticks leaves its identity file empty (it
+        never starts the command); being no evidence, it goes with the journal row, once the loss is
+        reported, so a restart loop never accumulates them."""
         try:
             self._ctx.client.report_lost(fence, error_code=LOST_LAUNCH_OUTCOME_UNKNOWN)
         except FenceConflict:
             pass
+        delete_launch_identity(self._receipts_dir, record.attempt_id)
         self._ctx.journal().prune(record.offer_id)
         self._ctx.attempts.forget(record.attempt_id)
         return "lost"
