@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from starlette.exceptions import StarletteDeprecationWarning
 
 from ql3.application import auth, tasks, worker_credentials
+from ql3.http import run_intake
 from ql3.http.app import create_app
 from ql3.http.run_intake import ROUTE_PATH, StartRunFastPath
 from ql3.ports.storage import Transaction
@@ -38,6 +39,7 @@ class CountingDb:
     def __init__(self, db: Any) -> None:
         self._db = db
         self.transactions = 0
+        self.writes = 0
         self.statements: list[str] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -45,6 +47,7 @@ class CountingDb:
 
     def transaction(self, fn: Callable[[Transaction], Any], *, write: bool = True) -> Any:
         self.transactions += 1
+        self.writes += write
         return self._db.transaction(lambda tx: fn(_CountingTx(tx, self.statements)), write=write)
 
 
@@ -180,6 +183,87 @@ def test_an_unknown_token_and_a_worker_credential_are_refused(
     assert as_worker.status_code == 403
     assert as_worker.json()["error"]["code"] == "permission_denied"
     assert _runs(harness) == 0
+
+
+def test_a_wrong_token_is_refused_without_a_write_transaction(
+    client: TestClient, counting: CountingDb, harness: Harness, owner: auth.IssuedToken
+) -> None:
+    # Given a well-formed token that matches no principal, sent twice
+    counting.transactions, counting.writes = 0, 0
+    answers = [client.post(RUNS, json={}, headers=_h("ql3_" + "y" * 40)) for _ in range(2)]
+
+    # Then both are refused from a read transaction each: nothing took the write lock
+    assert [a.status_code for a in answers] == [401, 401]
+    assert (counting.transactions, counting.writes) == (2, 0)
+    assert _runs(harness) == 0
+
+
+def test_a_first_request_is_checked_in_a_read_then_one_write_and_a_revoked_token_leaves_the_fast_way(
+    client: TestClient,
+    counting: CountingDb,
+    harness: Harness,
+    owner: auth.IssuedToken,
+    member: auth.IssuedToken,
+) -> None:
+    # A token not seen here yet: a read check, then the write unit (which checks it again)
+    counting.transactions, counting.writes = 0, 0
+    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 201
+    assert (counting.transactions, counting.writes) == (2, 1)
+
+    # Seen: one write transaction only
+    counting.transactions, counting.writes = 0, 0
+    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 201
+    assert (counting.transactions, counting.writes) == (1, 1)
+
+    # Revoked: refused by the write unit's own check once, then from a read without the write lock
+    harness.db.transaction(
+        lambda tx: auth.revoke_token(tx, owner.principal, owner.project, member.principal.id)
+    )
+    counting.transactions, counting.writes = 0, 0
+    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 401
+    assert (counting.transactions, counting.writes) == (1, 1)
+    counting.transactions, counting.writes = 0, 0
+    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 401
+    assert (counting.transactions, counting.writes) == (1, 0)
+    assert _runs(harness) == 2
+
+
+def test_the_set_of_seen_tokens_is_bounded_least_recently_used_first_out(
+    client: TestClient,
+    counting: CountingDb,
+    owner: auth.IssuedToken,
+    member: auth.IssuedToken,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(run_intake, "KNOWN_TOKENS_MAX", 1)
+    for token in (member.token, owner.token):  # the owner's token pushes the member's out
+        assert client.post(RUNS, json={}, headers=_h(token)).status_code == 201
+
+    counting.transactions = 0
+    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 201
+    assert counting.transactions == 2  # checked in a read again
+
+
+def test_a_token_used_again_is_the_last_to_leave_the_set(
+    client: TestClient,
+    counting: CountingDb,
+    harness: Harness,
+    owner: auth.IssuedToken,
+    member: auth.IssuedToken,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    third = harness.db.transaction(
+        lambda tx: auth.issue_token(tx, name="third", role="operator", project=owner.project)
+    )
+    monkeypatch.setattr(run_intake, "KNOWN_TOKENS_MAX", 2)
+    for token in (member.token, owner.token, member.token, third.token):  # the owner's is the oldest
+        assert client.post(RUNS, json={}, headers=_h(token)).status_code == 201
+
+    counting.transactions = 0
+    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 201
+    assert counting.transactions == 1  # still seen
+    assert client.post(RUNS, json={}, headers=_h(owner.token)).status_code == 201
+    assert counting.transactions == 3  # pushed out: checked in a read again
 
 
 def test_the_tokens_use_is_recorded(

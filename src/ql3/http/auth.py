@@ -52,6 +52,12 @@ def current_principal(
 PrincipalDep = Annotated[Principal, Depends(current_principal)]
 
 
+def refuse_unless_management_caller(tx: Transaction, token: str | None) -> None:
+    """``current_principal``'s check alone, for a read transaction: raises as it would refuse, else
+    returns (the use is not recorded here; the fast path's write unit checks and records it)."""
+    _management_caller(tx, token)
+
+
 def _management_caller(tx: Transaction, token: str | None) -> auth.Authenticated:
     found = auth.authenticate_use(tx, token)
     if found.principal.kind == "worker":

@@ -15,6 +15,10 @@ framework untouched:
 - the token is checked against the database in the create unit itself, first, as ``current_principal``
   checks it (a revoked, expired or unknown token is refused, a worker credential too, and its use is
   recorded when due): one transaction and one thread hand-off per request instead of two;
+- a token this process has not yet seen authenticate (a bounded set of digests) is checked in a read
+  transaction first, in the same hand-off, so a wrong token is refused without taking the write lock
+  (``BEGIN IMMEDIATE`` on SQLite). The set never grants anything: the write unit checks every token
+  again, so a revocation takes effect on the next request, and a refused token leaves the set;
 - the unit is the route's own (``start_run_in``), its errors answer through the same table
   (``errors.ql3_error_answer``), and the run is serialised as the framework serialises the route's
   ``response_model`` (``RunOut`` through pydantic's ``dump_json``, by alias).
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Final
 
 from pydantic import TypeAdapter, ValidationError
@@ -37,9 +41,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ql3.domain.digests import API_TOKEN_DOMAIN, token_digest
 from ql3.domain.errors import Ql3Error
 from ql3.http import errors
-from ql3.http.auth import bearer, principal_in
+from ql3.http.auth import bearer, principal_in, refuse_unless_management_caller
 from ql3.http.dto import RunCreate, RunOut
 from ql3.http.routes.approvals import ApprovalRequested
 from ql3.http.routes.tasks import start_run_in
@@ -50,6 +55,8 @@ ROUTE_PATH: Final = "/api/v1/projects/{project}/tasks/{task}/runs"
 # Starlette's ``{name}`` (str convertor) is ``[^/]+`` over the percent-decoded path.
 _PATH: Final = re.compile(r"/api/v1/projects/(?P<project>[^/]+)/tasks/(?P<task>[^/]+)/runs")
 _RUN_OUT: Final = TypeAdapter(RunOut)
+# How many token digests that authenticated here are remembered (least recently used first out).
+KNOWN_TOKENS_MAX: Final = 256
 
 
 def run_create_of(headers: Headers, body: bytes) -> RunCreate | None:
@@ -77,6 +84,8 @@ class StartRunFastPath:
     def __init__(self, app: ASGIApp, db: Database) -> None:
         self.app = app
         self.db = db
+        # Digests of tokens that authenticated on this path; touched from the event loop only.
+        self._known: OrderedDict[str, None] = OrderedDict()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         target = None
@@ -108,15 +117,25 @@ class StartRunFastPath:
         messages.clear()
         token, project, task = credentials.credentials, target["project"], target["task"]
 
+        key = token_digest(API_TOKEN_DOMAIN, token)
+        precheck = key not in self._known
+
         def unit(tx: Transaction) -> tuple[RunOut, bool] | ApprovalRequested:
             return start_run_in(tx, principal_in(tx, token), project, task, request)
 
+        def checked_then_created() -> tuple[RunOut, bool] | ApprovalRequested:
+            if precheck:
+                self.db.transaction(lambda tx: refuse_unless_management_caller(tx, token), write=False)
+            return self.db.transaction(unit)
+
         response: Response
         try:
-            result = await run_in_threadpool(self.db.transaction, unit)
+            result = await run_in_threadpool(checked_then_created)
         except Ql3Error as exc:
+            self._known.pop(key, None)
             response = errors.ql3_error_answer(exc)
         else:
+            self._remember(key)
             if isinstance(result, ApprovalRequested):
                 response = JSONResponse(result.model_dump(mode="json"), status_code=202)
             else:
@@ -127,3 +146,9 @@ class StartRunFastPath:
                     media_type="application/json",
                 )
         await response(scope, replayed, send)
+
+    def _remember(self, key: str) -> None:
+        self._known[key] = None
+        self._known.move_to_end(key)
+        if len(self._known) > KNOWN_TOKENS_MAX:
+            self._known.popitem(last=False)
