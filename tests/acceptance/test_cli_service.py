@@ -117,6 +117,27 @@ def test_the_systemd_unit_keeps_the_task_users(tmp_path: Path) -> None:
     assert not home.exists()
 
 
+def test_the_access_log_is_on_by_default_and_off_with_no_access_log(serve: Server, tmp_path: Path) -> None:
+    quiet = start_server(tmp_path / "quiet", "--no-access-log")
+    try:
+        for server in (serve, quiet):
+            assert server.cli("task", "list").returncode == 0
+
+        # Then the default server logs the request, the quiet one does not (and still logs its start)
+        assert "/api/v1/" in serve.log()
+        assert "/api/v1/" not in quiet.log()
+        assert "serving on" in quiet.log()
+    finally:
+        stop(quiet.process)
+
+    # And the systemd unit keeps the choice
+    done = run_cli("serve", "--print-systemd-unit", "--no-access-log", home=tmp_path / "unit")
+    assert done.returncode == 0, done.stderr
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string(done.stdout)
+    assert "--no-access-log" in shlex.split(unit["Service"]["ExecStart"])
+
+
 def test_tasks_run_in_the_scripts_directory_by_default(serve: Server) -> None:
     # Given the README's example: deploy.sh in $QL3_HOME/scripts and a task that runs ./deploy.sh
     scripts = serve.home / "scripts"

@@ -80,3 +80,12 @@ def test_serve_help_lists_the_budgets_of_each_profile_and_the_variables(
             assert " ".join(line.split()) in text
     for var in ENV_VARS:
         assert var.name in text
+
+
+@pytest.mark.parametrize("command", ["serve", "control"])
+def test_the_access_log_is_on_unless_no_access_log_is_given(command: str) -> None:
+    from ql3.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args([command]).access_log is True
+    assert parser.parse_args([command, "--no-access-log"]).access_log is False

@@ -24,7 +24,7 @@ from ql3.cli.common import Subparsers, add_command
 from ql3.cli.config import DEFAULT_LISTEN, Credentials, credentials_path, parse_listen, write_credentials_file
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
 from ql3.cli.private import private_umask, require_private_home
-from ql3.cli.server import _ignore, bind_listener, first_start_message
+from ql3.cli.server import _ignore, access_log_flag, bind_listener, first_start_message
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.workers import validate_worker_id
 
@@ -130,6 +130,7 @@ def _control(
             port=port,
             lifespan="on",
             log_level="info",
+            access_log=args.access_log,
             server_header=False,
             proxy_headers=False,
             http=read_deadline_protocol(),
@@ -181,6 +182,7 @@ def register(subparsers: Subparsers) -> None:
     control.add_argument(
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
     )
+    access_log_flag(control)
     control.add_argument(
         "--replica-id",
         type=_replica_id,

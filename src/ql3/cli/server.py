@@ -227,6 +227,8 @@ def systemd_unit(args: argparse.Namespace, base: Path) -> str:
         serve += ["--run-as", args.run_as]
     for project, task_user in args.project_run_as or []:
         serve += ["--project-run-as", f"{project}={task_user}"]
+    if not args.access_log:
+        serve += ["--no-access-log"]
     if args.allow_server_user:
         serve += ["--allow-server-user"]
     environment = [f"QL3_HOME={base}"]
@@ -321,6 +323,7 @@ def _serve(
             port=port,
             lifespan="on",
             log_level="info",
+            access_log=args.access_log,
             server_header=False,
             proxy_headers=False,
             # slow clients: headers within 10 s, the body within 30 s more, idle keep-alive 5 s
@@ -530,7 +533,18 @@ def register(subparsers: Subparsers) -> None:
     serve.add_argument(
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
     )
+    access_log_flag(serve)
     database_flag(serve)
+
+
+def access_log_flag(parser: Parser) -> None:
+    parser.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="log one line per HTTP request on stderr (default on; --no-access-log saves its cost on a"
+        " busy API: warnings and errors are logged either way)",
+    )
 
 
 def _project_user(text: str) -> tuple[str, str]:
