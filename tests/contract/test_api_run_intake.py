@@ -205,26 +205,21 @@ def test_a_first_request_is_checked_in_a_read_then_one_write_and_a_revoked_token
     owner: auth.IssuedToken,
     member: auth.IssuedToken,
 ) -> None:
-    # A token not seen here yet: a read check, then the write unit (which checks it again)
-    counting.transactions, counting.writes = 0, 0
-    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 201
-    assert (counting.transactions, counting.writes) == (2, 1)
+    def post(token: str) -> tuple[int, int, int]:
+        """(status, transactions, write transactions) of one request."""
+        counting.transactions, counting.writes = 0, 0
+        status = client.post(RUNS, json={}, headers=_h(token)).status_code
+        return status, counting.transactions, counting.writes
 
-    # Seen: one write transaction only
-    counting.transactions, counting.writes = 0, 0
-    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 201
-    assert (counting.transactions, counting.writes) == (1, 1)
+    # A token not seen here yet: a read check, then the write unit (which checks it again); seen: one
+    # write transaction only
+    assert [post(member.token) for _ in range(2)] == [(201, 2, 1), (201, 1, 1)]
 
     # Revoked: refused by the write unit's own check once, then from a read without the write lock
     harness.db.transaction(
         lambda tx: auth.revoke_token(tx, owner.principal, owner.project, member.principal.id)
     )
-    counting.transactions, counting.writes = 0, 0
-    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 401
-    assert (counting.transactions, counting.writes) == (1, 1)
-    counting.transactions, counting.writes = 0, 0
-    assert client.post(RUNS, json={}, headers=_h(member.token)).status_code == 401
-    assert (counting.transactions, counting.writes) == (1, 0)
+    assert [post(member.token) for _ in range(2)] == [(401, 1, 1), (401, 1, 0)]
     assert _runs(harness) == 2
 
 

@@ -13,6 +13,7 @@ from ql3.application import leases, runs, tasks, workers
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.journal import JournalConflict
+from ql3.domain.offers import Offer
 from ql3.domain.workers import parse_capabilities
 from ql3.execution.identity import ProcessHandle
 from ql3.execution.receipts import launch_identity_path, receipt_path
@@ -113,55 +114,29 @@ def test_an_offer_whose_spec_names_another_attempt_is_refused(env: Env, field: s
         agent.stop()
 
 
-def test_a_crash_after_the_launching_barrier_is_never_spawned_again(env: Env) -> None:
+@pytest.mark.parametrize("empty_identity", [False, True], ids=["no_trace", "empty_identity_file"])
+def test_a_crash_after_the_launching_barrier_is_never_spawned_again(env: Env, empty_identity: bool) -> None:
     # Given a worker that dies after committing `launching`, before the spawn
-    crashing = env.agent(fault="after_launching")
-    crashing.start()
-    offer = env.queue_and_claim(crashing)
-    with pytest.raises(Crash):
-        crashing.receive(offer)
-    crashing.stop()
-
-    # When a new incarnation starts (no receipt, no trace of a shim) and the offer comes again
-    restarted = env.agent()
-    restarted.start()
-    try:
-        # Then the attempt is reported lost for the reason the worker knows, its journal row is gone,
-        # and the offer is refused: it is never spawned
-        run = env.db.transaction(lambda tx: runs.get_run(tx, env.project.id, offer.fence.run_id))
-        assert (run.status, run.error_code) == ("failed", "RECOVERY_LAUNCH_OUTCOME_UNKNOWN")
-        assert restarted.journal.get(offer.offer_id) is None
-        with pytest.raises(FenceConflict):
-            restarted.receive(offer)
-        assert env.starts() == 0
-    finally:
-        restarted.stop()
-
-
-def test_an_empty_identity_file_left_by_a_shim_without_ticks_is_removed_with_the_lost_attempt(
-    env: Env,
-) -> None:
-    # Given a worker that dies after `launching`, and the empty identity file a shim leaves when its
-    # launcher dies before sending the start ticks (the shim then exits without starting the command)
-    crashing = env.agent(fault="after_launching")
-    crashing.start()
-    offer = env.queue_and_claim(crashing)
-    with pytest.raises(Crash):
-        crashing.receive(offer)
-    crashing.stop()
+    offer = _crashed_at(env, "after_launching")
     identity = launch_identity_path(env.home / "worker" / "receipts", offer.fence.attempt_id)
-    identity.parent.mkdir(parents=True, exist_ok=True)
-    identity.touch(mode=0o600)
+    if empty_identity:
+        # (or the empty identity file a shim leaves when its launcher dies before sending the start
+        # ticks: the shim then exits without starting the command)
+        identity.parent.mkdir(parents=True, exist_ok=True)
+        identity.touch(mode=0o600)
 
-    # When a new incarnation starts
+    # When a new incarnation starts (no receipt, no process) and the offer comes again
     restarted = env.agent()
     restarted.start()
     try:
-        # Then the empty file is no evidence: the attempt is lost, and the file is gone with its row
+        # Then the attempt is reported lost for the reason the worker knows, its journal row is gone
+        # (an empty identity file, no evidence, with it), and the offer is refused: it is never spawned
         run = env.db.transaction(lambda tx: runs.get_run(tx, env.project.id, offer.fence.run_id))
         assert (run.status, run.error_code) == ("failed", "RECOVERY_LAUNCH_OUTCOME_UNKNOWN")
         assert restarted.journal.get(offer.offer_id) is None
         assert not identity.exists()
+        with pytest.raises(FenceConflict):
+            restarted.receive(offer)
         assert env.starts() == 0
     finally:
         restarted.stop()
@@ -170,12 +145,7 @@ def test_an_empty_identity_file_left_by_a_shim_without_ticks_is_removed_with_the
 def test_a_crash_between_the_starting_ack_and_the_barrier_loses_nothing(env: Env) -> None:
     # Given a worker that dies after the starting ACK, before the commit that journals it together
     # with the launching barrier (the journal still says `accepted`, the control plane `starting`)
-    crashing = env.agent(fault="after_starting_ack")
-    crashing.start()
-    offer = env.queue_and_claim(crashing)
-    with pytest.raises(Crash):
-        crashing.receive(offer)
-    crashing.stop()
+    offer = _crashed_at(env, "after_starting_ack")
 
     # When a new incarnation starts and the offer is delivered again
     restarted = env.agent()
@@ -327,12 +297,7 @@ def test_a_run_writes_the_journal_four_times_and_never_for_its_running_ack(
 
 def test_a_database_restored_from_before_a_run_does_not_stop_the_worker_from_starting(env: Env) -> None:
     # Given a worker that died after spawning a run whose receipt is now on disk
-    crashing = env.agent(fault="after_spawn")
-    crashing.start()
-    offer = env.queue_and_claim(crashing)
-    with pytest.raises(Crash):
-        crashing.receive(offer)
-    crashing.stop()
+    offer = _crashed_at(env, "after_spawn")
     receipt = receipt_path(env.home / "worker" / "receipts", offer.fence.attempt_id)
     wait_for(receipt.exists)
     # and a database restored from a backup taken before that run existed
@@ -355,3 +320,15 @@ def test_a_database_restored_from_before_a_run_does_not_stop_the_worker_from_sta
         assert record is None or record.state in ("recovery_required", "completion_acknowledged")
     finally:
         restarted.stop()
+
+
+def _crashed_at(env: Env, fault: str) -> Offer:
+    """An offer received by a worker that died at ``fault`` (the journal and the control plane left as
+    that crash leaves them)."""
+    crashing = env.agent(fault=fault)
+    crashing.start()
+    offer = env.queue_and_claim(crashing)
+    with pytest.raises(Crash):
+        crashing.receive(offer)
+    crashing.stop()
+    return offer
