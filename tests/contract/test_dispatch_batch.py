@@ -13,7 +13,7 @@ from ql3.application import cancellation, leases, runs
 from ql3.application.dispatcher import DispatchBudget
 from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.domain.offers import derive_lease_token
-from tests.support.builders import count
+from tests.support.builders import count, seed_project, seed_task, start_run
 from tests.support.databases import Harness
 from tests.support.execution_builders import SECRET, busy_and_leased, dispatcher, queued, register
 
@@ -170,6 +170,81 @@ def test_a_worker_that_refuses_its_claims_sends_them_to_the_next_worker_in_one_m
     assert [o.fence.worker_id for o in result.offers] == ["b", "b"]
     assert result.claim_calls == 4 and writes.count(True) == 2
     assert busy_and_leased(harness.db) == [("a", 0, 0), ("b", 2, 2)]
+    # with b's placement score (a, preferred, scored 10)
+    assert [o.placement_score for o in result.offers] == [0, 0]
+
+
+def test_a_refused_claim_with_no_other_worker_does_not_drop_the_rest_of_the_batch(harness: Harness) -> None:
+    # Given a run only worker a may take, queued before one any worker may take, and a replaced by
+    # a new session after the snapshot
+    register(harness.db, "a", slots=8, labels={"zone": "eu"})
+    register(harness.db, "b", slots=8)
+    project = seed_project(harness.db)
+    only_a, anywhere = (
+        start_run(harness.db, project, seed_task(harness.db, project, name=name, **spec))[0]
+        for name, spec in (("eu", {"require": {"zone": "eu"}}), ("any", {}))
+    )
+    d = dispatcher(harness.db, max_offers_per_cycle=8)
+    snapshot, _ = harness.db.transaction(d._workers, write=False)
+    d._workers = lambda tx: (list(snapshot), 1)  # type: ignore[method-assign]
+    register(harness.db, "a", slots=8, labels={"zone": "eu"})
+
+    # When one cycle claims both
+    result = d.dispatch_once()
+
+    # Then the run for a finds no other worker and waits; the other one is still offered, on b
+    assert [(o.fence.run_id, o.fence.worker_id) for o in result.offers] == [(anywhere.id, "b")]
+    assert count(harness.db, "run_leases") == 1
+    assert only_a.id not in {o.fence.run_id for o in result.offers}
+
+
+def test_a_refused_claim_past_the_budget_does_not_drop_a_claim_after_it(harness: Harness) -> None:
+    # Given two runs preferring worker a, one more only b may take, a budget of three claims, and a
+    # replaced by a new session after the snapshot
+    register(harness.db, "a", slots=8, labels={"zone": "eu"})
+    register(harness.db, "b", slots=8, labels={"zone": "us"})
+    project = seed_project(harness.db)
+    prefer_a = seed_task(harness.db, project, name="eu", prefer=[{"labels": {"zone": "eu"}, "weight": 10}])
+    only_b = seed_task(harness.db, project, name="us", require={"zone": "us"})
+    for task in (prefer_a, prefer_a, only_b):
+        start_run(harness.db, project, task)
+    d = dispatcher(harness.db, max_offers_per_cycle=8, claims=3)
+    snapshot, _ = harness.db.transaction(d._workers, write=False)
+    d._workers = lambda tx: (list(snapshot), 1)  # type: ignore[method-assign]
+    register(harness.db, "a", slots=8, labels={"zone": "eu"})
+
+    # When one cycle claims all three: the two on a are refused, and the budget allows no retry
+    result = d.dispatch_once()
+
+    # Then the claim on b is still offered
+    assert [o.fence.worker_id for o in result.offers] == ["b"]
+    assert result.claim_calls == 3 and count(harness.db, "run_leases") == 1
+
+
+@pytest.mark.parametrize("claims", [2, 3])
+def test_retries_of_refused_claims_stop_at_the_claim_budget(harness: Harness, claims: int) -> None:
+    # Given the refusing worker above, two runs for it, and a budget of two or three claims a cycle
+    register(harness.db, "a", slots=8, labels={"zone": "eu"})
+    register(harness.db, "b", slots=8)
+    queued(harness.db, n=2, prefer=[{"labels": {"zone": "eu"}, "weight": 10}])
+    d = dispatcher(harness.db, max_offers_per_cycle=8, claims=claims)
+    snapshot, _ = harness.db.transaction(d._workers, write=False)
+    d._workers = lambda tx: (list(snapshot), 1)  # type: ignore[method-assign]
+    register(harness.db, "a", slots=8, labels={"zone": "eu"})
+
+    # When one cycle claims both, and both claims are refused
+    result = d.dispatch_once()
+
+    # Then the budget holds the retries: with three claims one run is retried on b, with two none,
+    # and the cycle says why it stopped; the rest waits for the next cycle
+    assert result.claim_calls == claims
+    if claims == 3:
+        assert [o.fence.worker_id for o in result.offers] == ["b"]
+        assert (result.truncated, result.drained) == (True, False)  # the next cycle runs at once
+        assert busy_and_leased(harness.db) == [("a", 0, 0), ("b", 1, 1)]
+    else:
+        assert (result.reason, result.offers) == ("claim_budget_exhausted", ())
+        assert busy_and_leased(harness.db) == [("a", 0, 0), ("b", 0, 0)]
 
 
 def test_a_batch_reacquires_an_expired_lease_row_next_to_first_leases(harness: Harness) -> None:
