@@ -2,9 +2,10 @@
 
 mutmut mutates Python only, but on PostgreSQL the claim and every Run write run as plpgsql:
 ``ql3_claim`` (migration 0010) and ``ql3_write_run`` (migration 0011), a second copy of what
-``application/leases.py`` and ``application/runs.py`` do statement by statement on SQLite, and the
-locked reads of a lease holder's result, ``ql3_fence_rows`` (migration 0012), and the common case of
-each result in one statement, ``ql3_lease_result`` (migration 0014). This
+``application/lease_claims.py``, ``lease_results.py`` and ``runs.py`` do statement by statement on
+SQLite; the batch claim, ``ql3_claim_batch`` (migration 0013); the locked reads of a lease holder's
+result, ``ql3_fence_rows`` (migration 0012); and the common case of each result in one statement,
+``ql3_lease_result`` (migration 0014). This
 script applies one simple mutation at a time to a function's body, installs the mutant with
 ``CREATE OR REPLACE FUNCTION`` into a throwaway, migrated database ``ql3_mutsql_<pid>`` on the local
 PostgreSQL (``QL3_TEST_PG_DSN``), and runs the PostgreSQL half of the contract tests that reach the
@@ -60,6 +61,25 @@ FUNCTIONS = {
                 "tests/contract/test_worker_slots_are_never_leaked.py",
                 "tests/contract/test_dispatch_once.py",
                 "tests/contract/test_dispatch_race.py",
+                "tests/contract/test_time_authority.py",
+            ),
+        ),
+    ),
+    "ql3_claim_batch": Function(
+        "ql3_claim_batch",
+        "0013_claim_batch_function.sql",
+        (
+            (
+                "tests/contract/test_dispatch_batch.py",
+                "tests/contract/test_dispatch_claim_edges.py",
+                "tests/contract/test_pg_round_trips.py",
+            ),
+            (
+                "tests/contract/test_dispatch_once.py",
+                "tests/contract/test_dispatch_multi_worker.py",
+                "tests/contract/test_dispatch_fair_scan.py",
+                "tests/contract/test_worker_slots_are_never_leaked.py",
+                "tests/contract/test_lease_row_locks.py",
                 "tests/contract/test_time_authority.py",
             ),
         ),

@@ -1,4 +1,4 @@
-"""The edges of the activation ACKs (``leases.ack_starting`` / ``ack_running``): input limits, replays,
+"""The edges of the activation ACKs (``lease_results.ack_starting`` / ``ack_running``): input limits, replays,
 refusals with their reasons, and exactly what each ACK writes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases, runs
+from ql3.application import lease_results, leases, runs
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import Conflict, ValidationFailed
 from ql3.domain.offers import LeaseFence
@@ -31,7 +31,7 @@ def _events(harness: Harness, run_id: str) -> list[Any]:
 
 
 def _starting(harness: Harness, fence: LeaseFence) -> Any:
-    return harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))[0]
+    return harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))[0]
 
 
 def _running(harness: Harness, fence: LeaseFence, **overrides: Any) -> Any:
@@ -43,7 +43,7 @@ def _running(harness: Harness, fence: LeaseFence, **overrides: Any) -> Any:
         "callback_token_digest": DIGEST,
     }
     values.update(overrides)
-    return harness.db.transaction(lambda tx: leases.ack_running(tx, fence, **values))[0]
+    return harness.db.transaction(lambda tx: lease_results.ack_running(tx, fence, **values))[0]
 
 
 def test_starting_writes_one_event_and_wakes_the_deadline_planner(harness: Harness) -> None:
@@ -217,7 +217,7 @@ def test_the_starting_ack_wakes_the_cancellation_loop_only_for_a_deadline(
 
     def ack(tx: Any) -> Any:
         seen.append(_Channels(tx))
-        return leases.ack_starting(seen[0], offer.fence)
+        return lease_results.ack_starting(seen[0], offer.fence)
 
     # When the starting ACK commits
     assert harness.db.transaction(ack)[0] == "starting"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases
+from ql3.application import lease_results, leases
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import FenceConflict
 from ql3.domain.offers import LeaseFence
@@ -32,7 +32,7 @@ def _claimed(harness: Harness) -> tuple[Any, LeaseFence]:
 
 def _ack_running(db: Any, fence: LeaseFence) -> Any:
     return db.transaction(
-        lambda tx: leases.ack_running(
+        lambda tx: lease_results.ack_running(
             tx,
             fence,
             pid=4242,
@@ -46,7 +46,7 @@ def _ack_running(db: Any, fence: LeaseFence) -> Any:
 
 def _complete(db: Any, fence: LeaseFence) -> Any:
     return db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token=TOKEN, exit_code=0)
+        lambda tx: lease_results.complete(tx, fence, callback_sequence=1, callback_token=TOKEN, exit_code=0)
     )
 
 
@@ -56,7 +56,7 @@ def test_acks_sent_before_a_renewal_committed_are_applied_and_the_run_completes(
     harness.db.transaction(lambda tx: leases.renew(tx, fence, 30_000))
 
     # When it sends the starting ACK with the pre-renewal version, renews again, then the running ACK
-    assert harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))[0] == "starting"
+    assert harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))[0] == "starting"
     harness.db.transaction(
         lambda tx: leases.renew(tx, replace(fence, lease_version=fence.lease_version + 1), 30_000)
     )
@@ -83,7 +83,7 @@ def test_an_ack_of_another_authority_is_still_fenced(harness: Harness) -> None:
     stale = replace(fence, lease_generation=fence.lease_generation + 1)
 
     with pytest.raises(FenceConflict) as err:
-        harness.db.transaction(lambda tx: leases.ack_starting(tx, stale))
+        harness.db.transaction(lambda tx: lease_results.ack_starting(tx, stale))
 
     assert err.value.details["reason"] == "lease_generation_mismatch"
 
@@ -93,7 +93,7 @@ def test_a_running_ack_racing_a_renewal_on_two_connections_is_applied(pg_harness
     harness = pg_harness
     # Given a started attempt whose worker renews on one connection and ACKs on another
     project, fence = _claimed(harness)
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+    harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
     other = harness.second_connection()
     renewed = threading.Event()
     release = threading.Event()

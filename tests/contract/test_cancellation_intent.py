@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, cancellation_supervisor, leases
+from ql3.application import cancellation, cancellation_supervisor, lease_results
 from ql3.domain.errors import NotFound, ValidationFailed
 from tests.support.builders import count, seed_project
 from tests.support.cancellation_builders import (
@@ -33,7 +33,7 @@ def _status(harness: Harness, run_id: str) -> tuple[str, str]:
 
 def _complete(harness: Harness, fence: Any, exit_code: int = 0) -> Any:
     return harness.db.transaction(
-        lambda tx: leases.complete(
+        lambda tx: lease_results.complete(
             tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=exit_code
         )
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ql3.application import cancellation_supervisor, leases
+from ql3.application import cancellation_supervisor, lease_results
 from ql3.domain.offers import LeaseFence
 from tests.support.cancellation_builders import (
     PID_BASE,
@@ -34,7 +34,9 @@ def _stop_interrupted_after_the_run_ended(harness: Harness, fence: LeaseFence, p
     request(harness.db, project, fence.run_id)
     claim(harness.db, fence.run_id, owner="sup-old", lease_ms=60_000)
     harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=143)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=143
+        )
     )
 
 

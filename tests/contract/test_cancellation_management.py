@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation_management, cancellation_supervisor, leases
+from ql3.application import cancellation_management, cancellation_supervisor, lease_results
 from ql3.domain.cancellation import BlockedCursor, encode_blocked_cursor
 from ql3.domain.errors import Conflict, FenceConflict, NotFound, ValidationFailed
 from ql3.domain.ids import new_id
@@ -320,7 +320,9 @@ def test_rearm_inputs_are_validated(harness: Harness, bad: dict[str, Any]) -> No
 def test_rearm_of_a_terminal_run_is_refused(harness: Harness) -> None:
     project, (fence,) = _blocked(harness)
     harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0
+        )
     )
 
     with pytest.raises(Conflict):
@@ -414,7 +416,9 @@ def test_summary_is_converging_while_work_is_in_flight_and_ignores_ended_runs(ha
     record(harness.db, claim(harness.db, waiting.run_id), "dispatch_error")
     record(harness.db, claim(harness.db, ended.run_id), "invalid")
     harness.db.transaction(
-        lambda tx: leases.complete(tx, ended, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        lambda tx: lease_results.complete(
+            tx, ended, callback_sequence=1, callback_token="cb-token", exit_code=0
+        )
     )
 
     summary = _summary(harness, project)

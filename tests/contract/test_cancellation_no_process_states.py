@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ql3.application import cancellation, leases
+from ql3.application import cancellation, lease_expiry
 from ql3.application.cancellation_supervisor import CancellationSupervisor
 from tests.support.builders import count
 from tests.support.cancellation_builders import FakeSignal, claim, events, request
@@ -56,7 +56,7 @@ def test_a_lost_run_between_attempts_is_cancelled_in_the_intents_transaction(
     assert offer is not None
     start(harness.db, offer)
     assert harness.db.transaction(
-        lambda tx: leases.mark_lost(tx, run.id, offer.fence.attempt_id, error_code="X")
+        lambda tx: lease_expiry.mark_lost(tx, run.id, offer.fence.attempt_id, error_code="X")
     )
     harness.db.raw("UPDATE runs SET status = 'lost' WHERE id = ?", (run.id,))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, leases
+from ql3.application import cancellation, lease_expiry
 from ql3.domain.errors import FenceConflict
 from ql3.ports.storage import Params, Transaction
 from tests.support.builders import count
@@ -62,10 +62,10 @@ def test_a_result_naming_an_earlier_attempt_of_the_run_is_an_attempt_mismatch(ha
     assert first is not None
     start(harness.db, first)
     assert harness.db.transaction(
-        lambda tx: leases.mark_lost(tx, run.id, first.fence.attempt_id, error_code="X")
+        lambda tx: lease_expiry.mark_lost(tx, run.id, first.fence.attempt_id, error_code="X")
     )
     harness.advance_clock(3_600_000)
-    assert harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id)) is not None
+    assert harness.db.transaction(lambda tx: lease_expiry.admit_retry(tx, run.id)) is not None
     register(harness.db, lease_ms=600_000)  # the worker's session lapsed meanwhile: a new one
     second = d.dispatch_once().offer
     assert second is not None and second.fence.attempt_id != first.fence.attempt_id

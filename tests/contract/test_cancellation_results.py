@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ql3.application import leases
+from ql3.application import lease_results
 from ql3.domain.errors import Conflict, ValidationFailed
 from tests.support.cancellation_builders import (
     claim,
@@ -178,7 +178,9 @@ def test_a_result_after_the_completion_committed_settles_the_dispatch_without_to
     request(harness.db, project, fence.run_id)
     held = claim(harness.db, fence.run_id)
     harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=143)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=143
+        )
     )
     run_before = _run_row(harness, fence.run_id)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, cancellation_supervisor, leases
+from ql3.application import cancellation, cancellation_supervisor, lease_results
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from tests.support.builders import count
@@ -77,7 +77,7 @@ def test_an_identity_mismatch_sends_zero_signals_and_blocks_for_good(harness: Ha
 def test_a_missing_handle_is_retried_with_backoff_until_the_handle_exists(harness: Harness) -> None:
     # Given an attempt that ACKed starting but has no durable handle yet
     project, (fence,) = claimed_runs(harness.db)
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+    harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
     request(harness.db, project, fence.run_id)
     signal = FakeSignal()
 
@@ -88,7 +88,7 @@ def test_a_missing_handle_is_retried_with_backoff_until_the_handle_exists(harnes
 
     # And a cycle before it is due does nothing
     harness.db.transaction(
-        lambda tx: leases.ack_running(
+        lambda tx: lease_results.ack_running(
             tx,
             fence,
             pid=PID_BASE,
@@ -157,7 +157,7 @@ def test_a_never_started_attempt_is_cancelled_without_any_signal(harness: Harnes
     assert count(harness.db, "cancellation_dispatches") == 0
     # And a late starting ACK from the worker is fenced, so nothing can be spawned afterwards
     with pytest.raises(FenceConflict):
-        harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+        harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
 
 
 def test_a_crashed_holder_is_taken_over_only_after_its_lease_expires(harness: Harness) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation_supervisor, leases
+from ql3.application import cancellation_supervisor, lease_results
 from ql3.application.cancellation_supervisor import CancellationSupervisor
 from ql3.domain.errors import ValidationFailed
 from tests.support.cancellation_builders import (
@@ -64,7 +64,9 @@ def test_a_run_that_ended_after_the_intent_page_was_read_is_not_eligible(harness
 
     def completion_commits() -> None:
         harness.db.transaction(
-            lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+            lambda tx: lease_results.complete(
+                tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0
+            )
         )
 
     signal = FakeSignal()

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases, runs
+from ql3.application import lease_claims, lease_results, leases, runs
 from ql3.domain.offers import derive_lease_token
 from tests.support.databases import Harness
 from tests.support.execution_builders import SECRET, busy_and_leased, queued, register
@@ -20,10 +20,10 @@ from tests.support.execution_builders import SECRET, busy_and_leased, queued, re
 LEASE_MS = 5_000
 
 
-def _claim(harness: Harness, run_id: str, attempt_id: str, worker_id: str) -> leases.RunClaim:
+def _claim(harness: Harness, run_id: str, attempt_id: str, worker_id: str) -> lease_claims.RunClaim:
     (w,) = harness.db.raw("SELECT * FROM workers WHERE worker_id = ?", (worker_id,))
-    result: leases.RunClaim = harness.db.transaction(
-        lambda tx: leases.claim(
+    result: lease_claims.RunClaim = harness.db.transaction(
+        lambda tx: lease_claims.claim(
             tx,
             run_id=run_id,
             attempt_id=attempt_id,
@@ -74,8 +74,8 @@ def test_a_reacquired_row_ends_with_every_slot_free(harness: Harness) -> None:
     result = _claim(harness, run_id, attempt_id, "w2")
     assert result.lease is not None
     fence = leases.fence_of(result.lease, derive_lease_token(SECRET, attempt_id, 2))
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
-    harness.db.transaction(lambda tx: leases.ack_start_failure(tx, fence, error_code="ENOENT"))
+    harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
+    harness.db.transaction(lambda tx: lease_results.ack_start_failure(tx, fence, error_code="ENOENT"))
 
     # Then no slot is busy anywhere: the ending freed w2's, and w1's went with the re-acquire
     assert busy_and_leased(harness.db) == [("w1", 0, 0), ("w2", 0, 0)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ql3.application import leases
+from ql3.application import lease_claims, lease_expiry
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
 from tests.support.databases import Harness
@@ -42,7 +42,9 @@ def test_a_first_lease_and_a_reacquired_one_each_take_one_slot(harness: Harness)
 
     # When the unstarted claim expires and the run is claimed again (the lease row is reacquired)
     harness.advance_clock(5_001)
-    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, first.fence.attempt_id)) == "released"
+    assert (
+        harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, first.fence.attempt_id)) == "released"
+    )
     assert _counters(harness) == {"w1": 0}
     again = d.dispatch_once().offer
 
@@ -67,7 +69,7 @@ def test_a_live_lease_is_not_taken_again_and_takes_no_slot(harness: Harness) -> 
 
     # When a claim for the same attempt reaches the lease statement for the other worker
     result = harness.db.transaction(
-        lambda tx: leases.claim(
+        lambda tx: lease_claims.claim(
             tx,
             run_id=run.id,
             attempt_id=offer.fence.attempt_id,
@@ -101,7 +103,7 @@ def test_an_attempt_that_is_not_the_latest_is_not_leased(harness: Harness) -> No
 
     def claim(attempt_id: str) -> Any:
         return harness.db.transaction(
-            lambda tx: leases.claim(
+            lambda tx: lease_claims.claim(
                 tx,
                 run_id=run.id,
                 attempt_id=attempt_id,

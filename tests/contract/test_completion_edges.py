@@ -1,4 +1,4 @@
-"""The edges of the one completion path (``leases.complete``): the exit-code range, each fence's exact
+"""The edges of the one completion path (``lease_results.complete``): the exit-code range, each fence's exact
 reason, a late callback for an attempt that already ended, a stale lease version, the error code."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases, runs
+from ql3.application import lease_expiry, lease_results, leases, runs
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.offers import LeaseFence
 from tests.support.databases import Harness
@@ -26,7 +26,9 @@ def _complete(
     harness: Harness, fence: LeaseFence, *, seq: int = 1, token: str = "cb-token", code: int = 0
 ) -> Any:
     return harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=seq, callback_token=token, exit_code=code)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=seq, callback_token=token, exit_code=code
+        )
     )
 
 
@@ -101,7 +103,7 @@ def test_a_callback_before_the_running_ack_has_no_token_to_match(harness: Harnes
     project, _, _ = queued(harness.db)
     offer = dispatcher(harness.db).dispatch_once().offer
     assert offer is not None
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, offer.fence))
+    harness.db.transaction(lambda tx: lease_results.ack_starting(tx, offer.fence))
 
     with pytest.raises(FenceConflict) as caught:
         _complete(harness, offer.fence)
@@ -124,7 +126,7 @@ def test_a_late_callback_for_a_lost_attempt_of_a_retried_run_is_recorded_and_cha
     # Given attempt 1 lost (lease expired) and the run waiting for its retry
     project, fence = _running(harness, max_attempts=3, retry_safe=True)
     harness.advance_clock(600_001)
-    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "lost"
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id)) == "lost"
     assert run_of(harness.db, project, fence.run_id).status == "retry_wait"
     before = _events(harness, fence.run_id)
 
@@ -152,7 +154,7 @@ def test_a_late_callback_with_another_sequence_for_a_lost_attempt_is_recorded(
     assert offer is not None
     fence = start(harness.db, offer, seq=3)
     harness.advance_clock(600_001)
-    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "lost"
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id)) == "lost"
     before = len(_events(harness, fence.run_id))
 
     # When a callback arrives under a sequence no completion of that attempt ever used

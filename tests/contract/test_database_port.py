@@ -167,10 +167,10 @@ def _queries_named_in_src() -> set[str]:
 # Queries that call a PostgreSQL function doing what SQLite runs as several of the shared named
 # statements (which both catalogues keep); the contract tests run the behaviour on both databases.
 POSTGRES_ONLY = {
-    "lease_claim": "ql3_claim (migration 0010): leases.claim; SQLite runs the claim's statements",
-    "lease_claim_batch": "ql3_claim_batch (migration 0013): leases.claim_many; SQLite runs leases.claim each",
+    "lease_claim": "ql3_claim (migration 0010): lease_claims.claim; SQLite runs the claim's statements",
+    "lease_claim_batch": "ql3_claim_batch (migration 0013): lease_claims.claim_many; SQLite runs claim each",
     "run_write": "ql3_write_run (migration 0011): runs.write_run; SQLite runs run_cas, attempt_cas, events",
-    "lease_claim_last": "ql3_claim_or_raise (migration 0015): leases.claim with last; SQLite as lease_claim",
+    "lease_claim_last": "ql3_claim_or_raise (migration 0015): lease_claims.claim, last; SQLite: lease_claim",
     "lease_result": "ql3_lease_result (migration 0014): the ACKs and completion; SQLite runs their steps",
 }
 
@@ -190,7 +190,7 @@ def test_every_query_the_code_runs_exists_in_both_dialects_and_both_name_the_sam
 BOUNDED_WITHOUT_LIMIT = {
     "worker_snapshot_one": "one worker by its primary key",
     "notify_outbox_counts": "one row per delivery status (GROUP BY status)",
-    "lease_claim_batch": "one row per claim passed in (leases.claim_many refuses more than 64)",
+    "lease_claim_batch": "one row per claim passed in (lease_claims.claim_many refuses more than 64)",
 }
 
 

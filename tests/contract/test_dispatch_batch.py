@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, leases, runs
+from ql3.application import cancellation, lease_claims, runs
 from ql3.application.dispatcher import DispatchBudget
 from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.domain.offers import derive_lease_token
@@ -254,7 +254,7 @@ def test_a_batch_reacquires_an_expired_lease_row_next_to_first_leases(harness: H
     attempt = harness.db.transaction(lambda tx: runs.latest_attempt(tx, old.id), write=False)
     (w,) = harness.db.raw("SELECT * FROM workers WHERE worker_id = ?", ("w1",))
     first = harness.db.transaction(
-        lambda tx: leases.claim(
+        lambda tx: lease_claims.claim(
             tx,
             run_id=old.id,
             attempt_id=attempt.id,
@@ -284,7 +284,7 @@ def test_claim_many_refuses_an_empty_or_oversized_batch_and_a_run_named_twice(ha
     _, _, (run,) = queued(harness.db)
     attempt = harness.db.transaction(lambda tx: runs.latest_attempt(tx, run.id), write=False)
     (w,) = harness.db.raw("SELECT * FROM workers WHERE worker_id = ?", ("w1",))
-    one = leases.ClaimRequest(
+    one = lease_claims.ClaimRequest(
         run_id=run.id,
         attempt_id=attempt.id,
         worker_id="w1",
@@ -292,7 +292,7 @@ def test_claim_many_refuses_an_empty_or_oversized_batch_and_a_run_named_twice(ha
         worker_generation=int(w["generation"]),
         token_for_generation=lambda g: derive_lease_token(SECRET, attempt.id, g),
     )
-    too_many = [replace(one, run_id=f"r{i}") for i in range(leases.MAX_CLAIM_BATCH + 1)]
+    too_many = [replace(one, run_id=f"r{i}") for i in range(lease_claims.MAX_CLAIM_BATCH + 1)]
     refused = {
         "a claim batch holds 1-64 claims": ([], too_many),
         "a claim batch names each run once": ([one, one],),
@@ -301,13 +301,15 @@ def test_claim_many_refuses_an_empty_or_oversized_batch_and_a_run_named_twice(ha
         for batch in batches:
             with pytest.raises(ValidationFailed) as caught:
                 harness.db.transaction(
-                    lambda tx, batch=batch: leases.claim_many(tx, batch, lease_ms=LEASE_MS)
+                    lambda tx, batch=batch: lease_claims.claim_many(tx, batch, lease_ms=LEASE_MS)
                 )
             assert (caught.value.message, dict(caught.value.details)) == (message, {"field": "claims"})
     # The largest batch is taken: its first claim names a run that does not exist
     with pytest.raises(NotFound):
         harness.db.transaction(
-            lambda tx: leases.claim_many(tx, too_many[: leases.MAX_CLAIM_BATCH], lease_ms=LEASE_MS)
+            lambda tx: lease_claims.claim_many(
+                tx, too_many[: lease_claims.MAX_CLAIM_BATCH], lease_ms=LEASE_MS
+            )
         )
     assert count(harness.db, "run_leases") == 0
 

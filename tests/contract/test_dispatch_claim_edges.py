@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ql3.application import dispatcher as dispatcher_module
-from ql3.application import leases
+from ql3.application import lease_claims, leases
 from ql3.application.dispatcher import DispatchCycleError
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.offers import offer_id
@@ -47,14 +47,16 @@ def test_a_cycle_stopped_by_its_claim_budget_resumes_behind_that_candidate(
     current, _ = harness.db.transaction(d._workers, write=False)
     stale = [replace(w, free_slots=1) for w in current]
     d._workers = lambda tx: (list(stale), 1)  # type: ignore[method-assign]
-    real_claim_many = leases.claim_many
+    real_claim_many = lease_claims.claim_many
     tried: list[str] = []
 
-    def recording(tx: Any, requests: list[leases.ClaimRequest], **kwargs: Any) -> list[leases.RunClaim]:
+    def recording(
+        tx: Any, requests: list[lease_claims.ClaimRequest], **kwargs: Any
+    ) -> list[lease_claims.RunClaim]:
         tried.extend(r.run_id for r in requests)
         return real_claim_many(tx, requests, **kwargs)
 
-    monkeypatch.setattr(leases, "claim_many", recording)
+    monkeypatch.setattr(lease_claims, "claim_many", recording)
 
     # When two cycles each spend their only claim on the capacity race
     results = [d.dispatch_once() for _ in range(2)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ql3.application import leases
+from ql3.application import lease_results
 from ql3.application.dispatcher import DispatchResult
 from ql3.domain.offers import Offer
 from tests.support.databases import Harness
@@ -91,7 +91,7 @@ def test_a_lease_whose_attempt_started_after_the_recovery_page_is_not_offered(ha
     offer = _claimed_then_restart(harness)
 
     def worker_starts() -> None:
-        harness.db.transaction(lambda tx: leases.ack_starting(tx, offer.fence))
+        harness.db.transaction(lambda tx: lease_results.ack_starting(tx, offer.fence))
 
     # unit 1 reads the recovery page, unit 2 builds the offer
     since = harness.now_ms()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases, runs
+from ql3.application import lease_results, runs
 from ql3.application.settings import load_serve_settings
 from ql3.bootstrap import build_standalone_runtime
 from ql3.cluster.pull import PullService
@@ -66,7 +66,9 @@ def test_the_end_of_a_lease_notifies_the_freed_slot_not_the_queue(
     spy = _Spy(harness, monkeypatch)
 
     harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0
+        )
     )
 
     assert spy.posted == [channels.SLOTS]
@@ -94,7 +96,9 @@ def test_a_waiting_pull_of_a_full_worker_is_woken_by_the_freed_slot(harness: Har
 
     # When the first run completes
     harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0
+        )
     )
     thread.join(60)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases, runs, workers
+from ql3.application import lease_claims, lease_expiry, lease_results, leases, runs, workers
 from ql3.domain.errors import FenceConflict
 from ql3.domain.offers import LeaseFence
 from tests.support.builders import count
@@ -43,7 +43,7 @@ def test_an_unknown_attempt_is_missing(harness: Harness) -> None:
 def test_a_released_lease_is_not_leased(harness: Harness) -> None:
     _, fence = _claimed(harness)
     harness.advance_clock(RUN_LEASE_MS)
-    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "released"
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id)) == "released"
     assert _renew_reason(harness, fence) == "not_leased"
 
 
@@ -93,7 +93,7 @@ def test_a_worker_whose_session_lease_ended_cannot_renew_at_that_instant(harness
 def _claim(harness: Harness, run_id: str, attempt_id: str) -> str:
     row = harness.db.raw("SELECT session_id, generation FROM workers WHERE worker_id = 'w1'")[0]
     result = harness.db.transaction(
-        lambda tx: leases.claim(
+        lambda tx: lease_claims.claim(
             tx,
             run_id=run_id,
             attempt_id=attempt_id,
@@ -156,7 +156,7 @@ def test_a_completion_naming_another_terminal_run_is_a_run_mismatch_not_a_replay
     assert first is not None and second is not None
     f1, f2 = start(harness.db, first), start(harness.db, second)
     done = harness.db.transaction(
-        lambda tx: leases.complete(tx, f1, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        lambda tx: lease_results.complete(tx, f1, callback_sequence=1, callback_token="cb-token", exit_code=0)
     )
     assert done == ("applied", "succeeded")
     events = count(harness.db, "run_events")
@@ -165,7 +165,9 @@ def test_a_completion_naming_another_terminal_run_is_a_run_mismatch_not_a_replay
     wrong = replace(f2, run_id=f1.run_id)
     with pytest.raises(FenceConflict) as caught:
         harness.db.transaction(
-            lambda tx: leases.complete(tx, wrong, callback_sequence=1, callback_token="cb-token", exit_code=0)
+            lambda tx: lease_results.complete(
+                tx, wrong, callback_sequence=1, callback_token="cb-token", exit_code=0
+            )
         )
 
     # Then it is refused as a run mismatch before anything else is looked at (not answered as the

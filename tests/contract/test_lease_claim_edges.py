@@ -1,4 +1,4 @@
-"""The edges of the atomic claim (``leases.claim``): the event it writes, each reason a worker cannot
+"""The edges of the atomic claim (``lease_claims.claim``): the event it writes, each reason a worker cannot
 take the run, the instant an earlier lease of the attempt may be taken again, a completed lease that
 never is, and the answers to a concurrent writer that got to the lease row first."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases, runs
+from ql3.application import lease_claims, lease_expiry, leases, runs
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import new_id
 from ql3.domain.offers import derive_lease_token
@@ -42,10 +42,10 @@ def _claim(
     session_id: str | None = None,
     generation: int | None = None,
     first: dict[str, Any] | None = None,
-) -> leases.RunClaim:
+) -> lease_claims.RunClaim:
     w = _worker(harness)
-    result: leases.RunClaim = harness.db.transaction(
-        lambda tx: leases.claim(
+    result: lease_claims.RunClaim = harness.db.transaction(
+        lambda tx: lease_claims.claim(
             StatementLog(tx, first) if first else tx,
             run_id=run_id,
             attempt_id=attempt_id,
@@ -66,7 +66,7 @@ def _lease(harness: Harness) -> dict[str, Any]:
 
 def _expire(harness: Harness, attempt_id: str) -> None:
     harness.advance_clock(LEASE_MS)
-    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, attempt_id)) == "released"
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, attempt_id)) == "released"
 
 
 def test_each_claim_writes_one_dispatching_event_naming_the_worker_and_the_lease_generation(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ql3.application import leases, runs
+from ql3.application import lease_expiry, lease_results, runs
 from ql3.domain.offers import LeaseFence
 from tests.support.builders import count
 from tests.support.databases import Harness
@@ -35,7 +35,7 @@ def _active(harness: Harness) -> int:
 
 
 def _expire(harness: Harness, attempt_id: str) -> str:
-    return str(harness.db.transaction(lambda tx: leases.expire_lease(tx, attempt_id)))
+    return str(harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, attempt_id)))
 
 
 def _events(harness: Harness, run_id: str) -> list[Any]:
@@ -141,7 +141,7 @@ def _due_at(harness: Harness, run_id: str) -> int:
 
 
 def _admit(harness: Harness, run_id: str) -> str | None:
-    result: str | None = harness.db.transaction(lambda tx: leases.admit_retry(tx, run_id))
+    result: str | None = harness.db.transaction(lambda tx: lease_expiry.admit_retry(tx, run_id))
     return result
 
 
@@ -222,7 +222,7 @@ def _version_before_requeue(harness: Harness, run_id: str) -> int:
 
 def test_an_attempt_that_only_acknowledged_starting_is_lost_when_its_lease_expires(harness: Harness) -> None:
     project, fence = _claimed(harness)
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+    harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
     harness.advance_clock(LEASE_MS)
 
     assert _expire(harness, fence.attempt_id) == "lost"
@@ -235,7 +235,9 @@ def test_a_completed_lease_listed_as_expired_is_left_alone(harness: Harness) -> 
     project, fence = _claimed(harness)
     start(harness.db, _as_offer(fence))
     harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0
+        )
     )
     harness.advance_clock(LEASE_MS * 2)
     before = len(_events(harness, fence.run_id))

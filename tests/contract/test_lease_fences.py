@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases, runs
+from ql3.application import lease_expiry, lease_results, leases, runs
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict
 from ql3.domain.offers import LeaseFence
@@ -72,7 +72,7 @@ def test_running_before_starting_is_rejected(harness: Harness) -> None:
 
     with pytest.raises(Conflict):
         harness.db.transaction(
-            lambda tx: leases.ack_running(
+            lambda tx: lease_results.ack_running(
                 tx,
                 fence,
                 pid=10,
@@ -88,12 +88,12 @@ def test_starting_and_running_replays_are_idempotent_and_a_different_handle_is_r
     harness: Harness,
 ) -> None:
     project, fence = _claimed(harness)
-    first = harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))[0]
-    again = harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))[0]
+    first = harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))[0]
+    again = harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))[0]
 
     def running(handle: str) -> Any:
         return harness.db.transaction(
-            lambda tx: leases.ack_running(
+            lambda tx: lease_results.ack_running(
                 tx,
                 fence,
                 pid=10,
@@ -115,10 +115,10 @@ def test_starting_and_running_replays_are_idempotent_and_a_different_handle_is_r
 
 def test_start_failure_is_atomic_and_completes_the_lease(harness: Harness) -> None:
     project, fence = _claimed(harness)
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+    harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
 
     outcome = harness.db.transaction(
-        lambda tx: leases.ack_start_failure(tx, fence, error_code="EXECUTOR_START_FAILED")
+        lambda tx: lease_results.ack_start_failure(tx, fence, error_code="EXECUTOR_START_FAILED")
     )
 
     assert outcome == "failed"
@@ -126,19 +126,19 @@ def test_start_failure_is_atomic_and_completes_the_lease(harness: Harness) -> No
     lease = harness.db.transaction(lambda tx: leases.get_lease(tx, fence.attempt_id))
     assert lease is not None and lease.status == "completed" and lease.version == fence.lease_version + 1
     replay = harness.db.transaction(
-        lambda tx: leases.ack_start_failure(tx, fence, error_code="EXECUTOR_START_FAILED")
+        lambda tx: lease_results.ack_start_failure(tx, fence, error_code="EXECUTOR_START_FAILED")
     )
     assert replay == "already_terminal"
 
 
 def test_start_failure_after_a_timeout_intent_is_timed_out(harness: Harness) -> None:
     _project, fence = _claimed(harness)
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+    harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
     harness.db.raw(
         "UPDATE runs SET cancel_requested_at_ms = 1, cancel_reason = 'timeout' WHERE id = ?", (fence.run_id,)
     )
 
-    outcome = harness.db.transaction(lambda tx: leases.ack_start_failure(tx, fence, error_code="X"))
+    outcome = harness.db.transaction(lambda tx: lease_results.ack_start_failure(tx, fence, error_code="X"))
 
     assert outcome == "timed_out"
 
@@ -148,11 +148,15 @@ def test_completion_applies_once_and_a_replay_is_already_terminal(harness: Harne
     start(harness.db, _offer_of(fence))
 
     first = harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=7)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=7
+        )
     )
     events_after_first = count(harness.db, "run_events")
     second = harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=7)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=7
+        )
     )
 
     assert first == ("applied", "failed") and second == ("already_terminal", "failed")
@@ -167,7 +171,9 @@ def test_completion_with_a_wrong_token_changes_nothing(harness: Harness) -> None
 
     with pytest.raises(FenceConflict):
         harness.db.transaction(
-            lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="forged", exit_code=0)
+            lambda tx: lease_results.complete(
+                tx, fence, callback_sequence=1, callback_token="forged", exit_code=0
+            )
         )
     assert run_of(harness.db, project, fence.run_id).status == "running"
 
@@ -180,7 +186,9 @@ def test_cancel_intent_before_completion_turns_success_into_cancelled(harness: H
     )
 
     result = harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0
+        )
     )
 
     assert result == ("applied", "cancelled")
@@ -199,7 +207,7 @@ def test_expired_claimed_lease_is_released_and_the_run_is_claimable_again(harnes
     project, fence = _claimed(harness)
     harness.advance_clock(30_001)
 
-    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "released"
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id)) == "released"
 
     assert run_of(harness.db, project, fence.run_id).status == "queued"
     register(harness.db)  # the old session also went stale; a fresh one takes it
@@ -216,7 +224,7 @@ def test_expired_running_lease_marks_attempt_and_run_lost_then_failed_without_po
     start(harness.db, _offer_of(fence))
     harness.advance_clock(30_001)
 
-    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "lost"
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id)) == "lost"
 
     run = run_of(harness.db, project, fence.run_id)
     assert run.status == "failed" and run.error_code == "LEASE_EXPIRED"
@@ -230,17 +238,19 @@ def test_expired_running_lease_marks_attempt_and_run_lost_then_failed_without_po
 def test_live_lease_expiry_is_a_noop(harness: Harness) -> None:
     _, fence = _claimed(harness)
 
-    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "noop"
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id)) == "noop"
 
 
 def test_late_completion_after_expiry_is_ignored(harness: Harness) -> None:
     project, fence = _claimed(harness)
     start(harness.db, _offer_of(fence))
     harness.advance_clock(30_001)
-    harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id))
+    harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id))
 
     result = harness.db.transaction(
-        lambda tx: leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        lambda tx: lease_results.complete(
+            tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0
+        )
     )
 
     assert result[0] == "already_terminal"
@@ -257,10 +267,12 @@ def test_the_active_lease_counter_always_equals_the_leased_rows(harness: Harness
     done, failed, expired, _kept = (o.fence for o in offers if o is not None)
     start(harness.db, _offer_of(done))
     harness.db.transaction(
-        lambda tx: leases.complete(tx, done, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        lambda tx: lease_results.complete(
+            tx, done, callback_sequence=1, callback_token="cb-token", exit_code=0
+        )
     )
-    harness.db.transaction(lambda tx: leases.ack_starting(tx, failed))
-    harness.db.transaction(lambda tx: leases.ack_start_failure(tx, failed, error_code="X"))
+    harness.db.transaction(lambda tx: lease_results.ack_starting(tx, failed))
+    harness.db.transaction(lambda tx: lease_results.ack_start_failure(tx, failed, error_code="X"))
 
     def counter() -> tuple[int, int]:
         w = harness.db.raw("SELECT active_leases FROM workers WHERE worker_id = 'w1'")[0]["active_leases"]
@@ -272,7 +284,7 @@ def test_the_active_lease_counter_always_equals_the_leased_rows(harness: Harness
     # When the remaining leases expire
     harness.advance_clock(30_001)
     for fence in (expired, _kept):
-        harness.db.transaction(lambda tx, a=fence.attempt_id: leases.expire_lease(tx, a))
+        harness.db.transaction(lambda tx, a=fence.attempt_id: lease_expiry.expire_lease(tx, a))
 
     # Then the counter followed every change
     assert counter() == (0, 0)

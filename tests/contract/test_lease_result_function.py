@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases, workers
+from ql3.application import lease_results, workers
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import FenceConflict
 from ql3.domain.offers import LeaseFence
@@ -34,7 +34,7 @@ def _at(harness: Harness, result: str, *, session_ms: int = SESSION_MS) -> tuple
     assert offer is not None
     fence = offer.fence
     if result == "running":
-        harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+        harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
     if result == "complete":
         start(harness.db, offer)
     other = next(r.id for r in created if r.id != fence.run_id)
@@ -44,9 +44,9 @@ def _at(harness: Harness, result: str, *, session_ms: int = SESSION_MS) -> tuple
 def _step(harness: Harness, result: str, fence: LeaseFence) -> Any:
     def run(tx: Any) -> Any:
         if result == "starting":
-            return leases.ack_starting(tx, fence)[0]
+            return lease_results.ack_starting(tx, fence)[0]
         if result == "running":
-            return leases.ack_running(
+            return lease_results.ack_running(
                 tx,
                 fence,
                 pid=4242,
@@ -55,7 +55,7 @@ def _step(harness: Harness, result: str, fence: LeaseFence) -> Any:
                 callback_sequence=1,
                 callback_token_digest=sha256_hex("cb-token"),
             )[0]
-        return leases.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
+        return lease_results.complete(tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
 
     return harness.db.transaction(run)
 

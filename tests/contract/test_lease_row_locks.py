@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases
+from ql3.application import lease_claims, lease_expiry, lease_results, leases
 from ql3.domain.errors import FenceConflict
 from ql3.domain.offers import LeaseFence, Offer, derive_lease_token
 from ql3.ports.storage import Params, Transaction
@@ -53,13 +53,13 @@ def test_a_claim_locks_run_attempt_worker_then_the_lease_row_it_reacquires(sqlit
     # Given an attempt whose first lease expired unstarted (its row stays, released)
     fence = _claimed(harness)
     harness.advance_clock(5_000)
-    assert harness.db.transaction(lambda tx: leases.expire_lease(tx, fence.attempt_id)) == "released"
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id)) == "released"
     w = harness.db.raw("SELECT * FROM workers WHERE worker_id = 'w1'")[0]
     log: list[StatementLog] = []
 
-    def claim(tx: Transaction) -> leases.RunClaim:
+    def claim(tx: Transaction) -> lease_claims.RunClaim:
         log.append(StatementLog(tx))
-        return leases.claim(
+        return lease_claims.claim(
             log[0],
             run_id=fence.run_id,
             attempt_id=fence.attempt_id,
@@ -91,7 +91,7 @@ def test_expiry_peeks_at_the_lease_then_locks_run_attempt_and_lease_in_order(
 
     def expire(tx: Transaction) -> str:
         log.append(StatementLog(tx))
-        return leases.expire_lease(log[0], fence.attempt_id)
+        return lease_expiry.expire_lease(log[0], fence.attempt_id)
 
     assert harness.db.transaction(expire) == ("released" if stage == "claimed" else "lost")
 
@@ -129,14 +129,16 @@ def test_an_ending_reads_its_lease_once_under_the_row_lock_and_frees_the_slot(
     if ending == "complete":
         start(harness.db, offer)
     else:
-        harness.db.transaction(lambda tx: leases.ack_starting(tx, fence))
+        harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
     log: list[StatementLog] = []
 
     def end(tx: Transaction) -> Any:
         log.append(StatementLog(tx))
         if ending == "complete":
-            return leases.complete(log[0], fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
-        return leases.ack_start_failure(log[0], fence, error_code="spawn_failed")
+            return lease_results.complete(
+                log[0], fence, callback_sequence=1, callback_token="cb-token", exit_code=0
+            )
+        return lease_results.ack_start_failure(log[0], fence, error_code="spawn_failed")
 
     # When it ends
     harness.db.transaction(end)
@@ -178,8 +180,10 @@ def test_an_ending_whose_lease_compare_and_set_loses_frees_no_slot_of_its_own(
     def end(tx: Transaction) -> Any:
         log = StatementLog(tx, {statement: ended_first})
         if ending == "complete":
-            return leases.complete(log, fence, callback_sequence=1, callback_token="cb-token", exit_code=0)
-        return leases.mark_lost(log, fence.run_id, fence.attempt_id, error_code="LEASE_EXPIRED")
+            return lease_results.complete(
+                log, fence, callback_sequence=1, callback_token="cb-token", exit_code=0
+            )
+        return lease_expiry.mark_lost(log, fence.run_id, fence.attempt_id, error_code="LEASE_EXPIRED")
 
     harness.db.transaction(end)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ql3.application import leases
+from ql3.application import lease_expiry
 from tests.support.builders import count
 from tests.support.databases import Harness
 from tests.support.execution_builders import dispatcher, queued, register, run_of, start
@@ -17,7 +17,7 @@ def _lost_run(harness: Harness, max_attempts: int) -> tuple[Any, Any]:
     assert offer is not None
     start(harness.db, offer)
     harness.advance_clock(30_001)
-    harness.db.transaction(lambda tx: leases.expire_lease(tx, offer.fence.attempt_id))
+    harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, offer.fence.attempt_id))
     return project, run
 
 
@@ -26,22 +26,22 @@ def test_lost_with_attempts_left_waits_then_creates_attempt_two(harness: Harness
     assert run_of(harness.db, project, run.id).status == "retry_wait"
 
     # not due yet: nothing happens
-    assert harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id)) is None
+    assert harness.db.transaction(lambda tx: lease_expiry.admit_retry(tx, run.id)) is None
     harness.advance_clock(60_000)
-    attempt_id = harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id))
+    attempt_id = harness.db.transaction(lambda tx: lease_expiry.admit_retry(tx, run.id))
 
     assert attempt_id is not None
     assert run_of(harness.db, project, run.id).status == "queued"
     assert count(harness.db, "run_attempts") == 2
     # a replay never creates attempt three
-    assert harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id)) is None
+    assert harness.db.transaction(lambda tx: lease_expiry.admit_retry(tx, run.id)) is None
     assert count(harness.db, "run_attempts") == 2
 
 
 def test_retry_is_dispatched_as_a_new_attempt(harness: Harness) -> None:
     _project, run = _lost_run(harness, max_attempts=2)
     harness.advance_clock(60_000)
-    harness.db.transaction(lambda tx: leases.admit_retry(tx, run.id))
+    harness.db.transaction(lambda tx: lease_expiry.admit_retry(tx, run.id))
     register(harness.db, lease_ms=600_000)
 
     offer = dispatcher(harness.db).dispatch_once().offer

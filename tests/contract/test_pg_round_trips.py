@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from ql3.application import leases
+from ql3.application import lease_claims, lease_expiry, lease_results, leases
 from ql3.application.dispatcher import DispatchBudget, RunDispatcher
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import Conflict, StorageUnavailable
@@ -146,7 +146,7 @@ def test_a_unit_that_commits_with_its_statement_survives_a_terminated_pooled_con
         _terminate(pg, [pid])
 
         # When the starting ACK runs (BEGIN, its one statement and COMMIT in one round trip)
-        answer, _ = db.transaction(lambda tx: leases.ack_starting(tx, offer.fence))
+        answer, _ = db.transaction(lambda tx: lease_results.ack_starting(tx, offer.fence))
 
         # Then it saw the connection had hung up, took the path that fails before the server got
         # anything, and was re-run on a fresh connection: applied once
@@ -159,7 +159,7 @@ def test_a_unit_that_commits_with_its_statement_survives_a_terminated_pooled_con
 def _claim(harness: Harness, run_id: str, attempt_id: str) -> Any:
     w = harness.db.raw("SELECT * FROM workers")[0]
     return harness.db.transaction(
-        lambda tx: leases.claim(
+        lambda tx: lease_claims.claim(
             tx,
             run_id=run_id,
             attempt_id=attempt_id,
@@ -189,7 +189,7 @@ def test_a_claim_sent_with_its_commit_keeps_nothing_of_a_claim_whose_run_cas_mis
     # When the claim runs as its unit's last statement (with the COMMIT in the same round trip)
     with pytest.raises(Conflict):
         pg.db.transaction(
-            lambda tx: leases.claim(
+            lambda tx: lease_claims.claim(
                 tx,
                 run_id=run.id,
                 attempt_id=attempt_id,
@@ -234,7 +234,7 @@ def test_the_claim_locks_run_attempt_worker_then_lease_in_order_before_writing(
     if LOCK_ORDER[held][0] == "run_leases":
         assert _claim(pg, run.id, attempt_id).status == "claimed"
         pg.advance_clock(600_000)
-        assert pg.db.transaction(lambda tx: leases.expire_lease(tx, attempt_id)) == "released"
+        assert pg.db.transaction(lambda tx: lease_expiry.expire_lease(tx, attempt_id)) == "released"
         pg.db.raw("UPDATE workers SET lease_expires_at_ms = lease_expires_at_ms + 600000")  # still online
     keys = {"runs": run.id, "run_attempts": attempt_id, "workers": "w1", "run_leases": attempt_id}
     before = (pg.db.raw("SELECT * FROM run_leases"), count(pg.db, "run_events"))
@@ -314,7 +314,7 @@ def test_the_starting_ack_locks_run_attempt_then_lease_in_order(
 
             def ack() -> None:
                 try:
-                    outcome.append(acker.transaction(lambda tx: leases.ack_starting(tx, f))[0])
+                    outcome.append(acker.transaction(lambda tx: lease_results.ack_starting(tx, f))[0])
                 except Exception as exc:  # reported by the assertion below
                     outcome.append(exc)
 
@@ -352,7 +352,7 @@ def test_a_result_reads_the_worker_row_without_waiting_for_its_lock(pg: Harness)
         # When the intake's lease check and the starting ACK run meanwhile (a lock wait would end in
         # the 1 s lock_timeout as StorageBusy)
         lease = pg.db.transaction(lambda tx: leases.lease_status(tx, f))
-        answer, _ = pg.db.transaction(lambda tx: leases.ack_starting(tx, f))
+        answer, _ = pg.db.transaction(lambda tx: lease_results.ack_starting(tx, f))
 
         # Then both went through while the worker row stayed locked: they read it, never lock it
         assert (lease.attempt_id, answer) == (f.attempt_id, "starting")
@@ -512,8 +512,8 @@ def test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips(
         f = offer.fence
         steps = {
             "lease_check": lambda tx, f=f: leases.lease_status(tx, f),
-            "starting": lambda tx, f=f: leases.ack_starting(tx, f),
-            "running": lambda tx, f=f: leases.ack_running(
+            "starting": lambda tx, f=f: lease_results.ack_starting(tx, f),
+            "running": lambda tx, f=f: lease_results.ack_running(
                 tx,
                 f,
                 pid=4242,
@@ -522,7 +522,7 @@ def test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips(
                 callback_sequence=1,
                 callback_token_digest=sha256_hex("cb-token"),
             ),
-            "complete": lambda tx, f=f: leases.complete(
+            "complete": lambda tx, f=f: lease_results.complete(
                 tx, f, callback_sequence=1, callback_token="cb-token", exit_code=0
             ),
         }

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ql3.application import leases
+from ql3.application import lease_claims
 from ql3.cluster.pull import PullResult, PullService
 from ql3.ports.storage import Transaction
 from ql3.repositories import runs as run_repo
@@ -70,13 +70,13 @@ def test_one_retry_on_two_replicas_with_different_walks_leases_once(
         lambda tx: run_repo.queued_candidates(tx, after=None, limit=1), write=False
     )
     # and replica A stopped inside its claim transaction, just before it claims the head run
-    real_claim = leases.claim
+    real_claim = lease_claims.claim
     paused = threading.Event()
     release = threading.Event()
     claims: list[str] = []
     guard = threading.Lock()
 
-    def held_claim(tx: Transaction, **kwargs: Any) -> leases.RunClaim:
+    def held_claim(tx: Transaction, **kwargs: Any) -> lease_claims.RunClaim:
         with guard:
             claims.append(str(kwargs["run_id"]))
             first = len(claims) == 1
@@ -85,7 +85,7 @@ def test_one_retry_on_two_replicas_with_different_walks_leases_once(
             assert release.wait(60)
         return real_claim(tx, **kwargs)
 
-    monkeypatch.setattr(leases, "claim", held_claim)
+    monkeypatch.setattr(lease_claims, "claim", held_claim)
     other = _WriteSignal(harness.second_connection())
     results: dict[str, PullResult] = {}
     errors: list[BaseException] = []

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, leases, tasks
+from ql3.application import cancellation, lease_expiry, tasks
 from ql3.domain.errors import RetrySafetyRequired
 from tests.support.builders import count, seed_project, seed_task, start_run
 from tests.support.databases import Harness
@@ -62,7 +62,7 @@ def _lose_the_attempt(harness: Harness) -> str:
     assert offer is not None
     start(harness.db, offer)
     harness.advance_clock(30_001)
-    harness.db.transaction(lambda tx: leases.expire_lease(tx, offer.fence.attempt_id))
+    harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, offer.fence.attempt_id))
     return offer.fence.run_id
 
 
@@ -112,10 +112,10 @@ def test_a_cancel_beats_a_pending_retry(harness: Harness) -> None:
 
     # Then the retry never happens, even once it is due
     harness.advance_clock(120_000)
-    due = harness.db.transaction(lambda tx: leases.retry_due_page(tx, 16), write=False)
-    admitted = [harness.db.transaction(lambda tx, r=r: leases.admit_retry(tx, r)) for r in due]
+    due = harness.db.transaction(lambda tx: lease_expiry.retry_due_page(tx, 16), write=False)
+    admitted = [harness.db.transaction(lambda tx, r=r: lease_expiry.admit_retry(tx, r)) for r in due]
     assert outcome == "requested" and admitted in ([], [None])
-    assert harness.db.transaction(lambda tx: leases.retry_due_page(tx, 16), write=False) == []
+    assert harness.db.transaction(lambda tx: lease_expiry.retry_due_page(tx, 16), write=False) == []
     assert run_of(harness.db, project, run.id).status == "cancelled"
     assert count(harness.db, "run_attempts") == 1
     assert dispatcher(harness.db).dispatch_once().offer is None
@@ -144,7 +144,7 @@ def test_a_cancel_racing_a_due_retry_on_two_connections_leaves_nothing_to_run(ha
     def retry() -> None:
         try:
             barrier.wait(timeout=30)
-            other.transaction(lambda tx: leases.admit_retry(tx, run.id))
+            other.transaction(lambda tx: lease_expiry.admit_retry(tx, run.id))
         except BaseException as exc:  # reported below
             errors.append(exc)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, cancellation_supervisor, leases
+from ql3.application import cancellation, cancellation_supervisor, lease_expiry, lease_results
 from ql3.domain.offers import LeaseFence
 from tests.support.cancellation_builders import FakeSignal, request, start_fence
 from tests.support.databases import Harness
@@ -25,7 +25,7 @@ def _assert_consistent(harness: Harness) -> None:
 
 def _complete(harness: Harness, fence: LeaseFence, exit_code: int = 0) -> Any:
     return harness.db.transaction(
-        lambda tx: leases.complete(
+        lambda tx: lease_results.complete(
             tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=exit_code
         )
     )
@@ -41,8 +41,8 @@ def _completion(h: Harness, project: Any, fence: LeaseFence) -> None:
 
 
 def _start_failure(h: Harness, project: Any, fence: LeaseFence) -> None:
-    h.db.transaction(lambda tx: leases.ack_starting(tx, fence))
-    h.db.transaction(lambda tx: leases.ack_start_failure(tx, fence, error_code="ENOENT"))
+    h.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
+    h.db.transaction(lambda tx: lease_results.ack_start_failure(tx, fence, error_code="ENOENT"))
 
 
 def _cancel_before_start(h: Harness, project: Any, fence: LeaseFence) -> None:
@@ -74,13 +74,15 @@ def _timeout(h: Harness, project: Any, fence: LeaseFence) -> None:
 def _lost(h: Harness, project: Any, fence: LeaseFence) -> None:
     start_fence(h.db, fence)
     assert h.db.transaction(
-        lambda tx: leases.mark_lost(tx, fence.run_id, fence.attempt_id, error_code="X", actor_type="worker")
+        lambda tx: lease_expiry.mark_lost(
+            tx, fence.run_id, fence.attempt_id, error_code="X", actor_type="worker"
+        )
     )
 
 
 def _expire_all(h: Harness) -> None:
-    for attempt_id in h.db.transaction(lambda tx: leases.expired_page(tx, 16), write=False):
-        h.db.transaction(lambda tx, a=attempt_id: leases.expire_lease(tx, a))
+    for attempt_id in h.db.transaction(lambda tx: lease_expiry.expired_page(tx, 16), write=False):
+        h.db.transaction(lambda tx, a=attempt_id: lease_expiry.expire_lease(tx, a))
 
 
 def _lease_expiry_unstarted(h: Harness, project: Any, fence: LeaseFence) -> None:

@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from ql3.application import cancellation, leases
+from ql3.application import cancellation, lease_results
 from ql3.domain.digests import sha256_hex
 from ql3.domain.model import Project
 from ql3.domain.offers import LeaseFence
@@ -39,9 +39,9 @@ def claimed_runs(db: Any, n: int = 1, **spec: Any) -> tuple[Project, list[LeaseF
 
 
 def start_fence(db: Any, fence: LeaseFence, i: int = 0) -> None:
-    db.transaction(lambda tx: leases.ack_starting(tx, fence))
+    db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
     db.transaction(
-        lambda tx: leases.ack_running(
+        lambda tx: lease_results.ack_running(
             tx,
             fence,
             pid=PID_BASE + i,

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ql3.application import leases, runs, workers
+from ql3.application import lease_results, runs, workers
 from ql3.application.dispatcher import DispatchBudget, RunDispatcher
 from ql3.cluster.pull import PullRequest, pull_offer_id
 from ql3.domain.digests import new_token, sha256_hex
@@ -61,9 +61,9 @@ def queued(db: Any, n: int = 1, **spec: Any) -> tuple[Project, Task, list[Run]]:
 
 def start(db: Any, offer: Offer, *, seq: int = 1, token: str = "cb-token") -> LeaseFence:
     f = offer.fence
-    db.transaction(lambda tx: leases.ack_starting(tx, f))
+    db.transaction(lambda tx: lease_results.ack_starting(tx, f))
     db.transaction(
-        lambda tx: leases.ack_running(
+        lambda tx: lease_results.ack_running(
             tx,
             f,
             pid=4242,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Final, Protocol
 
-from ql3.application import approvals, cancellation, leases, notifications, retention, schedules
+from ql3.application import approvals, cancellation, lease_expiry, notifications, retention, schedules
 from ql3.application.approved_action_handlers import RunCreateHandler
 from ql3.application.approved_action_recovery import RecoveryResolver
 from ql3.application.approved_action_runner import ApprovedActionDispatcher
@@ -140,11 +140,11 @@ def _expiry_loop(w: _Wiring) -> LifecycleRunner:
 
     def expiry_cycle() -> bool:
         did = False
-        for attempt_id in db.transaction(lambda tx: leases.expired_page(tx, page), write=False):
-            db.transaction(partial(leases.expire_lease, attempt_id=attempt_id))
+        for attempt_id in db.transaction(lambda tx: lease_expiry.expired_page(tx, page), write=False):
+            db.transaction(partial(lease_expiry.expire_lease, attempt_id=attempt_id))
             did = True
-        for run_id in db.transaction(lambda tx: leases.retry_due_page(tx, page), write=False):
-            db.transaction(partial(leases.admit_retry, run_id=run_id))
+        for run_id in db.transaction(lambda tx: lease_expiry.retry_due_page(tx, page), write=False):
+            db.transaction(partial(lease_expiry.admit_retry, run_id=run_id))
             did = True
         return did
 

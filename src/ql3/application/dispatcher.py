@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import leases, workers
+from ql3.application import lease_claims, leases, workers
 from ql3.application.runs import latest_attempt
 from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
@@ -462,7 +462,7 @@ class RunDispatcher:
     def _claim_planned(
         self, planned: list[_Planned], snapshot: list[WorkerSnapshot], counters: _Counters
     ) -> tuple[list[Offer], str | None]:
-        """Claim the planned runs, all of them in one write transaction (``leases.claim_many``: each
+        """Claim the planned runs, all of them in one write transaction (``lease_claims.claim_many``: each
         claim with its own fences, a refused one writes nothing). A claim refused for its worker
         (gone, or full after all) drops that worker from the snapshot and goes to the next ranked
         worker with a free slot, in one more transaction for all such claims, while the claim
@@ -495,11 +495,11 @@ class RunDispatcher:
             pending = retry
         return offers, outcome
 
-    def _claim_batch(self, tx: Transaction, batch: list[_Planned]) -> list[leases.RunClaim]:
-        return leases.claim_many(
+    def _claim_batch(self, tx: Transaction, batch: list[_Planned]) -> list[lease_claims.RunClaim]:
+        return lease_claims.claim_many(
             tx,
             [
-                leases.ClaimRequest(
+                lease_claims.ClaimRequest(
                     run_id=item.run_id,
                     attempt_id=item.attempt_id,
                     worker_id=item.worker.worker_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ql3.application import cancellation, leases, runs, workers
+from ql3.application import cancellation, lease_expiry, lease_results, leases, runs, workers
 from ql3.domain.offers import LeaseFence
 from ql3.domain.states import is_run_terminal
 from ql3.domain.workers import parse_capabilities
@@ -66,7 +66,7 @@ class InProcessControlPlane:
         return _info(s, status)
 
     def ack_starting(self, fence: LeaseFence) -> tuple[str, LeaseInfo]:
-        result, lease = self._db.transaction(lambda tx: leases.ack_starting(tx, fence))
+        result, lease = self._db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
         return result, LeaseInfo(version=lease.version, expires_at_ms=lease.expires_at_ms)
 
     def ack_running(
@@ -80,7 +80,7 @@ class InProcessControlPlane:
         callback_token_digest: str,
     ) -> tuple[str, LeaseInfo]:
         result, lease = self._db.transaction(
-            lambda tx: leases.ack_running(
+            lambda tx: lease_results.ack_running(
                 tx,
                 fence,
                 pid=pid,
@@ -94,7 +94,7 @@ class InProcessControlPlane:
 
     def ack_start_failure(self, fence: LeaseFence, *, error_code: str) -> str:
         return str(
-            self._db.transaction(lambda tx: leases.ack_start_failure(tx, fence, error_code=error_code))
+            self._db.transaction(lambda tx: lease_results.ack_start_failure(tx, fence, error_code=error_code))
         )
 
     def renew(self, fence: LeaseFence, lease_ms: int) -> LeaseInfo:
@@ -105,7 +105,7 @@ class InProcessControlPlane:
         self, fence: LeaseFence, *, callback_sequence: int, callback_token: str, exit_code: int
     ) -> tuple[str, str]:
         result: tuple[str, str] = self._db.transaction(
-            lambda tx: leases.complete(
+            lambda tx: lease_results.complete(
                 tx,
                 fence,
                 callback_sequence=callback_sequence,
@@ -121,7 +121,7 @@ class InProcessControlPlane:
             # A process stopped on a cancel intent (group KILLed, no receipt) ends cancelled / timed out.
             if cancellation.finalize_stopped(tx, fence.run_id, actor_id=fence.worker_id) != "not_eligible":
                 return True
-            return leases.mark_lost(
+            return lease_expiry.mark_lost(
                 tx, fence.run_id, fence.attempt_id, error_code=error_code, actor_type="worker"
             )
 

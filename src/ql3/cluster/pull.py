@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
-from ql3.application import leases, workers
+from ql3.application import lease_claims, leases, workers
 from ql3.application.dispatcher import build_plan, candidate_plan
 from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
@@ -312,15 +312,15 @@ class PullService:
 
     def _claim(
         self, tx: Transaction, *, req: PullRequest, cand: QueuedCandidate, attempt_id: str, digest: str
-    ) -> leases.RunClaim | Offer:
+    ) -> lease_claims.RunClaim | Offer:
         # The worker's registry row is locked first: every pull of this worker, on any replica,
         # serialises here, and the second of two identical retries finds the first one's lease.
         if worker_repo.lock_worker(tx, req.worker_id) is None:
-            return leases.RunClaim(status="worker_unavailable")
+            return lease_claims.RunClaim(status="worker_unavailable")
         live = _find_live(tx, req.worker_id, digest)
         if live is not None:
             return _rebuild(tx, live, req)
-        return leases.claim(
+        return lease_claims.claim(
             tx,
             run_id=cand.run_id,
             attempt_id=attempt_id,

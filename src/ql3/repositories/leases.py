@@ -1,10 +1,11 @@
 """Run leases (the ``run_leases`` table), the claim's statements and its PostgreSQL one-statement form
 (``ql3_claim``), the worker's active-lease counter the leases move, and the lost-retry cursor
-(``run_retry_policies``) with the expiry and retry pages (``application/leases.py``).
+(``run_retry_policies``) with the expiry and retry pages (``application/lease_expiry.py``).
 
 Every lease write is a compare-and-set the SQL states on the version the caller read, and answers
 whether it applied; the fences themselves (token digest, session, generation, version, status, slot
-accounting) are decided by ``application/leases.py`` under the row locks it takes, in its own order.
+accounting) are decided by ``application/leases.py`` and the claims, results and expiry beside it
+(``lease_claims``, ``lease_results``, ``lease_expiry``) under the row locks they take, in their own order.
 Times are passed in: a use case reads ``tx.now_ms()`` once.
 """
 

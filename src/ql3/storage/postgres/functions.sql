@@ -1,6 +1,6 @@
 -- dialect-only: calls of the server-side functions (migrations 0010, 0011, 0013, 0014, 0015); SQLite runs the same steps as separate shared statements.
 
--- The whole claim in one statement: migration 0010's ql3_claim (application/leases.py runs the same
+-- The whole claim in one statement: migration 0010's ql3_claim (application/lease_claims.py runs the same
 -- claim as separate statements on SQLite, which has no server-side functions).
 -- name: lease_claim
 -- desc: The whole claim (locks, checks, lease, slot, run, event) in one call of ql3_claim; answers the outcome.
@@ -21,14 +21,14 @@ SELECT * FROM ql3_claim_or_raise(:run_id, :attempt_id, :worker_id, :session_id, 
   :lease_ms, :generation, :lease_token_digest, :event_id, :payload_json)
 
 -- Several claims of one dispatch cycle in one statement: migration 0013's ql3_claim_batch (on SQLite
--- leases.claim_many runs leases.claim once per claim in the same transaction).
+-- lease_claims.claim_many runs lease_claims.claim once per claim in the same transaction).
 -- name: lease_claim_batch
 -- desc: Several claims in one call of ql3_claim_batch (all their rows locked level by level first); one answer row each.
 SELECT * FROM ql3_claim_batch(:claims_json::jsonb, :lease_ms) ORDER BY ord
 
 -- A lease holder's result (starting ACK, running ACK, completion) in one statement for its common
 -- case: migration 0014's ql3_lease_result; 'defer' sends the caller down the statement-by-statement
--- path of application/leases.py (the only path on SQLite). Sent with BEGIN and COMMIT in one round
+-- path of application/lease_results.py (the only path on SQLite). Sent with BEGIN and COMMIT in one round
 -- trip (PostgresTransaction.one_then_commit, which fills in the origin).
 -- name: lease_result
 -- desc: A lease holder's result (fence, states, writes) in one call of ql3_lease_result; answers the outcome or 'defer'.

@@ -1,6 +1,6 @@
 -- PostgreSQL overrides. Fixed lock order: Run -> Attempt -> lease/dispatch rows (the locked reads: locks.sql).
 
--- The claim's statements (leases.claim runs them one by one on SQLite; on PostgreSQL it calls
+-- The claim's statements (lease_claims.claim runs them one by one on SQLite; on PostgreSQL it calls
 -- ql3_claim, lease_claim below, which does the same in one statement). With the same locks in the same
 -- order, in fewer round trips where they run on PostgreSQL: the attempt row lock
 -- (after the Run's) answers whether it is the latest attempt too; a first lease is inserted without a

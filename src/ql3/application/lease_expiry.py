@@ -1,0 +1,202 @@
+"""Server-side expiry of run leases and lost retry: an expired lease releases its claim or makes its
+attempt lost, and the run's retry policy decides what follows (docs/contracts.md §2)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Final
+
+from ql3.application import leases
+from ql3.application.runs import (
+    EventSpec,
+    latest_attempt,
+    lock_attempt,
+    lock_run,
+    write_run,
+)
+from ql3.domain.errors import ValidationFailed
+from ql3.domain.ids import new_id
+from ql3.domain.model import Attempt, Run
+from ql3.domain.states import ATTEMPT_TERMINAL, is_run_terminal
+from ql3.ports import channels
+from ql3.ports.storage import Transaction
+from ql3.repositories import leases as repo
+from ql3.repositories import runs as run_repo
+
+MAX_SCAN_PAGE: Final = 64
+
+
+def mark_lost(
+    tx: Transaction, run_id: str, attempt_id: str, *, error_code: str, actor_type: str = "reconciler"
+) -> bool:
+    """Attempt and Run become ``lost`` (non-terminal Run), then lost retry decides what follows."""
+    run = lock_run(tx, run_id)
+    attempt = lock_attempt(tx, attempt_id)
+    if (
+        attempt.status in ATTEMPT_TERMINAL
+        or is_run_terminal(run.status)
+        or run.status not in ("dispatching", "running")
+    ):
+        return False
+    now = tx.now_ms()
+    outcome, code = leases.cancel_outcome(run, "lost", error_code)
+    if outcome != "lost":
+        leases.end_attempt(
+            tx,
+            run,
+            attempt,
+            run_status=outcome,
+            error_code=code,
+            actor_type=actor_type,
+            actor_id=None,
+            now=now,
+            bump_sequence=False,
+        )
+        return True
+    # lost is not terminal for the Run: lost retry decides what follows. The lease is released (not
+    # completed) with the reason the server saw.
+    lost_run = leases.end_attempt(
+        tx,
+        run,
+        attempt,
+        run_status="lost",
+        error_code=error_code,
+        actor_type=actor_type,
+        actor_id=None,
+        now=now,
+        bump_sequence=False,
+        lease_end="release",
+        release_reason="lease_expired",
+    )
+    _after_lost(tx, lost_run, attempt, now)
+    return True
+
+
+def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int) -> None:
+    """Lost retry: schedule a new attempt when the policy allows, else the run fails."""
+    policy = repo.get_retry_policy(tx, run.id)
+    if policy is not None and policy.retry_on_lost and attempt.attempt < policy.max_attempts:
+        delay = min(policy.backoff_max_ms, policy.backoff_min_ms * 2 ** min(attempt.attempt - 1, 30))
+        repo.schedule_retry(tx, policy, next_retry_at_ms=now + delay)
+        write_run(
+            tx,
+            run,
+            replace(run, status="retry_wait"),
+            [
+                EventSpec(
+                    type="run.retry_wait",
+                    actor_type="system",
+                    attempt_id=attempt.id,
+                    payload={"from": "lost", "to": "retry_wait", "delay_ms": delay},
+                    dedupe_key=f"run-transition:{run.version}:retry_wait",
+                )
+            ],
+        )
+        tx.notify(channels.RETRIES)
+        return
+    write_run(
+        tx,
+        run,
+        replace(run, status="failed", finished_at_ms=now),
+        [
+            EventSpec(
+                type="run.failed",
+                actor_type="system",
+                attempt_id=attempt.id,
+                payload={"from": "lost", "to": "failed", "error_code": run.error_code},
+                dedupe_key=f"run-transition:{run.version}:failed",
+            )
+        ],
+    )
+
+
+def admit_retry(tx: Transaction, run_id: str) -> str | None:
+    """When due: re-check, create Attempt N+1 (claimed), Run -> queued, clear the cursor. Replay-safe."""
+    policy = repo.get_retry_policy(tx, run_id)
+    run = lock_run(tx, run_id)
+    now = tx.now_ms()
+    if policy is None or policy.next_retry_at_ms is None or policy.next_retry_at_ms > now:
+        return None
+    latest = latest_attempt(tx, run_id)
+    repo.schedule_retry(tx, policy, next_retry_at_ms=None)
+    if run.status != "retry_wait" or latest is None or latest.status != "lost" or run.cancel_requested_at_ms:
+        return None
+    if latest.attempt >= policy.max_attempts:
+        return None
+    attempt_id = new_id()
+    run_repo.insert_attempt(
+        tx,
+        attempt_id=attempt_id,
+        run_id=run_id,
+        attempt=latest.attempt + 1,
+        status="claimed",
+        executor_type=latest.executor_type,
+        now=now,
+    )
+    write_run(
+        tx,
+        run,
+        replace(run, status="queued", queued_at_ms=now, error_code=None),
+        [
+            EventSpec(
+                type="run.queued",
+                actor_type="system",
+                attempt_id=attempt_id,
+                payload={"from": "retry_wait", "to": "queued", "attempt": latest.attempt + 1},
+                dedupe_key=f"run-transition:{run.version}:queued",
+            )
+        ],
+    )
+    tx.notify(channels.RUNS)
+    return attempt_id
+
+
+def expire_lease(tx: Transaction, attempt_id: str) -> str:
+    """Server-side expiry (lease row locked first): claimed -> release only; starting/running -> lost."""
+    lease = leases.get_lease(tx, attempt_id, lock=False)
+    if lease is None:
+        return "missing"
+    run = lock_run(tx, lease.run_id)
+    attempt = lock_attempt(tx, attempt_id)
+    lease = leases.get_lease(tx, attempt_id, lock=True)
+    now = tx.now_ms()
+    if lease is None or lease.status != "leased" or lease.expires_at_ms > now:
+        return "noop"
+    if attempt.status == "claimed":
+        leases.release(tx, lease, "lease_expired", now)
+        if run.status == "dispatching":
+            # An unstarted claim whose lease expired returns the run to the queue; the next claim gets a
+            # new lease generation (and so a new offer id).
+            write_run(
+                tx,
+                run,
+                replace(run, status="queued"),
+                [
+                    EventSpec(
+                        type="run.queued",
+                        actor_type="system",
+                        attempt_id=attempt.id,
+                        payload={"from": "dispatching", "to": "queued", "reason": "lease_expired"},
+                        dedupe_key=f"run-transition:{run.version}:queued",
+                    )
+                ],
+            )
+            tx.notify(channels.RUNS)
+        return "released"
+    if attempt.status in ("starting", "running"):
+        mark_lost(tx, run.id, attempt_id, error_code="LEASE_EXPIRED")
+        return "lost"
+    leases.release(tx, lease, "lease_expired", now)
+    return "released"
+
+
+def expired_page(tx: Transaction, limit: int) -> list[str]:
+    if not 1 <= limit <= MAX_SCAN_PAGE:
+        raise ValidationFailed("page out of range")
+    return repo.expired_leases(tx, now=tx.now_ms(), limit=limit)
+
+
+def retry_due_page(tx: Transaction, limit: int) -> list[str]:
+    if not 1 <= limit <= MAX_SCAN_PAGE:
+        raise ValidationFailed("page out of range")
+    return repo.due_retries(tx, now=tx.now_ms(), limit=limit)
