@@ -172,6 +172,17 @@ def _claim(harness: Harness, run_id: str, attempt_id: str) -> Any:
     )
 
 
+def _expired_unstarted(pg: Harness, claims: list[tuple[str, str]]) -> None:
+    """Each (run, attempt) claimed once, its lease expired unstarted and released (the run queued
+    again with a lease row to reacquire); the worker stays online."""
+    for run_id, attempt_id in claims:
+        assert _claim(pg, run_id, attempt_id).status == "claimed"
+    pg.advance_clock(600_000)
+    for _, attempt_id in claims:
+        assert pg.db.transaction(lambda tx, a=attempt_id: lease_expiry.expire_lease(tx, a)) == "released"
+    pg.db.raw("UPDATE workers SET lease_expires_at_ms = lease_expires_at_ms + 600000")
+
+
 def test_a_claim_sent_with_its_commit_keeps_nothing_of_a_claim_whose_run_cas_missed(pg: Harness) -> None:
     # Given a queued run whose Run row update is silently skipped (a trigger), so that ql3_claim's
     # Run CAS matches nothing after it wrote the lease and the worker's counter
@@ -232,10 +243,7 @@ def test_the_claim_locks_run_attempt_worker_then_lease_in_order_before_writing(
     _, _, (run,) = queued(pg.db)
     attempt_id = pg.db.raw("SELECT id FROM run_attempts WHERE run_id = ?", (run.id,))[0]["id"]
     if LOCK_ORDER[held][0] == "run_leases":
-        assert _claim(pg, run.id, attempt_id).status == "claimed"
-        pg.advance_clock(600_000)
-        assert pg.db.transaction(lambda tx: lease_expiry.expire_lease(tx, attempt_id)) == "released"
-        pg.db.raw("UPDATE workers SET lease_expires_at_ms = lease_expires_at_ms + 600000")  # still online
+        _expired_unstarted(pg, [(run.id, attempt_id)])
     keys = {"runs": run.id, "run_attempts": attempt_id, "workers": "w1", "run_leases": attempt_id}
     before = (pg.db.raw("SELECT * FROM run_leases"), count(pg.db, "run_events"))
     # The claim's own database waits longer than the checks below take (the default lock_timeout is 1 s).
@@ -433,11 +441,17 @@ def test_a_batch_locks_its_runs_then_its_attempts_then_the_worker(
     pg: Harness, held: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given two queued runs for one worker, and another connection holding the second Run's row (or
-    # the worker's) locked
+    # the worker's) locked; for the worker, the first run's attempt has a lease row already (its first
+    # lease expired unstarted), which a single claim locks after the worker
     register(pg.db, "w1", slots=4, lease_ms=600_000)
     _, _, (first, second) = queued(pg.db, n=2)
     runs_by_id = sorted([first.id, second.id])
     attempts = {str(r["run_id"]): str(r["id"]) for r in pg.db.raw("SELECT id, run_id FROM run_attempts")}
+    leases_before = 0
+    if held == "worker":
+        first_attempt = attempts[runs_by_id[0]]
+        _expired_unstarted(pg, [(runs_by_id[0], first_attempt)])
+        leases_before = 1
     monkeypatch.setattr(
         "ql3.storage.postgres.adapter._OPTIONS", "-c statement_timeout=30000 -c lock_timeout=20000"
     )
@@ -475,7 +489,9 @@ def test_a_batch_locks_its_runs_then_its_attempts_then_the_worker(
                     second_attempt = attempts[runs_by_id[1]]
                     assert held_now == {"first run": True, "attempts": True, "worker": True}
                     assert _locked_elsewhere(watch, "run_attempts", "id", second_attempt)
-                assert count(pg.db, "run_leases") == 0
+                    # the lease level comes after the workers': its row is not locked yet
+                    assert not _locked_elsewhere(watch, "run_leases", "attempt_id", first_attempt)
+                assert count(pg.db, "run_leases") == leases_before
             holder.rollback()
         worker.join(30)
     finally:
@@ -484,6 +500,54 @@ def test_a_batch_locks_its_runs_then_its_attempts_then_the_worker(
     # And once the lock is released, both are claimed
     assert outcome == [2]
     assert count(pg.db, "run_leases") == 2
+
+
+def test_a_batch_locks_its_earlier_lease_rows_by_attempt_id_before_any_claim(
+    pg: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two queued runs whose attempts both have a lease row to reacquire, the one with the larger
+    # attempt id first in the queue, and another connection holding that lease row locked
+    register(pg.db, "w1", slots=4, lease_ms=600_000)
+    _, _, created = queued(pg.db, n=2)
+    by_attempt = sorted(
+        (str(r["id"]), str(r["run_id"])) for r in pg.db.raw("SELECT id, run_id FROM run_attempts")
+    )
+    (small_attempt, small_run), (large_attempt, large_run) = by_attempt
+    _expired_unstarted(pg, [(small_run, small_attempt), (large_run, large_attempt)])
+    pg.db.raw("UPDATE runs SET priority = 1 WHERE id = ?", (large_run,))
+    monkeypatch.setattr(
+        "ql3.storage.postgres.adapter._OPTIONS", "-c statement_timeout=30000 -c lock_timeout=20000"
+    )
+    claimer = PostgresDatabase(pg.db.dsn, min_size=1, max_size=1)
+    d = dispatcher(claimer, lease_ms=600_000, max_offers_per_cycle=8)
+    outcome: list[Any] = []
+    try:
+        with psycopg.connect(pg.db.dsn) as holder:
+            holder.execute("SELECT 1 FROM run_leases WHERE attempt_id = %s FOR UPDATE", (large_attempt,))
+            me = holder.info.backend_pid
+
+            def claim() -> None:
+                try:
+                    outcome.append(len(d.dispatch_once().offers))
+                except Exception as exc:  # reported by the assertion below
+                    outcome.append(exc)
+
+            # When one cycle claims both (the held run first, in queue order)
+            worker = threading.Thread(target=claim)
+            worker.start()
+            with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
+                _waiter_on(watch, me, "ql3_claim_batch", "the batch never waited on the held lease row")
+                # Then it waits on it holding the other lease row, the one with the smaller attempt id:
+                # the lease level is locked in attempt id order before the claims run in queue order
+                assert _locked_elsewhere(watch, "run_leases", "attempt_id", small_attempt)
+            holder.rollback()
+        worker.join(30)
+    finally:
+        claimer.close()
+
+    # And once the lock is released, both are claimed again
+    assert outcome == [2]
+    assert len(created) == count(pg.db, "run_leases") == 2
 
 
 # Each step is one round trip: BEGIN, the clock, one statement and COMMIT in one pipeline
