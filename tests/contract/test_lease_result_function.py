@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -27,7 +28,9 @@ OTHER_ID = "01a00000-0000-7000-8000-0000000000cc"
 
 
 def _at(harness: Harness, result: str, *, session_ms: int = SESSION_MS) -> tuple[LeaseFence, str]:
-    """A run whose next step is ``result``, and the id of another run of the same task."""
+    """A run whose next step is ``result``, and the id of another run of the same task; the clock
+    frozen, so that advancing it by a lease's duration lands exactly on its expiry."""
+    harness.freeze_clock()
     register(harness.db, lease_ms=session_ms)
     _, _, created = queued(harness.db, n=2)
     offer = dispatcher(harness.db, lease_ms=RUN_LEASE_MS).dispatch_once().offer
@@ -156,3 +159,24 @@ def test_a_draining_worker_still_reports_the_results_of_what_it_holds(harness: H
     # When the result comes, then it applies
     expected = {"starting": "starting", "running": "running", "complete": ("applied", "succeeded")}
     assert _step(harness, result, fence) == expected[result]
+
+
+def test_each_result_moves_the_run_and_lease_versions_as_the_statement_path_does(harness: Harness) -> None:
+    # Given a claimed run
+    fence, _ = _at(harness, "starting")
+
+    def versions() -> tuple[int, int]:
+        (run,) = harness.db.raw("SELECT version FROM runs WHERE id = ?", (fence.run_id,))
+        (lease,) = harness.db.raw("SELECT version FROM run_leases WHERE attempt_id = ?", (fence.attempt_id,))
+        return int(run["version"]), int(lease["version"])
+
+    # When its results come one after another
+    seen = [versions()]
+    for result in RESULTS:
+        _step(harness, result, fence)
+        seen.append(versions())
+
+    # Then each one moves the run's version by one, and only the completion moves the lease's (a
+    # start-failure replay after a completion is told apart by the lease version + 1)
+    steps = [(after[0] - before[0], after[1] - before[1]) for before, after in pairwise(seen)]
+    assert steps == [(1, 0), (1, 0), (1, 1)]

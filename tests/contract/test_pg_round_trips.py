@@ -562,12 +562,14 @@ def test_a_batch_locks_its_earlier_lease_rows_by_attempt_id_before_any_claim(
 ROUND_TRIPS_PER_ACK = {"lease_check": 1, "starting": 1, "running": 1, "complete": 1}
 
 
+@pytest.mark.parametrize("timeout_ms", [None, 60_000], ids=["no_timeout", "timeout"])
 def test_the_acks_and_the_completion_cost_a_bounded_number_of_round_trips(
-    pg: Harness, round_trips: list[int]
+    pg: Harness, round_trips: list[int], timeout_ms: int | None
 ) -> None:
-    # Given offers past statement preparation
+    # Given offers past statement preparation (of a task with or without a timeout, which the
+    # starting ACK turns into the attempt's deadline in the same call)
     register(pg.db, "w1", slots=64, lease_ms=600_000)
-    queued(pg.db, n=4)
+    queued(pg.db, n=4, **({} if timeout_ms is None else {"timeout_ms": timeout_ms}))
     d = dispatcher(pg.db, lease_ms=600_000)
     spent: dict[str, list[int]] = {"lease_check": [], "starting": [], "running": [], "complete": []}
     for _ in range(4):

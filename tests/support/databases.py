@@ -52,6 +52,19 @@ class Harness:
         else:
             self.db.raw("UPDATE ql3_clock SET offset_ms = offset_ms + ?", (ms,))
 
+    def freeze_clock(self) -> None:
+        """Stop the database clock where it is; only ``advance_clock`` moves it from then on, so a
+        test can reach an exact instant (a lease's expiry to the millisecond). The SQLite clock
+        already moves only when advanced; on PostgreSQL this test database's ``ql3_now_ms()`` is
+        replaced by one that reads the stored instant (``ql3_clock.offset_ms`` becomes it)."""
+        if self._clock is not None:
+            return
+        self.db.raw("UPDATE ql3_clock SET offset_ms = ql3_now_ms()")
+        self.db.raw(
+            "CREATE OR REPLACE FUNCTION ql3_now_ms() RETURNS BIGINT LANGUAGE sql STABLE AS"
+            " $$ SELECT offset_ms FROM ql3_clock WHERE singleton $$"
+        )
+
     def now_ms(self) -> int:
         return int(self.db.transaction(lambda tx: tx.now_ms(), write=False))
 
