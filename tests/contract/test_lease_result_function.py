@@ -194,6 +194,42 @@ def test_a_result_is_refused_when_the_lease_and_the_worker_row_disagree_in_one_p
 
 
 @pytest.mark.parametrize("result", RESULTS)
+def test_a_result_changes_only_its_own_run_when_another_is_at_the_same_step(
+    harness: Harness, result: str
+) -> None:
+    # Given two runs of one worker at the step ``result``, their rows at the same versions
+    harness.freeze_clock()
+    register(harness.db, lease_ms=SESSION_MS)
+    queued(harness.db, n=2)
+    offers = dispatcher(harness.db, lease_ms=RUN_LEASE_MS, max_offers_per_cycle=2).dispatch_once().offers
+    assert len(offers) == 2
+    for offer in offers:
+        if result == "running":
+            harness.db.transaction(lambda tx, f=offer.fence: lease_results.ack_starting(tx, f))
+        if result == "complete":
+            start(harness.db, offer)
+    mine, theirs = offers[0].fence, offers[1].fence
+
+    def rows_of(run_id: str) -> list[Any]:
+        return [
+            harness.db.raw("SELECT status, version, event_sequence FROM runs WHERE id = ?", (run_id,)),
+            harness.db.raw("SELECT status, callback_sequence FROM run_attempts WHERE run_id = ?", (run_id,)),
+            harness.db.raw("SELECT status, version FROM run_leases WHERE run_id = ?", (run_id,)),
+            harness.db.raw("SELECT count(*) AS n FROM run_events WHERE run_id = ?", (run_id,)),
+        ]
+
+    assert rows_of(mine.run_id) == rows_of(theirs.run_id)
+    before = rows_of(theirs.run_id)
+
+    # When the result of one of them comes
+    _step(harness, result, mine)
+
+    # Then the other run, its attempt, lease and events are as they were
+    assert rows_of(theirs.run_id) == before
+    assert rows_of(mine.run_id) != before
+
+
+@pytest.mark.parametrize("result", RESULTS)
 def test_a_draining_worker_still_reports_the_results_of_what_it_holds(harness: Harness, result: str) -> None:
     # Given a run at the step ``result`` whose worker is draining
     fence, _ = _at(harness, result)
