@@ -153,21 +153,26 @@ def test_a_result_whose_lease_or_worker_changed_is_refused_with_its_reason_and_w
 # States no public path makes, where the lease and the worker row disagree in one part while the fence
 # matches the other: each check of the lease and of the worker stands on its own, so the one-statement
 # form must refuse (defer) wherever the statement-by-statement path does.
-SPLIT_ROWS: dict[str, tuple[str, Callable[[LeaseFence, str], LeaseFence], str]] = {
+SPLIT_ROWS: dict[str, tuple[Callable[[Harness], Any], Callable[[LeaseFence, str], LeaseFence], str]] = {
     "worker_row_session": (
-        f"UPDATE workers SET session_id = '{OTHER_ID}' WHERE worker_id = 'w1'",
+        lambda h: h.db.raw(f"UPDATE workers SET session_id = '{OTHER_ID}' WHERE worker_id = 'w1'"),
         lambda f, _: replace(f, session_id=OTHER_ID),
         "worker_session_mismatch",
     ),
     "worker_row_generation": (
-        "UPDATE workers SET generation = generation + 1 WHERE worker_id = 'w1'",
+        lambda h: h.db.raw("UPDATE workers SET generation = generation + 1 WHERE worker_id = 'w1'"),
         lambda f, _: replace(f, worker_generation=f.worker_generation + 1),
         "worker_generation_mismatch",
     ),
     "lease_row_session": (
-        f"UPDATE run_leases SET worker_session_id = '{OTHER_ID}'",
+        lambda h: h.db.raw(f"UPDATE run_leases SET worker_session_id = '{OTHER_ID}'"),
         lambda f, _: replace(f, session_id=OTHER_ID),
         "worker_unavailable",
+    ),
+    "lease_row_worker": (
+        lambda h: (register(h.db, "w9"), h.db.raw("UPDATE run_leases SET worker_id = 'w9'")),
+        lambda f, _: f,
+        "worker_mismatch",
     ),
 }
 
@@ -180,8 +185,8 @@ def test_a_result_is_refused_when_the_lease_and_the_worker_row_disagree_in_one_p
     # Given a run at the step ``result`` whose lease and worker row were made to disagree, and a fence
     # that matches one of them
     fence, other = _at(harness, result)
-    sql, fenced, reason = SPLIT_ROWS[split]
-    harness.db.raw(sql)
+    alter, fenced, reason = SPLIT_ROWS[split]
+    alter(harness)
     before = _state(harness)
 
     # When the result comes with that fence
