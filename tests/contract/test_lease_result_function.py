@@ -234,6 +234,29 @@ def test_a_result_changes_only_its_own_run_when_another_is_at_the_same_step(
     assert rows_of(mine.run_id) != before
 
 
+@pytest.mark.parametrize(
+    ("reason", "outcome", "error_code"),
+    [("timeout", "timed_out", "EXECUTION_TIMED_OUT"), ("user", "cancelled", "EXECUTION_CANCELLED")],
+)
+def test_a_completion_after_a_committed_cancel_intent_takes_the_intents_outcome(
+    harness: Harness, reason: str, outcome: str, error_code: str
+) -> None:
+    # Given a running run whose cancel intent (a timeout, or a user's cancel) is committed
+    fence, _ = _at(harness, "complete")
+    harness.db.raw(
+        "UPDATE runs SET cancel_requested_at_ms = created_at_ms, cancel_reason = ? WHERE id = ?",
+        (reason, fence.run_id),
+    )
+
+    # When its command's exit 0 is reported
+    answer = _step(harness, "complete", fence)
+
+    # Then the intent decides the outcome and its error code, not the exit status
+    assert answer == ("applied", outcome)
+    (run,) = harness.db.raw("SELECT status, error_code, exit_code FROM runs WHERE id = ?", (fence.run_id,))
+    assert (run["status"], run["error_code"], run["exit_code"]) == (outcome, error_code, 0)
+
+
 @pytest.mark.parametrize("result", RESULTS)
 def test_a_draining_worker_still_reports_the_results_of_what_it_holds(harness: Harness, result: str) -> None:
     # Given a run at the step ``result`` whose worker is draining
