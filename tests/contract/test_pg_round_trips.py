@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -436,6 +437,44 @@ def test_a_cycle_of_several_offers_costs_the_round_trips_of_one(pg: Harness, rou
     assert round_trips[0] <= ROUND_TRIPS_PER_BATCH, round_trips[0]
 
 
+@contextmanager
+def _batch_waiting_on(
+    pg: Harness, monkeypatch: pytest.MonkeyPatch, table: str, column: str, key: str
+) -> Iterator[tuple[psycopg.Connection[Any], list[Any]]]:
+    """One dispatch cycle (up to 8 claims, one ``ql3_claim_batch`` call) on its own connection, started
+    while another connection holds the row ``table.column = key`` locked. Yields a watching connection
+    once the cycle waits on that row, and the cycle's outcome (its offer count, or its error), filled in
+    once the block has ended and the lock is released."""
+    # The claim's own database waits longer than the checks take (the default lock_timeout is 1 s).
+    monkeypatch.setattr(
+        "ql3.storage.postgres.adapter._OPTIONS", "-c statement_timeout=30000 -c lock_timeout=20000"
+    )
+    claimer = PostgresDatabase(pg.db.dsn, min_size=1, max_size=1)
+    d = dispatcher(claimer, lease_ms=600_000, max_offers_per_cycle=8)
+    outcome: list[Any] = []
+
+    def claim() -> None:
+        try:
+            outcome.append(len(d.dispatch_once().offers))
+        except Exception as exc:  # reported by the caller's assertion
+            outcome.append(exc)
+
+    try:
+        with psycopg.connect(pg.db.dsn) as holder:
+            holder.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", (key,))
+            worker = threading.Thread(target=claim)
+            worker.start()
+            with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
+                _waiter_on(
+                    watch, holder.info.backend_pid, "ql3_claim_batch", f"the batch never waited on {table}"
+                )
+                yield watch, outcome
+            holder.rollback()
+        worker.join(30)
+    finally:
+        claimer.close()
+
+
 @pytest.mark.parametrize("held", ["second_run", "worker"])
 def test_a_batch_locks_its_runs_then_its_attempts_then_the_worker(
     pg: Harness, held: str, monkeypatch: pytest.MonkeyPatch
@@ -452,50 +491,27 @@ def test_a_batch_locks_its_runs_then_its_attempts_then_the_worker(
         first_attempt = attempts[runs_by_id[0]]
         _expired_unstarted(pg, [(runs_by_id[0], first_attempt)])
         leases_before = 1
-    monkeypatch.setattr(
-        "ql3.storage.postgres.adapter._OPTIONS", "-c statement_timeout=30000 -c lock_timeout=20000"
-    )
-    claimer = PostgresDatabase(pg.db.dsn, min_size=1, max_size=1)
-    d = dispatcher(claimer, lease_ms=600_000, max_offers_per_cycle=8)
-    outcome: list[Any] = []
     table, column, key = (
         ("runs", "id", runs_by_id[1]) if held == "second_run" else ("workers", "worker_id", "w1")
     )
-    try:
-        with psycopg.connect(pg.db.dsn) as holder:
-            holder.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", (key,))
-            me = holder.info.backend_pid
 
-            def claim() -> None:
-                try:
-                    outcome.append(len(d.dispatch_once().offers))
-                except Exception as exc:  # reported by the assertion below
-                    outcome.append(exc)
-
-            # When one cycle claims both
-            worker = threading.Thread(target=claim)
-            worker.start()
-            with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
-                _waiter_on(watch, me, "ql3_claim_batch", "the batch never waited on the held row")
-                # Then it waits holding the rows of the levels before, all of them, and none after
-                held_now = {
-                    "first run": _locked_elsewhere(watch, "runs", "id", runs_by_id[0]),
-                    "attempts": _locked_elsewhere(watch, "run_attempts", "id", attempts[runs_by_id[0]]),
-                    "worker": held == "worker" or _locked_elsewhere(watch, "workers", "worker_id", "w1"),
-                }
-                if held == "second_run":
-                    assert held_now == {"first run": True, "attempts": False, "worker": False}
-                else:
-                    second_attempt = attempts[runs_by_id[1]]
-                    assert held_now == {"first run": True, "attempts": True, "worker": True}
-                    assert _locked_elsewhere(watch, "run_attempts", "id", second_attempt)
-                    # the lease level comes after the workers': its row is not locked yet
-                    assert not _locked_elsewhere(watch, "run_leases", "attempt_id", first_attempt)
-                assert count(pg.db, "run_leases") == leases_before
-            holder.rollback()
-        worker.join(30)
-    finally:
-        claimer.close()
+    # When one cycle claims both
+    with _batch_waiting_on(pg, monkeypatch, table, column, key) as (watch, outcome):
+        # Then it waits holding the rows of the levels before, all of them, and none after
+        held_now = {
+            "first run": _locked_elsewhere(watch, "runs", "id", runs_by_id[0]),
+            "attempts": _locked_elsewhere(watch, "run_attempts", "id", attempts[runs_by_id[0]]),
+            "worker": held == "worker" or _locked_elsewhere(watch, "workers", "worker_id", "w1"),
+        }
+        if held == "second_run":
+            assert held_now == {"first run": True, "attempts": False, "worker": False}
+        else:
+            second_attempt = attempts[runs_by_id[1]]
+            assert held_now == {"first run": True, "attempts": True, "worker": True}
+            assert _locked_elsewhere(watch, "run_attempts", "id", second_attempt)
+            # the lease level comes after the workers': its row is not locked yet
+            assert not _locked_elsewhere(watch, "run_leases", "attempt_id", first_attempt)
+        assert count(pg.db, "run_leases") == leases_before
 
     # And once the lock is released, both are claimed
     assert outcome == [2]
@@ -515,35 +531,12 @@ def test_a_batch_locks_its_earlier_lease_rows_by_attempt_id_before_any_claim(
     (small_attempt, small_run), (large_attempt, large_run) = by_attempt
     _expired_unstarted(pg, [(small_run, small_attempt), (large_run, large_attempt)])
     pg.db.raw("UPDATE runs SET priority = 1 WHERE id = ?", (large_run,))
-    monkeypatch.setattr(
-        "ql3.storage.postgres.adapter._OPTIONS", "-c statement_timeout=30000 -c lock_timeout=20000"
-    )
-    claimer = PostgresDatabase(pg.db.dsn, min_size=1, max_size=1)
-    d = dispatcher(claimer, lease_ms=600_000, max_offers_per_cycle=8)
-    outcome: list[Any] = []
-    try:
-        with psycopg.connect(pg.db.dsn) as holder:
-            holder.execute("SELECT 1 FROM run_leases WHERE attempt_id = %s FOR UPDATE", (large_attempt,))
-            me = holder.info.backend_pid
 
-            def claim() -> None:
-                try:
-                    outcome.append(len(d.dispatch_once().offers))
-                except Exception as exc:  # reported by the assertion below
-                    outcome.append(exc)
-
-            # When one cycle claims both (the held run first, in queue order)
-            worker = threading.Thread(target=claim)
-            worker.start()
-            with psycopg.connect(pg.db.dsn, autocommit=True) as watch:
-                _waiter_on(watch, me, "ql3_claim_batch", "the batch never waited on the held lease row")
-                # Then it waits on it holding the other lease row, the one with the smaller attempt id:
-                # the lease level is locked in attempt id order before the claims run in queue order
-                assert _locked_elsewhere(watch, "run_leases", "attempt_id", small_attempt)
-            holder.rollback()
-        worker.join(30)
-    finally:
-        claimer.close()
+    # When one cycle claims both (the held run first, in queue order)
+    with _batch_waiting_on(pg, monkeypatch, "run_leases", "attempt_id", large_attempt) as (watch, outcome):
+        # Then it waits on it holding the other lease row, the one with the smaller attempt id: the
+        # lease level is locked in attempt id order before the claims run in queue order
+        assert _locked_elsewhere(watch, "run_leases", "attempt_id", small_attempt)
 
     # And once the lock is released, both are claimed again
     assert outcome == [2]
