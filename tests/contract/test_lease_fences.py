@@ -56,6 +56,22 @@ def test_renew_bumps_the_version_and_the_old_version_is_fenced(harness: Harness)
     assert err.value.details["reason"] == "version_mismatch"
 
 
+def test_renew_answers_the_lease_as_it_stored_it(harness: Harness) -> None:
+    # Given a claimed run, the database clock frozen a second after the claim
+    harness.freeze_clock()
+    _, fence = _claimed(harness)
+    harness.advance_clock(1_000)
+    now = harness.now_ms()
+
+    # When its holder renews it for 30 s
+    renewed = harness.db.transaction(lambda tx: leases.renew(tx, fence, 30_000))
+
+    # Then the answer is the stored lease, with the new expiry counted from the database clock
+    stored = harness.db.transaction(lambda tx: leases.get_lease(tx, fence.attempt_id), write=False)
+    assert renewed == stored
+    assert renewed.expires_at_ms == now + 30_000
+
+
 def test_expired_lease_cannot_be_renewed_and_never_changes_the_run(harness: Harness) -> None:
     project, fence = _claimed(harness)
     harness.advance_clock(30_001)
