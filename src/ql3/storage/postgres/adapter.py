@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import secrets
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,22 @@ _NOTIFY = b"SELECT pg_notify(%s, %s)"
 
 def _host_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _hung_up(conn: psycopg.Connection[Row]) -> bool:
+    """Whether the server has hung up on an idle pooled connection, seen without a round trip.
+
+    An idle connection that LISTENs to nothing has nothing to read: anything readable is a goodbye
+    (the FATAL of a terminated backend, an idle-session timeout) or the end of the stream. The FATAL
+    is on the socket before the backend has gone, its end of stream only once the process has
+    exited: a unit that only watched for the end of the stream could queue its COMMIT before it
+    arrived, and then could not tell whether it committed (docs/dispatch.md, "dispatch on
+    PostgreSQL")."""
+    if conn.closed or conn.broken:
+        return True
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class PostgresTransaction:
@@ -130,11 +147,11 @@ class PostgresTransaction:
         """The unit's last statement and COMMIT in one round trip, with BEGIN and the clock when it
         is also the first, and the NOTIFYs of ``notify`` (see ``ports.storage.CommitsWithStatement``).
         The caller writes nothing after it that must commit together with it: a further statement
-        opens a new transaction. On a pooled connection whose backend was terminated the pipeline
-        fails as its first statement is queued (psycopg reads the server's goodbye there), before
-        COMMIT is marked sent, and ``PostgresDatabase.transaction`` re-runs the unit on a fresh
-        connection; once COMMIT was queued, a lost connection is StorageUnavailable and never re-run
-        (the unit may have committed)."""
+        opens a new transaction. A pooled connection the server hung up on is discarded at
+        checkout (``_hung_up``); one found broken while the pipeline is queued, before COMMIT is
+        marked sent, makes ``PostgresDatabase.transaction`` re-run the unit on a fresh connection;
+        once COMMIT was queued, a lost connection is StorageUnavailable and never re-run (the unit
+        may have committed)."""
         args = {**params, "origin": self._origin}
         first = not self.begun
         self.round_trips += 1
@@ -222,17 +239,23 @@ class PostgresDatabase:
             raise StorageUnavailable() from exc
 
     def transaction(self, fn: Callable[[Transaction], T], *, write: bool = True) -> T:
-        # No round trip to check a pooled connection on checkout: a connection whose backend was
-        # terminated fails on the unit's first exchange, before anything of the unit reached the
-        # server, and the unit then runs again from scratch on another connection (the pool
-        # discards the broken one). Once a statement was answered, a lost connection is
-        # StorageUnavailable: the unit may or may not have committed, so it is never re-run.
+        # No round trip to check a pooled connection on checkout, only a look at its socket: one
+        # the server hung up on is discarded before the unit starts (``_hung_up``). One whose
+        # backend dies later fails on the unit's first exchange, before anything of the unit
+        # reached the server, and the unit then runs again from scratch on another connection
+        # (the pool discards the broken one). Once a statement was answered, or COMMIT was queued,
+        # a lost connection is StorageUnavailable: the unit may or may not have committed, so it
+        # is never re-run.
         busy_retries = 0
         stale_retries = 0
         while True:
             tx: PostgresTransaction | None = None
             try:
                 with self.pool.connection() as conn:
+                    if stale_retries < self._max_size and _hung_up(conn):
+                        stale_retries += 1
+                        conn.close()  # the pool discards a closed connection and opens another
+                        continue
                     tx = PostgresTransaction(conn, self._queries, write=write, origin=self.origin)
                     try:
                         result = fn(tx)
