@@ -15,7 +15,7 @@ import pytest
 
 from ql3.application import lease_results, workers
 from ql3.domain.digests import sha256_hex
-from ql3.domain.errors import FenceConflict
+from ql3.domain.errors import Conflict, FenceConflict, InvalidRunTransition, NotFound
 from ql3.domain.offers import LeaseFence
 from tests.support.builders import count
 from tests.support.databases import Harness
@@ -287,3 +287,72 @@ def test_each_result_moves_the_run_and_lease_versions_as_the_statement_path_does
     # start-failure replay after a completion is told apart by the lease version + 1)
     steps = [(after[0] - before[0], after[1] - before[1]) for before, after in pairwise(seen)]
     assert steps == [(1, 0), (1, 0), (1, 1)]
+
+
+# States the foreign keys and the life cycle rule out, made with those checks off (``Harness.forge``):
+# a row the result reads is gone, or names another run, or the run and its attempt disagree. The
+# one-statement form's own checks of these must hold without the keys behind them: it defers, writing
+# nothing, and the statement-by-statement path refuses as it does on SQLite, with the same error.
+_ALL = dict.fromkeys(RESULTS)
+FORGED: dict[str, tuple[str, dict[str, tuple[type[Exception], dict[str, Any]]]]] = {
+    "run_row_gone": ("DELETE FROM runs WHERE id = '{run}'", {r: (NotFound, {}) for r in _ALL}),
+    "attempt_row_gone": (
+        "DELETE FROM run_attempts WHERE id = '{attempt}'",
+        {r: (NotFound, {}) for r in _ALL},
+    ),
+    "attempt_of_another_run": (
+        "UPDATE run_attempts SET run_id = '{other}', attempt = attempt + 100 WHERE id = '{attempt}'",
+        {r: (FenceConflict, {"reason": "run_mismatch"}) for r in _ALL},
+    ),
+    "lease_row_gone": (
+        "DELETE FROM run_leases WHERE attempt_id = '{attempt}'",
+        {r: (FenceConflict, {"reason": "missing"}) for r in _ALL},
+    ),
+    "lease_of_another_run": (
+        "UPDATE run_leases SET run_id = '{other}' WHERE attempt_id = '{attempt}'",
+        {r: (FenceConflict, {"reason": "run_mismatch"}) for r in _ALL},
+    ),
+    "worker_row_gone": (
+        "DELETE FROM workers WHERE worker_id = '{worker}'",
+        {r: (FenceConflict, {"reason": "worker_unavailable"}) for r in _ALL},
+    ),
+    "task_revision_gone": ("DELETE FROM task_revisions", {"starting": (NotFound, {})}),
+    "run_queued_again": (
+        "UPDATE runs SET status = 'queued' WHERE id = '{run}'",
+        {
+            "starting": (Conflict, {"status": "claimed"}),
+            "running": (InvalidRunTransition, {"status": "queued", "to": "running"}),
+        },
+    ),
+    "attempt_back_to_starting": (
+        "UPDATE run_attempts SET status = 'starting' WHERE id = '{attempt}'",
+        {"complete": (InvalidRunTransition, {"status": "starting", "to": "succeeded"})},
+    ),
+    "callback_digest_gone": (
+        "UPDATE run_attempts SET callback_token_hash = NULL WHERE id = '{attempt}'",
+        {"complete": (FenceConflict, {"reason": "callback_token_mismatch"})},
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("forged", "result"), [(name, result) for name, (_, refusals) in FORGED.items() for result in refusals]
+)
+def test_a_result_on_a_forged_state_is_refused_as_the_statement_path_refuses_it_and_writes_nothing(
+    harness: Harness, forged: str, result: str
+) -> None:
+    # Given a run at the step ``result`` whose rows were then forged into a state no path makes
+    fence, other = _at(harness, result)
+    sql, refusals = FORGED[forged]
+    harness.forge(sql.format(run=fence.run_id, attempt=fence.attempt_id, other=other, worker=fence.worker_id))
+    before = _state(harness)
+
+    # When the result comes with the fence it was offered
+    with pytest.raises(Exception) as caught:
+        _step(harness, result, fence)
+
+    # Then it is refused with the statement path's error (the same on both databases), and nothing
+    # changed
+    error, details = refusals[result]
+    assert (type(caught.value), getattr(caught.value, "details", None)) == (error, details)
+    assert _state(harness) == before

@@ -8,6 +8,7 @@ The fixtures that build these live in ``tests/support/plugin.py``.
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,22 @@ class Harness:
 
     def now_ms(self) -> int:
         return int(self.db.transaction(lambda tx: tx.now_ms(), write=False))
+
+    def forge(self, sql: str) -> None:
+        """One statement with the database's referential checks off: a state no public path makes
+        (a row its foreign keys require gone), for tests of the checks behind those keys. SQLite: a
+        plain connection, whose foreign keys are off unless asked for; PostgreSQL: a session whose
+        ``session_replication_role`` skips the foreign-key triggers (the test user is a superuser)."""
+        if self.dialect == "sqlite":
+            conn = sqlite3.connect(self.db.path, isolation_level=None)
+            try:
+                conn.execute(sql)
+            finally:
+                conn.close()
+            return
+        with psycopg.connect(self.db.dsn, autocommit=True) as pg:
+            pg.execute("SET session_replication_role = replica")
+            pg.execute(sql.encode())
 
     def second_connection(self) -> Any:
         """Another database handle on the same data, for real two-connection races."""
