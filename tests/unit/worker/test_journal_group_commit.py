@@ -34,6 +34,7 @@ class _Gate:
         self._fail = fail
         self.commits = 0
         self.levels: list[int] = []
+        self.level_changes: list[str] = []  # the ``PRAGMA synchronous = ...`` statements sent
         self.entered = threading.Event()
         self.release = threading.Event()
 
@@ -45,6 +46,8 @@ class _Gate:
         self._conn.close()
 
     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql.startswith("PRAGMA synchronous ="):
+            self.level_changes.append(sql.rsplit(" ", 1)[-1])
         if sql == "COMMIT":
             self.commits += 1
             (level,) = self._conn.execute("PRAGMA synchronous").fetchone()
@@ -307,6 +310,25 @@ def test_a_group_that_holds_the_launching_barrier_commits_with_synchronous_full(
     # And the next write without a barrier commits at NORMAL again
     _step(journal, launched, "started")()
     assert gate.levels == [1, 2, 1]
+
+
+def test_the_synchronous_level_is_set_only_when_a_group_needs_the_other_one(journal: WorkerJournal) -> None:
+    # Given three records ready for their barrier, and a connection that holds no commit open
+    records = [
+        journal.advance(r.offer_id, expected_revision=r.revision, to_state="starting_acknowledged")
+        for r in _accepted(journal, 3)
+    ]
+    gate, _ = _install(journal)
+    gate.release.set()
+
+    # When three barriers commit one after another, then three writes that need no durability
+    launched = [_step(journal, record, "launching")() for record in records]
+    for record in launched:
+        _step(journal, record, "started")()
+
+    # Then every commit ran at its level, and the level was changed twice: not once per commit
+    assert gate.levels == [2, 2, 2, 1, 1, 1]
+    assert gate.level_changes == ["FULL", "NORMAL"]
 
 
 def test_an_offer_deleted_earlier_in_a_group_is_accepted_again_without_reading_the_file(
