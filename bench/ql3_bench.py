@@ -659,7 +659,13 @@ def e2e_backlog(
             serve = InstrumentedServe(store, slots, profile, sql_stats=sql_stats > 0)
             end = wait_terminal(store, serve, n, poll_s=0.02 if kind == "sqlite" else 0.05)
             wall = end - serve.spawned
-            sql = sql_top({}, serve.counters(), n, sql_stats) if sql_stats else None
+            counters = serve.counters()
+            sql = sql_top({}, counters, n, sql_stats) if sql_stats else None
+            threads = {
+                name: round((user + system) * TICK_MS / n, 3)
+                for name, (user, system) in sorted(counters.get("threads", {}).items())
+                if user + system
+            }
             cpu_self, cpu_children = cpu_ticks(serve.proc.pid)
             hwm = proc_kb(serve.proc.pid, "VmHWM")
             return {
@@ -671,6 +677,7 @@ def e2e_backlog(
                 "cpu_ms_per_run_server": round(cpu_self * TICK_MS / n, 3),
                 "cpu_ms_per_run_with_children": round((cpu_self + cpu_children) * TICK_MS / n, 3),
                 "peak_rss_mb": round(hwm / 1024, 1),
+                "cpu_ms_per_run_by_thread": threads,
                 "load_1m_after": load_1m(),
                 **({"sql": sql} if sql is not None else {}),
             }
@@ -721,7 +728,7 @@ def e2e_live(kind: str, n: int, slots: int, *, sql_stats: int = 0) -> dict[str, 
                 "peak_rss_mb": round(hwm / 1024, 1),
                 "load_1m_after": load_1m(),
             }
-            delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in set(c0) | set(c1) if k != "sql"}
+            delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in set(c0) | set(c1) if k not in ("sql", "threads")}
             units = sum(v for k, v in delta.items() if k.endswith("_units"))
             out["transactions_per_run"] = round(units / n, 2)
             out["transactions_per_run_detail"] = {

@@ -230,6 +230,23 @@ def _install_pg_statement_stats() -> None:
     PostgresTransaction.commit = commit  # type: ignore[method-assign]
 
 
+def _thread_cpu() -> dict[str, list[int]]:
+    """User and system clock ticks of every live thread, by thread name (several threads of one
+    name are summed), read from ``/proc/self/task``: where the server's one core goes, with no
+    profiler in the way."""
+    out: dict[str, list[int]] = {}
+    for thread in threading.enumerate():
+        try:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = thread.name.rstrip("0123456789").rstrip("_-") or thread.name
+        ticks = out.setdefault(name, [0, 0])
+        ticks[0] += int(fields[11])
+        ticks[1] += int(fields[12])
+    return out
+
+
 def main() -> int:
     argv = sys.argv[1:]
     stats_path = Path(argv.pop(0))
@@ -267,6 +284,7 @@ def main() -> int:
             extra: dict[str, Any] = {"stages": list(STAGES)} if stages else {}
             if SQL_STATS:
                 extra["sql"] = {k: list(v) for k, v in SQL.items()}
+            extra["threads"] = _thread_cpu()
             data = json.dumps({**COUNTS, **extra}, sort_keys=True)
         tmp = stats_path.with_suffix(".tmp")
         tmp.write_text(data)
