@@ -356,10 +356,10 @@ class _CountingSqlite(SqliteDatabase):
     writes = 0
     rows = 0
 
-    def transaction(self, fn: Any, *, write: bool = True) -> Any:
-        conn = self._conn()
+    def _transaction(self, fn: Any, conn: Any, *, write: bool) -> Any:
+        # Counted on the connection the unit really uses (the shared writer, under its lock).
         before = conn.total_changes
-        result = super().transaction(fn, write=write)
+        result = super()._transaction(fn, conn, write=write)
         if write:
             type(self).writes += 1
         type(self).rows += conn.total_changes - before
@@ -369,6 +369,7 @@ class _CountingSqlite(SqliteDatabase):
 def bench_cancel_writes(repeat: int) -> tuple[float, float]:
     """(write transactions, rows changed) on SQLite from the cancel request to the run being cancelled."""
     from ql3.application import cancellation
+    from ql3.application.settings import load_serve_settings
     from ql3.bootstrap import build_standalone_runtime
 
     figures: list[tuple[int, int]] = []
@@ -378,7 +379,10 @@ def bench_cancel_writes(repeat: int) -> tuple[float, float]:
         db.migrate()
         project = db.transaction(auth.bootstrap_owner).project
         task = db.transaction(lambda tx: tasks.create_task(tx, project.id, "s", {"command": "sleep 60"})).task
-        runtime = build_standalone_runtime(db, home)
+        settings = load_serve_settings(
+            {"QL3_HOME": str(home)}, profile="standalone", slots=4, worker_id=None, database_url=None, cpus=2
+        )
+        runtime = build_standalone_runtime(db, settings)
         runtime.start()
         try:
             for _ in range(repeat):
