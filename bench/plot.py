@@ -89,20 +89,20 @@ def table(ql3: dict[str, Any], peers: dict[str, Any]) -> str:
             f" {_f(rss)} |"
         )
     lines += ["", "| ql3 | storage | --slots 1 | --slots 8 | --slots 64 | small backlog | large backlog |"
-              " ratio (sizes) |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+              " ratio (sizes) | server CPU a run, ratio |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for kind, storage in (("sqlite", "SQLite"), ("postgres", "PostgreSQL")):
         e2e = ql3.get(f"e2e_{kind}")
         if not e2e:
             continue
         slots = [_f(e2e["slots"].get(k, {}).get("runs_per_s")) for k in ("1", "8", "64")]
         flat = e2e.get("flat", {})
-        sizes = sorted(int(k) for k in flat if k != "ratio")
+        sizes = sorted(int(k) for k in flat if k.isdigit())
         pair = [_f(flat[str(k)]["runs_per_s"]) for k in sizes] if len(sizes) == 2 else ["-", "-"]
         label = f"{sizes[0]} / {sizes[1]} queued" if len(sizes) == 2 else ""
         lines.append(
             f"| ql3 `serve` | {storage} | {' | '.join(slots)} | {' | '.join(pair)} |"
-            f" {_f(flat.get('ratio'), '.3f')} {label} |"
+            f" {_f(flat.get('ratio'), '.3f')} {label} | {_f(flat.get('cpu_ratio'), '.3f')} |"
         )
     lines.append("")
     lines.append(
@@ -154,7 +154,7 @@ def main() -> int:
                 values.append(e2e["slots"][slots]["runs_per_s"])
                 colors.append(color)
         for queued, run in e2e.get("flat", {}).items():
-            if queued != "ratio":
+            if queued.isdigit():
                 labels.append(f"{int(queued) / 1000:g}k\nqueued")
                 values.append(run["runs_per_s"])
                 colors.append(color)

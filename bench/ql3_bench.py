@@ -936,6 +936,27 @@ def _median_rep(reps: list[dict[str, Any]]) -> dict[str, Any]:
     return chosen
 
 
+def bench_flat(kind: str, runs: int, backlog: int, repeat: int) -> dict[str, Any]:
+    """The first ``runs`` runs with ``runs`` queued and with ``backlog`` queued, the two sizes
+    interleaved ``repeat`` times (one repetition of each moves by 10-15 % here from run to run); the
+    ratios of the medians: runs/s (large / small) and server CPU per run (large / small)."""
+    reps: dict[int, list[dict[str, Any]]] = {runs: [], backlog: []}
+    for _ in range(repeat):
+        for queued in (runs, backlog):
+            reps[queued].append(e2e_backlog(kind, runs, 8, queued=queued))
+            print(
+                f"[{kind}] first {runs} runs with {queued} queued: {reps[queued][-1]['runs_per_s']} runs/s,"
+                f" {reps[queued][-1]['cpu_ms_per_run_server']} ms server CPU a run",
+                flush=True,
+            )
+    flat: dict[str, Any] = {str(q): _median_rep(r) for q, r in reps.items()}
+    small, large = flat[str(runs)], flat[str(backlog)]
+    flat["ratio"] = round(large["runs_per_s"] / small["runs_per_s"], 3)
+    cpu = {q: statistics.median(x["cpu_ms_per_run_server"] for x in r) for q, r in reps.items()}
+    flat["cpu_ratio"] = round(cpu[backlog] / cpu[runs], 3)
+    return flat
+
+
 def bench_e2e(args: argparse.Namespace, out: dict[str, Any]) -> None:
     kinds = [k for k in args.kinds.split(",") if k]
     for kind in kinds:
@@ -954,16 +975,7 @@ def bench_e2e(args: argparse.Namespace, out: dict[str, Any]) -> None:
             print(f"[{kind}] --slots {slots}: {res['slots'][str(slots)]['runs_per_s']} runs/s", flush=True)
         res["slots"]["8"] = res["backlog"]
         if kind in args.flat_kinds.split(","):
-            res["flat"] = {}
-            for queued in (args.flat_runs, args.flat_backlog):
-                res["flat"][str(queued)] = e2e_backlog(kind, args.flat_runs, 8, queued=queued)
-                print(
-                    f"[{kind}] first {args.flat_runs} runs with {queued} queued:"
-                    f" {res['flat'][str(queued)]['runs_per_s']} runs/s",
-                    flush=True,
-                )
-            small, large = res["flat"][str(args.flat_runs)], res["flat"][str(args.flat_backlog)]
-            res["flat"]["ratio"] = round(large["runs_per_s"] / small["runs_per_s"], 3)
+            res["flat"] = bench_flat(kind, args.flat_runs, args.flat_backlog, args.repeat)
         out[f"e2e_{kind}"] = res
     if args.profile:
         results = args.json.parent if args.json else Path(tempfile.gettempdir())
