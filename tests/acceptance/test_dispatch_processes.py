@@ -24,14 +24,22 @@ from ql3.storage.sqlite.adapter import SqliteDatabase
 db = SqliteDatabase(sys.argv[1])
 budget = DispatchBudget(lease_ms=600_000)
 d = RunDispatcher(db, lease_secret=b"s" * 32, budget=budget, incarnation_started_ms=0)
+# A start barrier: imported and connected, then wait for the word, so neither process drains the
+# queue while the other is still starting (under load one did, and the race was never run).
+print("ready", flush=True)
+assert sys.stdin.readline().strip() == "go"
 claimed, idle = [], 0
-while idle < 3:
+# Until the queue is empty: a cycle that lost every claim to the other process (claim_raced) is the
+# race itself, not the end (stopping after three of them let one process drain the queue alone).
+for _ in range(100_000):
     result = d.dispatch_once()
-    if result.offer is None:
+    if result.offer is not None:
+        idle = 0
+        claimed.append(result.offer.fence.attempt_id)
+    elif result.reason == "no_candidates":
         idle += 1
-        continue
-    idle = 0
-    claimed.append(result.offer.fence.attempt_id)
+        if idle == 3:
+            break
 print(json.dumps(claimed))
 """
 
@@ -55,9 +63,20 @@ def test_two_dispatcher_processes_claim_each_attempt_once(tmp_path: Path) -> Non
 
     # When two separate processes dispatch concurrently
     procs = [
-        subprocess.Popen([sys.executable, "-c", DRIVER, str(path)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", DRIVER, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
     outputs = [p.communicate(timeout=300)[0] for p in procs]
 
     # Then every attempt was claimed once in total
