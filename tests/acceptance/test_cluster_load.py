@@ -34,7 +34,7 @@ from tests.support.waits import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 RUNS = 2_000
 SLOTS = "4"
-LOAD_SETTLE_S = 240.0
+LOAD_SETTLE_S = 420.0  # a bound for a failure only: each whole test took 235 s in the suite on 2 cores
 LONG_RUNS = 3  # of the 2,000 in the kill test, for w0 only: they outlive its restart
 LONG_S = 20
 
