@@ -232,6 +232,7 @@ def _embedded_worker(
     """The embedded worker ``wid``: its journal under ``$QL3_HOME/worker``, commands as ``run_as`` (or
     the project's task user), talking to the control plane in process."""
     from ql3.application.gateway import InProcessControlPlane
+    from ql3.execution.deadlines import DeadlineBoard
     from ql3.execution.launcher import LocalLauncher
     from ql3.worker.agent import WorkerAgent
     from ql3.worker.config import WorkerConfig
@@ -256,4 +257,6 @@ def _embedded_worker(
             if run_as is not None or task_users is not None
             else None
         ),
+        # The host executor keeps each attempt's deadlines (docs/reliability.md "Time").
+        deadlines=DeadlineBoard(home / "worker" / "executor"),
     )

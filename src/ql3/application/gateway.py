@@ -66,8 +66,10 @@ class InProcessControlPlane:
         return _info(s, status)
 
     def ack_starting(self, fence: LeaseFence) -> tuple[str, LeaseInfo]:
-        result, lease = self._db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
-        return result, LeaseInfo(version=lease.version, expires_at_ms=lease.expires_at_ms)
+        (result, lease), now = self._db.transaction(
+            lambda tx: (lease_results.ack_starting(tx, fence), tx.now_ms())
+        )
+        return result, _lease_info(lease, now)
 
     def ack_running(
         self,
@@ -79,18 +81,21 @@ class InProcessControlPlane:
         callback_sequence: int,
         callback_token_digest: str,
     ) -> tuple[str, LeaseInfo]:
-        result, lease = self._db.transaction(
-            lambda tx: lease_results.ack_running(
-                tx,
-                fence,
-                pid=pid,
-                handle=handle,
-                log_artifact_id=log_artifact_id,
-                callback_sequence=callback_sequence,
-                callback_token_digest=callback_token_digest,
+        (result, lease), now = self._db.transaction(
+            lambda tx: (
+                lease_results.ack_running(
+                    tx,
+                    fence,
+                    pid=pid,
+                    handle=handle,
+                    log_artifact_id=log_artifact_id,
+                    callback_sequence=callback_sequence,
+                    callback_token_digest=callback_token_digest,
+                ),
+                tx.now_ms(),
             )
         )
-        return result, LeaseInfo(version=lease.version, expires_at_ms=lease.expires_at_ms)
+        return result, _lease_info(lease, now)
 
     def ack_start_failure(self, fence: LeaseFence, *, error_code: str) -> str:
         return str(
@@ -98,8 +103,8 @@ class InProcessControlPlane:
         )
 
     def renew(self, fence: LeaseFence, lease_ms: int) -> LeaseInfo:
-        lease = self._db.transaction(lambda tx: leases.renew(tx, fence, lease_ms))
-        return LeaseInfo(version=lease.version, expires_at_ms=lease.expires_at_ms)
+        lease, now = self._db.transaction(lambda tx: (leases.renew(tx, fence, lease_ms), tx.now_ms()))
+        return _lease_info(lease, now)
 
     def complete(
         self, fence: LeaseFence, *, callback_sequence: int, callback_token: str, exit_code: int
@@ -128,8 +133,8 @@ class InProcessControlPlane:
         return bool(self._db.transaction(fn))
 
     def lease_status(self, fence: LeaseFence) -> LeaseInfo:
-        lease = self._db.transaction(lambda tx: leases.lease_status(tx, fence))
-        return LeaseInfo(version=lease.version, expires_at_ms=lease.expires_at_ms)
+        lease, now = self._db.transaction(lambda tx: (leases.lease_status(tx, fence), tx.now_ms()))
+        return _lease_info(lease, now)
 
     def lease_control(self, fence: LeaseFence) -> str:
         def fn(tx: Any) -> str:
@@ -139,3 +144,13 @@ class InProcessControlPlane:
             return "stop_requested" if run.cancel_requested_at_ms is not None else "run"
 
         return str(self._db.transaction(fn, write=False))
+
+
+def _lease_info(lease: Any, now_ms: int) -> LeaseInfo:
+    """The lease as the worker sees it, with the time it has left by the database clock at ``now_ms``
+    (the host's executor derives its local fence deadline from it: domain/time_model.py)."""
+    return LeaseInfo(
+        version=lease.version,
+        expires_at_ms=lease.expires_at_ms,
+        remaining_ms=max(0, lease.expires_at_ms - now_ms),
+    )

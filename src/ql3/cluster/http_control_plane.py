@@ -87,7 +87,12 @@ def _session(data: dict[str, Any]) -> SessionInfo:
 
 
 def _lease(data: dict[str, Any]) -> LeaseInfo:
-    return LeaseInfo(version=int(data["leaseVersion"]), expires_at_ms=int(data["leaseExpiresAtMs"]))
+    remaining = data.get("leaseRemainingMs")
+    return LeaseInfo(
+        version=int(data["leaseVersion"]),
+        expires_at_ms=int(data["leaseExpiresAtMs"]),
+        remaining_ms=int(remaining) if isinstance(remaining, int) and remaining >= 0 else None,
+    )
 
 
 def raise_for(status: int, body: Any) -> None:

@@ -29,6 +29,7 @@ from ql3.cluster.pull import pull_offer_id
 from ql3.domain.digests import new_token
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error
 from ql3.domain.offers import Offer
+from ql3.execution.deadlines import DeadlineBoard
 from ql3.execution.launcher import LocalLauncher
 from ql3.ports.control_plane import ControlPlaneUnreachable
 from ql3.worker.agent import WorkerAgent
@@ -70,6 +71,9 @@ class RemoteWorker:
             clock=clock or (lambda: time.time_ns() // 1_000_000),
             fault=fault,
             launcher=launcher,
+            # The host executor keeps each attempt's deadlines while this process cannot
+            # (a network cut, a freeze): docs/reliability.md "Time".
+            deadlines=DeadlineBoard(config.home / "executor"),
         )
         self._stopping = threading.Event()  # stop now: processes keep running, re-adopted later
         self._draining = threading.Event()

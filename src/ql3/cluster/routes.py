@@ -29,7 +29,7 @@ from ql3.domain.model import Principal
 from ql3.domain.offers import LeaseFence
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import Body
-from ql3.ports.control_plane import SessionInfo
+from ql3.ports.control_plane import LeaseInfo, SessionInfo
 from ql3.ports.storage import Transaction
 
 router = APIRouter(tags=["worker"])
@@ -172,8 +172,15 @@ def _session_out(info: Any) -> dict[str, Any]:
     }
 
 
-def _lease_out(result: str, version: int, expires_at_ms: int) -> dict[str, Any]:
-    return {"result": result, "leaseVersion": version, "leaseExpiresAtMs": expires_at_ms}
+def _lease_out(result: str, lease: LeaseInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "result": result,
+        "leaseVersion": lease.version,
+        "leaseExpiresAtMs": lease.expires_at_ms,
+    }
+    if lease.remaining_ms is not None:
+        out["leaseRemainingMs"] = lease.remaining_ms
+    return out
 
 
 def _plane(request: Request) -> InProcessControlPlane:
@@ -292,7 +299,7 @@ def ship_log(body: LogChunkIn, worker_id: WorkerDep, db: DbDep, request: Request
 @router.post("/api/v1/worker/ack/starting")
 def ack_starting(body: FenceOnly, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
     result, lease = _plane(request).ack_starting(body.fence.fence(worker_id))
-    return _lease_out(result, lease.version, lease.expires_at_ms)
+    return _lease_out(result, lease)
 
 
 @router.post("/api/v1/worker/ack/running")
@@ -305,7 +312,7 @@ def ack_running(body: RunningIn, worker_id: WorkerDep, request: Request) -> dict
         callback_sequence=body.callbackSequence,
         callback_token_digest=body.callbackTokenDigest,
     )
-    return _lease_out(result, lease.version, lease.expires_at_ms)
+    return _lease_out(result, lease)
 
 
 @router.post("/api/v1/worker/ack/start-failure")
@@ -317,7 +324,7 @@ def ack_start_failure(body: StartFailureIn, worker_id: WorkerDep, request: Reque
 @router.post("/api/v1/worker/renew")
 def renew(body: RenewIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
     lease = _plane(request).renew(body.fence.fence(worker_id), body.leaseMs)
-    return _lease_out("renewed", lease.version, lease.expires_at_ms)
+    return _lease_out("renewed", lease)
 
 
 @router.post("/api/v1/worker/complete")
@@ -339,7 +346,7 @@ def report_lost(body: LostIn, worker_id: WorkerDep, request: Request) -> dict[st
 @router.post("/api/v1/worker/lease-status")
 def lease_status(body: FenceOnly, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
     lease = _plane(request).lease_status(body.fence.fence(worker_id))
-    return _lease_out("leased", lease.version, lease.expires_at_ms)
+    return _lease_out("leased", lease)
 
 
 @router.post("/api/v1/worker/lease-control")

@@ -23,6 +23,9 @@ class SessionInfo:
 class LeaseInfo:
     version: int
     expires_at_ms: int
+    # The time the lease had left by the database clock when the control plane answered; None from a
+    # control plane that does not say (the worker then keeps the fence deadline it had).
+    remaining_ms: int | None = None
 
 
 class ControlPlane(Protocol):

@@ -202,3 +202,37 @@ class Journal(Protocol):
     def prune(self, offer_id: str) -> bool:
         """Delete one settled record now; in-flight records are never deleted."""
         ...
+
+
+StopCause = Literal["timeout", "fence"]
+
+
+class HostDeadlines(Protocol):
+    """The host executor's deadline board (execution/deadlines.py, docs/reliability.md "Time"): the
+    worker arms each started attempt with its timeout and local fence deadlines on the host clock,
+    moves the fence after each renewal, reads why the executor stopped an attempt, and disarms it once
+    settled. None of these raise for an I/O failure: the executor keeps what it held last."""
+
+    def start(self) -> None: ...
+
+    def ensure_executor(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+    def arm(
+        self,
+        attempt_id: str,
+        handle: str,
+        *,
+        timeout_at_ms: int | None,
+        fence_at_ms: int | None,
+        grace_ms: int,
+    ) -> None: ...
+
+    def move_fence(self, attempt_id: str, fence_at_ms: int) -> None: ...
+
+    def armed(self, attempt_id: str) -> bool: ...
+
+    def fired(self, attempt_id: str) -> StopCause | None: ...
+
+    def disarm(self, attempt_id: str) -> None: ...

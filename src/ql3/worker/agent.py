@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 from ql3.domain.offers import Offer
 from ql3.execution.controller import ProcessController
+from ql3.execution.deadlines import host_clock_ms
 from ql3.execution.launcher import ExitWatcher, Launched, LocalLauncher
 from ql3.ports.control_plane import ControlPlane, SessionInfo
-from ql3.ports.execution import Launcher
+from ql3.ports.execution import HostDeadlines, Launcher
 from ql3.ports.execution import ProcessController as ProcessControllerPort
 from ql3.worker.attempts import ActiveAttempts
 from ql3.worker.config import WorkerConfig
@@ -50,9 +51,12 @@ class WorkerAgent:
         launcher: Launcher[Launched] | None = None,
         controller: ProcessControllerPort | None = None,
         fault: Callable[[str], None] | None = None,
+        deadlines: HostDeadlines | None = None,
+        host_clock: Callable[[], int] = host_clock_ms,
     ) -> None:
         self.config = config
         self._clock = clock
+        self._deadlines = deadlines
         self._journal: WorkerJournal | None = None
         self._session = WorkerSession(client, config)
         self._attempts = ActiveAttempts()
@@ -69,6 +73,7 @@ class WorkerAgent:
             controller=process_controller,
             attempts=self._attempts,
             journal=self._current_journal,
+            deadlines=deadlines,
         )
         self._watcher = ExitWatcher(self._settlement.on_exit)
         context = WorkerContext(
@@ -80,6 +85,8 @@ class WorkerAgent:
             journal=self._current_journal,
             settlement=self._settlement,
             stops=self._stops,
+            deadlines=deadlines,
+            host_clock=host_clock,
         )
         self._intake: Intake[Launched] = Intake(
             context,
@@ -124,6 +131,9 @@ class WorkerAgent:
         self._journal = WorkerJournal.open(
             home / "journal.db", clock=self._clock, capacity=self.config.journal_capacity
         )
+        if self._deadlines is not None:
+            # Before anything runs: the executor keeps the time of every attempt from its spawn on.
+            self._deadlines.start()
         self._session.register()
         self._watcher.start()
         self.reconcile()
@@ -133,6 +143,8 @@ class WorkerAgent:
         """Processes keep running: they are re-adopted by the next start."""
         self._intake.close()
         self._watcher.stop()
+        if self._deadlines is not None:
+            self._deadlines.release()
         if self._journal is not None:
             self._journal.close()
             self._journal = None

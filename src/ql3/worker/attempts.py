@@ -38,6 +38,9 @@ class ActiveAttempt:
     ack_pending: bool = False  # the running ACK failed transiently: maintain() sends it again
     exited: bool = False  # the process exited; completion pending or to be retried
     renewed_at_ms: int | None = None  # the worker clock at the last successful renewal
+    # The local fence deadline on the host clock (domain/time_model.py): from the starting ACK's
+    # answer, then from each renewal's; the host executor stops the process when it passes.
+    fence_at_host_ms: int | None = None
 
 
 class ActiveAttempts:

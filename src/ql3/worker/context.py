@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ql3.domain.journal import JournalRecord
 from ql3.ports.control_plane import ControlPlane
-from ql3.ports.execution import Journal
+from ql3.ports.execution import HostDeadlines, Journal
 from ql3.worker.attempts import ActiveAttempts
 from ql3.worker.config import WorkerConfig
 from ql3.worker.session import WorkerSession
@@ -33,3 +33,7 @@ class WorkerContext:
     journal: Callable[[], Journal]  # the open journal (it is opened at start, after construction)
     settlement: Settlement
     stops: LocalStops
+    # The host executor's board and the host clock it keeps time by (docs/reliability.md "Time");
+    # None where no executor runs (tests that drive the agent in-process).
+    deadlines: HostDeadlines | None = None
+    host_clock: Callable[[], int] = lambda: 0

@@ -13,6 +13,7 @@ from ql3.domain.digests import new_token, sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
 from ql3.domain.journal import JournalOffer, JournalRecord
 from ql3.domain.offers import Offer
+from ql3.domain.time_model import local_fence_deadline, timeout_deadline
 from ql3.execution.identity import ProcessHandle
 from ql3.execution.logs import log_path_for
 from ql3.ports.control_plane import ControlPlaneUnreachable
@@ -138,15 +139,21 @@ class Intake(Generic[LaunchedT]):
         ``launching`` barrier (``_launch``), so the ACK costs no commit of its own. A crash before that
         commit leaves ``accepted``, which recovery treats like ``starting_acknowledged`` (nothing was
         spawned; a redelivery sends the ACK again, which the control plane answers ``already_starting``)."""
+        sent = self._ctx.host_clock()
         try:
             # The deadline is the control plane's: pinned timeout plus its clock, never ours.
-            self._ctx.client.ack_starting(offer.fence)
+            _, lease = self._ctx.client.ack_starting(offer.fence)
         except Ql3Error:
             # Nothing was spawned, whatever failed (a fence, a conflict, an unreachable control plane,
             # a lost database connection): without renewals the lease expires and the run is placed
             # again. Kept in the active set, the lease would be renewed forever and never run.
             self._ctx.attempts.forget(record.attempt_id)
             raise
+        if lease.remaining_ms is not None:
+            with self._ctx.attempts.lock:
+                active = self._ctx.attempts.get(record.attempt_id)
+                if active is not None:
+                    active.fence_at_host_ms = local_fence_deadline(sent, lease.remaining_ms)
         self._fault("after_starting_ack")
 
     def _launch(self, record: JournalRecord, offer: Offer) -> JournalRecord:
@@ -162,10 +169,16 @@ class Intake(Generic[LaunchedT]):
             via="starting_acknowledged" if record.state == "accepted" else None,
         )
         self._fault("after_launching")
+        fence_at = self._fence_at(record.attempt_id)
+        if fence_at is not None and self._ctx.host_clock() >= fence_at:
+            # Frozen between the starting ACK and here past the lease: the run may be retried
+            # elsewhere already, so nothing may start (docs/reliability.md "Time").
+            return self._start_failed(record, offer, LaunchFailed("lease_fence_passed"))
         try:
             launched = self._launcher.start(self._request(record, offer, token))
         except (LaunchRejected, LaunchFailed) as exc:
             return self._start_failed(record, offer, exc)
+        started_host = self._ctx.host_clock()
         self._fault("spawned_before_started")
         handle = launched.handle.encode()
         with self._ctx.attempts.lock:
@@ -179,6 +192,14 @@ class Intake(Generic[LaunchedT]):
             executor_handle=handle,
             executor_started_at_ms=self._ctx.clock(),
         )
+        if self._ctx.deadlines is not None:
+            self._ctx.deadlines.arm(
+                record.attempt_id,
+                handle,
+                timeout_at_ms=timeout_deadline(started_host, offer.spec.timeout_ms),
+                fence_at_ms=self._fence_at(record.attempt_id),
+                grace_ms=offer.spec.termination_grace_ms,
+            )
         self._watcher.watch(launched)
         self._fault("after_spawn")
         record = self.ack_running(record)
@@ -195,6 +216,11 @@ class Intake(Generic[LaunchedT]):
             latest = self._ctx.journal().get(record.offer_id)
             return latest or record
         return record
+
+    def _fence_at(self, attempt_id: str) -> int | None:
+        with self._ctx.attempts.lock:
+            active = self._ctx.attempts.get(attempt_id)
+            return None if active is None else active.fence_at_host_ms
 
     def _request(self, record: JournalRecord, offer: Offer, token: str) -> LaunchRequest:
         spec = offer.spec

@@ -8,6 +8,7 @@ import logging
 from dataclasses import replace
 
 from ql3.domain.errors import FenceConflict, Ql3Error
+from ql3.domain.time_model import local_fence_deadline
 from ql3.worker.attempts import ActiveAttempt
 from ql3.worker.config import MAX_SLOTS
 from ql3.worker.context import AckRunning, WorkerContext
@@ -32,6 +33,9 @@ class Maintenance:
         session = self._ctx.session.current
         if session is None:
             return False
+        if self._ctx.deadlines is not None:
+            # A killed executor is started again; it re-reads the board and stops what is past due.
+            self._ctx.deadlines.ensure_executor()
         now = self._ctx.clock()
         renew_due = now - self.last_renewal_ms >= self._ctx.config.run_lease_ms // 3
         unreachable: Ql3Error | None = None
@@ -72,6 +76,7 @@ class Maintenance:
     def _renew(self, attempt_id: str, item: ActiveAttempt, now: int) -> tuple[bool, Ql3Error | None]:
         """Renew one lease: (True, None) when renewed; (False, error) when this pass leaves it (lost,
         stopped, or unrenewable for now, with the transient error to report)."""
+        sent = self._ctx.host_clock()
         try:
             info = self._ctx.client.renew(item.fence, self._ctx.config.run_lease_ms)
             with self._ctx.attempts.lock:
@@ -79,6 +84,10 @@ class Maintenance:
                 if current is not None:
                     current.fence = replace(item.fence, lease_version=info.version)
                     current.renewed_at_ms = now
+                    if info.remaining_ms is not None:
+                        current.fence_at_host_ms = local_fence_deadline(sent, info.remaining_ms)
+            if info.remaining_ms is not None and self._ctx.deadlines is not None:
+                self._ctx.deadlines.move_fence(attempt_id, local_fence_deadline(sent, info.remaining_ms))
         except FenceConflict as exc:
             record = self._ctx.journal().find_by_attempt(attempt_id)
             if exc.details.get("reason") in ("not_leased",):

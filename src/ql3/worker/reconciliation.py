@@ -12,6 +12,7 @@ from typing import Final
 from ql3.domain.errors import FenceConflict, NotFound, Ql3Error
 from ql3.domain.journal import JournalRecord
 from ql3.domain.offers import LeaseFence
+from ql3.domain.time_model import local_fence_deadline, timeout_deadline
 from ql3.execution.receipts import delete_launch_identity, read_launch_identity
 from ql3.worker.attempts import ActiveAttempt, journal_offer
 from ql3.worker.context import AckRunning, WorkerContext
@@ -57,13 +58,16 @@ class Reconciliation:
             # Killed between the spawn and `started`: the shim may have left its identity. With it the
             # record resumes as `started` (receipt first, else re-adoption); it is never spawned again.
             record = self._resolve_launch(record)
+        sent = self._ctx.host_clock()
         try:
             info = self._ctx.client.renew(fence, self._ctx.config.run_lease_ms)
             fence = replace(fence, lease_version=info.version)
         except FenceConflict as exc:
             if exc.details.get("reason") != "version_mismatch":
                 return self._settle_stale(record, fence)
-            fence = self._resume_version(fence)
+            info = self._ctx.client.lease_status(fence)
+            fence = replace(fence, lease_version=info.version)
+        fence_at = None if info.remaining_ms is None else local_fence_deadline(sent, info.remaining_ms)
         if record.executor_handle is None:
             return self._launch_unknown(record, fence)
         self._ctx.attempts.put(
@@ -75,8 +79,10 @@ class Reconciliation:
                 adopted=True,
                 acked=True,
                 renewed_at_ms=self._ctx.clock(),  # renewed just above
+                fence_at_host_ms=fence_at,
             ),
         )
+        self._rearm(record, fence_at)
         if record.state == "started":
             # The running ACK may never have been committed: the control plane needs the handle (to
             # stop it) and the token digest (to accept its receipt) before anything else.
@@ -88,6 +94,27 @@ class Reconciliation:
                 if self._ctx.attempts.by_attempt[record.attempt_id].ack_pending:
                     return "running_ack_pending"  # maintain() sends it again, then settles
         return self._ctx.settlement.settle(record.attempt_id)
+
+    def _rearm(self, record: JournalRecord, fence_at: int | None) -> None:
+        """The board keeps a re-adopted attempt's deadlines across our restart; the fence moves with
+        the renewal above. Without an entry (killed between the spawn and arming it) it is armed
+        again, its timeout counted from the start the journal recorded (docs/reliability.md "Time")."""
+        board = self._ctx.deadlines
+        if board is None or record.executor_handle is None:
+            return
+        if board.armed(record.attempt_id):
+            if fence_at is not None:
+                board.move_fence(record.attempt_id, fence_at)
+            return
+        spec = journal_offer(record).spec
+        elapsed = max(0, self._ctx.clock() - (record.executor_started_at_ms or self._ctx.clock()))
+        board.arm(
+            record.attempt_id,
+            record.executor_handle,
+            timeout_at_ms=timeout_deadline(self._ctx.host_clock() - elapsed, spec.timeout_ms),
+            fence_at_ms=fence_at,
+            grace_ms=spec.termination_grace_ms,
+        )
 
     def _resolve_launch(self, record: JournalRecord) -> JournalRecord:
         handle = read_launch_identity(self._receipts_dir, record.attempt_id)
@@ -115,10 +142,6 @@ class Reconciliation:
         self._ctx.journal().prune(record.offer_id)
         self._ctx.attempts.forget(record.attempt_id)
         return "lost"
-
-    def _resume_version(self, fence: LeaseFence) -> LeaseFence:
-        info = self._ctx.client.lease_status(fence)
-        return replace(fence, lease_version=info.version)
 
     def _settle_stale(self, record: JournalRecord, fence: LeaseFence) -> str:
         active = ActiveAttempt(

@@ -15,7 +15,7 @@ from ql3.domain.journal import JournalConflict, JournalRecord
 from ql3.execution.identity import InvalidHandle, ProcessHandle, probe
 from ql3.execution.receipts import Receipt, ReceiptInvalid, delete_receipt, quarantine_receipt, read_receipt
 from ql3.ports.control_plane import ControlPlane
-from ql3.ports.execution import Journal, ProcessController
+from ql3.ports.execution import HostDeadlines, Journal, ProcessController
 from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempts
 
 log = logging.getLogger("ql3.worker")
@@ -32,8 +32,10 @@ class Settlement:
         controller: ProcessController,
         attempts: ActiveAttempts,
         journal: Callable[[], Journal],
+        deadlines: HostDeadlines | None = None,
     ) -> None:
         self._client = client
+        self._deadlines = deadlines
         self._receipts_dir = receipts_dir
         self._controller = controller
         self._attempts = attempts
@@ -114,6 +116,8 @@ class Settlement:
             exit_code=receipt.exit_code,
         )
         self._acknowledge(record)
+        if self._deadlines is not None:
+            self._deadlines.disarm(attempt_id)
         # Only a shim of an earlier version leaves a temp file: not one this process launched (pid set).
         delete_receipt(self._receipts_dir, attempt_id, legacy_temp=active.pid is None or active.adopted)
         self._attempts.forget(attempt_id)
@@ -185,4 +189,6 @@ class Settlement:
             return "fenced"
         # The control plane holds the outcome now: nothing to recover.
         journal.prune(record.offer_id)
+        if self._deadlines is not None:
+            self._deadlines.disarm(record.attempt_id)
         return "lost"
