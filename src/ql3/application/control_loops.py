@@ -141,7 +141,13 @@ def _expiry_loop(w: _Wiring) -> LifecycleRunner:
     def expiry_cycle() -> bool:
         did = False
         for attempt_id in db.transaction(lambda tx: lease_expiry.expired_page(tx, page), write=False):
-            db.transaction(partial(lease_expiry.expire_lease, attempt_id=attempt_id))
+            db.transaction(
+                partial(
+                    lease_expiry.expire_lease,
+                    attempt_id=attempt_id,
+                    fence_margin_ms=w.settings.fence_margin_ms,
+                )
+            )
             did = True
         for run_id in db.transaction(lambda tx: lease_expiry.retry_due_page(tx, page), write=False):
             db.transaction(partial(lease_expiry.admit_retry, run_id=run_id))

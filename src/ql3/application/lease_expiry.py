@@ -14,22 +14,32 @@ from ql3.application.runs import (
     lock_run,
     write_run,
 )
-from ql3.domain.errors import ValidationFailed
+from ql3.domain import time_model
+from ql3.domain.errors import Ql3Error, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run
 from ql3.domain.states import ATTEMPT_TERMINAL, is_run_terminal
+from ql3.domain.tasks import MAX_GRACE_MS, build_spec
 from ql3.ports import channels
 from ql3.ports.storage import Transaction
 from ql3.repositories import leases as repo
 from ql3.repositories import runs as run_repo
+from ql3.repositories import tasks as task_repo
 
 MAX_SCAN_PAGE: Final = 64
 
 
 def mark_lost(
-    tx: Transaction, run_id: str, attempt_id: str, *, error_code: str, actor_type: str = "reconciler"
+    tx: Transaction,
+    run_id: str,
+    attempt_id: str,
+    *,
+    error_code: str,
+    actor_type: str = "reconciler",
+    retry_not_before_ms: int | None = None,
 ) -> bool:
-    """Attempt and Run become ``lost`` (non-terminal Run), then lost retry decides what follows."""
+    """Attempt and Run become ``lost`` (non-terminal Run), then lost retry decides what follows.
+    ``retry_not_before_ms``: no retry is admitted before it (the re-grant wait of an expired lease)."""
     run = lock_run(tx, run_id)
     attempt = lock_attempt(tx, attempt_id)
     if (
@@ -68,15 +78,18 @@ def mark_lost(
         lease_end="release",
         release_reason="lease_expired",
     )
-    _after_lost(tx, lost_run, attempt, now)
+    _after_lost(tx, lost_run, attempt, now, retry_not_before_ms)
     return True
 
 
-def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int) -> None:
-    """Lost retry: schedule a new attempt when the policy allows, else the run fails."""
+def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int, not_before_ms: int | None) -> None:
+    """Lost retry: schedule a new attempt when the policy allows, else the run fails. The retry waits
+    for its backoff and, after a lease expiry, until the old host has stopped the attempt."""
     policy = repo.get_retry_policy(tx, run.id)
     if policy is not None and policy.retry_on_lost and attempt.attempt < policy.max_attempts:
         delay = min(policy.backoff_max_ms, policy.backoff_min_ms * 2 ** min(attempt.attempt - 1, 30))
+        if not_before_ms is not None:
+            delay = max(delay, not_before_ms - now)
         repo.schedule_retry(tx, policy, next_retry_at_ms=now + delay)
         write_run(
             tx,
@@ -151,8 +164,12 @@ def admit_retry(tx: Transaction, run_id: str) -> str | None:
     return attempt_id
 
 
-def expire_lease(tx: Transaction, attempt_id: str) -> str:
-    """Server-side expiry (lease row locked first): claimed -> release only; starting/running -> lost."""
+def expire_lease(
+    tx: Transaction, attempt_id: str, *, fence_margin_ms: int = time_model.DEFAULT_FENCE_MARGIN_MS
+) -> str:
+    """Server-side expiry (lease row locked first): claimed -> release only; starting/running -> lost,
+    its retry admitted no earlier than the re-grant instant of the time model: the expiry, the
+    attempt's grace and ``fence_margin_ms`` (domain/time_model.py, docs/reliability.md "Time")."""
     lease = leases.get_lease(tx, attempt_id, lock=False)
     if lease is None:
         return "missing"
@@ -184,10 +201,25 @@ def expire_lease(tx: Transaction, attempt_id: str) -> str:
             tx.notify(channels.RUNS)
         return "released"
     if attempt.status in ("starting", "running"):
-        mark_lost(tx, run.id, attempt_id, error_code="LEASE_EXPIRED")
+        not_before = time_model.regrant_not_before(
+            lease.expires_at_ms, _attempt_grace_ms(tx, run), fence_margin_ms
+        )
+        mark_lost(tx, run.id, attempt_id, error_code="LEASE_EXPIRED", retry_not_before_ms=not_before)
         return "lost"
     leases.release(tx, lease, "lease_expired", now)
     return "released"
+
+
+def _attempt_grace_ms(tx: Transaction, run: Run) -> int:
+    """The TERM -> KILL grace the attempt's host was given (its pinned revision's), the longest a
+    task may declare when the revision cannot be read: waiting too long is safe, too short is not."""
+    found = task_repo.get_revision(tx, run.task_id, run.task_revision)
+    if found is None:
+        return MAX_GRACE_MS
+    try:
+        return build_spec(found.spec).grace_ms
+    except Ql3Error:
+        return MAX_GRACE_MS
 
 
 def expired_page(tx: Transaction, limit: int) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Final
 from ql3.domain import approvals as approval_rules
 from ql3.domain import cancellation as cancel_rules
 from ql3.domain import leases as lease_rules
+from ql3.domain import time_model
 from ql3.domain.errors import ConfigurationError
 
 MAX_SLOTS: Final = 1024
@@ -196,7 +197,16 @@ LOG_CAP = EnvVar(
     help="the cap of one attempt's log: a worker's log file, and the quota of a shipped log on ql3"
     " control (give both the same value); past it a truncation marker stands in for the rest",
 )
-ENV_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE, LOG_CAP)
+FENCE_MARGIN = EnvVar(
+    name="QL3_FENCE_MARGIN_MS",
+    default=time_model.DEFAULT_FENCE_MARGIN_MS,
+    low=time_model.MIN_KILL_SLACK_MS,
+    high=time_model.MAX_FENCE_MARGIN_MS,
+    help="fence margin in ms: a run whose lease expired is retried no earlier than the expiry plus"
+    " the task's grace plus this margin, when its old host's executor has stopped it"
+    " (at least 500 ms plus about 1 % of the run lease; docs/reliability.md)",
+)
+ENV_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE, LOG_CAP, FENCE_MARGIN)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -214,6 +224,7 @@ class ServeSettings:
     action_lease_ms: int = ACTION_LEASE.default
     notify_lease_ms: int = NOTIFY_LEASE.default
     log_cap_bytes: int = LOG_CAP.default
+    fence_margin_ms: int = FENCE_MARGIN.default
     fault: str | None = None  # QL3_FAULT: crash injection for the fault tests only
 
     @property
@@ -264,9 +275,17 @@ def load_serve_settings(
         url = check_database_url(environ["QL3_DATABASE_URL"], "QL3_DATABASE_URL")
     else:
         url = f"sqlite:///{home / 'ql3.db'}"
-    run_lease_ms, cancel_lease_ms, action_lease_ms, notify_lease_ms, log_cap_bytes = (
+    run_lease_ms, cancel_lease_ms, action_lease_ms, notify_lease_ms, log_cap_bytes, fence_margin_ms = (
         var.parse(environ) for var in ENV_VARS
     )
+    if fence_margin_ms < time_model.min_fence_margin_ms(run_lease_ms):
+        # The re-grant must wait until the old host's executor has stopped the run (the inequality
+        # of domain/time_model.py); a margin below this floor could let two copies overlap.
+        raise SettingsError(
+            FENCE_MARGIN.name,
+            f"must be at least {time_model.min_fence_margin_ms(run_lease_ms)} ms with a"
+            f" {run_lease_ms} ms run lease",
+        )
     if cancel_lease_ms <= cancel_rules.DEFAULT_GRACE_MS * 2:
         # The lease must outlast a TERM -> KILL window, or a live signaller could be taken over.
         raise SettingsError(
@@ -284,5 +303,6 @@ def load_serve_settings(
         action_lease_ms=action_lease_ms,
         notify_lease_ms=notify_lease_ms,
         log_cap_bytes=log_cap_bytes,
+        fence_margin_ms=fence_margin_ms,
         fault=environ.get("QL3_FAULT") or None,
     )

@@ -15,12 +15,13 @@ clock at a moment that is *after* ``sent``. So the lease cannot end before ``sen
 real time, and the host's fence deadline is exactly that instant by its own clock, scaled down by the
 largest clock-rate error we allow (``MAX_RATE_ERROR_PPM``).
 
-The control plane re-grants a lost attempt no earlier than ``expiry + grace + margin``, where grace is
-the attempt's own TERM -> KILL grace. The host sends TERM at its fence deadline and KILL ``grace``
-later, so the inequality holds when ``margin`` covers the host's lag from deadline to a dead group
-(``MIN_KILL_SLACK_MS``) and the rate error over the lease:
+The control plane re-grants a lost attempt no earlier than ``expiry + grace + allowance(grace) +
+margin``, where grace is the attempt's own TERM -> KILL grace (which the host times by its own clock,
+hence its allowance). The host sends TERM at its fence deadline and KILL ``grace`` later, so the
+inequality holds when ``margin`` covers the host's lag from deadline to a dead group
+(``MIN_KILL_SLACK_MS``):
 
-    fence_deadline + grace + kill_slack  <=  expiry + grace + margin  <=  re-grant
+    fence_deadline + grace + kill_slack  <=  expiry + grace + allowance(grace) + margin  <=  re-grant
 
 Both sides read the same numbers (the lease duration, the attempt's grace and the margin); the
 margin is validated against the lease at start-up (``validate_fence_margin``).
@@ -43,8 +44,9 @@ MAX_FENCE_MARGIN_MS: Final = 600_000
 
 
 def rate_allowance_ms(duration_ms: int) -> int:
-    """How much a host clock may fall behind the database clock over ``duration_ms`` (rounded up)."""
-    return -(-duration_ms * MAX_RATE_ERROR_PPM // 1_000_000)
+    """How much longer than ``duration_ms`` of real time a span the host measures as ``duration_ms``
+    may take when its clock runs slow by the allowed rate error: d * r / (1 - r), rounded up."""
+    return -(-duration_ms * MAX_RATE_ERROR_PPM // (1_000_000 - MAX_RATE_ERROR_PPM))
 
 
 def local_fence_deadline(sent_at_ms: int, remaining_ms: int) -> int:
@@ -77,8 +79,9 @@ def validate_fence_margin(margin_ms: int, run_lease_ms: int) -> int:
 
 def regrant_not_before(expires_at_ms: int, grace_ms: int, margin_ms: int) -> int:
     """The earliest database-clock instant at which a lost attempt's run may start elsewhere: its old
-    host has stopped it by then (TERM at its fence deadline, KILL after the grace)."""
-    return expires_at_ms + grace_ms + margin_ms
+    host has stopped it by then (TERM at its fence deadline, KILL after the grace, which the host
+    measures by its own clock and so may take up to its rate allowance longer)."""
+    return expires_at_ms + grace_ms + rate_allowance_ms(grace_ms) + margin_ms
 
 
 def timeout_deadline(started_at_ms: int, timeout_ms: int | None) -> int | None:
