@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -177,7 +176,8 @@ class DeadlineBoard:
         self._boot_id = read_boot_id()
         self._lock = threading.Lock()
         self._entries: dict[str, DeadlineEntry] = {}
-        self._process: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
+        self._exited: set[int] = set()
         self._announced = False
         self.failures = 0
 
@@ -216,8 +216,6 @@ class DeadlineBoard:
         if not self._spawn:
             return False
         with self._lock:
-            if self._process is not None and self._process.poll() is not None:
-                self._process = None
             if self.executor_running():
                 if not self._announced:
                     # An executor left by our predecessor: we are its owner now.
@@ -225,29 +223,37 @@ class DeadlineBoard:
                     self._announced = True
                 return False
             self._announced = True  # the new executor takes our pid from its command line
-            log_fd = os.open(
-                self.directory / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600
-            )
-            try:
-                self._process = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "ql3.execution.host_executor",
-                        str(self.directory),
-                        str(os.getpid()),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_fd,
-                    stderr=log_fd,
-                    start_new_session=True,
-                    close_fds=True,
-                    env=_executor_environment(),
-                )
-            finally:
-                os.close(log_fd)
+            self._pid = self._spawn_executor()
         self._wait_ready()
         return True
+
+    def _spawn_executor(self) -> int:
+        """``python -m ql3.execution.host_executor DIR OWNER`` in a new session, its output appended to
+        the board's log; a daemon thread reaps it whenever it exits (it may outlive us: then init does)."""
+        log_fd = os.open(
+            self.directory / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600
+        )
+        try:
+            pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-m", _EXECUTOR_MODULE, str(self.directory), str(os.getpid())],
+                _executor_environment(),
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                    (os.POSIX_SPAWN_DUP2, log_fd, 2),
+                ],
+                setsid=True,
+            )
+        finally:
+            os.close(log_fd)
+        threading.Thread(target=self._reap, args=(pid,), name="ql3-executor-reaper", daemon=True).start()
+        return pid
+
+    def _reap(self, pid: int) -> None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        self._exited.add(pid)
 
     def _wait_ready(self) -> None:
         """Until the new executor holds its lock (bounded: 5 s), so the first arm is not missed."""
@@ -255,7 +261,7 @@ class DeadlineBoard:
         while time.monotonic() < deadline:
             if self.executor_running():
                 return
-            if self._process is not None and self._process.poll() is not None:
+            if self._pid is not None and self._pid in self._exited:
                 _log.warning("host executor exited at start", extra={"action": "executor.start_failed"})
                 return
             time.sleep(0.01)
@@ -263,9 +269,6 @@ class DeadlineBoard:
     def release(self) -> None:
         """The worker stops: the executor exits once nothing it guards still runs."""
         self._send("q")
-        with self._lock:
-            if self._process is not None and self._process.poll() is not None:
-                self._process = None
 
     # -- entries -----------------------------------------------------------------------------------
 
