@@ -132,7 +132,9 @@ class Cluster:
         token_file: Path | None = None,
         server: str | None = None,
         env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> Worker:
+        """``prefix`` wraps the command (``ip netns exec NS``: a worker in a network namespace)."""
         token_file = token_file or self.worker_token(worker_id)
         home = self.base / f"worker-{worker_id}"
         home.mkdir(mode=0o700, exist_ok=True)
@@ -141,6 +143,7 @@ class Cluster:
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [
+                    *prefix,
                     *CLI,
                     "worker",
                     "--server",
@@ -279,8 +282,9 @@ class TcpProxy:
     """A TCP forwarder the test controls: ``cut()`` drops every connection and refuses new ones (a
     worker cut off from its replica), ``restore()`` listens again on the same port."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
         self.upstream_port = upstream_port
+        self.host = host
         self.port = free_port()
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
@@ -289,12 +293,12 @@ class TcpProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def restore(self) -> None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.host, self.port))
         listener.listen(64)
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
