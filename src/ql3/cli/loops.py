@@ -59,7 +59,7 @@ def cmd_parked(args: argparse.Namespace) -> int:
             )
             for i in page["items"]
         ],
-        elastic=(2, 3),
+        elastic=(2,),
     )
     if not page["items"]:
         output.note("no parked items: every loop handles all of its items")
