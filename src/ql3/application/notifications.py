@@ -428,6 +428,10 @@ class NotificationDeliverer:
         except Exception as exc:
             if is_transient(exc):
                 raise
+            log.warning(
+                "settling a parked delivery failed",
+                extra={"action": "notify.settle_failed", "delivery_id": item.id, "error": type(exc).__name__},
+            )
             return "stale"  # its lease expires and it is claimed again
         return status
 
