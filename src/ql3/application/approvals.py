@@ -21,6 +21,7 @@ from ql3.domain.approvals import (
     ApprovalRequest,
     Consumer,
     Dispatch,
+    RequesterNotAllowed,
     RunCreatePlan,
     approval_request_digest,
     build_run_create_plan,
@@ -271,6 +272,10 @@ def decide(
     now = tx.now_ms()
     if now >= request.expires_at_ms:
         raise ApprovalExpired()
+    if chosen == "approve":
+        # docs/security.md: a request whose requester was revoked (or lost the permission) is refused;
+        # rejecting it stays possible, to close it.
+        _requester_policy_fence(tx, request)
     decided = approval_store.decide_approval(
         tx,
         request,
@@ -367,10 +372,10 @@ def _requester_policy_fence(tx: Transaction, request: ApprovalRequest) -> str:
     project = auth.resolve_project(tx, request.project_id)
     requester = auth_store.get_live_principal(tx, request.requested_by)
     if requester is None:
-        raise PermissionDenied("the requester may no longer do this", permission=request.permission)
+        raise RequesterNotAllowed(permission=request.permission)
     role, fence = evaluate_policy(tx, requester, project)
     if role is None or not role_allows(role, request.permission):
-        raise PermissionDenied("the requester may no longer do this", permission=request.permission)
+        raise RequesterNotAllowed(permission=request.permission)
     return fence
 
 

@@ -14,6 +14,7 @@ from ql3.application.approvals import get_dispatch, require_role
 from ql3.application.approved_action_handlers import Evidence, EvidenceProvider
 from ql3.application.approved_action_runner import BatchItem, handlers_by_type
 from ql3.application.approved_actions import finish_execution, get_execution, lock_execution
+from ql3.application.parking import ItemGuard, Parked, guarded
 from ql3.domain.approvals import (
     DEFAULT_PAGE,
     FINDINGS,
@@ -206,8 +207,10 @@ class RecoveryResolver:
         *,
         page: int = DEFAULT_PAGE,
         lease_ms: int = DEFAULT_RESOLVER_LEASE_MS,
+        guard: ItemGuard | None = None,
     ) -> None:
         self._db = db
+        self._guard = guard
         self._providers: dict[str, EvidenceProvider] = handlers_by_type(providers)
         self.owner = validate_owner(owner)
         self.page = validate_page(page)
@@ -219,8 +222,12 @@ class RecoveryResolver:
             return now, action_store.recovery_due_ids(tx, now_ms=now, limit=self.page)
 
         observed, page = self._db.transaction(read, write=False)
-        items = tuple(BatchItem(dispatch_id=d, outcome=self._one(d)) for d in page)
+        items = tuple(BatchItem(dispatch_id=d, outcome=self._guarded(d)) for d in page)
         return ResolveReport(observed_at_ms=observed, scanned=len(page), items=items)
+
+    def _guarded(self, dispatch_id: str) -> str:
+        outcome = guarded(self._guard, "recovery", dispatch_id, partial(self._one, dispatch_id))
+        return "parked" if isinstance(outcome, Parked) else outcome
 
     def _one(self, dispatch_id: str) -> str:
         try:

@@ -19,6 +19,7 @@ from ql3.application.approved_actions import (
     release_before_start,
     start,
 )
+from ql3.application.parking import ItemGuard, Parked, guarded
 from ql3.domain.approvals import (
     DEFAULT_LEASE_MS,
     DEFAULT_MAX_ATTEMPTS,
@@ -97,8 +98,10 @@ class ApprovedActionDispatcher:
         lease_ms: int = DEFAULT_LEASE_MS,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         fault: Callable[[str], None] | None = None,
+        guard: ItemGuard | None = None,
     ) -> None:
         self._db = db
+        self._guard = guard
         self._handlers: dict[str, ActionHandler] = handlers_by_type(handlers)
         self.owner = validate_owner(owner)
         self.page = validate_page(page)
@@ -111,7 +114,9 @@ class ApprovedActionDispatcher:
             return tx.now_ms(), due_page(tx, limit=self.page, after=cursor)
 
         observed, page = self._db.transaction(read, write=False)
-        items = tuple(BatchItem(dispatch_id=r.dispatch_id, outcome=self._one(r.dispatch_id)) for r in page)
+        items = tuple(
+            BatchItem(dispatch_id=r.dispatch_id, outcome=self._guarded(r.dispatch_id)) for r in page
+        )
         last = (page[-1].eligible_at_ms, page[-1].dispatch_id) if len(page) == self.page else None
         return BatchReport(observed_at_ms=observed, scanned=len(page), items=items, next_cursor=last)
 
@@ -130,6 +135,11 @@ class ApprovedActionDispatcher:
         except Ql3Error:
             return "release_failed"
         return ex.status
+
+    def _guarded(self, dispatch_id: str) -> str:
+        """``_one``, parked (outcome ``parked``) when it fails with an error that is not an outage."""
+        outcome = guarded(self._guard, "action", dispatch_id, partial(self._one, dispatch_id))
+        return "parked" if isinstance(outcome, Parked) else outcome
 
     def _one(self, dispatch_id: str) -> str:
         token = new_token()

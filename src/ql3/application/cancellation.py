@@ -15,6 +15,7 @@ from functools import partial
 from typing import Final, Literal
 
 from ql3.application import leases, notifications
+from ql3.application.parking import ItemGuard, guarded
 from ql3.application.runs import (
     EventSpec,
     latest_attempt,
@@ -417,7 +418,9 @@ class TimeoutReport:
     truncated: bool
 
 
-def timeout_cycle(db: Database, *, page: int = TIMEOUT_PAGE_DEFAULT) -> TimeoutReport:
+def timeout_cycle(
+    db: Database, *, page: int = TIMEOUT_PAGE_DEFAULT, guard: ItemGuard | None = None
+) -> TimeoutReport:
     """One bounded scan of started Attempts past their persisted deadline: commit the intent
     (reason ``timeout``) first; only the cancellation lease holder will ever signal. No timer."""
     if isinstance(page, bool) or not 1 <= page <= rules.MAX_PAGE:
@@ -427,8 +430,14 @@ def timeout_cycle(db: Database, *, page: int = TIMEOUT_PAGE_DEFAULT) -> TimeoutR
     )
     requested = 0
     for timed_out in found:
-        outcome = db.transaction(
-            partial(_request_timeout, project_id=timed_out.project_id, run_id=timed_out.run_id)
+        outcome = guarded(
+            guard,
+            "timeout",
+            timed_out.run_id,
+            partial(
+                db.transaction,
+                partial(_request_timeout, project_id=timed_out.project_id, run_id=timed_out.run_id),
+            ),
         )
         requested += outcome == "requested"
     return TimeoutReport(

@@ -18,6 +18,7 @@ from ql3.application.cancellation import (
     finalize_unstarted,
     record_result,
 )
+from ql3.application.parking import ItemGuard, Parked, guarded
 from ql3.application.runs import (
     lock_attempt,
     lock_run,
@@ -98,6 +99,7 @@ class CancellationSupervisor:
         fault: Callable[[str], None] | None = None,
         local_worker_id: str | None = None,
         finish: SignalFn | None = None,
+        guard: ItemGuard | None = None,
     ) -> None:
         if isinstance(page, bool) or not 1 <= page <= rules.MAX_PAGE:
             raise ValidationFailed(f"page must be 1-{rules.MAX_PAGE}", field="page")
@@ -129,6 +131,8 @@ class CancellationSupervisor:
         # continues past it, so intents this supervisor skips (another server's worker, backoff) can
         # never hide its own behind them. A cycle that reaches the end wraps to the first page.
         self._cursor: tuple[int, str] | None = None
+        # One bad run (a failure that is not an outage) is parked instead of failing the cycle.
+        self._guard = guard
 
     def run_cycle(self) -> CycleReport:
         counts: dict[str, int] = {"scanned": 0, "claimed": 0, "finalized": 0, "signals": 0, "fenced": 0}
@@ -160,7 +164,10 @@ class CancellationSupervisor:
                 keys.append(key)
             for requested_at, run_id in keys:
                 counts["scanned"] += 1
-                kind = self._one(run_id, requested_at, counts, results)
+                handled = guarded(
+                    self._guard, "stop", run_id, partial(self._one, run_id, requested_at, counts, results)
+                )
+                kind = "parked" if isinstance(handled, Parked) else handled
                 if kind == "overflow":
                     return report("unsafe_attempt_overflow")
                 if kind not in ("claimed", "finalized"):
@@ -187,50 +194,57 @@ class CancellationSupervisor:
             write=False,
         )
         for stop in stale[: self._page]:
-            run_id, version = stop.run_id, stop.version
-            token = secrets.token_urlsafe(32)
-            taken = self._db.transaction(
+            guarded(
+                self._guard, "finish", stop.run_id, partial(self._finish_one, stop, finish, counts, results)
+            )
+
+    def _finish_one(
+        self, stop: InterruptedStop, finish: SignalFn, counts: dict[str, int], results: dict[str, int]
+    ) -> None:
+        run_id, version = stop.run_id, stop.version
+        token = secrets.token_urlsafe(32)
+        taken = self._db.transaction(
+            partial(
+                _take_over_interrupted,
+                run_id=run_id,
+                expected_version=version,
+                owner=self._owner,
+                token=token,
+                lease_ms=self._lease_ms,
+            )
+        )
+        if taken is None:
+            return  # someone else moved it meanwhile
+        handle, pid = stop.executor_handle, stop.pid
+        result = "handle_missing"
+        if handle:
+            counts["signals"] += 1
+            try:
+                outcome = finish(handle, pid, grace_ms=self._grace_ms)
+                result = rules.result_from_stop_status(getattr(outcome, "status", None))
+            except Exception as exc:  # retried from the next cycle: the lease expires
+                log.warning(
+                    "finishing a stop failed",
+                    extra={"action": "cancel.finish_failed", "error": type(exc).__name__},
+                )
+                result = "dispatch_error"
+        try:
+            self._db.transaction(
                 partial(
-                    _take_over_interrupted,
+                    record_result,
                     run_id=run_id,
-                    expected_version=version,
+                    attempt_id=taken[0],
                     owner=self._owner,
                     token=token,
-                    lease_ms=self._lease_ms,
+                    expected_version=taken[1],
+                    result=result,
+                    controller_ran=bool(handle),
                 )
             )
-            if taken is None:
-                continue  # someone else moved it meanwhile
-            handle, pid = stop.executor_handle, stop.pid
-            result = "handle_missing"
-            if handle:
-                counts["signals"] += 1
-                try:
-                    outcome = finish(handle, pid, grace_ms=self._grace_ms)
-                    result = rules.result_from_stop_status(getattr(outcome, "status", None))
-                except Exception as exc:  # retried from the next cycle: the lease expires
-                    log.warning(
-                        "finishing a stop failed",
-                        extra={"action": "cancel.finish_failed", "error": type(exc).__name__},
-                    )
-                    result = "dispatch_error"
-            try:
-                self._db.transaction(
-                    partial(
-                        record_result,
-                        run_id=run_id,
-                        attempt_id=taken[0],
-                        owner=self._owner,
-                        token=token,
-                        expected_version=taken[1],
-                        result=result,
-                        controller_ran=bool(handle),
-                    )
-                )
-            except FenceConflict:
-                counts["fenced"] += 1
-                continue
-            results[result] = results.get(result, 0) + 1
+        except FenceConflict:
+            counts["fenced"] += 1
+            return
+        results[result] = results.get(result, 0) + 1
 
     def next_wake_ms(self, tx: Transaction) -> int | None:
         """The earliest database instant at which this supervisor has work: a run deadline, or a

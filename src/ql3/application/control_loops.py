@@ -21,6 +21,7 @@ from ql3.application.approved_action_runner import ApprovedActionDispatcher
 from ql3.application.cancellation_supervisor import CancellationSupervisor, SignalFn
 from ql3.application.cron import CronScheduler
 from ql3.application.lifecycle import LifecycleRunner
+from ql3.application.parking import ItemGuard
 from ql3.application.settings import ServeSettings
 from ql3.domain.errors import Conflict
 from ql3.ports import channels
@@ -137,20 +138,26 @@ def control_loops(
 def _expiry_loop(w: _Wiring) -> LifecycleRunner:
     """Expired run leases (each in its own fenced transaction), then lost runs due their retry."""
     db, page = w.db, w.settings.budgets.expiry_page
+    guard = ItemGuard(db, "lease-expiry")
 
     def expiry_cycle() -> bool:
+        # A parked item drops out of its page until its retry time, so "did" never spins on it.
+        guard.new_cycle()
         did = False
         for attempt_id in db.transaction(lambda tx: lease_expiry.expired_page(tx, page), write=False):
-            db.transaction(
-                partial(
-                    lease_expiry.expire_lease,
-                    attempt_id=attempt_id,
-                    fence_margin_ms=w.settings.fence_margin_ms,
-                )
+            expire = partial(
+                lease_expiry.expire_lease, attempt_id=attempt_id, fence_margin_ms=w.settings.fence_margin_ms
+            )
+            guard.run(
+                "lease",
+                attempt_id,
+                partial(db.transaction, expire),
             )
             did = True
         for run_id in db.transaction(lambda tx: lease_expiry.retry_due_page(tx, page), write=False):
-            db.transaction(partial(lease_expiry.admit_retry, run_id=run_id))
+            guard.run(
+                "retry", run_id, partial(db.transaction, partial(lease_expiry.admit_retry, run_id=run_id))
+            )
             did = True
         return did
 
@@ -160,6 +167,7 @@ def _expiry_loop(w: _Wiring) -> LifecycleRunner:
 def _cancellation_loop(w: _Wiring) -> LifecycleRunner:
     """Timeouts become cancel intents; the supervisor dispatches the intents' stops."""
     db, budgets = w.db, w.settings.budgets
+    guard = ItemGuard(db, "cancellation")
     supervisor = CancellationSupervisor(
         db,
         signal=w.adapters.signal,
@@ -170,10 +178,12 @@ def _cancellation_loop(w: _Wiring) -> LifecycleRunner:
         lease_ms=w.settings.cancel_lease_ms,
         fault=w.fault,
         local_worker_id=w.adapters.local_worker_id,
+        guard=guard,
     )
 
     def cancellation_cycle() -> bool:
-        timeouts = cancellation.timeout_cycle(db, page=budgets.timeout_page)
+        guard.new_cycle()
+        timeouts = cancellation.timeout_cycle(db, page=budgets.timeout_page, guard=guard)
         report = supervisor.run_cycle()
         return timeouts.truncated or report.stop_reason == "page_limit"
 
@@ -196,6 +206,7 @@ def _cancellation_loop(w: _Wiring) -> LifecycleRunner:
 def _actions_loop(w: _Wiring) -> LifecycleRunner:
     """Approved requests are consumed into actions, due actions run, crashed ones resolved."""
     db, page = w.db, w.settings.budgets.approvals_page
+    guard = ItemGuard(db, "approved-actions")
     action_dispatcher = ApprovedActionDispatcher(
         db,
         [RunCreateHandler()],
@@ -203,20 +214,28 @@ def _actions_loop(w: _Wiring) -> LifecycleRunner:
         page=page,
         lease_ms=w.settings.action_lease_ms,
         fault=w.fault,
+        guard=guard,
     )
-    resolver = RecoveryResolver(db, [RunCreateHandler()], w.owner, page=page)
+    resolver = RecoveryResolver(db, [RunCreateHandler()], w.owner, page=page, guard=guard)
+
+    def consume(approval_id: str) -> bool:
+        with contextlib.suppress(Conflict):  # a concurrent consumer (another process) won, or it expired
+            db.transaction(
+                partial(approvals.consume, approval_id=approval_id, consumption_id=f"auto.{approval_id}")
+            )
+            return True
+        return False
 
     def actions_cycle() -> bool:
-        """Consume approved requests, run due approved actions, resolve crashed ones from evidence."""
+        """Consume approved requests, run due approved actions, resolve crashed ones from evidence. A
+        request that cannot be consumed (its requester was revoked) is parked, not retried each cycle."""
+        guard.new_cycle()
         consumed = 0
         for approval_id in db.transaction(
             lambda tx: approvals.unconsumed_approved(tx, limit=page), write=False
         ):
-            with contextlib.suppress(Conflict):  # a concurrent consumer (another process) won
-                db.transaction(
-                    partial(approvals.consume, approval_id=approval_id, consumption_id=f"auto.{approval_id}")
-                )
-                consumed += 1
+            # A parked request leaves the page until its retry time: counting it as progress never spins.
+            consumed += guard.run("approval", approval_id, partial(consume, approval_id)) is not False
         batch = action_dispatcher.dispatch_batch()
         resolved = resolver.resolve_batch()
         return consumed > 0 or len(batch.items) >= page or len(resolved.items) >= page
@@ -229,9 +248,11 @@ def _actions_loop(w: _Wiring) -> LifecycleRunner:
 def _cron_loop(w: _Wiring) -> LifecycleRunner:
     """Due schedule occurrences become runs; the loop sleeps until the earliest next one."""
     db, budgets = w.db, w.settings.budgets
-    scheduler = CronScheduler(db, page=budgets.cron_page)
+    guard = ItemGuard(db, "cron")
+    scheduler = CronScheduler(db, page=budgets.cron_page, guard=guard)
 
     def cron_cycle() -> bool:
+        guard.new_cycle()
         return len(scheduler.schedule_once().decisions) >= budgets.cron_page
 
     def cron_wait(backstop_s: float) -> bool:
@@ -245,11 +266,13 @@ def _cron_loop(w: _Wiring) -> LifecycleRunner:
 def _notifications_loop(w: _Wiring) -> LifecycleRunner:
     """The outbox's due notifications are delivered under a lease, retried with backoff."""
     delivery = notifications.DeliveryBudget(lease_ms=w.settings.notify_lease_ms)
+    guard = ItemGuard(w.db, "notifications")
     deliverer = notifications.NotificationDeliverer(
-        w.db, w.adapters.sender, w.owner, budget=delivery, fault=w.fault
+        w.db, w.adapters.sender, w.owner, budget=delivery, fault=w.fault, guard=guard
     )
 
     def notify_cycle() -> bool:
+        guard.new_cycle()
         return deliverer.deliver_batch().claimed >= delivery.page
 
     def notify_wait(backstop_s: float) -> bool:
@@ -267,10 +290,16 @@ def _notifications_loop(w: _Wiring) -> LifecycleRunner:
 
 def _retention_loop(w: _Wiring) -> LifecycleRunner:
     """Runs, their rows and log files past a project's retention are pruned, a bounded page at a time."""
-    pruner = retention.RetentionPruner(w.db, w.adapters.logs)
+    guard = ItemGuard(w.db, "retention")
+    pruner = retention.RetentionPruner(w.db, w.adapters.logs, guard=guard)
+
+    def retention_cycle() -> bool:
+        guard.new_cycle()
+        return pruner.prune_once().more
+
     return w.loop(
         "retention",
-        lambda: pruner.prune_once().more,
+        retention_cycle,
         channels.RETENTION,
         w.settings.budgets.retention_backstop_s,
     )

@@ -9,6 +9,7 @@ from typing import Final
 
 from ql3.application import tasks
 from ql3.application.cancellation import request_cancel
+from ql3.application.parking import ItemGuard, Parked, guarded
 from ql3.application.runs import CreateRun, create_run
 from ql3.application.schedules import cron_key
 from ql3.domain.errors import ValidationFailed
@@ -28,13 +29,16 @@ class ScheduleReport:
     skipped_overlap: int = 0
     skipped_misfire: int = 0
     raced: int = 0
+    parked: int = 0
     decisions: list[str] = field(default_factory=list)
 
 
 class CronScheduler:
     """``schedule_once()`` handles one bounded page of due schedules; it never creates timers."""
 
-    def __init__(self, db: Database, *, page: int = 16, grace_ms: int = MAX_GRACE_MS) -> None:
+    def __init__(
+        self, db: Database, *, page: int = 16, grace_ms: int = MAX_GRACE_MS, guard: ItemGuard | None = None
+    ) -> None:
         if not 1 <= page <= HARD_PAGE:
             raise ValidationFailed(f"cron page must be 1-{HARD_PAGE}", field="page")
         if not 0 <= grace_ms <= MAX_GRACE_MS:
@@ -42,6 +46,7 @@ class CronScheduler:
         self._db = db
         self._page = page
         self._grace_ms = grace_ms
+        self._guard = guard
 
     def schedule_once(self) -> ScheduleReport:
         report = ScheduleReport()
@@ -49,7 +54,15 @@ class CronScheduler:
             lambda tx: task_store.due_schedule_task_ids(tx, now_ms=tx.now_ms(), limit=self._page), write=False
         )
         for task_id in due:
-            decision = self._db.transaction(partial(self._decide, task_id=task_id))
+            # A schedule that fails for a reason other than an outage is parked (it leaves the due
+            # page until its retry time); the other schedules are decided in this same cycle.
+            handled = guarded(
+                self._guard,
+                "schedule",
+                task_id,
+                partial(self._db.transaction, partial(self._decide, task_id=task_id)),
+            )
+            decision = "parked" if isinstance(handled, Parked) else handled
             report.decisions.append(decision)
             if decision == "admitted":
                 report.admitted += 1
@@ -57,6 +70,8 @@ class CronScheduler:
                 report.skipped_overlap += 1
             elif decision == "skipped_misfire":
                 report.skipped_misfire += 1
+            elif decision == "parked":
+                report.parked += 1
             else:
                 report.raced += 1
         return report

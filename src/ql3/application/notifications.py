@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, Final
 
 from ql3.application import auth
+from ql3.application.parking import UNEXPECTED, ItemGuard, Parked, is_transient
 from ql3.domain import leases as lease_rules
 from ql3.domain import notifications as rules
 from ql3.domain.errors import Conflict, NotFound, ValidationFailed
@@ -320,6 +321,7 @@ class NotificationDeliverer:
         *,
         budget: DeliveryBudget | None = None,
         fault: Callable[[str], None] = lambda point: None,
+        guard: ItemGuard | None = None,
     ) -> None:
         if not owner or len(owner) > 128:
             raise ValidationFailed("invalid lease owner")
@@ -328,6 +330,7 @@ class NotificationDeliverer:
         self._owner = owner
         self._budget = budget or DeliveryBudget()
         self._fault = fault
+        self._guard = guard
 
     def claim(self, tx: Transaction) -> list[Claimed]:
         """Lease up to one page of due rows (pending, or leased with an expired lease)."""
@@ -382,17 +385,16 @@ class NotificationDeliverer:
         claimed = self._db.transaction(self.claim)
         delivered = retried = dead = 0
         for item in claimed:
-            self._fault("notify_before_send")
-            error: str | None = None
-            if item.target is None:
-                error = "channel_missing"
-            else:
-                try:
-                    self._sender.send(item.target, item.message)
-                except DeliveryFailed as exc:
-                    error = exc.reason
-            self._fault("notify_after_send")
-            status = self._db.transaction(partial(self.settle, claimed=item, error=error))
+            # The outbox's own backoff decides when a delivery is due again, so a parked one is never
+            # skipped here: its row records the failure, and the settle below backs the row off.
+            handled = (
+                self._deliver_one(item)
+                if self._guard is None
+                else self._guard.run("delivery", item.id, partial(self._deliver_one, item), skip_parked=False)
+            )
+            status, error = (
+                (self._settle_parked(item), UNEXPECTED) if isinstance(handled, Parked) else handled
+            )
             if status == "delivered":
                 delivered += 1
             elif status == "dead":
@@ -404,6 +406,34 @@ class NotificationDeliverer:
             elif status == "pending":
                 retried += 1
         return BatchReport(claimed=len(claimed), delivered=delivered, retried=retried, dead=dead)
+
+    def _deliver_one(self, item: Claimed) -> tuple[str, str | None]:
+        self._fault("notify_before_send")
+        error: str | None = None
+        if item.target is None:
+            error = "channel_missing"
+        else:
+            try:
+                self._sender.send(item.target, item.message)
+            except DeliveryFailed as exc:
+                error = exc.reason
+        self._fault("notify_after_send")
+        status: str = self._db.transaction(partial(self.settle, claimed=item, error=error))
+        return status, error
+
+    def _settle_parked(self, item: Claimed) -> str:
+        """A delivery that failed unexpectedly counts as a failed attempt (backoff, then dead)."""
+        try:
+            status: str = self._db.transaction(partial(self.settle, claimed=item, error=UNEXPECTED))
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            log.warning(
+                "settling a parked delivery failed",
+                extra={"action": "notify.settle_failed", "delivery_id": item.id, "error": type(exc).__name__},
+            )
+            return "stale"  # its lease expires and it is claimed again
+        return status
 
     def next_due_ms(self) -> int | None:
         return self._db.transaction(repo.next_due_ms, write=False)

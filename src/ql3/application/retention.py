@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
+from ql3.application.parking import ItemGuard, guarded
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.model import Project
 from ql3.domain.retention import RetentionPolicy as RetentionPolicy
@@ -88,6 +89,7 @@ class RetentionPruner:
         max_pages: int = 8,
         max_projects: int = 64,
         max_tasks: int = 256,
+        guard: ItemGuard | None = None,
     ) -> None:
         if not (1 <= page <= 1000 and 1 <= max_pages <= 1000 and 1 <= max_projects <= 1000):
             raise ValidationFailed("invalid retention budget")
@@ -97,6 +99,7 @@ class RetentionPruner:
         self._max_pages = max_pages
         self._max_projects = max_projects
         self._max_tasks = max_tasks
+        self._guard = guard
 
     # -- one page of runs ---------------------------------------------------------------------------
 
@@ -200,7 +203,10 @@ class RetentionPruner:
         )
         pages = runs = freed = capped = outbox = 0
         more = False
-        for policy, cursor in policies:
+
+        def one_project(policy: RetentionPolicy, cursor: tuple[int, str]) -> bool:
+            """One project's pages; False when the cycle's page budget ran out."""
+            nonlocal pages, runs, freed, capped, more
             while pages < self._max_pages:
                 page = self._next_page(policy)
                 if not page:
@@ -213,13 +219,22 @@ class RetentionPruner:
                 more = True
             if pages >= self._max_pages:
                 more = True
-                break
+                return False
             if policy.log_bytes_per_run is not None and self._logs is not None:
                 n, cut, left = self._cap_logs(policy, cursor)
                 pages += 1
                 capped += n
                 freed += cut
                 more = more or left
+            return True
+
+        for policy, cursor in policies:
+            # A project whose pruning fails for a reason other than an outage is parked; the other
+            # projects are pruned in this same cycle.
+            went_on = guarded(self._guard, "project", policy.project_id, partial(one_project, policy, cursor))
+            if went_on is False or pages >= self._max_pages:
+                more = more or pages >= self._max_pages
+                break
         if pages < self._max_pages:
             outbox = self._db.transaction(self._prune_outbox)
             more = more or outbox >= self._page

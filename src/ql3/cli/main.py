@@ -16,6 +16,7 @@ from ql3.cli import (
     completion,
     control,
     db,
+    loops,
     notify,
     output,
     projects,
@@ -109,6 +110,7 @@ def build_parser() -> Parser:
     approvals.register(commands)
     actions.register(commands)
     workers.register(commands)
+    loops.register(commands)
     tokens.register(commands)
     whoami.register(commands)
     projects.register(commands)

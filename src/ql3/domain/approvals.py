@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import canonical_json, domain_digest, sha256_hex
-from ql3.domain.errors import Conflict, ValidationFailed
+from ql3.domain.errors import Conflict, PermissionDenied, ValidationFailed
 
 # -- limits (docs/contracts.md §7) -------------------------------------------------------------
 MAX_APPROVAL_TTL_MS: Final = 24 * 3600 * 1000
@@ -144,6 +144,14 @@ class ApprovalExpired(Conflict):
     """The approval request has expired; it can no longer be decided or consumed."""
 
     code = "approval_expired"
+
+
+class RequesterNotAllowed(PermissionDenied):
+    """The requester may no longer do this (revoked, or no longer holding the permission): the request
+    is refused."""
+
+    code = "requester_not_allowed"
+    http_status = 409
 
 
 def approval_transition_allowed(state: str, version: int, to: str, to_version: int) -> bool:

@@ -427,3 +427,24 @@ def token_out(issued: IssuedToken) -> TokenOut:
         project=issued.project.name,
         expires_at_ms=issued.expires_at_ms,
     )
+
+
+class ParkedItemOut(BaseModel):
+    """An item a control loop parked (docs/operations.md "Parked items"): ids, a stable reason code
+    and times only, never an error message."""
+
+    loop: str
+    item_kind: str
+    item_key: str
+    project_id: str | None
+    reason: str
+    error_type: str | None
+    failures: int
+    first_failed_at_ms: int
+    last_failed_at_ms: int
+    next_retry_at_ms: int
+
+
+class ParkedItemPage(BaseModel):
+    items: list[ParkedItemOut]
+    truncated: bool

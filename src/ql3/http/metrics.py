@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 
-from ql3.application import metrics, outcome_metrics, workers
+from ql3.application import metrics, outcome_metrics, parking, workers
 from ql3.application.outcome_metrics import DurationHistogram
 from ql3.ports.storage import Database, Transaction
 
@@ -36,6 +36,14 @@ def _registry(db: Database, loops: Sequence[Any]) -> Any:
             for reason, n in db.transaction(workers.queued_by_reason, write=False).items():
                 waiting.add_metric([reason], n)
             yield waiting
+            parked = GaugeMetricFamily(
+                "ql3_parked_items",
+                "items a control loop parked after a non-transient failure, by loop and reason",
+                labels=["loop", "reason"],
+            )
+            for (loop_name, reason), n in sorted(db.transaction(parking.counts, write=False).items()):
+                parked.add_metric([loop_name, reason], n)
+            yield parked
             cycles = CounterMetricFamily(
                 "ql3_loop_cycles", "cycles run by each control loop", labels=["loop"]
             )

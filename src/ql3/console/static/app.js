@@ -94,7 +94,9 @@
       resolve_hint: "The handler may have run, but its outcome could not be proven. It is never retried: state what happened. This is final.",
       resolve_confirm: "Record approved action {id} as {outcome}? This is final; the action is never retried.",
       resolved: "Action {id} closed as {status}.", resolve_role: "Only approvers and admins resolve actions.",
-      recovery_required_n: "{n} approved actions need a person.", eligible: "Eligible", lease_expires: "Lease expires",
+      recovery_required_n: "{n} approved actions need a person.", parked_items: "Parked items",
+      parked_n: "{n} items a control loop set aside after a failure that was not an outage; each is retried with backoff while the loop goes on.",
+      retry_now: "Retry now", retried: "{kind} {id} is retried now", eligible: "Eligible", lease_expires: "Lease expires",
       completed: "Completed", last_tried: "Last tried", p_require: "require", p_prefer: "prefer", oldest_blocked: "Oldest blocked",
     },
     zh: {
@@ -157,7 +159,9 @@
       resolve_hint: "处理程序可能已经执行，但无法证明结果。它永远不会重试：请说明实际发生了什么。此操作不可撤销。",
       resolve_confirm: "将已批准操作 {id} 记录为“{outcome}”？此操作不可撤销，该操作不会重试。",
       resolved: "操作 {id} 已关闭为 {status}。", resolve_role: "只有审批者和管理员可以处理操作。",
-      recovery_required_n: "{n} 个已批准操作需要人工处理。", eligible: "可执行时间", lease_expires: "租约到期",
+      recovery_required_n: "{n} 个已批准操作需要人工处理。", parked_items: "搁置的条目",
+      parked_n: "{n} 个条目处理失败(非故障中断),已被控制循环搁置;循环继续处理其他条目,并按退避重试它们。",
+      retry_now: "立即重试", retried: "{kind} {id} 将立即重试", eligible: "可执行时间", lease_expires: "租约到期",
       completed: "完成时间", last_tried: "上次尝试时间", p_require: "要求", p_prefer: "优先", oldest_blocked: "最早阻塞时间",
     },
   };
@@ -570,7 +574,7 @@
   // --- overview -------------------------------------------------------------------------------------
   async function pageOverview(view, mine) {
     const since = Date.now() - RANGES["24h"];
-    const [running, failed, taskPage, pending, workers, health, actions] = await Promise.all([
+    const [running, failed, taskPage, pending, workers, health, actions, parked] = await Promise.all([
       get(pp("/runs?status=running,dispatching&limit=20")),
       get(pp("/runs?status=failed,timed_out&since=" + Math.floor(since) + "&limit=20")),
       get(pp("/tasks?limit=200")),
@@ -578,6 +582,7 @@
       get(pp("/workers")),
       get(pp("/cancellation/summary")),
       get(pp("/actions?limit=100")),
+      get(pp("/parked-items?limit=50")),
     ]);
     if (!current(mine)) return;
     const runList = (items, emptyKey) => items.length === 0 ? el("p", { class: "muted", text: t(emptyKey) })
@@ -611,6 +616,18 @@
         el("div", { class: "stat", text: stuck.length }),
         el("p", { text: t("recovery_required_n", { n: stuck.length }) }),
         el("ul", {}, stuck.slice(0, 5).map((a) => el("li", {}, link("#/actions/" + enc(a.dispatch_id), short(a.dispatch_id), "mono"))))));
+    }
+    // items a control loop parked (docs/operations.md "Parked items"): loop, kind, id and reason code only
+    if (parked.items.length) {
+      cards.push(el("section", { "aria-labelledby": "ov-parked", class: "attention" },
+        el("h2", { id: "ov-parked", text: t("parked_items") }),
+        el("div", { class: "stat", text: parked.items.length + (parked.truncated ? "+" : "") }),
+        el("p", { text: t("parked_n", { n: parked.items.length }) }),
+        el("ul", {}, parked.items.slice(0, 5).map((p) => el("li", {},
+          el("span", { class: "mono", text: p.loop + " · " + p.item_kind + " " + short(p.item_key) }), " ",
+          el("code", { text: p.reason }), " ", el("span", { class: "muted", text: "×" + p.failures + " " + relTime(p.last_failed_at_ms) }), " ",
+          can("run.stop") ? btn(t("retry_now"), () => post(pp("/parked-items/" + enc(p.item_kind) + "/" + enc(p.item_key) + "/retry"))
+            .then(() => { say(t("retried", { kind: p.item_kind, id: short(p.item_key) })); return pageOverview(view, mine); }).catch(fail)) : null)))));
     }
     if (health.assessment !== "clear") {
       cards.push(el("section", { "aria-labelledby": "ov-health", class: "attention" }, el("h2", { id: "ov-health", text: t("health") }),

@@ -168,6 +168,16 @@ COLUMN notification_rules.channel_id text null=NO default=None
 COLUMN notification_rules.task_id text null=NO default=None
 COLUMN notification_rules.events text null=NO default=None
 COLUMN notification_rules.created_at_ms bigint null=NO default=None
+COLUMN parked_items.item_kind text null=NO default=None
+COLUMN parked_items.item_key text null=NO default=None
+COLUMN parked_items.loop text null=NO default=None
+COLUMN parked_items.project_id text null=YES default=None
+COLUMN parked_items.reason text null=NO default=None
+COLUMN parked_items.error_type text null=YES default=None
+COLUMN parked_items.failures integer null=NO default=None
+COLUMN parked_items.first_failed_at_ms bigint null=NO default=None
+COLUMN parked_items.last_failed_at_ms bigint null=NO default=None
+COLUMN parked_items.next_retry_at_ms bigint null=NO default=None
 COLUMN principals.id text null=NO default=None
 COLUMN principals.name text null=NO default=None
 COLUMN principals.kind text null=NO default=None
@@ -348,6 +358,9 @@ INDEX CREATE UNIQUE INDEX notification_outbox_pkey ON public.notification_outbox
 INDEX CREATE INDEX notification_outbox_settled ON public.notification_outbox USING btree (updated_at_ms, id) WHERE (due_at_ms IS NULL)
 INDEX CREATE UNIQUE INDEX notification_rules_pkey ON public.notification_rules USING btree (id)
 INDEX CREATE INDEX notification_rules_project ON public.notification_rules USING btree (project_id, channel_id)
+INDEX CREATE INDEX parked_items_loop ON public.parked_items USING btree (loop, last_failed_at_ms, item_kind, item_key)
+INDEX CREATE UNIQUE INDEX parked_items_pkey ON public.parked_items USING btree (item_kind, item_key)
+INDEX CREATE INDEX parked_items_project ON public.parked_items USING btree (project_id, last_failed_at_ms) WHERE (project_id IS NOT NULL)
 INDEX CREATE UNIQUE INDEX principals_pkey ON public.principals USING btree (id)
 INDEX CREATE UNIQUE INDEX principals_token_digest_key ON public.principals USING btree (token_digest)
 INDEX CREATE UNIQUE INDEX projects_name_key ON public.projects USING btree (name)
@@ -552,6 +565,14 @@ CONSTRAINT notification_rules.notification_rules_channel_id_fkey FOREIGN KEY (ch
 CONSTRAINT notification_rules.notification_rules_events_check CHECK (((length(events) >= 1) AND (length(events) <= 256)))
 CONSTRAINT notification_rules.notification_rules_pkey PRIMARY KEY (id)
 CONSTRAINT notification_rules.notification_rules_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT parked_items.parked_items_error_type_check CHECK (((error_type IS NULL) OR ((length(error_type) >= 1) AND (length(error_type) <= 64))))
+CONSTRAINT parked_items.parked_items_failures_check CHECK ((failures >= 1))
+CONSTRAINT parked_items.parked_items_item_key_check CHECK (((length(item_key) >= 1) AND (length(item_key) <= 128)))
+CONSTRAINT parked_items.parked_items_item_kind_check CHECK (((length(item_kind) >= 1) AND (length(item_kind) <= 32)))
+CONSTRAINT parked_items.parked_items_loop_check CHECK (((length(loop) >= 1) AND (length(loop) <= 32)))
+CONSTRAINT parked_items.parked_items_pkey PRIMARY KEY (item_kind, item_key)
+CONSTRAINT parked_items.parked_items_project_id_check CHECK (((project_id IS NULL) OR ((length(project_id) >= 1) AND (length(project_id) <= 64))))
+CONSTRAINT parked_items.parked_items_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 64)))
 CONSTRAINT principals.principals_is_owner_check CHECK ((is_owner = ANY (ARRAY[0, 1])))
 CONSTRAINT principals.principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'service'::text, 'worker'::text])))
 CONSTRAINT principals.principals_pkey PRIMARY KEY (id)

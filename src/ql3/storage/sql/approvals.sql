@@ -61,6 +61,8 @@ ORDER BY requested_at_ms DESC, id DESC LIMIT :limit
 -- name: approval_unconsumed_page
 -- desc: Approved requests neither expired nor consumed, oldest decision first, for the loop that consumes them.
 SELECT id FROM approval_requests WHERE state = 'approved' AND expires_at_ms > :now
+  AND NOT EXISTS (SELECT 1 FROM parked_items k WHERE k.item_kind = 'approval' AND k.item_key = approval_requests.id
+    AND k.next_retry_at_ms > :now)
 ORDER BY decided_at_ms, id LIMIT :limit
 
 -- name: aa_dispatch_insert

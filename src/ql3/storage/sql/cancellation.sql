@@ -66,6 +66,8 @@ SELECT a.id AS attempt_id, a.run_id, r.project_id, a.deadline_at_ms FROM run_att
 JOIN runs r ON r.id = a.run_id
 WHERE a.status IN ('starting', 'running') AND a.deadline_at_ms IS NOT NULL AND a.deadline_at_ms <= :now
   AND r.cancel_requested_at_ms IS NULL
+  AND NOT EXISTS (SELECT 1 FROM parked_items k WHERE k.item_kind = 'timeout' AND k.item_key = r.id
+    AND k.next_retry_at_ms > :now)
 ORDER BY a.deadline_at_ms, a.id LIMIT :limit
 
 -- name: cancel_summary_counts

@@ -21,6 +21,8 @@ DELETE FROM task_schedules WHERE task_id = :task_id
 -- desc: A page of schedules whose next fire time has passed, earliest first, for cron admission.
 SELECT task_id, next_fire_at_ms FROM task_schedules
 WHERE next_fire_at_ms IS NOT NULL AND next_fire_at_ms <= :now
+  AND NOT EXISTS (SELECT 1 FROM parked_items k WHERE k.item_kind = 'schedule' AND k.item_key = task_schedules.task_id
+    AND k.next_retry_at_ms > :now)
 ORDER BY next_fire_at_ms, task_id LIMIT :limit
 
 -- name: schedule_advance

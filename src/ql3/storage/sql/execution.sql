@@ -107,6 +107,8 @@ ORDER BY l.expires_at_ms, l.attempt_id LIMIT :limit
 -- desc: A page of live leases past their expiry, oldest first, for the lease-expiry loop to end.
 SELECT attempt_id, run_id, expires_at_ms FROM run_leases
 WHERE status = 'leased' AND expires_at_ms <= :now
+  AND NOT EXISTS (SELECT 1 FROM parked_items k WHERE k.item_kind = 'lease' AND k.item_key = run_leases.attempt_id
+    AND k.next_retry_at_ms > :now)
 ORDER BY expires_at_ms, attempt_id LIMIT :limit
 
 -- name: retry_policy_insert
@@ -127,6 +129,8 @@ WHERE run_id = :run_id AND version = :expected_version
 -- desc: A page of runs whose scheduled retry is due, earliest first, for the retry loop.
 SELECT p.run_id FROM run_retry_policies p
 WHERE p.next_retry_at_ms IS NOT NULL AND p.next_retry_at_ms <= :now
+  AND NOT EXISTS (SELECT 1 FROM parked_items k WHERE k.item_kind = 'retry' AND k.item_key = p.run_id
+    AND k.next_retry_at_ms > :now)
 ORDER BY p.next_retry_at_ms, p.run_id LIMIT :limit
 
 -- The claim path (docs/dispatch.md): the attempt with the id of the run's latest attempt, so one
