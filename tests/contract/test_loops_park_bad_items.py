@@ -129,10 +129,10 @@ def test_an_expired_lease_that_fails_is_parked_and_the_other_is_released(
     harness.advance_clock(10 * MINUTE)
     real = lease_expiry.expire_lease
 
-    def poisoned(tx: Any, attempt_id: str) -> str:
+    def poisoned(tx: Any, attempt_id: str, **options: Any) -> str:
         if attempt_id == attempts[one.id]:
             raise Poison("boom")
-        return real(tx, attempt_id)
+        return real(tx, attempt_id, **options)
 
     monkeypatch.setattr(lease_expiry, "expire_lease", poisoned)
 
