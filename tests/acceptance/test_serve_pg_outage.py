@@ -1,5 +1,5 @@
-"""``ql3 serve`` on PostgreSQL while its database refuses every connection for 40 s (docs/reliability.md,
-"A database outage"): ``/readyz`` answers 503 at once and the API 503 ``storage_unavailable`` at
+"""``ql3 serve`` on PostgreSQL while its database refuses every connection for 40 s (docs/operations.md,
+"A PostgreSQL outage"): ``/readyz`` answers 503 at once and the API 503 ``storage_unavailable`` at
 once, never hanging for the pool's whole timeout; once the database accepts connections again the
 server is ready within seconds, whatever the outage's length, and runs go on.
 

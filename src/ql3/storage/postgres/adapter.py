@@ -28,7 +28,7 @@ from ql3.storage.queries import catalogue
 T = TypeVar("T")
 log = logging.getLogger("ql3.storage")
 MAX_TX_RETRIES = 5
-# A database outage (docs/reliability.md, "A database outage"). A checkout waits for a pooled
+# A database outage (docs/operations.md, "A PostgreSQL outage"). A checkout waits for a pooled
 # connection up to CHECKOUT_TIMEOUT_S, in slices of OUTAGE_CHECKOUT_S: once a connection attempt has
 # failed (the adapter then knows the database is down), it gives up at the end of the slice, so that
 # /readyz and the API answer 503 at once instead of after the whole timeout. The first connection
