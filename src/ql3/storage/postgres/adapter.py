@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import random
 import secrets
 import select
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Final, Self, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ql3.domain.errors import Conflict, ReadOnlyTransaction, StorageBusy, StorageUnavailable
 from ql3.ports.storage import Params, Row, Transaction
@@ -23,7 +26,23 @@ from ql3.storage.notify import LocalNotifier
 from ql3.storage.queries import catalogue
 
 T = TypeVar("T")
+log = logging.getLogger("ql3.storage")
 MAX_TX_RETRIES = 5
+# A database outage (docs/operations.md, "A PostgreSQL outage"). A checkout waits for a pooled
+# connection up to CHECKOUT_TIMEOUT_S, in slices of OUTAGE_CHECKOUT_S: once a connection attempt has
+# failed (the adapter then knows the database is down), it gives up at the end of the slice, so that
+# /readyz and the API answer 503 at once instead of after the whole timeout. The first connection
+# made or unit completed clears that state.
+CHECKOUT_TIMEOUT_S: Final = 10.0
+OUTAGE_CHECKOUT_S: Final = 0.5
+# The pool's own reconnection backoff (1 s, then doubling) gives up after this long; the next
+# checkout starts a new attempt at once. So no attempt waits more than about 1 s behind a database
+# that accepts connections again, whatever the outage's length (psycopg_pool's default, 5 min,
+# doubled the wait up to there: the pool came back 56 s after a 200 s outage).
+RECONNECT_TIMEOUT_S: Final = 1.0
+# A connection attempt to an unreachable host gives up after this long (libpq's minimum), unless the
+# database URL or PGCONNECT_TIMEOUT sets connect_timeout; psycopg's own default is 130 s.
+CONNECT_TIMEOUT_S: Final = 2
 # Statement 5 s, lock 1 s, idle-in-transaction 10 s (docs/contracts.md §7).
 _OPTIONS = "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=10000"
 _MIGRATION_LOCK = 7_301_114_003
@@ -51,6 +70,64 @@ def _hung_up(conn: psycopg.Connection[Row]) -> bool:
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLIN)
     return bool(poller.poll(0))
+
+
+class Reachability:
+    """Whether the adapter knows the database is down: set by a connection attempt that failed,
+    cleared by the first connection made or unit completed. Each change is logged once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def lost(self) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+        log.warning("database unreachable", extra={"action": "storage.unreachable"})
+
+    def reached(self) -> None:
+        if self._down_since is None:  # the common case, without the lock
+            return
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            log.warning(
+                "database reachable again",
+                extra={"action": "storage.reachable", "down_s": round(time.monotonic() - since, 3)},
+            )
+
+
+def _watched_connection(reachability: Reachability) -> type[psycopg.Connection[Row]]:
+    """The pool's connection class: every connection attempt the pool makes (at start, to replace a
+    broken connection, to grow) tells ``reachability`` whether the database accepted it."""
+
+    class WatchedConnection(psycopg.Connection[Row]):
+        __qualname__ = "WatchedConnection"  # as the pool's log lines name it
+
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+            try:
+                conn = super().connect(conninfo, **kwargs)
+            except psycopg.OperationalError:
+                reachability.lost()
+                raise
+            reachability.reached()
+            return conn
+
+    return WatchedConnection
+
+
+def _connect_kwargs(dsn: str) -> dict[str, Any]:
+    """``connect_timeout`` when neither the URL nor the environment sets one."""
+    if "connect_timeout" in conninfo_to_dict(dsn) or os.environ.get("PGCONNECT_TIMEOUT"):
+        return {}
+    return {"connect_timeout": CONNECT_TIMEOUT_S}
 
 
 class PostgresTransaction:
@@ -212,7 +289,14 @@ class PostgresDatabase:
 
     dialect = "postgres"
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        checkout_timeout_s: float = CHECKOUT_TIMEOUT_S,
+    ) -> None:
         self.dsn = dsn
         self._queries = catalogue("postgres")
         self.notifier = LocalNotifier()
@@ -226,17 +310,52 @@ class PostgresDatabase:
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
         self._max_size = max_size
+        self._checkout_timeout_s = checkout_timeout_s
+        self._connect_kwargs = _connect_kwargs(dsn)
+        self.reachability = Reachability()
         try:
             self.pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
                 dsn,
+                connection_class=_watched_connection(self.reachability),
                 min_size=min_size,
                 max_size=max_size,
-                kwargs={"row_factory": dict_row, "autocommit": True, "options": _OPTIONS},
+                kwargs={
+                    "row_factory": dict_row,
+                    "autocommit": True,
+                    "options": _OPTIONS,
+                    **self._connect_kwargs,
+                },
                 open=True,
-                timeout=10.0,
+                timeout=checkout_timeout_s,
+                reconnect_timeout=RECONNECT_TIMEOUT_S,
             )
         except psycopg.Error as exc:
             raise StorageUnavailable() from exc
+
+    def _checkout(self) -> psycopg.Connection[Row]:
+        """A pooled connection, waited for in slices of ``OUTAGE_CHECKOUT_S`` up to the checkout
+        timeout; StorageUnavailable at the end of the first slice that ends while the database is
+        known to be down. Each slice is a new request to the pool, which starts a connection attempt
+        at once when it has none and is not already making one: the first checkout after the
+        database is back also brings the pool back."""
+        deadline = time.monotonic() + self._checkout_timeout_s
+        while True:
+            wait = min(OUTAGE_CHECKOUT_S, deadline - time.monotonic())
+            try:
+                return self.pool.getconn(timeout=max(0.001, wait))
+            except PoolTimeout as exc:
+                if self.reachability.down or time.monotonic() >= deadline:
+                    raise StorageUnavailable() from exc
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Row]]:
+        """``pool.connection()`` with ``_checkout``'s wait."""
+        conn = self._checkout()
+        try:
+            with conn:
+                yield conn
+        finally:
+            self.pool.putconn(conn)
 
     def transaction(self, fn: Callable[[Transaction], T], *, write: bool = True) -> T:
         # No round trip to check a pooled connection on checkout, only a look at its socket: one
@@ -251,7 +370,7 @@ class PostgresDatabase:
         while True:
             tx: PostgresTransaction | None = None
             try:
-                with self.pool.connection() as conn:
+                with self._connection() as conn:
                     if stale_retries < self._max_size and _hung_up(conn):
                         stale_retries += 1
                         conn.close()  # the pool discards a closed connection and opens another
@@ -263,6 +382,7 @@ class PostgresDatabase:
                     except BaseException:
                         tx.rollback()
                         raise
+                self.reachability.reached()
                 for channel in tx.channels | tx.posted:
                     self.notifier.notify(channel)
                 return result
@@ -289,7 +409,7 @@ class PostgresDatabase:
         def listen() -> None:
             while not self._stop.is_set():
                 try:
-                    with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    with psycopg.connect(self.dsn, autocommit=True, **self._connect_kwargs) as conn:
                         for channel in channels:
                             conn.execute(f"LISTEN ql3_{channel}")  # channel names are internal constants
                         while not self._stop.is_set():
