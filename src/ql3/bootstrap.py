@@ -259,4 +259,7 @@ def _embedded_worker(
         ),
         # The host executor keeps each attempt's deadlines (docs/reliability.md "Time").
         deadlines=DeadlineBoard(home / "worker" / "executor"),
+        # On SQLite this process is the only control plane: nothing can re-grant a run while it is
+        # frozen, and its own worker renews before its expiry scanner runs, so only timeouts are kept.
+        local_fence=not settings.database_url.startswith("sqlite:"),
     )

@@ -53,6 +53,7 @@ class WorkerAgent:
         fault: Callable[[str], None] | None = None,
         deadlines: HostDeadlines | None = None,
         host_clock: Callable[[], int] = host_clock_ms,
+        local_fence: bool = True,
     ) -> None:
         self.config = config
         self._clock = clock
@@ -87,6 +88,7 @@ class WorkerAgent:
             stops=self._stops,
             deadlines=deadlines,
             host_clock=host_clock,
+            local_fence=local_fence,
         )
         self._intake: Intake[Launched] = Intake(
             context,

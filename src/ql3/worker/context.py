@@ -37,3 +37,7 @@ class WorkerContext:
     # None where no executor runs (tests that drive the agent in-process).
     deadlines: HostDeadlines | None = None
     host_clock: Callable[[], int] = lambda: 0
+    # Whether the executor stops an attempt at its local fence deadline. False only where no other
+    # process can re-grant a run while this one is away: ``ql3 serve`` on SQLite, whose control plane
+    # is this very process (docs/reliability.md "Time").
+    local_fence: bool = True

@@ -218,6 +218,8 @@ class Intake(Generic[LaunchedT]):
         return record
 
     def _fence_at(self, attempt_id: str) -> int | None:
+        if not self._ctx.local_fence:
+            return None
         with self._ctx.attempts.lock:
             active = self._ctx.attempts.get(attempt_id)
             return None if active is None else active.fence_at_host_ms

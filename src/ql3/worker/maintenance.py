@@ -86,7 +86,7 @@ class Maintenance:
                     current.renewed_at_ms = now
                     if info.remaining_ms is not None:
                         current.fence_at_host_ms = local_fence_deadline(sent, info.remaining_ms)
-            if info.remaining_ms is not None and self._ctx.deadlines is not None:
+            if info.remaining_ms is not None and self._ctx.deadlines is not None and self._ctx.local_fence:
                 self._ctx.deadlines.move_fence(attempt_id, local_fence_deadline(sent, info.remaining_ms))
         except FenceConflict as exc:
             record = self._ctx.journal().find_by_attempt(attempt_id)

@@ -67,7 +67,11 @@ class Reconciliation:
                 return self._settle_stale(record, fence)
             info = self._ctx.client.lease_status(fence)
             fence = replace(fence, lease_version=info.version)
-        fence_at = None if info.remaining_ms is None else local_fence_deadline(sent, info.remaining_ms)
+        fence_at = (
+            local_fence_deadline(sent, info.remaining_ms)
+            if info.remaining_ms is not None and self._ctx.local_fence
+            else None
+        )
         if record.executor_handle is None:
             return self._launch_unknown(record, fence)
         self._ctx.attempts.put(
