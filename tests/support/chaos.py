@@ -54,6 +54,9 @@ BIG_LINE = "0123456789abcdef\n"
 BIG_BYTES = 1024 * 1024
 BIG_LOG = ((BIG_LINE * (BIG_BYTES // len(BIG_LINE) + 1))[:BIG_BYTES] + "\n").encode()
 
+DEADLINE_TIMEOUT_MS = 3000
+DEADLINE_GRACE_MS = 1000
+
 # The ledger prologue and epilogue of every command (POSIX sh; fd 9 holds the run's lock).
 _PROLOGUE = (
     'L="$CHAOS_LEDGER"; exec 9>>"$L/$QL3_RUN_ID.lock"; '
@@ -105,6 +108,17 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind(
         "timeout", "echo s; sleep 20; @E", 7, "timed_out", None, None, {"timeout_ms": 1000, "grace_ms": 1000}
+    ),
+    Kind(
+        "deadline",
+        # A heartbeat every 0.2 s until its 3 s timeout stops it: runs of it straddle server kills, and
+        # the ledger shows how long each copy lived past its deadline (the host executor keeps it).
+        'while :; do echo "H $QL3_RUN_ID $QL3_ATTEMPT_ID $(date +%s%3N)" >>"$L/ledger"; sleep 0.2; done',
+        8,
+        "timed_out",
+        None,
+        None,
+        {"timeout_ms": DEADLINE_TIMEOUT_MS, "grace_ms": DEADLINE_GRACE_MS},
     ),
     Kind(
         "retrier",
@@ -436,8 +450,14 @@ def _drive(
     _check(submitted, final, cron_runs, attempts, logs, touched, cancelled, ledger, violations)
 
     statuses = Counter(r["status"] for r in final.values())
+    lifetimes = sorted(heartbeat_lifetimes(ledger).values())
+    overshoots = [ms - DEADLINE_TIMEOUT_MS for ms in lifetimes]
     figures.update(
         {
+            "deadline_attempts": len(lifetimes),
+            "deadline_overshoot_ms_p50_max": (
+                f"{overshoots[len(overshoots) // 2]} / {overshoots[-1]}" if overshoots else "-"
+            ),
             "runs": n,
             "cron_runs": len(cron_runs),
             "server_kills": server_kills,
@@ -500,12 +520,26 @@ def _attempts(server: ServerProcess) -> dict[str, list[dict[str, Any]]]:
     return by_run
 
 
+def heartbeat_lifetimes(ledger: Path) -> dict[str, int]:
+    """Per attempt of the ``deadline`` kind, ms from its first heartbeat to its last."""
+    seen: dict[str, tuple[int, int]] = {}
+    for line in (ledger / "ledger").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "H":
+            at = int(parts[3])
+            first, _last = seen.get(parts[2], (at, at))
+            seen[parts[2]] = (first, at)
+    return {attempt: last - first for attempt, (first, last) in seen.items()}
+
+
 def _read_ledger(ledger: Path) -> tuple[dict[str, list[str]], Counter[tuple[str, str]], set[str], list[str]]:
     starts: dict[str, list[str]] = defaultdict(list)  # run -> attempts started, in order
     start_count: Counter[tuple[str, str]] = Counter()
     ends: set[str] = set()
     overlaps: list[str] = []
     for line in (ledger / "ledger").read_text().splitlines():
+        if line.startswith("H "):
+            continue  # heartbeats: heartbeat_lifetimes
         word, run_id, attempt_id = line.split()
         if word == "S":
             start_count[(run_id, attempt_id)] += 1
@@ -531,6 +565,14 @@ def _check(
 ) -> None:
     starts, start_count, ends, overlaps = _read_ledger(ledger)
     violations.extend(f"duplicate: run {o} started while an earlier copy was alive" for o in overlaps)
+    # Deadlines kept on the host, whatever the server was doing: no copy outlives its timeout by more
+    # than its grace plus one second (the heartbeat starts after the spawn, so this is conservative).
+    bound = DEADLINE_TIMEOUT_MS + DEADLINE_GRACE_MS + 1000
+    violations.extend(
+        f"deadline: attempt {a} lived {ms} ms, more than {bound} ms"
+        for a, ms in heartbeat_lifetimes(ledger).items()
+        if ms > bound
+    )
     violations.extend(
         f"duplicate: run {r} attempt {a} started {c} times" for (r, a), c in start_count.items() if c > 1
     )
