@@ -1,7 +1,8 @@
 """``ql3 serve`` on PostgreSQL while its database refuses every connection for 40 s (docs/operations.md,
 "A PostgreSQL outage"): ``/readyz`` answers 503 at once and the API 503 ``storage_unavailable`` at
 once, never hanging for the pool's whole timeout; once the database accepts connections again the
-server is ready within seconds, whatever the outage's length, and runs go on.
+server is ready within seconds, whatever the outage's length, and runs go on. A timeout that falls in
+the outage is kept by the host's executor, and runs that ended meanwhile keep their exit codes.
 
 The outage is the test's own database only: ``ALTER DATABASE ... WITH ALLOW_CONNECTIONS false`` from a
 superuser connection to another database, then ``pg_terminate_backend`` of its backends. Margins:
@@ -81,6 +82,18 @@ def test_a_database_outage_answers_503_at_once_and_ends_within_seconds(
         client = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30.0)
         stack.callback(client.close)
         assert client.get(runs_url).status_code == 200
+        # And two runs that will end while the database is away: one by itself (exit 7), one by its
+        # 8 s timeout, which only the host's executor can enforce then (docs/reliability.md "Time")
+        started, termed = tmp_path / "started", tmp_path / "termed"
+        stamp = "date +%s%3N >"
+        deadline_cmd = f"{stamp} {started}; trap '{stamp} {termed}; exit 143' TERM; sleep 120 & wait"
+        assert server.cli("task", "add", "ends", "--command", "sleep 4; exit 7").returncode == 0
+        added = server.cli("task", "add", "slow", "--command", deadline_cmd, "--timeout", "8", "--grace", "1")
+        assert added.returncode == 0, added.stderr
+        ends_id = server.cli_json("run", "start", "ends")["id"]
+        slow_id = server.cli_json("run", "start", "slow")["id"]
+        wait_for(lambda: started.exists() and started.read_text().strip() != "", what="the slow command")
+        deadline_ms = int(started.read_text()) + 8_000
 
         # When its database refuses connections and its backends are terminated, for 40 s
         _set_allow_connections(pg_database, False)
@@ -151,6 +164,20 @@ def test_a_database_outage_answers_503_at_once_and_ends_within_seconds(
             )
 
         wait_for(loops_cycled, 30, what="every loop that failed to cycle after the outage")
+        # And the timeout was kept during the outage, within the grace plus one second
+        assert termed.exists(), "the command outlived its timeout while the database was away"
+        overshoot_ms = int(termed.read_text()) - deadline_ms
+        assert -100 <= overshoot_ms <= 2_000, overshoot_ms
+
+        # And both runs keep their real outcome and exit code, from receipts written while it was away
+        def settled(run_id: str) -> dict[str, Any] | None:
+            run: dict[str, Any] = server.cli_json("run", "show", run_id)
+            return run if run["status"] not in ("dispatching", "running", "lost", "retry_wait") else None
+
+        ended = wait_for(lambda: settled(ends_id), 60, what="the run that ended during the outage")
+        assert (ended["status"], ended["exit_code"]) == ("failed", 7), ended
+        timed = wait_for(lambda: settled(slow_id), 60, what="the run that timed out during the outage")
+        assert (timed["status"], timed["exit_code"]) == ("timed_out", 143), timed
         # And a new run is created and succeeds
         after = server.cli("run", "start", "quick", "--wait", "--json")
         assert after.returncode == 0, after.stdout + after.stderr
