@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,11 @@ def _api(server: Server) -> httpx.Client:
 def _free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def _worker_lines(server: Server) -> list[str]:
+    """The server's own log lines about the worker and storage (what a failure message needs)."""
+    return [line[:300] for line in server.log().splitlines() if "worker." in line or "Error" in line][-20:]
 
 
 def _runs(api: httpx.Client) -> list[dict[str, Any]]:
@@ -170,5 +176,48 @@ def test_a_full_disk_gives_no_false_success_and_the_server_recovers(
         assert done["status"] == "succeeded" and done["exit_code"] == 0, done
         logs = api.get(f"/runs/{run_id}/logs/raw")
         assert logs.status_code == 200 and logs.text == "hello\n", logs.text
+    assert server.process.poll() is None
+    assert "Traceback" not in server.log(), server.log()[-5000:]
+
+
+def test_a_run_that_ends_on_a_full_disk_keeps_its_exit_code_and_log(
+    full_disk_server: Server, small_disk: Path
+) -> None:
+    """The command fills the disk, then exits 7 while it is still full: its receipt was reserved
+    before the spawn, so the run ends ``failed`` with exit code 7 once space returns, and its log keeps
+    the lines written before the disk filled."""
+    server = full_disk_server
+    fill = small_disk / "fill-then-exit"
+    gate = small_disk.parent / "exit-now"
+    command = (
+        # The pause lets the start's own writes (journal, running ACK) land first: this test is about
+        # the end of a run on a full disk.
+        f"echo before-fill; echo second-line; sleep 1; dd if=/dev/zero of={fill} bs=64k 2>/dev/null; "
+        f"i=0; while [ ! -e '{gate}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; exit 7"
+    )
+    with _api(server) as api:
+        created = api.post("/tasks", json={"name": "fill7", "command": command, "cwd": "/tmp"})
+        assert created.status_code == 201, created.text
+        started = api.post("/tasks/fill7/runs", json={})
+        assert started.status_code == 201, started.text
+        run_id = started.json()["id"]
+        wait_for(
+            lambda: fill.exists() and _free_bytes(small_disk) < 64 * 1024,
+            DEADLINE_S,
+            what="the task to fill the disk",
+        )
+        gate.touch()  # the command ends (exit 7) while the disk is still full
+        time.sleep(3)  # the worker settles (or tries to) while the disk is full
+        fill.unlink()
+        done = wait_for(
+            lambda: (r := api.get(f"/runs/{run_id}").json())["status"] in TERMINAL and r,
+            DEADLINE_S,
+            what="the run to settle once space returns",
+        )
+        logs = api.get(f"/runs/{run_id}/logs/raw")
+        why = (done.get("error_code"), logs.status_code, logs.text[:200], _worker_lines(server))
+        assert done["status"] == "failed" and done["exit_code"] == 7, why
+        assert logs.status_code == 200, why
+        assert logs.text.startswith("before-fill\nsecond-line\n"), logs.text
     assert server.process.poll() is None
     assert "Traceback" not in server.log(), server.log()[-5000:]

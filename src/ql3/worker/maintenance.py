@@ -64,7 +64,7 @@ class Maintenance:
             if item.ack_pending:
                 self._retry_running_ack(attempt_id, item)
             elif item.adopted or item.exited:
-                self._ctx.settlement.settle(attempt_id)
+                self._ctx.settlement.settle_or_defer(attempt_id)
         if unreachable is not None:
             raise unreachable  # the loop runner records the failure and backs off
         return False
@@ -92,7 +92,11 @@ class Maintenance:
             return False, None
         except Ql3Error as exc:
             assert item.renewed_at_ms is not None
-            if self._ctx.clock() - item.renewed_at_ms >= self._ctx.config.run_lease_ms // 2:
+            # An exited process has nothing left to stop: its receipt waits for the completion.
+            if (
+                self._ctx.clock() - item.renewed_at_ms >= self._ctx.config.run_lease_ms // 2
+                and not item.exited
+            ):
                 record = self._ctx.journal().find_by_attempt(attempt_id)
                 if record is not None:
                     log.warning("lease unrenewable", extra={"action": "worker.self_fence"})
@@ -121,7 +125,7 @@ class Maintenance:
             item.acked = True
             settle_now = item.adopted or item.exited
         if settle_now:
-            self._ctx.settlement.settle(attempt_id)
+            self._ctx.settlement.settle_or_defer(attempt_id)
 
     def session_fenced(self) -> None:
         """The control plane refused this session (replaced, offline): stop what it held, and take no
