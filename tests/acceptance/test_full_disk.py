@@ -6,6 +6,10 @@ refused with 503 ``storage_unavailable`` and nothing written (SQLite, whose data
 disk) or accepted (PostgreSQL) and settled like any other. After space returns every run reaches a
 terminal state, ``/readyz`` is ready again and new runs succeed with their whole log.
 
+A run whose command fills the disk and then exits 7 while it is still full ends with exit code 7 and
+the log written before (its receipt's space was reserved before the spawn); ``ql3 serve`` and
+``ql3 worker`` started on the full disk exit 74 with one line naming the directory.
+
 Mounting a tmpfs needs root: the test skips with that reason otherwise, and fails under ``CI=true``.
 """
 
@@ -21,7 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.server import Server, start_server, stop
+from ql3.cli.errors import EXIT_DISK_FULL
+from tests.support.server import CLI, Server, base_env, start_server, stop
 from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
@@ -157,8 +162,9 @@ def test_a_full_disk_gives_no_false_success_and_the_server_recovers(
         )
         by_id = {r["id"]: r for r in settled}
         assert by_id[first.json()["id"]]["status"] == "succeeded"
-        assert by_id[filler_id]["status"] in ("failed", "lost"), by_id[filler_id]
-        assert by_id[filler_id]["exit_code"] != 0
+        # dd's own exit code (1: stopped by ENOSPC): the receipt's space was reserved before the spawn
+        assert by_id[filler_id]["status"] == "failed", by_id[filler_id]
+        assert by_id[filler_id]["exit_code"] == 1, by_id[filler_id]
         # Every success is a real one: exit code 0 and the whole log of the command.
         for run in settled:
             if run["status"] == "succeeded":
@@ -221,3 +227,51 @@ def test_a_run_that_ends_on_a_full_disk_keeps_its_exit_code_and_log(
         assert logs.text.startswith("before-fill\nsecond-line\n"), logs.text
     assert server.process.poll() is None
     assert "Traceback" not in server.log(), server.log()[-5000:]
+
+
+def test_a_start_on_a_full_disk_exits_74_with_one_line(full_disk_server: Server, small_disk: Path) -> None:
+    """``ql3 serve`` restarted on its full disk (SQLite: the database is there too; PostgreSQL: the
+    journal, receipts and logs are) and ``ql3 worker`` started there exit 74 with one line naming the
+    full directory: no traceback, nothing started."""
+    server = full_disk_server
+    argv = [str(arg) for arg in server.process.args]  # type: ignore[union-attr]
+    assert stop(server.process) == 0
+    fill = small_disk / "fill-before-start"
+    subprocess.run(["dd", "if=/dev/zero", f"of={fill}", "bs=64k"], capture_output=True, check=False)
+    assert _free_bytes(small_disk) < 64 * 1024
+
+    token = small_disk.parent / "worker.token"
+    token.write_text("x" * 43)
+    token.chmod(0o600)
+    for command, named in (
+        (argv, server.home),
+        (
+            [
+                *CLI,
+                "worker",
+                "--server",
+                server.url,
+                "--token-file",
+                str(token),
+                "--home",
+                str(small_disk / "w"),
+            ],
+            small_disk / "w",
+        ),
+    ):
+        done = subprocess.run(
+            command, env=base_env(server.home), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == EXIT_DISK_FULL, (command, done.returncode, done.stderr[-3000:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: disk_full: "), done.stderr
+        assert str(named) in lines[0], lines[0]
+        assert "Traceback" not in done.stderr + done.stdout
+
+    # Space returns: the same start works again.
+    fill.unlink()
+    again = start_server(server.home, *argv[argv.index("--slots") :])
+    try:
+        assert httpx.get(f"{again.url}/readyz", timeout=10).status_code == 200
+    finally:
+        assert stop(again.process) == 0

@@ -6,7 +6,7 @@ Exact shape, at most 4 KiB, keys in this order::
      "startedAtMs":..,"finishedAtMs":..,"exitCode":..}
 
 followed by one newline. The space is reserved before the command starts, so that a disk that fills
-while the command runs cannot cost its exit code (docs/reliability.md "A full disk"): the launcher
+while the command runs cannot cost its exit code (docs/operations.md "A full disk"): the launcher
 creates ``<receipt_dir>/<attempt_id>.json`` exclusively (``O_EXCL``, so no earlier receipt is ever
 replaced) as ``RESERVED_RECEIPT_BYTES`` NUL bytes, allocated (``reserve_receipt``), and the writer
 fills it in place from offset 0, without truncating or growing it, in one write with the newline last.

@@ -73,7 +73,7 @@ class Settlement:
         its database, or the journal, cannot take it: a full disk, an outage), ``deferred``. Nothing is
         lost then: the receipt stays where it is and the attempt stays active, so the next maintenance
         pass (one per cycle, never a tight loop) settles it once the write goes through, with the
-        command's real exit code (docs/reliability.md "A full disk"). Other attempts of the pass go on."""
+        command's real exit code (docs/operations.md "A full disk"). Other attempts of the pass go on."""
         try:
             return self.settle(attempt_id)
         except Ql3Error as exc:
