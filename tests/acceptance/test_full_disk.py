@@ -196,9 +196,9 @@ def test_a_run_that_ends_on_a_full_disk_keeps_its_exit_code_and_log(
     fill = small_disk / "fill-then-exit"
     gate = small_disk.parent / "exit-now"
     command = (
-        # The pause lets the start's own writes (journal, running ACK) land first: this test is about
-        # the end of a run on a full disk.
-        f"echo before-fill; echo second-line; sleep 1; dd if=/dev/zero of={fill} bs=64k 2>/dev/null; "
+        # No pause before dd: the disk may fill before the start's own writes (the journal's `started`,
+        # the running ACK) land, which then wait for space like the completion does.
+        f"echo before-fill; echo second-line; dd if=/dev/zero of={fill} bs=64k 2>/dev/null; "
         f"i=0; while [ ! -e '{gate}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; exit 7"
     )
     with _api(server) as api:

@@ -17,6 +17,7 @@ from ql3.application import auth, runs, tasks
 from ql3.application.dispatcher import DispatchBudget, RunDispatcher
 from ql3.application.gateway import InProcessControlPlane
 from ql3.domain.errors import StorageUnavailable
+from ql3.domain.journal import JournalUnavailable
 from ql3.domain.offers import LeaseFence, Offer
 from ql3.execution.receipts import receipt_path, receipt_published
 from ql3.storage.sqlite.adapter import SqliteDatabase
@@ -169,4 +170,45 @@ def test_an_exited_process_is_not_stopped_for_a_lease_it_cannot_renew(env: Env) 
     env.agent.maintain()
     run = env.run(offer.fence.run_id)
     assert (run.status, run.exit_code) == ("failed", 7)
+    assert env.agent.active_count == 0
+
+
+def test_a_started_row_the_journal_cannot_take_is_written_later_and_the_run_completes(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a journal that cannot take the `started` row (its disk filled right after the spawn)
+    journal = env.agent.journal
+    real_advance = journal.advance
+    refused: list[str] = []
+
+    def advance(offer_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("to_state") == "started" and env.plane.full:
+            refused.append(offer_id)
+            raise JournalUnavailable()
+        return real_advance(offer_id, **kwargs)
+
+    monkeypatch.setattr(journal, "advance", advance)
+    env.plane.refuse = frozenset()
+    env.plane.full = True
+
+    # When a command that exits 7 is received
+    offer = env.claim("exit 7")
+    assert env.agent.receive(offer) == "launching"
+
+    # Then it runs all the same, is kept (not dropped as a failed intake) and waits for the journal
+    wait_for(lambda: env.receipt_written(offer), what="the command's receipt")
+    assert refused and env.agent.active_count == 1
+    env.agent.maintain()  # the journal still refuses: the pass goes on, nothing is completed yet
+    record = journal.find_by_attempt(offer.fence.attempt_id)
+    assert record is not None and record.state == "launching"
+    assert env.run(offer.fence.run_id).status != "failed"
+
+    # And once the journal takes writes again, maintenance journals `started`, sends the running ACK
+    # and completes the run with its real exit code
+    env.plane.full = False
+    wait_for(
+        lambda: env.agent.maintain() is False and env.run(offer.fence.run_id).status == "failed",
+        what="the run to complete",
+    )
+    assert env.run(offer.fence.run_id).exit_code == 7
     assert env.agent.active_count == 0
