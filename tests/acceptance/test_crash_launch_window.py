@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ql3.execution.receipts import receipt_published
 from tests.support.processes import processes_of_run
 from tests.support.server import Server, run_json, start_with_env, stop
 from tests.support.waits import wait_for
@@ -53,8 +54,11 @@ def test_a_command_that_exited_while_the_server_was_dead_completes_from_its_rece
     # Given a server killed right after spawning the shim, before journaling `started`
     home, marker = tmp_path / "home", tmp_path / "starts"
     run_id = _crash_at(home, "spawned_before_started", f"echo x >> {marker}; echo out; exit 0")
-    # (the command still runs to its end and its shim publishes the receipt)
-    wait_for(lambda: any(name.endswith(".json") for name in _evidence_files(home)))
+    # (the command still runs to its end and its shim publishes the receipt into its reservation)
+    receipts = home / "worker" / "receipts"
+    wait_for(
+        lambda: any(receipt_published(receipts / n) for n in _evidence_files(home) if n.endswith(".json"))
+    )
 
     # When the server restarts
     restarted = start_with_env(home, LEASE)

@@ -6,6 +6,10 @@ refused with 503 ``storage_unavailable`` and nothing written (SQLite, whose data
 disk) or accepted (PostgreSQL) and settled like any other. After space returns every run reaches a
 terminal state, ``/readyz`` is ready again and new runs succeed with their whole log.
 
+A run whose command fills the disk and then exits 7 while it is still full ends with exit code 7 and
+the log written before (its receipt's space was reserved before the spawn); ``ql3 serve`` and
+``ql3 worker`` started on the full disk exit 74 with one line naming the directory.
+
 Mounting a tmpfs needs root: the test skips with that reason otherwise, and fails under ``CI=true``.
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.server import Server, start_server, stop
+from ql3.cli.errors import EXIT_DISK_FULL
+from tests.support.server import CLI, Server, base_env, start_server, stop
 from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
@@ -76,6 +82,11 @@ def _api(server: Server) -> httpx.Client:
 def _free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def _worker_lines(server: Server) -> list[str]:
+    """The server's own log lines about the worker and storage (what a failure message needs)."""
+    return [line[:300] for line in server.log().splitlines() if "worker." in line or "Error" in line][-20:]
 
 
 def _runs(api: httpx.Client) -> list[dict[str, Any]]:
@@ -151,8 +162,9 @@ def test_a_full_disk_gives_no_false_success_and_the_server_recovers(
         )
         by_id = {r["id"]: r for r in settled}
         assert by_id[first.json()["id"]]["status"] == "succeeded"
-        assert by_id[filler_id]["status"] in ("failed", "lost"), by_id[filler_id]
-        assert by_id[filler_id]["exit_code"] != 0
+        # dd's own exit code (1: stopped by ENOSPC): the receipt's space was reserved before the spawn
+        assert by_id[filler_id]["status"] == "failed", by_id[filler_id]
+        assert by_id[filler_id]["exit_code"] == 1, by_id[filler_id]
         # Every success is a real one: exit code 0 and the whole log of the command.
         for run in settled:
             if run["status"] == "succeeded":
@@ -172,3 +184,94 @@ def test_a_full_disk_gives_no_false_success_and_the_server_recovers(
         assert logs.status_code == 200 and logs.text == "hello\n", logs.text
     assert server.process.poll() is None
     assert "Traceback" not in server.log(), server.log()[-5000:]
+
+
+def test_a_run_that_ends_on_a_full_disk_keeps_its_exit_code_and_log(
+    full_disk_server: Server, small_disk: Path
+) -> None:
+    """The command fills the disk, then exits 7 while it is still full: its receipt was reserved
+    before the spawn, so the run ends ``failed`` with exit code 7 once space returns, and its log keeps
+    the lines written before the disk filled."""
+    server = full_disk_server
+    fill = small_disk / "fill-then-exit"
+    gate = small_disk.parent / "exit-now"
+    command = (
+        # No pause before dd: the disk may fill before the start's own writes (the journal's `started`,
+        # the running ACK) land, which then wait for space like the completion does.
+        f"echo before-fill; echo second-line; dd if=/dev/zero of={fill} bs=64k 2>/dev/null; "
+        f"i=0; while [ ! -e '{gate}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; exit 7"
+    )
+    with _api(server) as api:
+        created = api.post("/tasks", json={"name": "fill7", "command": command, "cwd": "/tmp"})
+        assert created.status_code == 201, created.text
+        started = api.post("/tasks/fill7/runs", json={})
+        assert started.status_code == 201, started.text
+        run_id = started.json()["id"]
+        wait_for(
+            lambda: fill.exists() and _free_bytes(small_disk) < 64 * 1024,
+            DEADLINE_S,
+            what="the task to fill the disk",
+        )
+        gate.touch()  # the command ends (exit 7) while the disk is still full
+        time.sleep(3)  # the worker settles (or tries to) while the disk is full
+        fill.unlink()
+        done = wait_for(
+            lambda: (r := api.get(f"/runs/{run_id}").json())["status"] in TERMINAL and r,
+            DEADLINE_S,
+            what="the run to settle once space returns",
+        )
+        logs = api.get(f"/runs/{run_id}/logs/raw")
+        why = (done.get("error_code"), logs.status_code, logs.text[:200], _worker_lines(server))
+        assert done["status"] == "failed" and done["exit_code"] == 7, why
+        assert logs.status_code == 200, why
+        assert logs.text.startswith("before-fill\nsecond-line\n"), logs.text
+    assert server.process.poll() is None
+    assert "Traceback" not in server.log(), server.log()[-5000:]
+
+
+def test_a_start_on_a_full_disk_exits_74_with_one_line(full_disk_server: Server, small_disk: Path) -> None:
+    """``ql3 serve`` restarted on its full disk (SQLite: the database is there too; PostgreSQL: the
+    journal, receipts and logs are) and ``ql3 worker`` started there exit 74 with one line naming the
+    full directory: no traceback, nothing started."""
+    server = full_disk_server
+    argv = [str(arg) for arg in server.process.args]  # type: ignore[union-attr]
+    assert stop(server.process) == 0
+    fill = small_disk / "fill-before-start"
+    subprocess.run(["dd", "if=/dev/zero", f"of={fill}", "bs=64k"], capture_output=True, check=False)
+    assert _free_bytes(small_disk) < 64 * 1024
+
+    token = small_disk.parent / "worker.token"
+    token.write_text("x" * 43)
+    token.chmod(0o600)
+    for command, named in (
+        (argv, server.home),
+        (
+            [
+                *CLI,
+                "worker",
+                "--server",
+                server.url,
+                "--token-file",
+                str(token),
+                "--home",
+                str(small_disk / "w"),
+            ],
+            small_disk / "w",
+        ),
+    ):
+        done = subprocess.run(
+            command, env=base_env(server.home), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == EXIT_DISK_FULL, (command, done.returncode, done.stderr[-3000:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: disk_full: "), done.stderr
+        assert str(named) in lines[0], lines[0]
+        assert "Traceback" not in done.stderr + done.stdout
+
+    # Space returns: the same start works again.
+    fill.unlink()
+    again = start_server(server.home, *argv[argv.index("--slots") :])
+    try:
+        assert httpx.get(f"{again.url}/readyz", timeout=10).status_code == 200
+    finally:
+        assert stop(again.process) == 0

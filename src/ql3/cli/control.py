@@ -22,6 +22,7 @@ from ql3.bootstrap import expected_schema_version, open_database
 from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command
 from ql3.cli.config import DEFAULT_LISTEN, Credentials, credentials_path, parse_listen, write_credentials_file
+from ql3.cli.disk import require_free_space, starting, state_dirs
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
 from ql3.cli.private import private_umask, require_private_home
 from ql3.cli.server import _ignore, access_log_flag, bind_listener, first_start_message
@@ -43,6 +44,7 @@ exit status:
   1    error (database, start-up)
   64   usage: bad arguments or settings (e.g. a SQLite database: replicas need PostgreSQL)
   69   the --listen address cannot be bound (nothing was written)
+  74   QL3_HOME is on a disk with less than 1 MiB free (one line names it; nothing was written)
 """
 
 
@@ -80,9 +82,11 @@ def cmd_control(args: argparse.Namespace) -> int:
     replica_id = args.replica_id or f"control-{socket.gethostname()}-{port}"[:128]
     private_umask()
     require_private_home(settings.home)
+    disks = state_dirs(settings.home)  # its database is PostgreSQL's: only the credentials are here
+    require_free_space(disks)
     listener = bind_listener(host, port)
     try:
-        return _control(args, settings, replica_id, host, port, listener)
+        return starting(disks, lambda: _control(args, settings, replica_id, host, port, listener))
     finally:
         listener.close()
 

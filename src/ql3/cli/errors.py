@@ -7,6 +7,8 @@ from typing import Any, Final
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
 EXIT_USAGE: Final = 64
+# EX_IOERR: a start refused because a disk it writes to is full (cli/disk.py, docs/operations.md).
+EXIT_DISK_FULL: Final = 74
 # API statuses that mean "the caller's input is wrong": reported as usage errors.
 USAGE_STATUSES: Final = frozenset({413, 422})
 

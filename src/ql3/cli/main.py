@@ -65,6 +65,7 @@ exit codes:
   20   the cancellation is blocked (ql3 run inspect RUN, ql3 run rearm)
   serve:
   69   the --listen address cannot be bound (nothing was written)
+  74   a disk it writes to is full (also ql3 control, ql3 worker): one line names the directory
   75   another ql3 serve already runs on this QL3_HOME (or db restore while it runs)
   run status (the cancellation health card):
   0    clear

@@ -43,7 +43,8 @@ from ql3.cli.config import (
     write_credentials_file,
 )
 from ql3.cli.db import database_flag
-from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
+from ql3.cli.disk import require_free_space, starting, state_dirs
+from ql3.cli.errors import EXIT_DISK_FULL, EXIT_ERROR, EXIT_OK, CliError, UsageError
 from ql3.cli.lock import EXIT_ALREADY_SERVING, LOCK_FILE, home_lock
 from ql3.cli.private import private_umask, require_private_home, tighten_sqlite_files
 from ql3.domain.errors import ConfigurationError, ValidationFailed
@@ -62,6 +63,8 @@ exit status:
   1    error (database, start-up)
   64   usage: bad arguments or settings
   {EXIT_ADDRESS_IN_USE}   the --listen address is in use: nothing was written; pick another --listen
+  {EXIT_DISK_FULL}   a disk it writes to (QL3_HOME, a SQLite database's directory) has less than 1 MiB free:
+       one line names the directory; free space there and start again
   {EXIT_ALREADY_SERVING}   another ql3 serve already runs on this QL3_HOME ($QL3_HOME/{LOCK_FILE})
 
 tasks without --cwd run in the scripts directory: $QL3_HOME/{SCRIPTS_DIR} unless --scripts-dir
@@ -280,10 +283,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_OK
     private_umask()
     require_private_home(settings.home)  # before the lock file: an open home is refused untouched
+    disks = state_dirs(settings.home, settings.database_url)
+    require_free_space(disks)  # exit 74 with one line, before anything is written
     with home_lock(settings.home):
         listener = bind_listener(host, port)
         try:
-            return _serve(args, settings, host, port, listener)
+            return starting(disks, lambda: _serve(args, settings, host, port, listener))
         finally:
             listener.close()
 

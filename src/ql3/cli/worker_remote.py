@@ -16,6 +16,7 @@ from typing import Final
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
 from ql3.cli.common import Parser, Subparsers, add_command, wants_json
+from ql3.cli.disk import require_free_space, starting
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
 
 WORKER_EPILOG: Final = """\
@@ -29,6 +30,7 @@ a remote worker (no database credentials; docs/cluster.md):
   QL3_LOG_CAP_BYTES (1024-1099511627776, default 16 MiB): the cap of each attempt's log on this host;
   the log is shipped to the server, which keeps as much as its own QL3_LOG_CAP_BYTES (give both the
   same value), so `ql3 run logs` works from any replica
+exit status: 74 when --home is on a disk with less than 1 MiB free (one line names it)
 """
 
 
@@ -92,6 +94,7 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
     home = Path(args.home) if args.home else resolve_home(os.environ) / "remote-worker"
     if not home.is_absolute():
         raise UsageError("--home must be an absolute path")
+    require_free_space([home])  # its journal, receipts and logs: exit 74 with one line when full
     private_umask()
     logformat.configure(sys.stderr)
     import logging
@@ -139,7 +142,7 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
         plane.close()
         raise UsageError(exc.message) from None
     remote = RemoteWorker(plane, config, fault=fault_injector(os.environ.get("QL3_FAULT") or None))
-    if not remote.start():
+    if starting([home], lambda: EXIT_OK if remote.start() else EXIT_ERROR) != EXIT_OK:
         remote.stop(offline=False)
         return EXIT_OK
     output.note(f"ql3 worker {worker_id} pulling from {plane.server} with {args.slots} slots; home {home}")

@@ -35,6 +35,9 @@ from ql3.execution.receipts import (
     InvalidAttemptId,
     check_file_id,
     receipt_prefix,
+    receipt_published,
+    reserve_receipt,
+    unreserve_receipt,
 )
 from ql3.execution.run_as import TaskUser, TaskUsers
 from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, LaunchRequest, ShellCommand
@@ -124,6 +127,12 @@ class LocalLauncher:
         except OSError as exc:
             self._known_dirs.difference_update((receipt_dir, log_dir))
             raise LaunchFailed("log_or_receipt_dir_unavailable") from exc
+        try:
+            # The receipt's space, before anything runs: a disk that fills later cannot cost the exit code.
+            reserve_receipt(receipt_dir, request.attempt_id)
+        except OSError as exc:
+            os.close(log_fd)
+            raise LaunchFailed(_reserve_failure(exc)) from exc
         # The shim waits on this pipe (its descriptor 3) for its own start ticks, sent once its
         # identity is captured below: it writes its launch identity from them, then starts the command.
         ticks_r, ticks_w = -1, -1
@@ -152,6 +161,7 @@ class LocalLauncher:
                 raise LaunchFailed("spawn_failed") from exc
         except BaseException:
             _close_all(log_fd, ticks_r, ticks_w)
+            unreserve_receipt(receipt_dir, request.attempt_id)
             raise
         # The shim is waiting for its ticks: nothing else comes first, not even closing our copies of
         # its descriptors (every system call is a point where another thread may take the GIL).
@@ -168,13 +178,13 @@ class LocalLauncher:
         try:
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
-            _abandon(pid, None, identity)
+            _abandon(pid, None, identity, receipt)
             raise LaunchFailed("pidfd_unavailable") from exc
         try:
             handle = capture(pid, request.attempt_id, boot_id=self._boot_id, allow_zombie=True)
         except CaptureFailed as exc:
             # Without a handle nothing could ever stop it or prove its exit; end it now.
-            _abandon(pid, pidfd, identity)
+            _abandon(pid, pidfd, identity, receipt)
             raise LaunchFailed("capture_failed") from exc
         _send_ticks(ticks_w, handle.start_ticks)
         return Launched(
@@ -405,8 +415,9 @@ def _kill_pinned_group(pidfd: int, pid: int) -> None:
             return
 
 
-def _abandon(pid: int, pidfd: int | None, identity: str) -> None:
-    """End a shim that never got its ticks, and remove the identity file it made empty for them."""
+def _abandon(pid: int, pidfd: int | None, identity: str, receipt: str) -> None:
+    """End a shim that never got its ticks, and remove the identity file it made empty for them and
+    the receipt's reservation (it never started the command, so it never wrote there)."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -414,10 +425,20 @@ def _abandon(pid: int, pidfd: int | None, identity: str) -> None:
     os.waitpid(pid, 0)
     if pidfd is not None:
         os.close(pidfd)
-    try:
-        os.unlink(identity)
-    except FileNotFoundError:
-        pass
+    for path in (identity, receipt):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _reserve_failure(exc: OSError) -> str:
+    """The ``LaunchFailed`` reason of a receipt that could not be reserved (nothing was started)."""
+    if isinstance(exc, FileExistsError):
+        return "receipt_exists"  # an earlier receipt of this attempt id: never replaced
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "receipt_space_unavailable"
+    return "log_or_receipt_dir_unavailable"
 
 
 class ExitWatcher:
@@ -562,8 +583,9 @@ class ExitWatcher:
         if not _has_exited(item.pidfd):
             return
         # Still unreaped, the shim pins its pid and group id. A shim that exited without publishing its
-        # receipt was killed (or could not write): the rest of its group must not outlive it.
-        if not os.path.exists(item.receipt_path):
+        # receipt (its reservation still empty, or cut short) was killed: the rest of its group must
+        # not outlive it.
+        if not receipt_published(item.receipt_path):
             try:
                 _kill_pinned_group(item.pidfd, item.pid)
             except OSError as exc:

@@ -5,12 +5,17 @@ Exact shape, at most 4 KiB, keys in this order::
     {"schemaVersion":1,"runId":..,"attemptId":..,"callbackSequence":..,"token":..,
      "startedAtMs":..,"finishedAtMs":..,"exitCode":..}
 
-followed by one newline. Publication never overwrites: the writer creates
-``<receipt_dir>/<attempt_id>.json`` exclusively (``O_EXCL``) and writes the receipt in one go, the
-newline last. A file without that final newline is a write still in progress, or one cut short by the
-writer's death (a prefix of a receipt, as appends are all there is): readers take it for no receipt,
-never for a valid one and never for one to quarantine. Anything complete that does not match the shape
-exactly is ``ReceiptInvalid`` and belongs in quarantine.
+followed by one newline. The space is reserved before the command starts, so that a disk that fills
+while the command runs cannot cost its exit code (docs/operations.md "A full disk"): the launcher
+creates ``<receipt_dir>/<attempt_id>.json`` exclusively (``O_EXCL``, so no earlier receipt is ever
+replaced) as ``RESERVED_RECEIPT_BYTES`` NUL bytes, allocated (``reserve_receipt``), and the writer
+fills it in place from offset 0, without truncating or growing it, in one write with the newline last.
+NUL bytes are never part of a receipt (JSON escapes them), so a reader drops the trailing NUL padding
+and applies the rules to what is left: without its final newline it is the reservation still empty, a
+write still in progress, or one cut short by the writer's death (a prefix of a receipt followed by
+padding): readers take it for no receipt, never for a valid one and never for one to quarantine.
+Anything complete that does not match the shape exactly is ``ReceiptInvalid`` and belongs in
+quarantine.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from ql3.execution.identity import InvalidHandle, ProcessHandle
 
 SCHEMA_VERSION = 1
 MAX_RECEIPT_BYTES = 4096
+# The receipt file the launcher allocates before the spawn: one page, room for the largest receipt.
+RESERVED_RECEIPT_BYTES = MAX_RECEIPT_BYTES
+_PADDING = b"\0"
 QUARANTINE_DIR = ".quarantine"
 MAX_QUARANTINE_COPIES = 64
 _KEYS = (
@@ -185,25 +193,96 @@ def receipt_prefix(
     return head[:-1] + ',"finishedAtMs":'
 
 
+def reserve_receipt(receipt_dir: str | os.PathLike[str], attempt_id: str) -> None:
+    """Create the attempt's receipt file as ``RESERVED_RECEIPT_BYTES`` NUL bytes, allocated now.
+
+    Exclusive (``O_EXCL``): raises ``FileExistsError`` when a file is there already (an earlier receipt
+    is never replaced). The blocks are allocated with ``posix_fallocate`` where the filesystem has it,
+    else written, so the shim's write into them later needs no space. Raises ``OSError`` (ENOSPC...)
+    when the space cannot be had; nothing is left behind then. Reads as no receipt until filled.
+    """
+    path = _file(receipt_dir, attempt_id, ".json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        _allocate(fd, RESERVED_RECEIPT_BYTES)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(path)
+        raise
+    os.close(fd)
+
+
+def _allocate(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    # No fallocate on this filesystem: written zeros hold the blocks just as well.
+    view = memoryview(bytes(size))
+    offset = 0
+    while offset < size:
+        offset += os.pwrite(fd, view[offset:], offset)
+
+
+def unreserve_receipt(receipt_dir: str | os.PathLike[str], attempt_id: str) -> None:
+    """Remove the attempt's receipt file, reserved or filled (a launch that never ran its command)."""
+    _unlink_quietly(_file(receipt_dir, attempt_id, ".json"))
+
+
+def receipt_published(path: str | os.PathLike[str]) -> bool:
+    """True when the file at ``path`` holds something complete (a receipt to read, valid or not);
+    False for no file, an empty reservation or a write cut short (see the module docstring)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        raw = _read_at_most(fd, MAX_RECEIPT_BYTES + 1)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return _published(raw) is not None
+
+
+def _published(raw: bytes) -> bytes | None:
+    """What a reader judges in ``raw`` (the file's first ``MAX_RECEIPT_BYTES + 1`` bytes): the bytes
+    without the reservation's NUL padding, or ``None`` when they are no receipt (yet): no final newline.
+    Anything longer than a receipt is returned whole, to be refused as too large."""
+    if len(raw) > MAX_RECEIPT_BYTES:
+        return raw
+    content = raw.rstrip(_PADDING)
+    return content if content.endswith(b"\n") else None
+
+
 def publish_receipt(receipt_dir: Path, receipt: Receipt, *, durable: bool = False) -> bool:
-    """The shim's protocol in Python: create the receipt exclusively, write it, the newline last.
+    """The shim's protocol in Python: write the receipt into its reserved file in place (from offset 0,
+    no truncation), the newline last; without a reservation the file is created exclusively.
 
     Returns False when a receipt is already published (it is never replaced). Raises ``OSError`` when
-    writing fails (for example ENOSPC); what it wrote by then lacks the final newline, so it reads as
-    no receipt.
+    writing fails (for example ENOSPC without a reservation); what it wrote by then lacks the final
+    newline, so it reads as no receipt.
     """
     data = (receipt.to_json() + "\n").encode("utf-8")
     if len(data) > MAX_RECEIPT_BYTES:
         raise ReceiptInvalid("too_large")
     final = receipt_path(receipt_dir, receipt.attempt_id)
-    try:
-        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
+    if receipt_published(final):
         return False
     try:
+        fd = os.open(final, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        try:
+            fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return False
+    try:
         view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        offset = 0
+        while offset < len(data):
+            offset += os.pwrite(fd, view[offset:], offset)
         if durable:
             os.fsync(fd)
     finally:
@@ -222,7 +301,8 @@ def read_receipt(
     expected_token_digest: str,
 ) -> Receipt | None:
     """The published receipt of one attempt, fully validated; ``None`` when none is published, which
-    includes a file without its final newline (being written, or cut short: see the module docstring).
+    includes a file whose content (its NUL padding dropped) lacks the final newline: the reservation
+    still empty, being written, or cut short (see the module docstring).
 
     Raises ``ReceiptInvalid(reason)`` (quarantine it) with a fixed reason code: ``not_regular_file``,
     ``too_large``, ``encoding``, ``json``, ``duplicate_key``, ``shape``, ``unknown_key``, ``missing_key``,
@@ -246,9 +326,10 @@ def read_receipt(
         raw = _read_at_most(fd, MAX_RECEIPT_BYTES + 1)
     finally:
         os.close(fd)
-    if len(raw) <= MAX_RECEIPT_BYTES and not raw.endswith(b"\n"):
-        return None  # not published (yet): a prefix of a receipt is never trusted nor quarantined
-    receipt = parse_receipt(raw)
+    published = _published(raw)
+    if published is None:
+        return None  # not published (yet): a reservation or a prefix is never trusted nor quarantined
+    receipt = parse_receipt(published)
     if receipt.run_id != expected_run_id:
         raise ReceiptInvalid("run_id")
     if receipt.attempt_id != attempt_id:

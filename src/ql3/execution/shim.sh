@@ -76,13 +76,15 @@ if read -r _ql3_up _ql3_idle </proc/uptime; then
 fi
 [ "$_ql3_fin" -ge "$_ql3_start" ] || _ql3_fin=$_ql3_start
 
-# Publish: noclobber creates the receipt with O_EXCL (an existing receipt is never replaced) and one
-# printf writes it, its newline last. A reader takes a file without that final newline (a write in
-# progress, or one cut short by the shim's death) for no receipt: never valid, never quarantined
-# (execution/receipts.py). No temp file and no ln(1): one process per run fewer.
-# Any failure here only means "no receipt"; the exit status stays the command's (noclobber and umask
-# 077 are still set from the start).
-if printf '%s%s,"exitCode":%s}\n' "$_ql3_head" "$_ql3_fin" "$_ql3_rc" >"$_ql3_dst"; then
+# Publish: the launcher reserved the receipt's file before the spawn (RESERVED_RECEIPT_BYTES of NUL,
+# allocated, created with O_EXCL so no earlier receipt is ever replaced), and one printf fills it in
+# place from offset 0: `1<>` opens it read-write without truncating, so the write needs no new space
+# even on a full disk. The newline comes last: a reader drops the NUL padding and takes what is left
+# without that newline (the reservation untouched, a write in progress, or one cut short by the shim's
+# death) for no receipt: never valid, never quarantined (execution/receipts.py). No temp file and no
+# ln(1): one process per run fewer. Any failure here only means "no receipt"; the exit status stays the
+# command's (umask 077 is still set from the start, should the file have to be created).
+if printf '%s%s,"exitCode":%s}\n' "$_ql3_head" "$_ql3_fin" "$_ql3_rc" 1<>"$_ql3_dst"; then
   if [ -n "$_ql3_sync" ]; then
     "$_ql3_sync" "$_ql3_dst" && "$_ql3_sync" "$_ql3_dir"
   fi

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 import ql3
+from ql3.application.disk_space import full_disks
 from ql3.application.health import schema_version as applied_schema_version
 from ql3.console import routes as console
 from ql3.domain.errors import Ql3Error
@@ -67,24 +67,6 @@ class Readiness(BaseModel):
     schema_version: SchemaReadiness | None = None
 
 
-# Below this much free space a directory the server writes to counts as full (docs/operations.md).
-MIN_FREE_BYTES: Final = 1 << 20
-
-
-def _full_disks(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    """The directories among ``paths`` with less than MIN_FREE_BYTES free (for the server's user)."""
-    full = []
-    for path in paths:
-        try:
-            st = os.statvfs(path)
-        except OSError:
-            continue
-        free = st.f_bavail * st.f_frsize
-        if free < MIN_FREE_BYTES:
-            full.append({"path": str(path), "free_bytes": free})
-    return full
-
-
 def _readiness(
     db: Database, loops: Sequence[Any], disk_paths: Sequence[Path], schema_version: int | None
 ) -> Readiness | JSONResponse:
@@ -108,7 +90,7 @@ def _readiness(
                 ),
                 status_code=503,
             )
-    full = _full_disks(disk_paths)
+    full = full_disks(disk_paths)
     if full:
         return JSONResponse(
             errors.error_body(

@@ -37,6 +37,9 @@ class ActiveAttempt:
     acked: bool = False  # running ACK committed: completion may be submitted
     ack_pending: bool = False  # the running ACK failed transiently: maintain() sends it again
     exited: bool = False  # the process exited; completion pending or to be retried
+    # The spawn time, while the journal could not take `started` (a full disk): maintain() writes it,
+    # then sends the running ACK (``ack_pending`` is set too).
+    started_pending: int | None = None
     renewed_at_ms: int | None = None  # the worker clock at the last successful renewal
     # The local fence deadline on the host clock (domain/time_model.py): from the starting ACK's
     # answer, then from each renewal's; the host executor stops the process when it passes.

@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 
 from ql3.domain.digests import new_token, sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
-from ql3.domain.journal import JournalOffer, JournalRecord
+from ql3.domain.journal import JournalOffer, JournalRecord, JournalUnavailable
 from ql3.domain.offers import Offer
 from ql3.domain.time_model import local_fence_deadline, timeout_deadline
 from ql3.execution.identity import ProcessHandle
@@ -111,7 +111,9 @@ class Intake(Generic[LaunchedT]):
             record = self._launch(record, offer)
         elif record.state == "started":
             record = self.ack_running(record)
-        if record.state not in ("running_acknowledged", "started"):
+        if record.state not in ("running_acknowledged", "started") and not self._awaits_started(
+            record.attempt_id
+        ):
             self._ctx.attempts.discard(record.attempt_id)
         return record.state
 
@@ -185,14 +187,9 @@ class Intake(Generic[LaunchedT]):
             active = self._ctx.attempts.get(record.attempt_id)
             if active is not None:
                 active.handle, active.pid = handle, launched.pid
-        record = self._ctx.journal().advance(
-            record.offer_id,
-            expected_revision=record.revision,
-            to_state="started",
-            executor_handle=handle,
-            executor_started_at_ms=self._ctx.clock(),
-        )
+        started_at = self._ctx.clock()
         if self._ctx.deadlines is not None:
+            # Armed before anything else can fail: the host keeps this attempt's time from its spawn.
             self._ctx.deadlines.arm(
                 record.attempt_id,
                 handle,
@@ -200,6 +197,17 @@ class Intake(Generic[LaunchedT]):
                 fence_at_ms=self._fence_at(record.attempt_id),
                 grace_ms=offer.spec.termination_grace_ms,
             )
+        try:
+            record = self._ctx.journal().advance(
+                record.offer_id,
+                expected_revision=record.revision,
+                to_state="started",
+                executor_handle=handle,
+                executor_started_at_ms=started_at,
+            )
+        except JournalUnavailable:
+            self._watcher.watch(launched)
+            return self._started_pending(record, started_at)
         self._watcher.watch(launched)
         self._fault("after_spawn")
         record = self.ack_running(record)
@@ -223,6 +231,26 @@ class Intake(Generic[LaunchedT]):
         with self._ctx.attempts.lock:
             active = self._ctx.attempts.get(attempt_id)
             return None if active is None else active.fence_at_host_ms
+
+    def _started_pending(self, record: JournalRecord, started_at_ms: int) -> JournalRecord:
+        """The journal could not take `started` (a full disk): the process runs all the same and is
+        watched, and maintain() journals `started` once it can, then sends the running ACK (no
+        completion is submitted before). A restart first resolves the `launching` row from the shim's
+        launch identity, as after a crash in this window (docs/contracts.md section 3)."""
+        log.warning(
+            "started not journaled; retried by maintenance", extra={"action": "worker.started_pending"}
+        )
+        with self._ctx.attempts.lock:
+            active = self._ctx.attempts.get(record.attempt_id)
+            if active is not None:
+                active.started_pending = started_at_ms
+                active.ack_pending = True
+        return record
+
+    def _awaits_started(self, attempt_id: str) -> bool:
+        with self._ctx.attempts.lock:
+            active = self._ctx.attempts.get(attempt_id)
+            return active is not None and active.started_pending is not None
 
     def _request(self, record: JournalRecord, offer: Offer, token: str) -> LaunchRequest:
         spec = offer.spec

@@ -8,6 +8,7 @@ import logging
 from dataclasses import replace
 
 from ql3.domain.errors import FenceConflict, Ql3Error
+from ql3.domain.journal import JournalRecord, JournalUnavailable
 from ql3.domain.time_model import local_fence_deadline
 from ql3.worker.attempts import ActiveAttempt
 from ql3.worker.config import MAX_SLOTS
@@ -68,7 +69,7 @@ class Maintenance:
             if item.ack_pending:
                 self._retry_running_ack(attempt_id, item)
             elif item.adopted or item.exited:
-                self._ctx.settlement.settle(attempt_id)
+                self._ctx.settlement.settle_or_defer(attempt_id)
         if unreachable is not None:
             raise unreachable  # the loop runner records the failure and backs off
         return False
@@ -101,7 +102,11 @@ class Maintenance:
             return False, None
         except Ql3Error as exc:
             assert item.renewed_at_ms is not None
-            if self._ctx.clock() - item.renewed_at_ms >= self._ctx.config.run_lease_ms // 2:
+            # An exited process has nothing left to stop: its receipt waits for the completion.
+            if (
+                self._ctx.clock() - item.renewed_at_ms >= self._ctx.config.run_lease_ms // 2
+                and not item.exited
+            ):
                 record = self._ctx.journal().find_by_attempt(attempt_id)
                 if record is not None:
                     log.warning("lease unrenewable", extra={"action": "worker.self_fence"})
@@ -114,6 +119,10 @@ class Maintenance:
         re-adopted) process is settled. Without it the completion would be refused forever: the
         control plane accepts a receipt only after it holds the callback digest."""
         record = self._ctx.journal().find_by_attempt(attempt_id)
+        if record is not None and record.state == "launching" and item.started_pending is not None:
+            record = self._journal_started(record, item)
+            if record is None:
+                return  # the journal still cannot take it: the next pass tries again
         if record is None or record.state != "started":
             with self._ctx.attempts.lock:
                 item.ack_pending = False
@@ -130,7 +139,24 @@ class Maintenance:
             item.acked = True
             settle_now = item.adopted or item.exited
         if settle_now:
-            self._ctx.settlement.settle(attempt_id)
+            self._ctx.settlement.settle_or_defer(attempt_id)
+
+    def _journal_started(self, record: JournalRecord, item: ActiveAttempt) -> JournalRecord | None:
+        """Journal the `started` row intake could not (Intake._started_pending); None while the journal
+        still cannot take a write."""
+        assert item.handle is not None and item.started_pending is not None
+        try:
+            record = self._ctx.journal().advance(
+                record.offer_id,
+                expected_revision=record.revision,
+                to_state="started",
+                executor_handle=item.handle,
+                executor_started_at_ms=item.started_pending,
+            )
+        except JournalUnavailable:
+            return None
+        item.started_pending = None
+        return record
 
     def session_fenced(self) -> None:
         """The control plane refused this session (replaced, offline): stop what it held, and take no

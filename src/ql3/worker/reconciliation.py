@@ -13,7 +13,7 @@ from ql3.domain.errors import FenceConflict, NotFound, Ql3Error
 from ql3.domain.journal import JournalRecord
 from ql3.domain.offers import LeaseFence
 from ql3.domain.time_model import local_fence_deadline, timeout_deadline
-from ql3.execution.receipts import delete_launch_identity, read_launch_identity
+from ql3.execution.receipts import delete_launch_identity, read_launch_identity, unreserve_receipt
 from ql3.worker.attempts import ActiveAttempt, journal_offer
 from ql3.worker.context import AckRunning, WorkerContext
 
@@ -143,6 +143,7 @@ class Reconciliation:
         except FenceConflict:
             pass
         delete_launch_identity(self._receipts_dir, record.attempt_id)
+        unreserve_receipt(self._receipts_dir, record.attempt_id)  # reserved by a launch cut short
         self._ctx.journal().prune(record.offer_id)
         self._ctx.attempts.forget(record.attempt_id)
         return "lost"

@@ -4,16 +4,24 @@ its group is stopped (docs/contracts.md §3)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from ql3.domain.errors import FenceConflict
+from ql3.domain.errors import FenceConflict, Ql3Error
 from ql3.domain.journal import JournalConflict, JournalRecord
 from ql3.execution.identity import InvalidHandle, ProcessHandle, probe
-from ql3.execution.receipts import Receipt, ReceiptInvalid, delete_receipt, quarantine_receipt, read_receipt
+from ql3.execution.receipts import (
+    Receipt,
+    ReceiptInvalid,
+    delete_receipt,
+    quarantine_receipt,
+    read_receipt,
+    unreserve_receipt,
+)
 from ql3.ports.control_plane import ControlPlane
 from ql3.ports.execution import HostDeadlines, Journal, ProcessController
 from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempts
@@ -61,6 +69,26 @@ class Settlement:
             log.warning(
                 "completion failed", extra={"action": "worker.completion_failed", "error": type(exc).__name__}
             )
+
+    def settle_or_defer(self, attempt_id: str) -> str:
+        """``settle``, for maintenance: when a write it needs fails transiently (the control plane or
+        its database, or the journal, cannot take it: a full disk, an outage), ``deferred``. Nothing is
+        lost then: the receipt stays where it is and the attempt stays active, so the next maintenance
+        pass (one per cycle, never a tight loop) settles it once the write goes through, with the
+        command's real exit code (docs/operations.md "A full disk"). Other attempts of the pass go on."""
+        try:
+            return self.settle(attempt_id)
+        except Ql3Error as exc:
+            if not exc.retryable:
+                raise
+            reason = exc.code
+        except OSError as exc:  # a receipt file the disk could not move (quarantine on a full disk)
+            reason = errno_name(exc)
+        log.warning(
+            "completion deferred to the next maintenance pass",
+            extra={"action": "worker.completion_deferred", "error": reason},
+        )
+        return "deferred"
 
     def settle(self, attempt_id: str) -> str:
         """Receipt first: complete with the journal's original authority, then acknowledge, then delete.
@@ -182,6 +210,8 @@ class Settlement:
                 to_state="recovery_required",
                 recovery_reason="process_exited_without_receipt",
             )
+        # The process is gone and its reservation is still empty (looked at above): nothing fills it now.
+        unreserve_receipt(self._receipts_dir, record.attempt_id)
         self._attempts.forget(record.attempt_id)
         if not reported:
             # Nobody holds the outcome: the row stays (recovery_required, pruned by age) as the
@@ -192,3 +222,8 @@ class Settlement:
         if self._deadlines is not None:
             self._deadlines.disarm(record.attempt_id)
         return "lost"
+
+
+def errno_name(exc: OSError) -> str:
+    """``ENOSPC``... for a log field (never the message: it may carry a path)."""
+    return errno.errorcode.get(exc.errno or 0, "os_error")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -246,3 +247,24 @@ def test_the_command_keeps_the_servers_umask_while_the_shims_own_files_stay_priv
     assert ex.log_path(attempt_id).read_text() == "0027\n"
     for path in (receipt_path(ex.receipts, attempt_id), launch_identity_path(ex.receipts, attempt_id)):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_receipt_that_cannot_be_reserved_starts_nothing(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a disk without room for the receipt (fallocate refused with ENOSPC)
+    marker = ex.root / "ran"
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+
+    # When the attempt is launched
+    with pytest.raises(LaunchFailed) as caught:
+        ex.launcher.start(ex.request("att-nospace", ShellCommand(command=f"touch {marker}")))
+
+    # Then nothing ran (a command whose exit code could be lost never starts) and no receipt file is left
+    assert caught.value.reason == "receipt_space_unavailable"
+    assert not marker.exists()
+    assert os.listdir(ex.receipts) == []

@@ -8,7 +8,8 @@ import signal
 
 import pytest
 
-from ql3.execution.receipts import receipt_path
+from ql3.execution.receipts import RESERVED_RECEIPT_BYTES, receipt_path
+from ql3.ports.execution import LaunchFailed
 from tests.support.processes import ExecHarness, group_comms
 from tests.support.waits import wait_for
 
@@ -45,7 +46,11 @@ def test_the_receipt_has_the_exact_shape_and_nothing_else_is_left(ex: ExecHarnes
     assert sorted(os.listdir(ex.receipts)) == ["att-shape.json", "att-shape.launch"]
     path = receipt_path(ex.receipts, "att-shape")
     assert oct(path.stat().st_mode & 0o777) == "0o600"
-    text = path.read_text()
+    # written into the reservation in place: the file keeps its reserved size, the rest NUL padding
+    raw = path.read_bytes()
+    assert len(raw) == RESERVED_RECEIPT_BYTES
+    text = raw.rstrip(b"\0").decode()
+    assert raw[len(text) :] == bytes(RESERVED_RECEIPT_BYTES - len(text))
     assert text.endswith("}\n") and text.count("\n") == 1  # complete: its newline last, and only there
     body = json.loads(text)
     assert list(body) == [
@@ -68,13 +73,14 @@ def test_a_published_receipt_is_never_overwritten(ex: ExecHarness) -> None:
     ex.receipts.mkdir(parents=True, exist_ok=True)
     receipt_path(ex.receipts, "att-once").write_text("first\n")
 
-    # When a shim for the same attempt id finishes
-    ex.shell("att-once", "exit 9")
-    ex.wait_exit("att-once")
+    # When an attempt with the same id is launched, its receipt cannot be reserved: nothing starts
+    with pytest.raises(LaunchFailed) as caught:
+        ex.shell("att-once", "exit 9")
+    assert caught.value.reason == "receipt_exists"
 
-    # Then the first receipt stands and no temp file is left behind
+    # Then the first receipt stands and nothing else is left behind
     assert receipt_path(ex.receipts, "att-once").read_text() == "first\n"
-    assert sorted(os.listdir(ex.receipts)) == ["att-once.json", "att-once.launch"]
+    assert sorted(os.listdir(ex.receipts)) == ["att-once.json"]
 
 
 def test_a_killed_shim_leaves_no_receipt(ex: ExecHarness) -> None:
@@ -86,9 +92,11 @@ def test_a_killed_shim_leaves_no_receipt(ex: ExecHarness) -> None:
     os.kill(launched.pid, signal.SIGKILL)
     ex.wait_exit("att-killed")
 
-    # Then there is simply no receipt (only the identity the shim wrote before the command)
+    # Then there is simply no receipt: its reservation is untouched, beside the identity the shim
+    # wrote before the command
     assert ex.receipt("att-killed") is None
-    assert os.listdir(ex.receipts) == ["att-killed.launch"]
+    assert sorted(os.listdir(ex.receipts)) == ["att-killed.json", "att-killed.launch"]
+    assert receipt_path(ex.receipts, "att-killed").read_bytes() == bytes(RESERVED_RECEIPT_BYTES)
 
 
 def test_a_failed_publication_leaves_no_receipt_and_keeps_the_exit_code(ex: ExecHarness) -> None:

@@ -110,6 +110,16 @@ class SqliteDatabase:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0.0)
         except sqlite3.Error as exc:
             raise StorageUnavailable() from exc
+        try:
+            self._configure(conn, read=read)
+        except sqlite3.Error as exc:  # e.g. the WAL cannot be made on a full disk: transient, not a crash
+            conn.close()
+            raise StorageUnavailable() from exc
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    def _configure(self, conn: sqlite3.Connection, *, read: bool) -> None:
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
         conn.execute("PRAGMA journal_mode = WAL")
@@ -122,9 +132,6 @@ class SqliteDatabase:
         conn.execute("PRAGMA foreign_keys = ON")
         if read:  # a read-only unit really is one: SQLite refuses every write on this connection
             conn.execute("PRAGMA query_only = ON")
-        with self._all_lock:
-            self._all.append(conn)
-        return conn
 
     def _conn(self, *, read: bool = False) -> sqlite3.Connection:
         """This thread's connection: the one its write unit holds, if it is inside one (so a statement
