@@ -137,18 +137,29 @@ def control_loops(
 def _expiry_loop(w: _Wiring) -> LifecycleRunner:
     """Expired run leases (each in its own fenced transaction), then lost runs due their retry."""
     db, page = w.db, w.settings.budgets.expiry_page
+    # After a pause of this whole process, its own embedded worker first gets one lease to renew in.
+    watch = lease_expiry.PauseWatch(slack_s=w.settings.run_lease_ms / 6000)
+    own = lease_expiry.PauseDeferral(worker_id=w.adapters.local_worker_id, lease_ms=w.settings.run_lease_ms)
 
     def expiry_cycle() -> bool:
-        did = False
+        did, paused = False, watch.paused()
         for attempt_id in db.transaction(lambda tx: lease_expiry.expired_page(tx, page), write=False):
-            db.transaction(partial(lease_expiry.expire_lease, attempt_id=attempt_id))
+            paused = watch.paused() or paused
+            defer = own if paused else None
+            db.transaction(partial(lease_expiry.expire_lease, attempt_id=attempt_id, defer=defer))
             did = True
         for run_id in db.transaction(lambda tx: lease_expiry.retry_due_page(tx, page), write=False):
             db.transaction(partial(lease_expiry.admit_retry, run_id=run_id))
             did = True
         return did
 
-    return w.loop("lease-expiry", expiry_cycle, channels.RETRIES, w.settings.budgets.expiry_backstop_s)
+    def expiry_wait(backstop_s: float) -> bool:
+        watch.waiting(backstop_s)
+        return db.wait_for(channels.RETRIES, backstop_s)
+
+    return w.loop(
+        "lease-expiry", expiry_cycle, channels.RETRIES, w.settings.budgets.expiry_backstop_s, expiry_wait
+    )
 
 
 def _cancellation_loop(w: _Wiring) -> LifecycleRunner:

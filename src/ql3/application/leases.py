@@ -82,22 +82,9 @@ def verify_fence(
     allow_terminal_replay: bool = False,
     ignore_version: bool = False,
 ) -> Lease:
-    """The checks of ``check_fence`` on rows already read under their locks, in their order."""
-    lease = rows.lease
-    if lease is None or lease.attempt_id != fence.attempt_id:
-        raise FenceConflict(reason="missing")
-    if lease.run_id != fence.run_id:
-        raise FenceConflict(reason="run_mismatch")
-    if lease.worker_id != fence.worker_id:
-        raise FenceConflict(reason="worker_mismatch")
-    if lease.worker_session_id != fence.session_id:
-        raise FenceConflict(reason="worker_session_mismatch")
-    if lease.worker_generation != fence.worker_generation:
-        raise FenceConflict(reason="worker_generation_mismatch")
-    if lease.lease_generation != fence.lease_generation:
-        raise FenceConflict(reason="lease_generation_mismatch")
-    if not digest_equals(lease.lease_token_digest, lease_digest(fence.lease_token)):
-        raise FenceConflict(reason="lease_token_mismatch")
+    """The checks of ``check_fence`` on rows already read under their locks, in their order: the
+    holder's identity (``verify_holder``), then the lease live and the worker's session with it."""
+    lease = verify_holder(rows, fence)
     if lease.status != "leased":
         if allow_terminal_replay and lease.status == "completed":
             return lease
@@ -116,6 +103,29 @@ def verify_fence(
         or worker.lease_expires_at_ms <= now
     ):
         raise FenceConflict(reason="worker_unavailable")
+    return lease
+
+
+def verify_holder(rows: repo.FenceRows, fence: LeaseFence) -> Lease:
+    """The identity checks of ``verify_fence`` only (lease, run, worker, session, generations,
+    token), in its order and with its reasons: whether ``fence`` was the holder of the lease, however
+    the lease ended and whatever became of the worker's session since. The authority of a fact (a
+    completion, docs/contracts.md §2.4), never of an action."""
+    lease = rows.lease
+    if lease is None or lease.attempt_id != fence.attempt_id:
+        raise FenceConflict(reason="missing")
+    if lease.run_id != fence.run_id:
+        raise FenceConflict(reason="run_mismatch")
+    if lease.worker_id != fence.worker_id:
+        raise FenceConflict(reason="worker_mismatch")
+    if lease.worker_session_id != fence.session_id:
+        raise FenceConflict(reason="worker_session_mismatch")
+    if lease.worker_generation != fence.worker_generation:
+        raise FenceConflict(reason="worker_generation_mismatch")
+    if lease.lease_generation != fence.lease_generation:
+        raise FenceConflict(reason="lease_generation_mismatch")
+    if not digest_equals(lease.lease_token_digest, lease_digest(fence.lease_token)):
+        raise FenceConflict(reason="lease_token_mismatch")
     return lease
 
 
@@ -220,6 +230,13 @@ def end_attempt(
         _end_lease(tx, attempt.id, now, lease_end, release_reason, locked_lease)
     tx.notify(channels.SLOTS)  # a slot was freed: the dispatcher may place the next candidate
     return written
+
+
+def end_lease(tx: Transaction, attempt_id: str, now: int) -> None:
+    """Complete the attempt's lease if it is still live and free its worker's slot (an attempt ended
+    outside ``end_attempt``: a retry withdrawn by a late fact)."""
+    _end_lease(tx, attempt_id, now, "complete", "lease_expired")
+    tx.notify(channels.SLOTS)
 
 
 def _end_lease(

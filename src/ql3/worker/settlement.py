@@ -107,12 +107,16 @@ class Settlement:
     def _complete(self, record: JournalRecord, receipt: Receipt) -> str:
         attempt_id = record.attempt_id
         active = self._attempts.for_record(record)
-        self._client.complete(
+        # Every answer is final, a late one included (its lease expired, the attempt lost, or this
+        # worker's session replaced since): the control plane holds the fact, so the receipt goes.
+        result, _ = self._client.complete(
             active.fence,
             callback_sequence=receipt.callback_sequence,
             callback_token=receipt.token,
             exit_code=receipt.exit_code,
         )
+        if result == "recorded":
+            log.info("late fact recorded", extra={"action": "worker.late_fact_recorded"})
         self._acknowledge(record)
         # Only a shim of an earlier version leaves a temp file: not one this process launched (pid set).
         delete_receipt(self._receipts_dir, attempt_id, legacy_temp=active.pid is None or active.adopted)
