@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import cancellation, lease_expiry, lease_results, runs
+from ql3.application import cancellation, lease_expiry, lease_results, leases, runs
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.offers import LeaseFence
 from tests.support.builders import count
@@ -414,3 +414,38 @@ def test_a_users_cancel_committed_first_still_wins(harness: Harness, stop_cause:
 
     run = run_of(harness.db, project, fence.run_id)
     assert (run.status, run.exit_code, run.error_code) == ("cancelled", 143, "EXECUTION_CANCELLED")
+
+
+# -- the expiry scanner after a pause of its own process ---------------------------------------------
+
+
+def test_after_a_pause_the_scanner_defers_its_own_workers_expired_lease_by_one_lease(
+    harness: Harness,
+) -> None:
+    # Given a running attempt of worker w1 whose lease expired while the whole process was paused
+    project, fence = _running(harness)
+    harness.advance_clock(LEASE_MS + 1)
+    own = lease_expiry.PauseDeferral(worker_id="w1", lease_ms=LEASE_MS)
+
+    # When the scanner, having noticed the pause, reaches it
+    answer = harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id, defer=own))
+
+    # Then the lease is given one more lease from now, its version kept: the worker's renewal applies
+    assert answer == "deferred"
+    lease = harness.db.raw("SELECT status, version, expires_at_ms FROM run_leases")[0]
+    assert (lease["status"], lease["version"]) == ("leased", fence.lease_version)
+    assert lease["expires_at_ms"] > harness.now_ms()
+    assert run_of(harness.db, project, fence.run_id).status == "running"
+    renewed = harness.db.transaction(lambda tx: leases.renew(tx, fence, LEASE_MS))
+    assert renewed.version == fence.lease_version + 1
+
+
+def test_after_a_pause_the_scanner_expires_other_workers_leases_as_usual(harness: Harness) -> None:
+    project, fence = _running(harness)
+    harness.advance_clock(LEASE_MS + 1)
+    other = lease_expiry.PauseDeferral(worker_id="embedded-elsewhere", lease_ms=LEASE_MS)
+
+    answer = harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id, defer=other))
+
+    assert answer == "lost"
+    assert run_of(harness.db, project, fence.run_id).status == "failed"

@@ -132,11 +132,33 @@ def verify_holder(rows: repo.FenceRows, fence: LeaseFence) -> Lease:
 def renew(tx: Transaction, fence: LeaseFence, lease_ms: int) -> Lease:
     """Same full fence, before expiry: version +1 and a new expiry."""
     lease_rules.RUN.validate(lease_ms)
-    lease, now = check_fence(tx, fence)
+    rows = repo.lock_fence_rows(tx, run_id=None, attempt_id=fence.attempt_id, worker_id=fence.worker_id)
+    now = tx.now_ms()
+    try:
+        lease = verify_fence(rows, fence, now)
+    except FenceConflict as exc:
+        # Past its expiry but not recovered yet (still ``leased``: the expiry scanner had not come),
+        # held by a worker whose session is live: nobody else was given the run, so its holder keeps
+        # it. A paused process renews its leases on resume (docs/reliability.md, "A paused server").
+        if exc.details.get("reason") != "lease_expired" or not _session_live(rows, fence, now):
+            raise
+        lease = verify_holder(rows, fence)
     if not repo.renew_lease(tx, lease, expires_at_ms=now + lease_ms, now=now):
         raise FenceConflict(reason="version_mismatch")
     # The CAS wrote exactly this (lease_renew: version + 1, the new expiry): no second read.
     return replace(lease, version=lease.version + 1, expires_at_ms=now + lease_ms)
+
+
+def _session_live(rows: repo.FenceRows, fence: LeaseFence, now: int) -> bool:
+    worker = rows.worker
+    return (
+        worker is not None
+        and worker.worker_id == fence.worker_id
+        and worker.session_id == fence.session_id
+        and worker.generation == fence.worker_generation
+        and worker.status in ("online", "draining")
+        and worker.lease_expires_at_ms > now
+    )
 
 
 def cancel_outcome(run: Run, default: str, code: str | None) -> tuple[str, str | None]:
