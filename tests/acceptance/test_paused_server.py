@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,11 @@ def test_a_paused_server_keeps_every_exit_code_of_its_own_worker(
         server.process.send_signal(signal.SIGCONT)
 
         # Then both runs end failed with their own exit code: neither was lost nor stopped
-        finals: list[dict[str, Any]] = [
-            wait_for(
-                lambda r=r: (j := run_json(server, r))["status"] in ("succeeded", "failed") and j,
-                timeout_s=90,
-            )
-            for r in runs
-        ]
+        def final(run_id: str) -> dict[str, Any] | None:
+            found = run_json(server, run_id)
+            return found if found["status"] in ("succeeded", "failed") else None
+
+        finals = [wait_for(partial(final, r), timeout_s=90) for r in runs]
         assert [(f["status"], f["exit_code"], f["error_code"]) for f in finals] == [
             ("failed", 5, "EXIT_NONZERO"),
             ("failed", 5, "EXIT_NONZERO"),

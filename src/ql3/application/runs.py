@@ -147,9 +147,8 @@ def write_run(
     terminal Run takes, an attempt's late fact (``states.LATE_FACT_CORRECTIONS``,
     application/late_facts.py).
     """
-    if late_fact and is_run_terminal(current.status):
-        if not late_fact_correction_allowed(current.status, new.status):
-            raise InvalidRunTransition("the run is already terminal", status=current.status, to=new.status)
+    if late_fact and late_fact_correction_allowed(current.status, new.status):
+        pass
     elif new.status != current.status:
         if is_run_terminal(current.status):
             raise InvalidRunTransition("the run is already terminal", status=current.status)

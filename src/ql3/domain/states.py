@@ -27,26 +27,27 @@ ATTEMPT_ACTIVE: Final = frozenset({"claimed", "starting", "running"})
 
 RUN_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "created": frozenset({"queued", "cancelled"}),
-    # queued/dispatching/retry_wait -> succeeded/failed: a late fact of the previous attempt
-    # withdraws a retry that had not started (docs/contracts.md §2.4).
-    "queued": frozenset({"dispatching", "succeeded", "failed", "cancelled", "timed_out"}),
+    "queued": frozenset({"dispatching", "cancelled", "timed_out"}),
     # dispatching -> queued: an unstarted claim whose lease expired goes back to the queue (ql3 decision).
-    "dispatching": frozenset(
-        {"queued", "running", "retry_wait", "succeeded", "failed", "cancelled", "lost", "timed_out"}
-    ),
+    "dispatching": frozenset({"queued", "running", "retry_wait", "failed", "cancelled", "lost", "timed_out"}),
     "running": frozenset(
         {"waiting_approval", "retry_wait", "succeeded", "failed", "cancelled", "timed_out", "lost"}
     ),
     "waiting_approval": frozenset({"running", "cancelled", "timed_out"}),
-    "retry_wait": frozenset({"queued", "succeeded", "failed", "cancelled", "timed_out"}),
+    "retry_wait": frozenset({"queued", "cancelled", "timed_out"}),
     "lost": frozenset({"queued", "failed", "cancelled", "retry_wait"}),
 }
 
-# The one change a terminal Run takes (docs/contracts.md §2.4): a Run that ended ``failed`` only
-# because its last attempt was lost takes that attempt's late fact (its outcome); a Run ended by a
-# cancel intent or a later attempt keeps its status (the fact is recorded on its attempt and in an
+# What only a late fact of the previous attempt does (docs/contracts.md §2.4), besides the moves
+# above: it ends a run whose retry had not started (the retry withdrawn), and it is the one change a
+# terminal Run takes: a Run that ended ``failed`` only because its last attempt was lost takes that
+# attempt's outcome; any other terminal Run keeps its status (the fact goes on its attempt and in an
 # event). Nothing else moves a terminal Run.
+_FACT_OUTCOMES: Final = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 LATE_FACT_CORRECTIONS: Final[dict[str, frozenset[str]]] = {
+    "queued": _FACT_OUTCOMES,
+    "dispatching": _FACT_OUTCOMES,
+    "retry_wait": _FACT_OUTCOMES,
     "failed": frozenset({"succeeded", "failed", "timed_out"}),
     "succeeded": frozenset({"succeeded"}),
     "cancelled": frozenset({"cancelled"}),
