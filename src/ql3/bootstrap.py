@@ -159,9 +159,14 @@ def build_standalone_runtime(
     )
     worker.on_settled = embedded.on_settled
 
+    # Renewals are due every third of the run lease: the pass comes at least that often, whatever
+    # the backstop (a 5 s lease is renewed every 1.7 s, not every 10).
+    renew_every_s = settings.run_lease_ms / 3000
+
     def maintain_wait(backstop_s: float) -> bool:
         # Re-adopted processes (from a previous incarnation) are not our children: poll them.
-        return db.wait_for(channels.MAINTAIN, min(backstop_s, 0.5) if worker.has_adopted() else backstop_s)
+        cadence = min(backstop_s, renew_every_s)
+        return db.wait_for(channels.MAINTAIN, min(cadence, 0.5) if worker.has_adopted() else cadence)
 
     loop = loop_factory(db, notifier)
     stopper = ProcessController()

@@ -120,7 +120,7 @@ def test_a_completion_after_a_renewal_still_applies_under_the_older_version(harn
     assert run_of(harness.db, project, fence.run_id).exit_code == 3
 
 
-def test_a_late_callback_for_a_lost_attempt_of_a_retried_run_is_recorded_and_changes_nothing(
+def test_a_late_callback_under_another_sequence_for_a_lost_attempt_is_recorded_and_changes_nothing(
     harness: Harness,
 ) -> None:
     # Given attempt 1 lost (lease expired) and the run waiting for its retry
@@ -130,10 +130,11 @@ def test_a_late_callback_for_a_lost_attempt_of_a_retried_run_is_recorded_and_cha
     assert run_of(harness.db, project, fence.run_id).status == "retry_wait"
     before = _events(harness, fence.run_id)
 
-    # When attempt 1's callback arrives late
-    result = _complete(harness, fence, code=0)
+    # When a callback of attempt 1 arrives late under a sequence its receipt never had
+    result = _complete(harness, fence, seq=2, code=0)
 
-    # Then it is answered as already ended, and only a late-callback event is added
+    # Then it is answered as already ended, and only a late-callback event is added (it is no fact:
+    # tests/contract/test_late_facts.py has the receipt that is one)
     assert result == ("already_terminal", "lost")
     after = _events(harness, fence.run_id)
     assert [e.type for e in after[len(before) :]] == ["attempt.late_callback_ignored"]
@@ -143,7 +144,7 @@ def test_a_late_callback_for_a_lost_attempt_of_a_retried_run_is_recorded_and_cha
     assert run_of(harness.db, project, fence.run_id).status == "retry_wait"
 
 
-@pytest.mark.parametrize("seq", [1, 2, 4], ids=["below", "just_below", "above"])
+@pytest.mark.parametrize("seq", [1, 2, 4], ids=["below", "just_below", "above"])  # the receipt had 3
 def test_a_late_callback_with_another_sequence_for_a_lost_attempt_is_recorded(
     harness: Harness, seq: int
 ) -> None:

@@ -47,6 +47,12 @@ def test_a_released_lease_is_not_leased(harness: Harness) -> None:
     assert _renew_reason(harness, fence) == "not_leased"
 
 
+def _ack_reason(harness: Harness, fence: LeaseFence) -> str:
+    with pytest.raises(FenceConflict) as caught:
+        harness.db.transaction(lambda tx: lease_results.ack_starting(tx, fence))
+    return str(caught.value.details["reason"])
+
+
 def test_a_lease_is_expired_at_its_expiry_instant(harness: Harness) -> None:
     _, fence = _claimed(harness)
     if harness.dialect == "sqlite":  # the injected clock stands still: one millisecond before, it renews
@@ -57,6 +63,30 @@ def test_a_lease_is_expired_at_its_expiry_instant(harness: Harness) -> None:
         harness.advance_clock(5_000)
     else:
         harness.advance_clock(RUN_LEASE_MS)
+    assert _ack_reason(harness, fence) == "lease_expired"
+
+
+def test_an_expired_lease_the_scanner_has_not_recovered_renews_while_its_worker_is_live(
+    harness: Harness,
+) -> None:
+    # Given a lease past its expiry, still leased (no scan yet), its worker's session live: a process
+    # paused longer than the lease, resumed (docs/reliability.md, "A paused server")
+    project, fence = _claimed(harness)
+    harness.advance_clock(RUN_LEASE_MS + 1)
+
+    # When its holder renews it
+    renewed = harness.db.transaction(lambda tx: leases.renew(tx, fence, RUN_LEASE_MS))
+
+    # Then it is its holder's again, and the scanner finds nothing to expire
+    assert renewed.version == fence.lease_version + 1
+    assert renewed.expires_at_ms > harness.now_ms()
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id)) == "noop"
+    assert run_of(harness.db, project, fence.run_id).status == "dispatching"
+
+
+def test_an_expired_lease_of_a_worker_whose_session_lapsed_too_is_not_renewed(harness: Harness) -> None:
+    _, fence = _claimed(harness, session_ms=RUN_LEASE_MS)
+    harness.advance_clock(RUN_LEASE_MS + 1)
     assert _renew_reason(harness, fence) == "lease_expired"
 
 

@@ -257,20 +257,25 @@ def test_live_lease_expiry_is_a_noop(harness: Harness) -> None:
     assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id)) == "noop"
 
 
-def test_late_completion_after_expiry_is_ignored(harness: Harness) -> None:
+def test_late_completion_after_expiry_is_the_runs_fact(harness: Harness) -> None:
+    # Given a run without retries that failed when its only attempt's lease expired
     project, fence = _claimed(harness)
     start(harness.db, _offer_of(fence))
     harness.advance_clock(30_001)
     harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, fence.attempt_id))
+    assert run_of(harness.db, project, fence.run_id).status == "failed"
 
+    # When the attempt's receipt arrives late
     result = harness.db.transaction(
         lambda tx: lease_results.complete(
             tx, fence, callback_sequence=1, callback_token="cb-token", exit_code=0
         )
     )
 
-    assert result[0] == "already_terminal"
-    assert run_of(harness.db, project, fence.run_id).status == "failed"
+    # Then the run takes it (docs/contracts.md §2.4)
+    assert result == ("applied", "succeeded")
+    run = run_of(harness.db, project, fence.run_id)
+    assert (run.status, run.exit_code, run.error_code) == ("succeeded", 0, None)
 
 
 def test_the_active_lease_counter_always_equals_the_leased_rows(harness: Harness) -> None:

@@ -129,8 +129,36 @@ def test_a_result_with_a_wrong_fence_is_refused_with_its_reason_and_writes_nothi
     assert _state(harness) == before
 
 
+# A completion needs no live lease: whatever became of its lease or its worker's session, it is the
+# fact of the attempt it ends (docs/contracts.md §2.4; tests/contract/test_late_facts.py).
+ACKS = ["starting", "running"]
+
+
 @pytest.mark.parametrize("change", list(ROW_CHANGES))
-@pytest.mark.parametrize("result", RESULTS)
+def test_a_completion_whose_lease_or_worker_changed_is_still_its_attempts_fact(
+    harness: Harness, change: str
+) -> None:
+    # Given a running run whose lease or worker then changed
+    fence, _ = _at(
+        harness, "complete", session_ms=10 * RUN_LEASE_MS if change == "lease_expired" else SESSION_MS
+    )
+    alter, _ = ROW_CHANGES[change]
+    alter(harness)
+
+    # When its receipt comes with the fence it was offered
+    assert _step(harness, "complete", fence) == ("applied", "succeeded")
+
+    # Then the run took its outcome, and no lease of it is left live
+    assert harness.db.raw("SELECT status, exit_code FROM runs WHERE id = ?", (fence.run_id,)) == [
+        {"status": "succeeded", "exit_code": 0}
+    ]
+    assert harness.db.raw("SELECT status FROM run_leases WHERE attempt_id = ?", (fence.attempt_id,))[0][
+        "status"
+    ] in ("completed", "released")
+
+
+@pytest.mark.parametrize("change", list(ROW_CHANGES))
+@pytest.mark.parametrize("result", ACKS)
 def test_a_result_whose_lease_or_worker_changed_is_refused_with_its_reason_and_writes_nothing(
     harness: Harness, result: str, change: str
 ) -> None:
@@ -177,8 +205,11 @@ SPLIT_ROWS: dict[str, tuple[Callable[[Harness], Any], Callable[[LeaseFence, str]
 }
 
 
-@pytest.mark.parametrize("split", list(SPLIT_ROWS))
-@pytest.mark.parametrize("result", RESULTS)
+@pytest.mark.parametrize(
+    ("split", "result"),
+    # A completion by the lease's holder whose worker row moved on is its attempt's fact (above).
+    [(split, r) for split in SPLIT_ROWS for r in RESULTS if (split, r) != ("lease_row_session", "complete")],
+)
 def test_a_result_is_refused_when_the_lease_and_the_worker_row_disagree_in_one_part(
     harness: Harness, result: str, split: str
 ) -> None:
@@ -312,9 +343,9 @@ FORGED: dict[str, tuple[str, dict[str, tuple[type[Exception], dict[str, Any]]]]]
         "UPDATE run_leases SET run_id = '{other}' WHERE attempt_id = '{attempt}'",
         {r: (FenceConflict, {"reason": "run_mismatch"}) for r in _ALL},
     ),
-    "worker_row_gone": (
+    "worker_row_gone": (  # a completion needs no worker session: it applies (above)
         "DELETE FROM workers WHERE worker_id = '{worker}'",
-        {r: (FenceConflict, {"reason": "worker_unavailable"}) for r in _ALL},
+        {r: (FenceConflict, {"reason": "worker_unavailable"}) for r in ACKS},
     ),
     "task_revision_gone": ("DELETE FROM task_revisions", {"starting": (NotFound, {})}),
     "run_queued_again": (

@@ -30,8 +30,10 @@ def _expired(harness: Harness, *, grace_ms: int, margin_ms: int | None = None) -
         ]["expires_at_ms"]
     )
     harness.advance_clock(30_001)
-    kwargs = {} if margin_ms is None else {"fence_margin_ms": margin_ms}
-    harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, offer.fence.attempt_id, **kwargs))
+    margin = time_model.DEFAULT_FENCE_MARGIN_MS if margin_ms is None else margin_ms
+    harness.db.transaction(
+        lambda tx: lease_expiry.expire_lease(tx, offer.fence.attempt_id, fence_margin_ms=margin)
+    )
     assert run_of(harness.db, project, run.id).status == "retry_wait"
     return project, run, expires
 

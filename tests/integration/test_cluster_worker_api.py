@@ -19,7 +19,8 @@ from ql3.cluster.pull import PullService
 from ql3.cluster.remote import RemoteWorker
 from ql3.cluster.runtime import WorkerApi
 from ql3.cluster.stops import StopWatch
-from ql3.domain.errors import FenceConflict, PermissionDenied
+from ql3.domain.digests import sha256_hex
+from ql3.domain.errors import FenceConflict, PermissionDenied, ValidationFailed
 from ql3.execution.identity import ProcessHandle, probe
 from ql3.http.app import create_app
 from ql3.ports.control_plane import ControlPlaneUnreachable
@@ -210,6 +211,58 @@ def test_late_acks_of_a_replaced_session_are_refused(api_client: TestClient, own
     ):
         with pytest.raises(FenceConflict):
             call()
+
+
+def test_a_completion_over_http_carries_its_stop_cause_and_needs_no_live_session(
+    api_client: TestClient, owner: dict[str, str]
+) -> None:
+    # Given a running attempt of w1, without a timeout
+    token = worker_token(api_client, owner, "w1")
+    p = plane(api_client, token)
+    session = register(p, "w1")
+    run = task_and_run(api_client, owner, "job", "true")
+    offer = pull(p, session)
+    p.ack_starting(offer.fence)
+    p.ack_running(
+        offer.fence,
+        pid=4242,
+        handle="ql3lp1.test",
+        log_artifact_id="a",
+        callback_sequence=1,
+        callback_token_digest=sha256_hex("cb"),
+    )
+    fence = dataclasses.asdict(offer.fence)
+    body = {
+        "fence": {
+            "workerId": fence["worker_id"],
+            "runId": fence["run_id"],
+            "attemptId": fence["attempt_id"],
+            "sessionId": fence["session_id"],
+            "workerGeneration": fence["worker_generation"],
+            "leaseGeneration": fence["lease_generation"],
+            "leaseToken": fence["lease_token"],
+            "leaseVersion": fence["lease_version"],
+        },
+        "callbackSequence": 1,
+        "callbackToken": "cb",
+        "exitCode": 143,
+    }
+    # When a completion names an unknown stop cause, or a timeout the attempt never had
+    unknown = TestClient(api_client.app).post(
+        "/api/v1/worker/complete", json={**body, "stopCause": "crash"}, headers=bearer(token)
+    )
+    assert unknown.status_code == 422 and unknown.json()["error"]["code"] == "validation_failed"
+    with pytest.raises(ValidationFailed):
+        p.complete(offer.fence, callback_sequence=1, callback_token="cb", exit_code=143, stop_cause="timeout")
+    # Then nothing changed; and after w1 registered a new session, the old session's fence stop is
+    # still its attempt's fact: the attempt is lost (never failed by the stop), the run goes on to
+    # lost retry (none here: failed LEASE_FENCED)
+    register(p, "w1")
+    assert p.complete(
+        offer.fence, callback_sequence=1, callback_token="cb", exit_code=143, stop_cause="fence"
+    ) == ("applied", "failed")
+    final = api_client.get(f"{P}/runs/{run['id']}", headers=owner).json()
+    assert (final["status"], final["error_code"], final["exit_code"]) == ("failed", "LEASE_FENCED", None)
 
 
 class CutOff:

@@ -139,14 +139,21 @@ def _expiry_loop(w: _Wiring) -> LifecycleRunner:
     """Expired run leases (each in its own fenced transaction), then lost runs due their retry."""
     db, page = w.db, w.settings.budgets.expiry_page
     guard = ItemGuard(db, "lease-expiry")
+    # After a pause of this whole process, its own embedded worker first gets one lease to renew in.
+    watch = lease_expiry.PauseWatch(slack_s=w.settings.run_lease_ms / 6000)
+    own = lease_expiry.PauseDeferral(worker_id=w.adapters.local_worker_id, lease_ms=w.settings.run_lease_ms)
 
     def expiry_cycle() -> bool:
         # A parked item drops out of its page until its retry time, so "did" never spins on it.
         guard.new_cycle()
-        did = False
+        did, paused = False, watch.paused()
         for attempt_id in db.transaction(lambda tx: lease_expiry.expired_page(tx, page), write=False):
+            paused = watch.paused() or paused
             expire = partial(
-                lease_expiry.expire_lease, attempt_id=attempt_id, fence_margin_ms=w.settings.fence_margin_ms
+                lease_expiry.expire_lease,
+                attempt_id=attempt_id,
+                fence_margin_ms=w.settings.fence_margin_ms,
+                defer=own if paused else None,
             )
             guard.run(
                 "lease",
@@ -161,7 +168,13 @@ def _expiry_loop(w: _Wiring) -> LifecycleRunner:
             did = True
         return did
 
-    return w.loop("lease-expiry", expiry_cycle, channels.RETRIES, w.settings.budgets.expiry_backstop_s)
+    def expiry_wait(backstop_s: float) -> bool:
+        watch.waiting(backstop_s)
+        return db.wait_for(channels.RETRIES, backstop_s)
+
+    return w.loop(
+        "lease-expiry", expiry_cycle, channels.RETRIES, w.settings.budgets.expiry_backstop_s, expiry_wait
+    )
 
 
 def _cancellation_loop(w: _Wiring) -> LifecycleRunner:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ql3.application import cancellation, lease_expiry, lease_results, leases, runs, workers
+from ql3.application.late_facts import StopCause
 from ql3.domain.offers import LeaseFence
 from ql3.domain.states import is_run_terminal
 from ql3.domain.workers import parse_capabilities
@@ -107,7 +108,13 @@ class InProcessControlPlane:
         return _lease_info(lease, now)
 
     def complete(
-        self, fence: LeaseFence, *, callback_sequence: int, callback_token: str, exit_code: int
+        self,
+        fence: LeaseFence,
+        *,
+        callback_sequence: int,
+        callback_token: str,
+        exit_code: int,
+        stop_cause: StopCause | None = None,
     ) -> tuple[str, str]:
         result: tuple[str, str] = self._db.transaction(
             lambda tx: lease_results.complete(
@@ -116,6 +123,7 @@ class InProcessControlPlane:
                 callback_sequence=callback_sequence,
                 callback_token=callback_token,
                 exit_code=exit_code,
+                stop_cause=stop_cause,
             )
         )
         return result

@@ -3,7 +3,9 @@ attempt lost, and the run's retry policy decides what follows (docs/contracts.md
 
 from __future__ import annotations
 
-from dataclasses import replace
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Final
 
 from ql3.application import leases
@@ -27,6 +29,41 @@ from ql3.repositories import runs as run_repo
 from ql3.repositories import tasks as task_repo
 
 MAX_SCAN_PAGE: Final = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseDeferral:
+    """Whose expired leases the scanner defers after its own process was paused, and by how much."""
+
+    worker_id: str
+    lease_ms: int
+
+
+class PauseWatch:
+    """Notices that this process was not running (SIGSTOP, a paused VM): the monotonic time between
+    two marks exceeds what the loop allowed itself (the wait it announced with ``waiting``) by more
+    than ``slack_s``. The first mark only starts the watch, so a slow start-up is never a pause.
+    Used by one loop thread only (docs/reliability.md, "A paused server")."""
+
+    def __init__(self, slack_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not slack_s > 0:
+            raise ValidationFailed("pause slack out of range")
+        self._slack_s = slack_s
+        self._clock = clock
+        self._mark: float | None = None
+        self._allowed_s = 0.0
+
+    def waiting(self, timeout_s: float) -> None:
+        """The loop is about to wait up to ``timeout_s``: that much silence is expected."""
+        self.paused()
+        self._allowed_s = max(0.0, timeout_s)
+
+    def paused(self) -> bool:
+        """True when the time since the last mark is longer than allowed; marks now."""
+        now = self._clock()
+        last, allowed = self._mark, self._allowed_s
+        self._mark, self._allowed_s = now, 0.0
+        return last is not None and now - last > allowed + self._slack_s
 
 
 def mark_lost(
@@ -78,13 +115,16 @@ def mark_lost(
         lease_end="release",
         release_reason="lease_expired",
     )
-    _after_lost(tx, lost_run, attempt, now, retry_not_before_ms)
+    after_lost(tx, lost_run, attempt, now, retry_not_before_ms)
     return True
 
 
-def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int, not_before_ms: int | None) -> None:
-    """Lost retry: schedule a new attempt when the policy allows, else the run fails. The retry waits
-    for its backoff and, after a lease expiry, until the old host has stopped the attempt."""
+def after_lost(
+    tx: Transaction, run: Run, attempt: Attempt, now: int, not_before_ms: int | None = None
+) -> str:
+    """Lost retry: schedule a new attempt when the policy allows, else the run fails; the run's new
+    status. The retry waits for its backoff and, after a lease expiry, until ``not_before_ms``, when
+    the old host has stopped the attempt (the re-grant wait of docs/reliability.md "Time")."""
     policy = repo.get_retry_policy(tx, run.id)
     if policy is not None and policy.retry_on_lost and attempt.attempt < policy.max_attempts:
         delay = min(policy.backoff_max_ms, policy.backoff_min_ms * 2 ** min(attempt.attempt - 1, 30))
@@ -106,7 +146,7 @@ def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int, not_befor
             ],
         )
         tx.notify(channels.RETRIES)
-        return
+        return "retry_wait"
     write_run(
         tx,
         run,
@@ -121,6 +161,7 @@ def _after_lost(tx: Transaction, run: Run, attempt: Attempt, now: int, not_befor
             )
         ],
     )
+    return "failed"
 
 
 def admit_retry(tx: Transaction, run_id: str) -> str | None:
@@ -165,11 +206,20 @@ def admit_retry(tx: Transaction, run_id: str) -> str | None:
 
 
 def expire_lease(
-    tx: Transaction, attempt_id: str, *, fence_margin_ms: int = time_model.DEFAULT_FENCE_MARGIN_MS
+    tx: Transaction,
+    attempt_id: str,
+    *,
+    fence_margin_ms: int = time_model.DEFAULT_FENCE_MARGIN_MS,
+    defer: PauseDeferral | None = None,
 ) -> str:
     """Server-side expiry (lease row locked first): claimed -> release only; starting/running -> lost,
     its retry admitted no earlier than the re-grant instant of the time model: the expiry, the
-    attempt's grace and ``fence_margin_ms`` (domain/time_model.py, docs/reliability.md "Time")."""
+    attempt's grace and ``fence_margin_ms`` (domain/time_model.py, docs/reliability.md "Time").
+
+    ``defer``: this process was just found not running (``PauseWatch``), and a lease of its own
+    embedded worker is not expired but given one more lease from now (``deferred``), as that worker's
+    next renewal would: the worker paused with the scanner and had no chance to renew. Its renewal
+    version stays, so the worker's next renewal under its fence applies."""
     lease = leases.get_lease(tx, attempt_id, lock=False)
     if lease is None:
         return "missing"
@@ -178,6 +228,10 @@ def expire_lease(
     lease = leases.get_lease(tx, attempt_id, lock=True)
     now = tx.now_ms()
     if lease is None or lease.status != "leased" or lease.expires_at_ms > now:
+        return "noop"
+    if defer is not None and lease.worker_id == defer.worker_id:
+        if repo.defer_lease(tx, lease, expires_at_ms=now + defer.lease_ms, now=now):
+            return "deferred"
         return "noop"
     if attempt.status == "claimed":
         leases.release(tx, lease, "lease_expired", now)

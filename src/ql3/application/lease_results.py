@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
-from ql3.application import leases
+from ql3.application import late_facts, leases
+from ql3.application.late_facts import CompletionResult, StopCause
 from ql3.application.runs import (
     AttemptChange,
     EventSpec,
@@ -270,9 +271,6 @@ def ack_start_failure(tx: Transaction, fence: LeaseFence, *, error_code: str) ->
     return outcome
 
 
-CompletionResult = Literal["applied", "already_terminal"]
-
-
 def complete(
     tx: Transaction,
     fence: LeaseFence,
@@ -280,16 +278,26 @@ def complete(
     callback_sequence: int,
     callback_token: str,
     exit_code: int,
+    stop_cause: StopCause | None = None,
 ) -> tuple[CompletionResult, str]:
-    """The one completion path for live close and receipt replay.
+    """The one completion path for live close, receipt replay and late facts (docs/contracts.md §2.4).
 
-    Checks relation, token hash (constant time) and sequence; an already-terminal attempt answers
-    ``already_terminal`` (a late callback appends ``attempt.late_callback_ignored`` only); a committed
-    cancel intent forces cancelled / timed_out; otherwise exit 0 succeeds and anything else fails.
+    Checks relation, token hash (constant time) and sequence, and that ``fence`` was the lease's
+    holder (``leases.verify_holder``); a live lease is not required: a fact is the authority of the
+    callback token, whenever it arrives. An attempt still active ends with the fact: a committed cancel
+    intent forces cancelled / timed_out; otherwise ``stop_cause`` ``timeout`` is timed_out (the exit
+    code kept), ``fence`` makes the attempt lost (lost retry decides), exit 0 succeeds and anything
+    else fails. An attempt the control plane already recorded ``lost`` takes it as a late fact
+    (``late_facts.record``: ``applied`` when the run took it, else ``recorded``); any other ended
+    attempt, or a fact already recorded, answers ``already_terminal`` and writes nothing.
     """
     if not 0 <= exit_code <= 255:
         raise ValidationFailed("exit code out of range")
-    if tx.dialect == "postgres":
+    if stop_cause is not None and stop_cause not in late_facts.STOP_CAUSES:
+        raise ValidationFailed("unknown stop cause", reason="stop_cause")
+    if tx.dialect == "postgres" and stop_cause is None:
+        # The function completes the common case only (a live lease, a running attempt); a late fact
+        # or a stop cause is answered ``defer`` or never sent, and decided below.
         answer = _result_answer(
             tx,
             "complete",
@@ -311,10 +319,58 @@ def complete(
         attempt.callback_token_hash, sha256_hex(callback_token)
     ):
         raise FenceConflict(reason="callback_token_mismatch")
+    if stop_cause == "timeout" and attempt.deadline_at_ms is None:
+        raise ValidationFailed("a timeout stop needs an attempt with a deadline", reason="no_deadline")
     if attempt.status in ATTEMPT_TERMINAL or is_run_terminal(run.status):
-        # A terminal run is immutable: a replay changes nothing. An attempt that ended while its run
-        # goes on (lost, the run retried) was never completed, so no callback of it is a replay:
-        # each one, under any sequence, is a late callback and is recorded.
+        return _ended(tx, held, fence, callback_sequence, exit_code, stop_cause)
+    if callback_sequence != attempt.callback_sequence:
+        raise FenceConflict(reason="callback_sequence_mismatch")
+    try:
+        lease = held.fence(fence, ignore_version=True)
+    except FenceConflict:
+        # Its lease expired, was released, or its worker's session lapsed or was replaced: the fact
+        # still ends its attempt, which nothing else took over (it is still active), as long as the
+        # caller was the lease's holder.
+        lease = leases.verify_holder(held.rows, fence)
+    now = held.now
+    if stop_cause == "fence":
+        return late_facts.lose(
+            tx, run, attempt, lease, worker_id=fence.worker_id, exit_code=exit_code, now=now
+        )
+    outcome, code = leases.cancel_outcome(run, *late_facts.fact_outcome(exit_code, stop_cause))
+    leases.end_attempt(
+        tx,
+        run,
+        attempt,
+        run_status=outcome,
+        error_code=code,
+        exit_code=exit_code,
+        actor_type="worker",
+        actor_id=fence.worker_id,
+        now=now,
+        bump_sequence=True,
+        locked_lease=lease,
+    )
+    return "applied", outcome
+
+
+def _ended(
+    tx: Transaction,
+    held: _Held,
+    fence: LeaseFence,
+    callback_sequence: int,
+    exit_code: int,
+    stop_cause: StopCause | None,
+) -> tuple[CompletionResult, str]:
+    """A completion of an attempt that already ended, or of a run that did."""
+    run, attempt = held.run, held.attempt
+    if attempt.status not in ATTEMPT_TERMINAL or late_facts.has_fact(attempt):
+        # A terminal run is immutable but for a late fact; an attempt's fact is recorded once: a
+        # replay changes nothing.
+        return "already_terminal", attempt.status
+    leases.verify_holder(held.rows, fence)
+    if callback_sequence != attempt.callback_sequence:
+        # Not this attempt's receipt (its sequence never moves once lost): recorded, never a fact.
         if not is_run_terminal(run.status):
             write_run(
                 tx,
@@ -331,23 +387,6 @@ def complete(
                 ],
             )
         return "already_terminal", attempt.status
-    if callback_sequence != attempt.callback_sequence:
-        raise FenceConflict(reason="callback_sequence_mismatch")
-    lease, now = held.fence(fence, ignore_version=True), held.now
-    outcome, code = leases.cancel_outcome(
-        run, "succeeded" if exit_code == 0 else "failed", None if exit_code == 0 else "EXIT_NONZERO"
+    return late_facts.record(
+        tx, run, attempt, worker_id=fence.worker_id, exit_code=exit_code, stop_cause=stop_cause
     )
-    leases.end_attempt(
-        tx,
-        run,
-        attempt,
-        run_status=outcome,
-        error_code=code,
-        exit_code=exit_code,
-        actor_type="worker",
-        actor_id=fence.worker_id,
-        now=now,
-        bump_sequence=True,
-        locked_lease=lease,
-    )
-    return "applied", outcome

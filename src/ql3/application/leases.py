@@ -82,22 +82,9 @@ def verify_fence(
     allow_terminal_replay: bool = False,
     ignore_version: bool = False,
 ) -> Lease:
-    """The checks of ``check_fence`` on rows already read under their locks, in their order."""
-    lease = rows.lease
-    if lease is None or lease.attempt_id != fence.attempt_id:
-        raise FenceConflict(reason="missing")
-    if lease.run_id != fence.run_id:
-        raise FenceConflict(reason="run_mismatch")
-    if lease.worker_id != fence.worker_id:
-        raise FenceConflict(reason="worker_mismatch")
-    if lease.worker_session_id != fence.session_id:
-        raise FenceConflict(reason="worker_session_mismatch")
-    if lease.worker_generation != fence.worker_generation:
-        raise FenceConflict(reason="worker_generation_mismatch")
-    if lease.lease_generation != fence.lease_generation:
-        raise FenceConflict(reason="lease_generation_mismatch")
-    if not digest_equals(lease.lease_token_digest, lease_digest(fence.lease_token)):
-        raise FenceConflict(reason="lease_token_mismatch")
+    """The checks of ``check_fence`` on rows already read under their locks, in their order: the
+    holder's identity (``verify_holder``), then the lease live and the worker's session with it."""
+    lease = verify_holder(rows, fence)
     if lease.status != "leased":
         if allow_terminal_replay and lease.status == "completed":
             return lease
@@ -119,14 +106,59 @@ def verify_fence(
     return lease
 
 
+def verify_holder(rows: repo.FenceRows, fence: LeaseFence) -> Lease:
+    """The identity checks of ``verify_fence`` only (lease, run, worker, session, generations,
+    token), in its order and with its reasons: whether ``fence`` was the holder of the lease, however
+    the lease ended and whatever became of the worker's session since. The authority of a fact (a
+    completion, docs/contracts.md §2.4), never of an action."""
+    lease = rows.lease
+    if lease is None or lease.attempt_id != fence.attempt_id:
+        raise FenceConflict(reason="missing")
+    if lease.run_id != fence.run_id:
+        raise FenceConflict(reason="run_mismatch")
+    if lease.worker_id != fence.worker_id:
+        raise FenceConflict(reason="worker_mismatch")
+    if lease.worker_session_id != fence.session_id:
+        raise FenceConflict(reason="worker_session_mismatch")
+    if lease.worker_generation != fence.worker_generation:
+        raise FenceConflict(reason="worker_generation_mismatch")
+    if lease.lease_generation != fence.lease_generation:
+        raise FenceConflict(reason="lease_generation_mismatch")
+    if not digest_equals(lease.lease_token_digest, lease_digest(fence.lease_token)):
+        raise FenceConflict(reason="lease_token_mismatch")
+    return lease
+
+
 def renew(tx: Transaction, fence: LeaseFence, lease_ms: int) -> Lease:
     """Same full fence, before expiry: version +1 and a new expiry."""
     lease_rules.RUN.validate(lease_ms)
-    lease, now = check_fence(tx, fence)
+    rows = repo.lock_fence_rows(tx, run_id=None, attempt_id=fence.attempt_id, worker_id=fence.worker_id)
+    now = tx.now_ms()
+    try:
+        lease = verify_fence(rows, fence, now)
+    except FenceConflict as exc:
+        # Past its expiry but not recovered yet (still ``leased``: the expiry scanner had not come),
+        # held by a worker whose session is live: nobody else was given the run, so its holder keeps
+        # it. A paused process renews its leases on resume (docs/reliability.md, "A paused server").
+        if exc.details.get("reason") != "lease_expired" or not _session_live(rows, fence, now):
+            raise
+        lease = verify_holder(rows, fence)
     if not repo.renew_lease(tx, lease, expires_at_ms=now + lease_ms, now=now):
         raise FenceConflict(reason="version_mismatch")
     # The CAS wrote exactly this (lease_renew: version + 1, the new expiry): no second read.
     return replace(lease, version=lease.version + 1, expires_at_ms=now + lease_ms)
+
+
+def _session_live(rows: repo.FenceRows, fence: LeaseFence, now: int) -> bool:
+    worker = rows.worker
+    return (
+        worker is not None
+        and worker.worker_id == fence.worker_id
+        and worker.session_id == fence.session_id
+        and worker.generation == fence.worker_generation
+        and worker.status in ("online", "draining")
+        and worker.lease_expires_at_ms > now
+    )
 
 
 def cancel_outcome(run: Run, default: str, code: str | None) -> tuple[str, str | None]:
@@ -220,6 +252,13 @@ def end_attempt(
         _end_lease(tx, attempt.id, now, lease_end, release_reason, locked_lease)
     tx.notify(channels.SLOTS)  # a slot was freed: the dispatcher may place the next candidate
     return written
+
+
+def end_lease(tx: Transaction, attempt_id: str, now: int) -> None:
+    """Complete the attempt's lease if it is still live and free its worker's slot (an attempt ended
+    outside ``end_attempt``: a retry withdrawn by a late fact)."""
+    _end_lease(tx, attempt_id, now, "complete", "lease_expired")
+    tx.notify(channels.SLOTS)
 
 
 def _end_lease(

@@ -19,7 +19,12 @@ from ql3.domain.errors import (
 )
 from ql3.domain.ids import new_id
 from ql3.domain.model import Attempt, Run, RunEvent, Task
-from ql3.domain.states import attempt_transition_allowed, is_run_terminal, run_transition_allowed
+from ql3.domain.states import (
+    attempt_transition_allowed,
+    is_run_terminal,
+    late_fact_correction_allowed,
+    run_transition_allowed,
+)
 from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.ports import channels
 from ql3.ports.storage import Transaction
@@ -133,12 +138,18 @@ def write_run(
     new: Run,
     events: list[EventSpec],
     attempt_change: AttemptChange | None = None,
+    *,
+    late_fact: bool = False,
 ) -> Run:
     """One Run change: CAS on the version, bump the event sequence, optional Attempt CAS, events.
 
-    The caller's transaction rolls all of it back if any step fails.
+    The caller's transaction rolls all of it back if any step fails. ``late_fact``: the one change a
+    terminal Run takes, an attempt's late fact (``states.LATE_FACT_CORRECTIONS``,
+    application/late_facts.py).
     """
-    if new.status != current.status:
+    if late_fact and late_fact_correction_allowed(current.status, new.status):
+        pass
+    elif new.status != current.status:
         if is_run_terminal(current.status):
             raise InvalidRunTransition("the run is already terminal", status=current.status)
         if not run_transition_allowed(current.status, new.status):

@@ -18,7 +18,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import httpx
 
@@ -340,18 +340,23 @@ class HttpControlPlane:
             return self.lease_status(fence)
 
     def complete(
-        self, fence: LeaseFence, *, callback_sequence: int, callback_token: str, exit_code: int
+        self,
+        fence: LeaseFence,
+        *,
+        callback_sequence: int,
+        callback_token: str,
+        exit_code: int,
+        stop_cause: Literal["timeout", "fence"] | None = None,
     ) -> tuple[str, str]:
-        data = self._post(
-            "/api/v1/worker/complete",
-            {
-                "fence": _fence(fence),
-                "callbackSequence": callback_sequence,
-                "callbackToken": callback_token,
-                "exitCode": exit_code,
-            },
-            window_s=self._ack_window_s,
-        )
+        body: dict[str, Any] = {
+            "fence": _fence(fence),
+            "callbackSequence": callback_sequence,
+            "callbackToken": callback_token,
+            "exitCode": exit_code,
+        }
+        if stop_cause is not None:
+            body["stopCause"] = stop_cause
+        data = self._post("/api/v1/worker/complete", body, window_s=self._ack_window_s)
         return str(data["result"]), str(data["outcome"])
 
     def report_lost(self, fence: LeaseFence, *, error_code: str) -> bool:

@@ -155,6 +155,8 @@ class CompleteIn(Body):
     callbackSequence: int
     callbackToken: str = _TOKEN
     exitCode: int
+    # The host stopped the command itself: at its timeout deadline, or at its lease fence.
+    stopCause: Literal["timeout", "fence"] | None = None
 
 
 class LostIn(Body):
@@ -334,6 +336,7 @@ def complete(body: CompleteIn, worker_id: WorkerDep, request: Request) -> dict[s
         callback_sequence=body.callbackSequence,
         callback_token=body.callbackToken,
         exit_code=body.exitCode,
+        stop_cause=body.stopCause,
     )
     return {"result": result, "outcome": outcome}
 

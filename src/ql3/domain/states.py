@@ -38,6 +38,22 @@ RUN_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "lost": frozenset({"queued", "failed", "cancelled", "retry_wait"}),
 }
 
+# What only a late fact of the previous attempt does (docs/contracts.md §2.4), besides the moves
+# above: it ends a run whose retry had not started (the retry withdrawn), and it is the one change a
+# terminal Run takes: a Run that ended ``failed`` only because its last attempt was lost takes that
+# attempt's outcome; any other terminal Run keeps its status (the fact goes on its attempt and in an
+# event). Nothing else moves a terminal Run.
+_FACT_OUTCOMES: Final = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+LATE_FACT_CORRECTIONS: Final[dict[str, frozenset[str]]] = {
+    "queued": _FACT_OUTCOMES,
+    "dispatching": _FACT_OUTCOMES,
+    "retry_wait": _FACT_OUTCOMES,
+    "failed": frozenset({"succeeded", "failed", "timed_out"}),
+    "succeeded": frozenset({"succeeded"}),
+    "cancelled": frozenset({"cancelled"}),
+    "timed_out": frozenset({"timed_out"}),
+}
+
 ATTEMPT_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "claimed": frozenset({"starting", "cancelled", "lost"}),
     "starting": frozenset({"running", "failed", "cancelled", "timed_out", "lost"}),
@@ -51,6 +67,10 @@ def run_transition_allowed(current: str, to: str) -> bool:
 
 def attempt_transition_allowed(current: str, to: str) -> bool:
     return to in ATTEMPT_TRANSITIONS.get(current, frozenset())
+
+
+def late_fact_correction_allowed(current: str, to: str) -> bool:
+    return to in LATE_FACT_CORRECTIONS.get(current, frozenset())
 
 
 def is_run_terminal(status: str) -> bool:

@@ -4,7 +4,7 @@ remote worker uses the HTTP one. Both reach the same application services and ob
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ql3.domain.errors import Ql3Error
 from ql3.domain.offers import LeaseFence
@@ -77,9 +77,21 @@ class ControlPlane(Protocol):
         ...
 
     def complete(
-        self, fence: LeaseFence, *, callback_sequence: int, callback_token: str, exit_code: int
+        self,
+        fence: LeaseFence,
+        *,
+        callback_sequence: int,
+        callback_token: str,
+        exit_code: int,
+        stop_cause: Literal["timeout", "fence"] | None = None,
     ) -> tuple[str, str]:
-        """Apply a completion (``applied`` or ``already_terminal``) and return the outcome status."""
+        """Apply a completion and return (result, status): ``applied`` (the run took it; the run's
+        outcome), ``recorded`` (a late fact kept on its attempt only; the attempt's status) or
+        ``already_terminal`` (nothing to record: a replay). Every answer is final: the receipt may be
+        dropped. The authority is the callback token and the fence's identity; the lease need not be
+        live (docs/contracts.md §2.4). ``stop_cause``: the host stopped the command itself, at its
+        timeout deadline (``timeout``: the run is ``timed_out``; refused for an attempt without a
+        deadline) or at its lease fence (``fence``: the attempt is lost, never failed)."""
         ...
 
     def report_lost(self, fence: LeaseFence, *, error_code: str) -> bool:

@@ -518,6 +518,21 @@ def expired_leases(tx: Transaction, *, now: int, limit: int) -> list[str]:
     return [str(row["attempt_id"]) for row in tx.all("lease_expired_page", {"now": now, "limit": limit})]
 
 
+def defer_lease(tx: Transaction, current: Lease, *, expires_at_ms: int, now: int) -> bool:
+    """A new expiry for a live lease, its version kept (the holder's next renewal still applies),
+    compare-and-set on the version of ``current``; False when it moved."""
+    count = tx.run(
+        "lease_defer",
+        {
+            "attempt_id": current.attempt_id,
+            "expected_version": current.version,
+            "expires_at_ms": expires_at_ms,
+            "now": now,
+        },
+    )
+    return count == 1
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryPolicy:
     """A run's lost-retry policy, fixed at creation, and its cursor ``next_retry_at_ms`` (None when

@@ -137,12 +137,16 @@ class Settlement:
     def _complete(self, record: JournalRecord, receipt: Receipt) -> str:
         attempt_id = record.attempt_id
         active = self._attempts.for_record(record)
-        self._client.complete(
+        # Every answer is final, a late one included (its lease expired, the attempt lost, or this
+        # worker's session replaced since): the control plane holds the fact, so the receipt goes.
+        result, _ = self._client.complete(
             active.fence,
             callback_sequence=receipt.callback_sequence,
             callback_token=receipt.token,
             exit_code=receipt.exit_code,
         )
+        if result == "recorded":
+            log.info("late fact recorded", extra={"action": "worker.late_fact_recorded"})
         self._acknowledge(record)
         if self._deadlines is not None:
             self._deadlines.disarm(attempt_id)

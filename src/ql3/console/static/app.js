@@ -195,7 +195,7 @@
         "run.cancel_dispatch_rearmed": "取消已重新启用",
         "attempt.claimed": "尝试已领取", "attempt.starting": "尝试启动中", "attempt.running": "尝试运行中",
         "attempt.succeeded": "尝试成功", "attempt.failed": "尝试失败", "attempt.cancelled": "尝试已取消",
-        "attempt.timed_out": "尝试超时", "attempt.lost": "尝试失联", "attempt.late_callback_ignored": "忽略迟到的回调",
+        "attempt.timed_out": "尝试超时", "attempt.lost": "尝试失联", "attempt.late_callback_ignored": "忽略迟到的回调", "attempt.late_fact_recorded": "记录迟到的结果",
       },
       event_key: { attempt: "尝试", exit_code: "退出码", error_code: "错误", reason: "原因", result: "结果",
         outcome: "结果", trigger_type: "触发方式", task_revision: "版本" },

@@ -74,6 +74,11 @@ SELECT * FROM run_leases WHERE attempt_id = :attempt_id
 UPDATE run_leases SET version = version + 1, renewed_at_ms = :now, expires_at_ms = :expires_at_ms, updated_at_ms = :now
 WHERE attempt_id = :attempt_id AND version = :expected_version AND status = 'leased'
 
+-- name: lease_defer
+-- desc: Gives a live lease a new expiry without moving its version (a paused scanner's own worker), CAS on the version.
+UPDATE run_leases SET expires_at_ms = :expires_at_ms, updated_at_ms = :now
+WHERE attempt_id = :attempt_id AND version = :expected_version AND status = 'leased'
+
 -- ``slot_freed`` says whether the statement also moved the holder's active-lease counter
 -- (PostgreSQL does it in the same statement); when it is 0 the caller does.
 -- name: lease_complete
