@@ -173,4 +173,4 @@ def lose(
     lost = run_repo.get_attempt(tx, attempt.id)
     assert lost is not None  # locked by this transaction
     write_attempt(tx, lost, replace(lost, exit_code=exit_code))  # the fact, on the attempt only
-    return "applied", lease_expiry.after_lost(tx, lost_run, lost, now)
+    return "applied", lease_expiry.after_lost(tx, lost_run, lost, now, exit_code=exit_code)

@@ -120,11 +120,18 @@ def mark_lost(
 
 
 def after_lost(
-    tx: Transaction, run: Run, attempt: Attempt, now: int, not_before_ms: int | None = None
+    tx: Transaction,
+    run: Run,
+    attempt: Attempt,
+    now: int,
+    not_before_ms: int | None = None,
+    *,
+    exit_code: int | None = None,
 ) -> str:
     """Lost retry: schedule a new attempt when the policy allows, else the run fails; the run's new
     status. The retry waits for its backoff and, after a lease expiry, until ``not_before_ms``, when
-    the old host has stopped the attempt (the re-grant wait of docs/reliability.md "Time")."""
+    the old host has stopped the attempt (the re-grant wait of docs/reliability.md "Time"). A run
+    that fails here keeps ``exit_code``, the lost attempt's when its host reported one."""
     policy = repo.get_retry_policy(tx, run.id)
     if policy is not None and policy.retry_on_lost and attempt.attempt < policy.max_attempts:
         delay = min(policy.backoff_max_ms, policy.backoff_min_ms * 2 ** min(attempt.attempt - 1, 30))
@@ -150,7 +157,7 @@ def after_lost(
     write_run(
         tx,
         run,
-        replace(run, status="failed", finished_at_ms=now),
+        replace(run, status="failed", finished_at_ms=now, exit_code=exit_code),
         [
             EventSpec(
                 type="run.failed",

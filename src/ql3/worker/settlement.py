@@ -139,11 +139,15 @@ class Settlement:
         active = self._attempts.for_record(record)
         # Every answer is final, a late one included (its lease expired, the attempt lost, or this
         # worker's session replaced since): the control plane holds the fact, so the receipt goes.
+        # Why the host executor stopped it, if it did (its marker is written before its signal, so a
+        # receipt the signal caused always finds it): a timeout ends the run timed_out, a fence lost.
+        cause = None if self._deadlines is None else self._deadlines.fired(attempt_id)
         result, _ = self._client.complete(
             active.fence,
             callback_sequence=receipt.callback_sequence,
             callback_token=receipt.token,
             exit_code=receipt.exit_code,
+            stop_cause=cause,
         )
         if result == "recorded":
             log.info("late fact recorded", extra={"action": "worker.late_fact_recorded"})
