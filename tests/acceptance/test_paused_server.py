@@ -1,6 +1,7 @@
 """A whole ``ql3 serve`` paused (SIGSTOP, as a paused VM) for longer than its run lease, then resumed:
 every run keeps its exit code, and its own lease-expiry scanner must not fence its own embedded worker
-before that worker had its chance to renew (docs/reliability.md, "A paused server"). Real processes, SQLite and PostgreSQL."""
+before that worker had its chance to renew (docs/reliability.md, "A paused server"). Real processes,
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
