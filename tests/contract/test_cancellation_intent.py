@@ -222,7 +222,12 @@ def test_finalize_stopped_ends_a_dispatched_run_that_will_never_send_a_receipt(
     assert result == outcome and _status(harness, fence.run_id) == (outcome, outcome)
     lease = harness.db.raw("SELECT status FROM run_leases WHERE attempt_id = ?", (fence.attempt_id,))[0]
     assert lease["status"] == "completed"
-    # And a receipt that turns up after all is an exact already_terminal replay
+    # And a receipt that turns up after all (the worker's, deferred by an outage) gives the run its
+    # exit code without changing its outcome; a replay of it changes nothing
+    assert _complete(harness, fence, exit_code=137) == ("applied", outcome)
+    run = harness.db.raw("SELECT status, exit_code FROM runs WHERE id = ?", (fence.run_id,))[0]
+    attempt = harness.db.raw("SELECT exit_code FROM run_attempts WHERE id = ?", (fence.attempt_id,))[0]
+    assert (run["status"], run["exit_code"], attempt["exit_code"]) == (outcome, 137, 137)
     assert _complete(harness, fence, exit_code=137) == ("already_terminal", outcome)
 
 

@@ -191,6 +191,8 @@ BOUNDED_WITHOUT_LIMIT = {
     "worker_snapshot_one": "one worker by its primary key",
     "notify_outbox_counts": "one row per delivery status (GROUP BY status)",
     "lease_claim_batch": "one row per claim passed in (lease_claims.claim_many refuses more than 64)",
+    "metrics_parked_counts": "one row per loop and reason of parked_items, at most 500 rows a loop"
+    " (application/parking.py)",
 }
 
 

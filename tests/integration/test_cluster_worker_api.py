@@ -262,7 +262,7 @@ def test_a_completion_over_http_carries_its_stop_cause_and_needs_no_live_session
         offer.fence, callback_sequence=1, callback_token="cb", exit_code=143, stop_cause="fence"
     ) == ("applied", "failed")
     final = api_client.get(f"{P}/runs/{run['id']}", headers=owner).json()
-    assert (final["status"], final["error_code"], final["exit_code"]) == ("failed", "LEASE_FENCED", None)
+    assert (final["status"], final["error_code"], final["exit_code"]) == ("failed", "LEASE_FENCED", 143)
 
 
 class CutOff:

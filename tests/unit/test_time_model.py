@@ -77,5 +77,8 @@ def test_serve_refuses_a_margin_that_does_not_cover_its_run_lease(tmp_path: Path
         _load({**home, "QL3_FENCE_MARGIN_MS": "803"})
     assert below.value.variable == "QL3_FENCE_MARGIN_MS"
     with pytest.raises(SettingsError, match="at least 6561 ms"):
-        _load({**home, "QL3_RUN_LEASE_MS": "600000"})
+        _load({**home, "QL3_RUN_LEASE_MS": "600000", "QL3_FENCE_MARGIN_MS": "6000"})
     assert _load({**home, "QL3_RUN_LEASE_MS": "600000", "QL3_FENCE_MARGIN_MS": "6561"}) == 6561
+    # Unset, the default is raised to the floor a long lease needs instead of refusing to start.
+    assert _load({**home, "QL3_RUN_LEASE_MS": "600000"}) == 6561
+    assert _load({**home, "QL3_RUN_LEASE_MS": "300000", "QL3_FENCE_MARGIN_MS": " "}) == 3531

@@ -127,6 +127,32 @@ def record(
     return "applied", outcome
 
 
+def stopped_without_receipt(attempt: Attempt) -> bool:
+    """An attempt a stop ended before its receipt arrived: cancelled or timed out, no exit code yet."""
+    return attempt.status in ("cancelled", "timed_out") and attempt.exit_code is None
+
+
+def fill_exit_code(
+    tx: Transaction, run: Run, attempt: Attempt, *, worker_id: str, exit_code: int
+) -> tuple[CompletionResult, str]:
+    """The receipt of an attempt a stop already ended (``stopped_without_receipt``: the control plane
+    proved its group gone first, as after an outage, when the supervisor's stop and the worker's
+    deferred receipt race): nothing changes state, but the exit code is the attempt's fact, and its
+    run's too when this attempt ended the run without one."""
+    later = [a for a in run_repo.list_attempts(tx, run.id) if a.attempt > attempt.attempt]
+    event = EventSpec(
+        type=LATE_FACT_EVENT,
+        actor_type="worker",
+        actor_id=worker_id,
+        attempt_id=attempt.id,
+        payload={"attempt": attempt.attempt, "exit_code": exit_code},
+    )
+    takes_fact = not later and run.status == attempt.status and run.exit_code is None
+    write_run(tx, run, replace(run, exit_code=exit_code) if takes_fact else run, [event], late_fact=True)
+    write_attempt(tx, attempt, replace(attempt, exit_code=exit_code))
+    return ("applied", run.status) if takes_fact else ("recorded", attempt.status)
+
+
 def lose(
     tx: Transaction,
     run: Run,

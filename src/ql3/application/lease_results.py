@@ -364,13 +364,19 @@ def _ended(
 ) -> tuple[CompletionResult, str]:
     """A completion of an attempt that already ended, or of a run that did."""
     run, attempt = held.run, held.attempt
-    if attempt.status not in ATTEMPT_TERMINAL or late_facts.has_fact(attempt):
+    stopped = late_facts.stopped_without_receipt(attempt)
+    if attempt.status not in ATTEMPT_TERMINAL or (late_facts.has_fact(attempt) and not stopped):
         # A terminal run is immutable but for a late fact; an attempt's fact is recorded once: a
         # replay changes nothing.
         return "already_terminal", attempt.status
     leases.verify_holder(held.rows, fence)
-    if callback_sequence != attempt.callback_sequence:
-        # Not this attempt's receipt (its sequence never moves once lost): recorded, never a fact.
+    # A stop that ended the attempt moved its sequence on by one (``end_attempt``): its receipt carries
+    # the one before. A lost attempt's sequence never moves.
+    sequences = (
+        {attempt.callback_sequence, attempt.callback_sequence - 1} if stopped else {attempt.callback_sequence}
+    )
+    if callback_sequence not in sequences:
+        # Not this attempt's receipt: recorded, never a fact.
         if not is_run_terminal(run.status):
             write_run(
                 tx,
@@ -387,6 +393,8 @@ def _ended(
                 ],
             )
         return "already_terminal", attempt.status
+    if stopped:
+        return late_facts.fill_exit_code(tx, run, attempt, worker_id=fence.worker_id, exit_code=exit_code)
     return late_facts.record(
         tx, run, attempt, worker_id=fence.worker_id, exit_code=exit_code, stop_cause=stop_cause
     )

@@ -204,7 +204,8 @@ FENCE_MARGIN = EnvVar(
     high=time_model.MAX_FENCE_MARGIN_MS,
     help="fence margin in ms: a run whose lease expired is retried no earlier than the expiry plus"
     " the task's grace plus this margin, when its old host's executor has stopped it"
-    " (at least 500 ms plus about 1 % of the run lease; docs/reliability.md)",
+    " (at least 500 ms plus about 1 % of the run lease, which an unset margin is raised to;"
+    " docs/reliability.md)",
 )
 ENV_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE, LOG_CAP, FENCE_MARGIN)
 
@@ -278,7 +279,10 @@ def load_serve_settings(
     run_lease_ms, cancel_lease_ms, action_lease_ms, notify_lease_ms, log_cap_bytes, fence_margin_ms = (
         var.parse(environ) for var in ENV_VARS
     )
-    if fence_margin_ms < time_model.min_fence_margin_ms(run_lease_ms):
+    if not environ.get(FENCE_MARGIN.name, "").strip():
+        # Unset: the default, raised to the floor a long run lease needs (never refused for it).
+        fence_margin_ms = max(FENCE_MARGIN.default, time_model.min_fence_margin_ms(run_lease_ms))
+    elif fence_margin_ms < time_model.min_fence_margin_ms(run_lease_ms):
         # The re-grant must wait until the old host's executor has stopped the run (the inequality
         # of domain/time_model.py); a margin below this floor could let two copies overlap.
         raise SettingsError(
