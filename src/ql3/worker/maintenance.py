@@ -91,10 +91,11 @@ class Maintenance:
                 self._ctx.deadlines.move_fence(attempt_id, local_fence_deadline(sent, info.remaining_ms))
         except FenceConflict as exc:
             record = self._ctx.journal().find_by_attempt(attempt_id)
-            if exc.details.get("reason") in ("not_leased",):
-                # The attempt ended on the server (completed, or lost by expiry): a process
-                # that still runs is no longer ours to run.
-                if self._ctx.settlement.settle(attempt_id) == "running" and record is not None:
+            if exc.details.get("reason") in ("not_leased",) or item.exited:
+                # The attempt ended on the server (completed, or lost by expiry), or its process
+                # already exited: its receipt is still the attempt's fact (a late fact, docs/contracts.md
+                # §2.4), and a process that still runs is no longer ours to run.
+                if self._settle_first(attempt_id) == "running" and record is not None:
                     self._ctx.stops.lease_lost(record, item)
                 return False, None
             if record is not None:
@@ -158,8 +159,21 @@ class Maintenance:
         item.started_pending = None
         return record
 
+    def _settle_first(self, attempt_id: str) -> str:
+        """Settle from the receipt, if there is one; ``running`` when the process still runs, ``deferred``
+        when the control plane cannot take it now, ``refused`` when it refuses it (never raises)."""
+        try:
+            return self._ctx.settlement.settle_or_defer(attempt_id)
+        except Ql3Error:
+            return "refused"
+
     def session_fenced(self) -> None:
         """The control plane refused this session (replaced, offline): stop what it held, and take no
-        more work until an operator restarts the worker (a new session is registered then)."""
+        more work until an operator restarts the worker (a new session is registered then). A process
+        that already exited is stopped by nobody: its receipt is submitted first, as its attempt's
+        late fact (the session is not its authority; its callback token is)."""
+        for attempt_id, item in self._ctx.attempts.snapshot(MAX_SLOTS):
+            if item.exited and not item.ack_pending:
+                self._settle_first(attempt_id)
         self._ctx.stops.stop_all()
         self._ctx.session.current = None
