@@ -268,7 +268,12 @@ def wait_terminal(api: httpx.Client, run_ids: list[str], timeout_s: float = SETT
     while pending and time.monotonic() < deadline:
         still = []
         for run_id in pending:
-            status = str(api.get(f"{P}/runs/{run_id}").json()["status"])
+            resp = api.get(f"{P}/runs/{run_id}")
+            if resp.status_code == 503:
+                # The database is away (a failover): the API says so at once now; ask again.
+                still.append(run_id)
+                continue
+            status = str(resp.json()["status"])
             statuses[run_id] = status
             if status not in terminal:
                 still.append(run_id)
