@@ -5,6 +5,7 @@ and nothing it guards still runs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -208,3 +209,42 @@ def test_an_entry_whose_process_is_gone_is_dropped_and_nothing_is_signalled(
         time.sleep(0.05)
     assert not (board.directory / "att-gone.deadline").exists()
     assert board.fired("att-gone") is None
+
+
+def test_a_member_that_ignores_the_term_dies_after_the_grace_when_its_leader_is_gone(
+    board: DeadlineBoard, tmp_path: Path
+) -> None:
+    """The leader dies of the TERM and is reaped at once (as init reaps a re-adopted shim): nothing
+    pins its group id any more, yet the member that ignored the TERM is found by its identity (its
+    session, group and the attempt id in its environment) and gets the KILL once the grace is over."""
+    pid_file = tmp_path / "survivor"
+    survivor_cmd = f"exec sh -c 'echo $$ > {pid_file}; exec sleep 60'"
+    script = f"(trap '' TERM; {survivor_cmd}) & exec sleep 60"
+    env = {**os.environ, "QL3_ATTEMPT_ID": "att-survivor"}
+    proc = subprocess.Popen(["sh", "-c", script], start_new_session=True, env=env)
+    try:
+        handle = capture(proc.pid, "att-survivor").encode()
+        deadline = time.monotonic() + 5
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        survivor = int(pid_file.read_text())
+        due = host_clock_ms() + 200
+        board.arm("att-survivor", handle, timeout_at_ms=due, fence_at_ms=None, grace_ms=700)
+        assert _ended_within(proc, 10) is not None  # the leader: TERM, reaped here at once
+        termed = time.monotonic()
+        gone_at = None
+        while time.monotonic() - termed < 5:
+            try:
+                os.kill(survivor, 0)
+            except ProcessLookupError:
+                gone_at = time.monotonic()
+                break
+            time.sleep(0.02)
+        assert gone_at is not None, "the member that ignored the TERM outlived its grace"
+        # Not before the grace: it was given the whole of it (less the leader's own exit time).
+        assert gone_at - _monotonic_at(due) >= 0.6
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.wait()

@@ -25,11 +25,12 @@ import os
 import select
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ql3.execution.controller import ProcessController
+from ql3.execution.controller import ProcessController, kill_orphans
 from ql3.execution.deadlines import (
     DEADLINE_SUFFIX,
     FIRED_SUFFIX,
@@ -186,9 +187,12 @@ class HostExecutor:
 
     def _stop(self, watched: _Watched, cause: StopCause) -> None:
         try:
+            began = time.monotonic()
             outcome = self._controller.stop(
                 watched.entry.handle, watched.pid, grace_ms=watched.entry.grace_ms
             )
+            if outcome.status in ("termination_requested", "already_exited") and not outcome.kill_signal_sent:
+                self._sweep_survivors(watched.entry, began)
             _log.warning(
                 "stopped attempt %s (%s): %s term=%s kill=%s",
                 watched.entry.attempt_id,
@@ -199,6 +203,27 @@ class HostExecutor:
             )
         except Exception as exc:  # one attempt never stops the executor
             _log.warning("stop of %s failed: %s", watched.entry.attempt_id, type(exc).__name__)
+
+    def _sweep_survivors(self, entry: DeadlineEntry, began: float) -> None:
+        """The leader died of the TERM, but a member that ignored it may live on in the group: the
+        shim is not our child, so once it is reaped nothing pins the group id, and ``stop`` sees the
+        group gone. After the rest of the grace, whatever still descends from this attempt (proven by
+        identity, ``controller.kill_orphans``) gets the KILL."""
+        try:
+            handle = ProcessHandle.decode(entry.handle)
+        except InvalidHandle:
+            return
+        remaining = entry.grace_ms / 1000 - (time.monotonic() - began)
+        if remaining > 0:
+            time.sleep(remaining)
+        try:
+            if verify_identity(handle) != "exited":
+                return  # the leader lives on (or is not provably it): stop's own rules decided
+        except OSError:
+            return
+        killed = kill_orphans(handle)
+        if killed:
+            _log.warning("killed %d survivors of attempt %s", killed, entry.attempt_id)
 
     # -- events ----------------------------------------------------------------------------------
 
