@@ -347,7 +347,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or not argv[1].isdigit():
         print("usage: python -m ql3.execution.host_executor DIRECTORY OWNER_PID", file=sys.stderr)
         return 64
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s ql3-executor %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s ql3-executor %(message)s"))
+    _log.addHandler(handler)
+    _log.setLevel(logging.WARNING)
+    _log.propagate = False  # one line an event, whatever handlers an import may have set
     directory = Path(argv[0])
     if not directory.is_dir():
         print(f"ql3-executor: {directory} is not a directory", file=sys.stderr)
