@@ -60,6 +60,9 @@ def _cancel_after_start(h: Harness, project: Any, fence: LeaseFence) -> None:
 
 def _stop_then_late_completion(h: Harness, project: Any, fence: LeaseFence) -> None:
     _cancel_after_start(h, project, fence)
+    # The receipt that turns up after the stop ended the attempt is still its fact (its exit code,
+    # docs/contracts.md §2.4): it changes no state, and frees no slot a second time.
+    assert _complete(h, fence, exit_code=143)[0] == "applied"
     assert _complete(h, fence, exit_code=143)[0] == "already_terminal"
 
 

@@ -39,7 +39,8 @@ class Commands:
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
 
@@ -70,7 +71,8 @@ def _executor_pid(board: DeadlineBoard) -> int | None:
 def _kill_executor(board: DeadlineBoard) -> None:
     pid = _executor_pid(board)
     if pid is not None:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _ended_within(proc: subprocess.Popen[bytes], seconds: float) -> float | None:
