@@ -55,3 +55,22 @@ def test_exhausted_policy_fails_the_run(harness: Harness) -> None:
     project, run = _lost_run(harness, max_attempts=1)
 
     assert run_of(harness.db, project, run.id).status == "failed"
+
+
+def test_the_last_attempt_lost_fails_the_run_instead_of_waiting_for_a_retry(harness: Harness) -> None:
+    # Given a run allowed two attempts whose first was lost and retried
+    project, run = _lost_run(harness, max_attempts=2)
+    harness.advance_clock(60_000)
+    assert harness.db.transaction(lambda tx: lease_expiry.admit_retry(tx, run.id)) is not None
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None and offer.fence.run_id == run.id
+    start(harness.db, offer)
+
+    # When its second (last) attempt is lost too
+    harness.advance_clock(30_001)
+    assert harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, offer.fence.attempt_id)) == "lost"
+
+    # Then the run fails: no retry is scheduled beyond the policy
+    assert run_of(harness.db, project, run.id).status == "failed"
+    policy = harness.db.raw("SELECT next_retry_at_ms FROM run_retry_policies WHERE run_id = ?", (run.id,))
+    assert policy[0]["next_retry_at_ms"] is None

@@ -24,14 +24,12 @@ inequality holds when ``margin`` covers the host's lag from deadline to a dead g
     fence_deadline + grace + kill_slack  <=  expiry + grace + allowance(grace) + margin  <=  re-grant
 
 Both sides read the same numbers (the lease duration, the attempt's grace and the margin); the
-margin is validated against the lease at start-up (``validate_fence_margin``).
+margin is validated against the lease at start-up (``min_fence_margin_ms``, application/settings.py).
 """
 
 from __future__ import annotations
 
 from typing import Final
-
-from ql3.domain.errors import ValidationFailed
 
 MAX_RATE_ERROR_PPM: Final = 10_000
 """The largest relative difference between a host clock's rate and the database clock's we allow (1 %)."""
@@ -64,17 +62,6 @@ def local_fence_deadline(sent_at_ms: int, remaining_ms: int) -> int:
 def min_fence_margin_ms(run_lease_ms: int) -> int:
     """The smallest margin that keeps the inequality for a lease of ``run_lease_ms``."""
     return MIN_KILL_SLACK_MS + rate_allowance_ms(run_lease_ms)
-
-
-def validate_fence_margin(margin_ms: int, run_lease_ms: int) -> int:
-    """``margin_ms`` when it keeps the inequality for leases up to ``run_lease_ms``; ValidationFailed."""
-    floor = min_fence_margin_ms(run_lease_ms)
-    if not floor <= margin_ms <= MAX_FENCE_MARGIN_MS:
-        raise ValidationFailed(
-            f"fence margin must be {floor}-{MAX_FENCE_MARGIN_MS} ms for a {run_lease_ms} ms run lease",
-            field="fence_margin_ms",
-        )
-    return margin_ms
 
 
 def regrant_not_before(expires_at_ms: int, grace_ms: int, margin_ms: int) -> int:
