@@ -189,7 +189,10 @@ def build_standalone_runtime(
             adapters=Adapters(
                 sender=ChannelSender(),
                 logs=LogDirectory(home / "worker" / "logs"),
-                signal=stopper.stop,
+                # A stop that finds the leader already gone still KILLs what survived of the
+                # attempt in its group (a child that ignores TERM, its shell killed a moment before):
+                # the same rule as the stop a crash cut short.
+                signal=partial(finish_stop, stopper),
                 finish=partial(finish_stop, stopper),
                 local_worker_id=wid,
             ),

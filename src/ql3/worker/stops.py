@@ -104,6 +104,9 @@ class LocalStops:
     def _stop_process(self, handle: str, pid: int | None, grace_ms: int) -> None:
         try:
             outcome = self._controller.stop(handle, pid, grace_ms=grace_ms)
+            if outcome.status == "already_exited":
+                # Its leader is gone, but a member that ignored a signal may live on in the group.
+                self._controller.sweep_orphans(handle)
             log.info("stop signalled", extra={"action": "worker.stop", "status": outcome.status})
         except Exception as exc:  # the exit (or the lease) settles the run either way
             log.warning("stop failed", extra={"action": "worker.stop_failed", "error": type(exc).__name__})
