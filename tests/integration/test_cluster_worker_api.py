@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ql3.application.gateway import InProcessControlPlane
+from ql3.cluster.auth_cache import REVOCATION_DELAY_S, WorkerAuthCache
 from ql3.cluster.http_control_plane import HttpControlPlane
 from ql3.cluster.pull import PullService
 from ql3.cluster.remote import RemoteWorker
@@ -67,9 +68,17 @@ def test_worker_credentials_are_created_by_the_owner_and_speak_only_the_worker_a
     assert api_client.get("/api/v1/whoami", headers=bearer(token)).status_code == 403
     refused = api_client.get("/api/v1/worker/identity", headers=owner)
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "worker_credential_required"
-    # And a revoked credential is refused from the next request on
+    # And a revoked credential is refused once the worker API's memory of it (at most
+    # REVOCATION_DELAY_S) has passed: the clock of that memory is moved here, not waited for
+    now = [0.0]
+    api_client.app.state.worker_auth_cache = WorkerAuthCache(clock=lambda: now[0])  # type: ignore[attr-defined]
+    assert api_client.get("/api/v1/worker/identity", headers=bearer(token)).status_code == 200
     revoked = api_client.post(f"/api/v1/worker-tokens/{listed[0]['id']}/revoke", headers=owner)
     assert revoked.status_code == 200 and revoked.json()["revoked_at_ms"] is not None
+    assert api_client.get("/api/v1/worker/identity", headers=bearer(token)).status_code == 200
+    now[0] += REVOCATION_DELAY_S
+    assert api_client.get("/api/v1/worker/identity", headers=bearer(token)).status_code == 401
+    now[0] += 60.0  # and a refusal is never remembered as an acceptance
     assert api_client.get("/api/v1/worker/identity", headers=bearer(token)).status_code == 401
 
 

@@ -42,6 +42,10 @@ class IssuedToken:
 class Authenticated:
     principal: Principal
     needs_touch: bool  # last_used_at_ms is older than the granularity: record this use
+    # When the credential stops being valid by its own expiry, and the time of this check (both
+    # epoch ms, the transaction's clock): what a cache of this answer may not outlive.
+    expires_at_ms: int | None = None
+    checked_at_ms: int = 0
 
 
 def validate_expires_in(expires_in_s: object) -> int | None:
@@ -90,7 +94,9 @@ def create_project(tx: Transaction, name: str) -> Project:
 def authenticate_use(tx: Transaction, token: str | None) -> Authenticated:
     """Map a presented bearer token to its principal by digest; constant-time confirm.
 
-    Revoked and expired tokens are refused here, on every request: nothing is cached.
+    Revoked and expired tokens are refused here. The console's and the API's requests call this on
+    every request; the worker API may keep the answer for at most a second
+    (``cluster/auth_cache.py``, docs/cluster.md "Credentials").
     """
     if not token or len(token) > MAX_TOKEN_LENGTH or not token.isascii():
         raise Unauthenticated()
@@ -103,7 +109,9 @@ def authenticate_use(tx: Transaction, token: str | None) -> Authenticated:
         raise Unauthenticated()
     last_used = found.last_used_at_ms
     stale = last_used is None or last_used < now - LAST_USED_GRANULARITY_MS
-    return Authenticated(principal=found.principal, needs_touch=stale)
+    return Authenticated(
+        principal=found.principal, needs_touch=stale, expires_at_ms=found.expires_at_ms, checked_at_ms=now
+    )
 
 
 def authenticate(tx: Transaction, token: str | None) -> Principal:

@@ -21,6 +21,7 @@ from pydantic import Field
 from ql3.application import attempt_logs, auth, workers
 from ql3.application import worker_credentials as credentials
 from ql3.application.gateway import InProcessControlPlane
+from ql3.cluster.auth_cache import WorkerAuthCache
 from ql3.cluster.pull import PullRequest, PullService
 from ql3.cluster.stops import StopWatch, lease_control
 from ql3.domain.auth import role_allows
@@ -43,14 +44,22 @@ class WorkerMismatch(PermissionDenied):
     code = "worker_mismatch"
 
 
-def current_worker(db: DbDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
-    """The worker id of the presented worker credential (401 without one, 403 for other tokens)."""
+def current_worker(
+    db: DbDep, request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> str:
+    """The worker id of the presented worker credential (401 without one, 403 for other tokens).
+    A credential read from the database is remembered for at most a second (``auth_cache``)."""
     token = creds.credentials if creds else None
-    found = db.transaction(lambda tx: auth.authenticate_use(tx, token), write=False)
-    worker_id = credentials.worker_id_of(found.principal)
-    if found.needs_touch:
-        db.transaction(lambda tx: auth.touch(tx, found.principal.id))
-    return worker_id
+
+    def read() -> tuple[auth.Authenticated, str]:
+        found = db.transaction(lambda tx: auth.authenticate_use(tx, token), write=False)
+        worker_id = credentials.worker_id_of(found.principal)
+        if found.needs_touch:
+            db.transaction(lambda tx: auth.touch(tx, found.principal.id))
+        return found, worker_id
+
+    cache: WorkerAuthCache | None = getattr(_state(request), "worker_auth_cache", None)
+    return read()[1] if cache is None else cache.worker_id(token or "", read)
 
 
 WorkerDep = Annotated[str, Depends(current_worker)]

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from ql3.application import attempt_logs
 from ql3.application.settings import ServeSettings
 from ql3.bootstrap import ManagedDatabase, fault_injector
+from ql3.cluster.auth_cache import WorkerAuthCache
 from ql3.cluster.pull import PullBudget, PullService
 from ql3.cluster.stops import NO_LOCAL_WORKER, StopWatch
 from ql3.ports import channels
@@ -43,6 +44,7 @@ class WorkerApi:
         app.state.control_owner = self.control_owner
         app.state.cancel_lease_ms = self.cancel_lease_ms
         app.state.log_cap_bytes = attempt_logs.check_cap(self.log_cap_bytes)
+        app.state.worker_auth_cache = WorkerAuthCache()
         app.include_router(routes.router)
         app.include_router(routes.admin_router)
 
