@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ql3.application.gateway import InProcessControlPlane
+from ql3.cluster import http_control_plane
 from ql3.cluster.auth_cache import REVOCATION_DELAY_S, WorkerAuthCache
 from ql3.cluster.http_control_plane import HttpControlPlane
 from ql3.cluster.pull import PullService
@@ -21,10 +22,10 @@ from ql3.cluster.remote import RemoteWorker
 from ql3.cluster.runtime import WorkerApi
 from ql3.cluster.stops import StopWatch
 from ql3.domain.digests import sha256_hex
-from ql3.domain.errors import FenceConflict, PermissionDenied, ValidationFailed
+from ql3.domain.errors import FenceConflict, NotFound, PermissionDenied, ValidationFailed
 from ql3.execution.identity import ProcessHandle, probe
 from ql3.http.app import create_app
-from ql3.ports.control_plane import ControlPlaneUnreachable
+from ql3.ports.control_plane import MAX_BATCH_STEPS, ControlPlaneUnreachable
 from ql3.storage.sqlite.adapter import SqliteDatabase
 from ql3.worker.agent import WorkerAgent
 from ql3.worker.config import WorkerConfig
@@ -373,3 +374,87 @@ def test_a_restarted_remote_worker_resumes_an_offer_it_journaled_but_never_spawn
         assert [r["lease_generation"] for r in db.raw("SELECT lease_generation FROM run_leases")] == [1]
     finally:
         remote.stop(offline=True)
+
+
+def test_a_batch_of_lease_steps_answers_each_step_as_its_own_route_would(
+    api_client: TestClient, owner: dict[str, str]
+) -> None:
+    # Given two runs leased to w1, and w1's credential
+    token = worker_token(api_client, owner, "w1")
+    w1 = plane(api_client, token)
+    session = register(w1, "w1")
+    task_and_run(api_client, owner, "job", "true")
+    assert api_client.post(f"{P}/tasks/job/runs", json={}, headers=owner).status_code == 201
+    a, b = pull(w1, session), pull(w1, session)
+    fence_a = http_control_plane._fence(a.fence)
+    fence_b = http_control_plane._fence(b.fence)
+    other = {**fence_b, "workerId": "w2"}
+
+    # When one request carries steps for both, one naming another worker and one malformed
+    steps = [
+        {"step": "ack_starting", "body": {"fence": fence_a}},
+        {"step": "ack_starting", "body": {"fence": other}},
+        {"step": "renew", "body": {"fence": fence_b, "leaseMs": "soon"}},
+        {"step": "ack_starting", "body": {"fence": fence_b}},
+        {"step": "lease_status", "body": {"fence": fence_a}},
+    ]
+    reply = api_client.post("/api/v1/worker/batch", json={"steps": steps}, headers=bearer(token))
+
+    # Then every step has its own answer: the refusals stay with their steps
+    assert reply.status_code == 200
+    answers = reply.json()["answers"]
+    assert [x["status"] for x in answers] == [200, 403, 422, 200, 200]
+    assert answers[0]["body"]["result"] == "starting" and answers[3]["body"]["result"] == "starting"
+    assert answers[1]["body"]["error"]["code"] == "worker_mismatch"
+    assert answers[4]["body"]["result"] == "leased" and answers[4]["body"]["leaseRemainingMs"] > 0
+    # And the batch itself is bounded, and refused whole when it is not a list of steps
+    too_many = {"steps": [steps[0]] * (MAX_BATCH_STEPS + 1)}
+    assert api_client.post("/api/v1/worker/batch", json=too_many, headers=bearer(token)).status_code == 422
+    assert (
+        api_client.post("/api/v1/worker/batch", json={"steps": []}, headers=bearer(token)).status_code == 422
+    )
+
+
+def test_the_worker_sends_steps_that_meet_as_one_batch_and_falls_back_to_single_calls(
+    api_client: TestClient, owner: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = worker_token(api_client, owner, "w1")
+    w1 = plane(api_client, token)
+    session = register(w1, "w1")
+    task_and_run(api_client, owner, "job", "true")
+    assert api_client.post(f"{P}/tasks/job/runs", json={}, headers=owner).status_code == 201
+    a, b = pull(w1, session), pull(w1, session)
+    forged = dataclasses.replace(b.fence, lease_token="forged-token")
+    posted: list[str] = []
+    real_post = w1._post
+
+    def counting_post(path: str, body: Any, **kw: Any) -> Any:
+        posted.append(path)
+        return real_post(path, body, **kw)
+
+    monkeypatch.setattr(w1, "_post", counting_post)
+    step = http_control_plane._Step
+    answers = w1._send_steps(
+        [step("ack_starting", {"fence": http_control_plane._fence(f)}) for f in (a.fence, forged, b.fence)],
+        window_s=1.0,
+    )
+    assert posted == ["/api/v1/worker/batch"]
+    assert answers[0]["result"] == "starting" and answers[2]["result"] == "starting"
+    assert isinstance(answers[1], FenceConflict)  # raised to that step's caller only
+
+    # A replica from before batches answers 404 to the batch route: one call per step from then on
+    posted.clear()
+
+    def old_replica(path: str, body: Any, **kw: Any) -> Any:
+        posted.append(path)
+        if path == "/api/v1/worker/batch":
+            raise NotFound()
+        return real_post(path, body, **kw)
+
+    monkeypatch.setattr(w1, "_post", old_replica)
+    again = w1._send_steps(
+        [step("lease_status", {"fence": http_control_plane._fence(f)}) for f in (a.fence, b.fence)],
+        window_s=1.0,
+    )
+    assert [x["result"] for x in again] == ["leased", "leased"]
+    assert posted == ["/api/v1/worker/batch", "/api/v1/worker/lease-status", "/api/v1/worker/lease-status"]

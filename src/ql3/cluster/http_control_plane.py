@@ -17,6 +17,7 @@ import random
 import ssl
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -34,7 +35,8 @@ from ql3.domain.errors import (
     ValidationFailed,
 )
 from ql3.domain.offers import LeaseFence, Offer
-from ql3.ports.control_plane import ControlPlaneUnreachable, LeaseInfo, SessionInfo
+from ql3.ports.control_plane import MAX_BATCH_STEPS, ControlPlaneUnreachable, LeaseInfo, SessionInfo
+from ql3.worker.group_commit import GroupCommit
 
 log = logging.getLogger("ql3.worker.http")
 SHORT_WINDOW_S: Final = 3.0
@@ -95,6 +97,24 @@ def _lease(data: dict[str, Any]) -> LeaseInfo:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One lease step on its way: the name of its route and its wire body."""
+
+    name: str
+    body: dict[str, Any]
+
+
+_STEP_ROUTES: Final[dict[str, str]] = {
+    "ack_starting": "/api/v1/worker/ack/starting",
+    "ack_running": "/api/v1/worker/ack/running",
+    "ack_start_failure": "/api/v1/worker/ack/start-failure",
+    "complete": "/api/v1/worker/complete",
+    "report_lost": "/api/v1/worker/lost",
+    "lease_status": "/api/v1/worker/lease-status",
+}
+
+
 def raise_for(status: int, body: Any) -> None:
     """Map an error response of the worker API to its domain exception."""
     error = body.get("error", {}) if isinstance(body, dict) else {}
@@ -148,6 +168,15 @@ class HttpControlPlane:
         self._ack_window_s = ack_window_s
         self._own_timeouts = client is None  # a given client keeps its own
         self._closed = threading.Event()
+        # Lease steps from several threads at once travel together (worker/group_commit.py): the ACKs,
+        # completions and loss reports within the ACK window, lease probes within the short one.
+        self._batch_route = True  # False once a replica without the batch route answered 404
+        self._acks: GroupCommit[_Step, Any] = GroupCommit(
+            lambda steps: self._send_steps(steps, window_s=self._ack_window_s), max_batch=MAX_BATCH_STEPS
+        )
+        self._probes: GroupCommit[_Step, Any] = GroupCommit(
+            lambda steps: self._send_steps(steps, window_s=SHORT_WINDOW_S), max_batch=MAX_BATCH_STEPS
+        )
 
     @property
     def server(self) -> str:
@@ -205,6 +234,46 @@ class HttpControlPlane:
             )
             self._closed.wait(delay * (0.5 + random.random()))
             delay = min(BACKOFF_MAX_S, delay * 2)
+
+    # -- batches of lease steps ----------------------------------------------------------------------
+
+    def _send_steps(self, steps: Sequence[_Step], *, window_s: float) -> list[Any]:
+        """One step: its own route (the idle path, unchanged). Several: one ``/worker/batch``
+        request, one answer (the body, or the domain exception of a refusal) per step."""
+        if len(steps) == 1 or not self._batch_route:
+            return [self._single(step, window_s=window_s) for step in steps]
+        body = {"steps": [{"step": step.name, "body": step.body} for step in steps]}
+        try:
+            data = self._post("/api/v1/worker/batch", body, window_s=window_s)
+        except NotFound:  # a replica from before batches (a rolling upgrade): one call per step
+            self._batch_route = False
+            return [self._single(step, window_s=window_s) for step in steps]
+        answers = data.get("answers") if isinstance(data, dict) else None
+        if not isinstance(answers, list) or len(answers) != len(steps):
+            raise ControlPlaneUnreachable(reason="malformed_batch_answer")
+        out: list[Any] = []
+        for answer in answers:
+            status = int(answer.get("status", 500)) if isinstance(answer, dict) else 500
+            reply = answer.get("body", {}) if isinstance(answer, dict) else {}
+            if status >= 400:
+                try:
+                    raise_for(status, reply)
+                except Ql3Error as exc:
+                    out.append(exc)
+                    continue
+            out.append(reply)
+        return out
+
+    def _single(self, step: _Step, *, window_s: float) -> Any:
+        try:
+            return self._post(_STEP_ROUTES[step.name], step.body, window_s=window_s)
+        except ControlPlaneUnreachable:
+            raise
+        except Ql3Error as exc:  # a refusal answers this step alone
+            return exc
+
+    def _ack(self, name: str, body: dict[str, Any]) -> Any:
+        return self._acks.call(_Step(name, body))
 
     # -- identity and session -----------------------------------------------------------------------
 
@@ -289,9 +358,7 @@ class HttpControlPlane:
     # -- the lease protocol -------------------------------------------------------------------------
 
     def ack_starting(self, fence: LeaseFence) -> tuple[str, LeaseInfo]:
-        data = self._post(
-            "/api/v1/worker/ack/starting", {"fence": _fence(fence)}, window_s=self._ack_window_s
-        )
+        data = self._ack("ack_starting", {"fence": _fence(fence)})
         return str(data["result"]), _lease(data)
 
     def ack_running(
@@ -304,8 +371,8 @@ class HttpControlPlane:
         callback_sequence: int,
         callback_token_digest: str,
     ) -> tuple[str, LeaseInfo]:
-        data = self._post(
-            "/api/v1/worker/ack/running",
+        data = self._ack(
+            "ack_running",
             {
                 "fence": _fence(fence),
                 "pid": pid,
@@ -314,16 +381,11 @@ class HttpControlPlane:
                 "callbackSequence": callback_sequence,
                 "callbackTokenDigest": callback_token_digest,
             },
-            window_s=self._ack_window_s,
         )
         return str(data["result"]), _lease(data)
 
     def ack_start_failure(self, fence: LeaseFence, *, error_code: str) -> str:
-        data = self._post(
-            "/api/v1/worker/ack/start-failure",
-            {"fence": _fence(fence), "errorCode": error_code},
-            window_s=self._ack_window_s,
-        )
+        data = self._ack("ack_start_failure", {"fence": _fence(fence), "errorCode": error_code})
         return str(data["outcome"])
 
     def renew(self, fence: LeaseFence, lease_ms: int) -> LeaseInfo:
@@ -356,21 +418,15 @@ class HttpControlPlane:
         }
         if stop_cause is not None:
             body["stopCause"] = stop_cause
-        data = self._post("/api/v1/worker/complete", body, window_s=self._ack_window_s)
+        data = self._ack("complete", body)
         return str(data["result"]), str(data["outcome"])
 
     def report_lost(self, fence: LeaseFence, *, error_code: str) -> bool:
-        data = self._post(
-            "/api/v1/worker/lost",
-            {"fence": _fence(fence), "errorCode": error_code},
-            window_s=self._ack_window_s,
-        )
+        data = self._ack("report_lost", {"fence": _fence(fence), "errorCode": error_code})
         return bool(data["lost"])
 
     def lease_status(self, fence: LeaseFence) -> LeaseInfo:
-        return _lease(
-            self._post("/api/v1/worker/lease-status", {"fence": _fence(fence)}, window_s=SHORT_WINDOW_S)
-        )
+        return _lease(self._probes.call(_Step("lease_status", {"fence": _fence(fence)})))
 
     def lease_control(self, fence: LeaseFence) -> str:
         data = self._post("/api/v1/worker/lease-control", {"fence": _fence(fence)}, window_s=SHORT_WINDOW_S)

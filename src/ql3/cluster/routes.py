@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field
+from pydantic import ValidationError as PydanticValidationError
 
 from ql3.application import attempt_logs, auth, workers
 from ql3.application import worker_credentials as credentials
@@ -25,12 +26,13 @@ from ql3.cluster.auth_cache import WorkerAuthCache
 from ql3.cluster.pull import PullRequest, PullService
 from ql3.cluster.stops import StopWatch, lease_control
 from ql3.domain.auth import role_allows
-from ql3.domain.errors import NotFound, PermissionDenied, ValidationFailed
+from ql3.domain.errors import NotFound, PermissionDenied, Ql3Error, ValidationFailed
 from ql3.domain.model import Principal
 from ql3.domain.offers import LeaseFence
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import Body
-from ql3.ports.control_plane import LeaseInfo, SessionInfo
+from ql3.http.errors import status_for
+from ql3.ports.control_plane import MAX_BATCH_STEPS, LeaseCall, LeaseInfo, SessionInfo
 from ql3.ports.storage import Transaction
 
 router = APIRouter(tags=["worker"])
@@ -371,6 +373,104 @@ def control(body: FenceOnly, worker_id: WorkerDep, db: DbDep, request: Request) 
         lambda tx: lease_control(tx, fence, owner=state.control_owner, lease_ms=state.cancel_lease_ms)
     )
     return {"decision": answer.decision, "graceMs": answer.grace_ms}
+
+
+# -- lease steps in batches ---------------------------------------------------------------------------
+
+
+class StepIn(Body):
+    step: Literal[
+        "ack_starting", "ack_running", "ack_start_failure", "renew", "complete", "report_lost", "lease_status"
+    ]
+    body: dict[str, Any]
+
+
+class BatchIn(Body):
+    steps: list[StepIn] = Field(min_length=1, max_length=MAX_BATCH_STEPS)
+
+
+_STEP_BODIES: dict[str, type[Body]] = {
+    "ack_starting": FenceOnly,
+    "ack_running": RunningIn,
+    "ack_start_failure": StartFailureIn,
+    "renew": RenewIn,
+    "complete": CompleteIn,
+    "report_lost": LostIn,
+    "lease_status": FenceOnly,
+}
+
+
+def _step_call(step: StepIn, worker_id: str) -> LeaseCall:
+    """The step's body, checked by the model of its own route (so a batch accepts exactly what the
+    single calls accept); a fence naming another worker is refused here (403)."""
+    try:
+        parsed = _STEP_BODIES[step.step].model_validate(step.body)
+    except PydanticValidationError as exc:
+        raise ValidationFailed("invalid step body", step=step.step, errors=exc.error_count()) from None
+    fence = parsed.fence.fence(worker_id)  # type: ignore[attr-defined]
+    args: dict[str, Any]
+    if isinstance(parsed, RunningIn):
+        args = {
+            "pid": parsed.pid,
+            "handle": parsed.handle,
+            "log_artifact_id": parsed.logArtifactId,
+            "callback_sequence": parsed.callbackSequence,
+            "callback_token_digest": parsed.callbackTokenDigest,
+        }
+    elif isinstance(parsed, StartFailureIn | LostIn):
+        args = {"error_code": parsed.errorCode}
+    elif isinstance(parsed, RenewIn):
+        args = {"lease_ms": parsed.leaseMs}
+    elif isinstance(parsed, CompleteIn):
+        args = {
+            "callback_sequence": parsed.callbackSequence,
+            "callback_token": parsed.callbackToken,
+            "exit_code": parsed.exitCode,
+            "stop_cause": parsed.stopCause,
+        }
+    else:
+        args = {}
+    return LeaseCall(step=step.step, fence=fence, args=args)
+
+
+def _step_out(step: str, answer: Any) -> dict[str, Any]:
+    """One step's answer as its single route answers it."""
+    if isinstance(answer, Ql3Error):
+        return {"status": status_for(answer), "body": {"error": answer.to_dict()}}
+    if step in ("ack_starting", "ack_running"):
+        body = _lease_out(answer[0], answer[1])
+    elif step == "renew":
+        body = _lease_out("renewed", answer)
+    elif step == "lease_status":
+        body = _lease_out("leased", answer)
+    elif step == "complete":
+        body = {"result": answer[0], "outcome": answer[1]}
+    elif step == "report_lost":
+        body = {"lost": bool(answer)}
+    else:
+        body = {"outcome": answer}
+    return {"status": 200, "body": body}
+
+
+@router.post("/api/v1/worker/batch")
+def batch(body: BatchIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
+    """Up to ``MAX_BATCH_STEPS`` lease steps (any of the single lease routes, for any of this
+    worker's attempts) in one request and one transaction; ``answers[i]`` is what the single route
+    would have answered step ``i`` (``status`` and ``body``). One step's refusal never fails the
+    others; a failure of the whole unit (5xx) is retried by the worker with every step, each
+    replay-safe (docs/cluster.md "Batches")."""
+    calls: list[LeaseCall | Ql3Error] = []
+    for step in body.steps:
+        try:
+            calls.append(_step_call(step, worker_id))
+        except Ql3Error as exc:
+            calls.append(exc)
+    valid = [c for c in calls if isinstance(c, LeaseCall)]
+    answers = iter(_plane(request).run_batch(valid) if valid else [])
+    out = []
+    for step, call in zip(body.steps, calls, strict=True):
+        out.append(_step_out(step.step, call if isinstance(call, Ql3Error) else next(answers)))
+    return {"answers": out}
 
 
 # -- worker credentials (owner, or admin of the default project) --------------------------------------

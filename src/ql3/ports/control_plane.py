@@ -28,6 +28,31 @@ class LeaseInfo:
     remaining_ms: int | None = None
 
 
+LeaseStep = Literal[
+    "ack_starting", "ack_running", "ack_start_failure", "renew", "complete", "report_lost", "lease_status"
+]
+LEASE_STEPS: tuple[LeaseStep, ...] = (
+    "ack_starting",
+    "ack_running",
+    "ack_start_failure",
+    "renew",
+    "complete",
+    "report_lost",
+    "lease_status",
+)
+MAX_BATCH_STEPS = 64  # steps in one batch (one transaction, one worker API request)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseCall:
+    """One step of the lease protocol for one attempt, as a batch carries it: ``args`` are the
+    keyword arguments of the ``ControlPlane`` method of the same name."""
+
+    step: LeaseStep
+    fence: LeaseFence
+    args: dict[str, Any]
+
+
 class ControlPlane(Protocol):
     def register(
         self,

@@ -55,6 +55,16 @@ class CommitsWithStatement(Protocol):
         ...
 
 
+@runtime_checkable
+class Savepoints(Protocol):
+    """A transaction that can undo part of itself: ``savepoint(fn)`` runs ``fn`` inside a savepoint;
+    when ``fn`` raises, what it wrote is rolled back (the rest of the unit stays) and the exception
+    is re-raised. A batch of independent steps in one unit uses it so that one step's refusal
+    leaves the others' writes alone (both adapters)."""
+
+    def savepoint(self, fn: Callable[[Transaction], T]) -> T: ...
+
+
 class Database(Protocol):
     """A database handle shared by the threads of one process."""
 

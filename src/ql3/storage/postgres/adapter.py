@@ -207,6 +207,27 @@ class PostgresTransaction:
             return  # the statement that committed the unit sent it (``one_then_commit``)
         self.channels.add(channel)
 
+    def savepoint(self, fn: Callable[[Transaction], T]) -> T:
+        """``ports.storage.Savepoints``: ``fn`` inside ``SAVEPOINT``, undone alone when it raises (a
+        failed statement inside leaves the unit usable again). ``fn`` must not end the unit early
+        (``one_then_commit``): it is given a transaction that cannot."""
+        self.now_ms()  # the unit is open
+        self.round_trips += 1
+        self._conn.execute(b"SAVEPOINT ql3_step")
+        try:
+            result = fn(_NoEarlyCommit(self))
+        except BaseException:
+            if self.begun:
+                self.round_trips += 1
+                try:
+                    self._conn.execute(b"ROLLBACK TO SAVEPOINT ql3_step")
+                except psycopg.Error:
+                    pass  # the connection broke: the unit fails as a whole with the first error
+            raise
+        self.round_trips += 1
+        self._conn.execute(b"RELEASE SAVEPOINT ql3_step")
+        return result
+
     def one_then_commit(self, query: str, params: Params) -> Row | None:
         """The first row of ``_then_commit``."""
         cur = self._then_commit(query, params)
@@ -522,3 +543,29 @@ class PostgresDatabase:
         with self.pool.connection() as conn:
             cur = conn.execute(sql.replace("?", "%s").encode(), params)
             return cur.fetchall() if cur.description else []
+
+
+class _NoEarlyCommit:
+    """A unit's statements without ``one_then_commit``: what runs inside a savepoint cannot commit
+    the unit under it (steps that would send their last statement with COMMIT take the
+    statement-by-statement way, as on SQLite)."""
+
+    dialect = "postgres"
+
+    def __init__(self, tx: PostgresTransaction) -> None:
+        self._tx = tx
+
+    def now_ms(self) -> int:
+        return self._tx.now_ms()
+
+    def one(self, query: str, params: Params | None = None) -> Row | None:
+        return self._tx.one(query, params)
+
+    def all(self, query: str, params: Params | None = None) -> list[Row]:
+        return self._tx.all(query, params)
+
+    def run(self, query: str, params: Params | None = None) -> int:
+        return self._tx.run(query, params)
+
+    def notify(self, channel: str) -> None:
+        self._tx.notify(channel)

@@ -84,6 +84,19 @@ class SqliteTransaction:
     def notify(self, channel: str) -> None:
         self.channels.add(channel)
 
+    def savepoint(self, fn: Callable[[Transaction], T]) -> T:
+        """``ports.storage.Savepoints``: ``fn`` inside ``SAVEPOINT``, undone alone when it raises."""
+        self._conn.execute("SAVEPOINT ql3_step")
+        try:
+            result = fn(self)
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK TO ql3_step")
+                self._conn.execute("RELEASE ql3_step")
+            raise
+        self._conn.execute("RELEASE ql3_step")
+        return result
+
 
 class SqliteDatabase:
     """The embedded database of the edge and standalone profiles."""
