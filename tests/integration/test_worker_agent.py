@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from ql3.domain.workers import parse_capabilities
 from ql3.execution.identity import ProcessHandle
 from ql3.execution.receipts import launch_identity_path, receipt_path
 from ql3.worker.agent import WorkerAgent
+from ql3.worker.intake import FRESH_OFFER_S
 from tests.support.waits import wait_for
 from tests.support.worker_agent import Crash, Env
 
@@ -332,3 +334,62 @@ def _crashed_at(env: Env, fault: str) -> Offer:
         crashing.receive(offer)
     crashing.stop()
     return offer
+
+
+def _count_probes(agent: WorkerAgent, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    probes: list[str] = []
+    client = agent._intake._ctx.client
+    real = client.lease_status
+
+    def probe(fence: Any) -> Any:
+        probes.append(fence.attempt_id)
+        return real(fence)
+
+    monkeypatch.setattr(client, "lease_status", probe)
+    return probes
+
+
+def test_a_fresh_offer_is_not_probed_before_its_journal_write_and_an_older_one_is(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given offers claimed for requests the worker sent just now, and one sent longer ago
+    agent = env.agent()
+    agent.start()
+    try:
+        probes = _count_probes(agent, monkeypatch)
+        asked = time.monotonic()
+        fresh = env.queue_and_claim(agent)
+        assert agent.receive(fresh, asked_at=asked) == "started"
+        assert probes == []  # its lease was granted after `asked`: live by construction
+        older = env.queue_and_claim(agent)
+        assert agent.receive(older, asked_at=time.monotonic() - FRESH_OFFER_S) == "started"
+        unknown = env.queue_and_claim(agent)
+        assert agent.receive(unknown) == "started"
+        assert probes == [older.fence.attempt_id, unknown.fence.attempt_id]
+    finally:
+        agent.stop()
+
+
+def test_a_fresh_offer_whose_session_was_replaced_is_never_spawned(env: Env) -> None:
+    # Given an offer claimed just now, and then the worker's session replaced
+    agent = env.agent()
+    agent.start()
+    try:
+        asked = time.monotonic()
+        offer = env.queue_and_claim(agent)
+        env.db.transaction(
+            lambda tx: workers.register(
+                tx,
+                worker_id="w1",
+                session_id=new_id(),
+                capabilities=parse_capabilities({"executors": ["local_process"]}),
+                max_concurrent_runs=4,
+                session_lease_ms=30_000,
+            )
+        )
+        # Then the starting ACK (fenced) refuses it before any spawn: the fence holds without the probe
+        with pytest.raises(FenceConflict):
+            agent.receive(offer, asked_at=asked)
+        assert env.starts() == 0
+    finally:
+        agent.stop()

@@ -29,10 +29,14 @@ class _World:
             self._dispatch_once,
             active_count=lambda: self.active,
             slots=SLOTS,
-            submit=self.submitted.append,
+            submit=self._submit,
             wakeups=self.notifier,
             fault=self.faults.append,
         )
+
+    def _submit(self, offer: Offer, *, asked_at: float | None = None) -> None:
+        assert asked_at is not None  # every offer of a cycle is fresh: stamped before its claim
+        self.submitted.append(offer)
 
     def _dispatch_once(self, max_offers: int) -> DispatchResult:
         self.dispatches += 1

@@ -29,6 +29,7 @@ hint still costs at most the backstop.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
@@ -49,6 +50,12 @@ class Marks(Protocol):
     def wait_past(self, marks: dict[str, int], timeout_s: float) -> bool: ...
 
 
+class Submit(Protocol):
+    """The worker's intake: ``asked_at`` is the monotonic time before the claim (a fresh offer)."""
+
+    def __call__(self, offer: Offer, *, asked_at: float | None = None) -> None: ...
+
+
 class EmbeddedDispatch:
     """``cycle`` and ``wait`` for the dispatcher's ``LifecycleRunner``, ``on_settled`` for the worker."""
 
@@ -58,7 +65,7 @@ class EmbeddedDispatch:
         *,
         active_count: Callable[[], int],
         slots: int,
-        submit: Callable[[Offer], None],
+        submit: Submit,
         wakeups: Marks,
         fault: Callable[[str], None],
     ) -> None:
@@ -85,13 +92,14 @@ class EmbeddedDispatch:
             self._wait_on = {channels.RUNS: marks[channels.RUNS]}
             return False
         # At most the set's free slots (the claims check the worker row's own count as well).
+        asked_at = time.monotonic()  # before the claims: their leases were granted after it
         result = self._dispatch_once(free)
         empty = result.reason == "no_candidates" or result.drained
         self._wait_on = {channels.RUNS: marks[channels.RUNS]} if empty else marks
         if result.offers:
             self._fault("after_claim")
             for offer in result.offers:
-                self._submit(offer)
+                self._submit(offer, asked_at=asked_at)
         return result.truncated
 
     def wait(self, timeout_s: float) -> bool:

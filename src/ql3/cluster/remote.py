@@ -51,6 +51,7 @@ class _Pair:
     offer_id: str
     token: str
     failed_at: float | None = None
+    sent: bool = False  # sent in a pull before (or saved by an earlier run of the worker)
 
 
 class RemoteWorker:
@@ -89,9 +90,9 @@ class RemoteWorker:
         self._slot_freed.set()
         self.logs.settled(attempt_id)  # the final flush; never blocks the agent
 
-    def _submit(self, offer: Offer) -> None:
+    def _submit(self, offer: Offer, *, asked_at: float | None = None) -> None:
         self.logs.track(offer.fence.attempt_id)
-        self.agent.submit(offer)
+        self.agent.submit(offer, asked_at=asked_at)
 
     def _track_in_flight(self) -> None:
         """After a restart: the attempts the journal still runs (re-adopted processes) are tailed
@@ -295,7 +296,12 @@ class RemoteWorker:
                 return None  # any offer it claimed has expired or is about to: never reuse it
             if pull_offer_id(self.config.worker_id, str(data["token"])) != data["offer_id"]:
                 return None
-            return _Pair(offer_id=str(data["offer_id"]), token=str(data["token"]), failed_at=time.monotonic())
+            return _Pair(
+                offer_id=str(data["offer_id"]),
+                token=str(data["token"]),
+                failed_at=time.monotonic(),
+                sent=True,
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -320,6 +326,10 @@ class RemoteWorker:
                 # A pair is retried only shortly after a lost response, well within the lease of an
                 # offer it may have claimed; after that a fresh one is proposed.
                 pair = self._fresh_pair()
+            # A pair never sent before can only be answered with a claim made for this request: its
+            # offer is fresh (OfferIntake.receive). A retried or saved pair may replay an older claim.
+            asked_at = None if pair.sent else time.monotonic()
+            pair.sent = True
             try:
                 self._save_pair(pair)
                 offer = self.plane.pull(
@@ -346,7 +356,7 @@ class RemoteWorker:
             pair = None
             self._clear_pair()
             if offer is not None:
-                self._submit(offer)
+                self._submit(offer, asked_at=asked_at)
 
     def _fence_lost(self) -> None:
         """The registry no longer holds our session: let maintenance find it (heartbeat) now."""

@@ -160,13 +160,14 @@ class WorkerAgent:
 
     # -- the parts' entry points -----------------------------------------------------------------
 
-    def submit(self, offer: Offer) -> None:
-        """Hand an offer to the intake threads (spawns overlap with the dispatcher's next claim)."""
-        self._intake.submit(offer)
+    def submit(self, offer: Offer, *, asked_at: float | None = None) -> None:
+        """Hand an offer to the intake threads (spawns overlap with the dispatcher's next claim);
+        ``asked_at``: see ``OfferIntake.receive``."""
+        self._intake.submit(offer, asked_at=asked_at)
 
-    def receive(self, offer: Offer) -> str:
+    def receive(self, offer: Offer, *, asked_at: float | None = None) -> str:
         """Verify, journal and start one offer. Returns the journal state it reached."""
-        return self._intake.receive(offer)
+        return self._intake.receive(offer, asked_at=asked_at)
 
     def settle(self, attempt_id: str) -> str:
         """Receipt first: complete with the journal's original authority, then acknowledge, then delete."""

@@ -5,10 +5,12 @@ commit ``launching`` before the spawn, journal ``started``, running ACK."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
+from ql3.domain import leases as lease_rules
 from ql3.domain.digests import new_token, sha256_hex
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
 from ql3.domain.journal import JournalOffer, JournalRecord, JournalUnavailable
@@ -28,6 +30,12 @@ from ql3.ports.execution import (
 )
 from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempt, journal_offer_json
 from ql3.worker.context import WorkerContext
+
+# An offer received within this long of the request that claimed it holds a live lease: every run
+# lease lasts at least RUN.min_ms (5 s) from a grant made after that request left. Kept well inside
+# it, so a host clock off by its allowed rate error, or a slow intake queue, changes nothing.
+FRESH_OFFER_S = 1.0
+assert lease_rules.RUN.min_ms >= FRESH_OFFER_S * 1000 * 4
 
 log = logging.getLogger("ql3.worker")
 LaunchedT = TypeVar("LaunchedT", bound=LaunchedProcess)
@@ -59,27 +67,35 @@ class Intake(Generic[LaunchedT]):
             self._pool.shutdown(wait=True, cancel_futures=False)
             self._pool = None
 
-    def submit(self, offer: Offer) -> None:
+    def submit(self, offer: Offer, *, asked_at: float | None = None) -> None:
         """Hand an offer to the intake threads (spawns overlap with the dispatcher's next claim).
-        The queue is bounded by the worker's slots: every offer holds a lease counted against them."""
+        The queue is bounded by the worker's slots: every offer holds a lease counted against them.
+        ``asked_at``: the monotonic time before the request that claimed this offer for the first
+        time (see ``receive``)."""
         if self._pool is None:
             raise ValidationFailed("worker not started")
-        self._pool.submit(self._receive_logged, offer)
+        self._pool.submit(self._receive_logged, offer, asked_at)
 
-    def _receive_logged(self, offer: Offer) -> None:
+    def _receive_logged(self, offer: Offer, asked_at: float | None = None) -> None:
         try:
-            self.receive(offer)
+            self.receive(offer, asked_at=asked_at)
         except Exception as exc:  # the lease stays; recovery or expiry decides, never a blind retry
             log.warning(
                 "offer intake failed", extra={"action": "worker.intake_failed", "error": type(exc).__name__}
             )
 
-    def receive(self, offer: Offer) -> str:
-        """Verify, journal and start one offer. Returns the journal state it reached."""
+    def receive(self, offer: Offer, *, asked_at: float | None = None) -> str:
+        """Verify, journal and start one offer. Returns the journal state it reached.
+
+        ``asked_at``: the worker's monotonic clock read before the request that claimed this offer
+        (never a replay of an earlier claim). Within ``FRESH_OFFER_S`` of it the lease is live by
+        construction - it was granted after that instant and lasts at least ``RUN.min_ms`` - so the
+        probe of the lease before the first journal write is skipped; any other offer is probed."""
         self._verify(offer)
         f = offer.fence
         journal = self._ctx.journal()
-        if journal.get(offer.offer_id) is None:
+        fresh = asked_at is not None and time.monotonic() - asked_at < FRESH_OFFER_S
+        if not fresh and journal.get(offer.offer_id) is None:
             # Before the first journal write: the lease must be live under this exact authority
             # (expired, replaced or fenced offers never reach the journal). Raises FenceConflict.
             self._ctx.client.lease_status(f)
