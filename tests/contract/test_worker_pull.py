@@ -298,3 +298,34 @@ def test_a_replay_only_pull_re_delivers_a_live_lease_and_never_claims(harness: H
     nothing = PullService(harness.db).pull(request(session), wait_ms=0, replay_only=True)
     assert nothing.offer is None and nothing.reason == "not_live"
     assert live_leases(harness.db) == 1
+
+
+class _CountingDb:
+    """The harness's database, counting its units by kind."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+        self.units: list[str] = []
+        self.dialect = db.dialect
+        self.notifier = getattr(db, "notifier", None)
+
+    def transaction(self, fn: Any, *, write: bool = True) -> Any:
+        self.units.append("write" if write else "read")
+        return self._db.transaction(fn, write=write)
+
+
+def test_a_pull_that_claims_costs_one_read_and_one_write(harness: Harness) -> None:
+    # Given a queued run whose spec the replica has read once already (the spec cache is warm)
+    _, task, _ = queued(harness.db, 2)
+    session = register(harness.db, "w1")
+    counting = _CountingDb(harness.db)
+    service = PullService(counting)  # type: ignore[arg-type]
+    assert service.pull_once(request(session)).reason == "claimed"
+    counting.units.clear()
+
+    # When the worker pulls again
+    assert service.pull_once(request(session)).reason == "claimed"
+
+    # Then the session, the live leases, the worker's slots and the first page of candidates are
+    # one read, and the claim one write: the per-pull budget
+    assert counting.units == ["read", "write"]

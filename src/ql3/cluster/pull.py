@@ -246,33 +246,46 @@ class PullService:
         validate_request(req)
         digest = leases.lease_digest(req.lease_token)
 
-        def start(tx: Transaction) -> tuple[Offer | None, WorkerSnapshot | None, str]:
+        def start(
+            tx: Transaction,
+        ) -> tuple[Offer | None, WorkerSnapshot | None, str, list[QueuedCandidate] | None]:
             _check_session(tx, req)
             live = _find_live(tx, req.worker_id, digest)
             if live is not None:
-                return _rebuild(tx, live, req), None, "replayed"
+                return _rebuild(tx, live, req), None, "replayed", None
             if replay_only:
-                return None, None, "not_live"
+                return None, None, "not_live", None
             snap = workers.snapshot_one(tx, worker_id=req.worker_id)
             if not snap:
-                return None, None, "draining"  # online is required for new claims
+                return None, None, "draining", None  # online is required for new claims
             if snap[0].session_id != req.session_id or snap[0].generation != req.generation:
                 raise FenceConflict(reason="worker_session_mismatch")
-            return None, snap[0], "ok" if snap[0].free_slots > 0 else "no_capacity"
+            if snap[0].free_slots <= 0:
+                return None, snap[0], "no_capacity", None
+            # The first page of candidates in the same read: one transaction fewer per pull.
+            return None, snap[0], "ok", self._candidates(tx, cursor)
 
-        replayed, snapshot, state = self._db.transaction(start, write=False)
+        replayed, snapshot, state, first_page = self._db.transaction(start, write=False)
         if replayed is not None:
             return PullResult(reason="replayed", offer=replayed)
         if snapshot is None or state != "ok":
             return PullResult(reason=state)
-        return self._scan(req, snapshot, digest, cursor)
+        return self._scan(req, snapshot, digest, cursor, first_page)
 
     def _scan(
-        self, req: PullRequest, snapshot: WorkerSnapshot, digest: str, cursor: QueuedCandidate | None
+        self,
+        req: PullRequest,
+        snapshot: WorkerSnapshot,
+        digest: str,
+        cursor: QueuedCandidate | None,
+        first_page: list[QueuedCandidate] | None = None,
     ) -> PullResult:
         reason = "no_candidates"
         for page_no in range(self.budget.candidate_pages):
-            page = self._db.transaction(partial(self._candidates, cursor=cursor), write=False)
+            if page_no == 0 and first_page is not None:
+                page = first_page
+            else:
+                page = self._db.transaction(partial(self._candidates, cursor=cursor), write=False)
             for cand in page:
                 cursor = cand
                 if cand.attempt_id is None or cand.attempt_status != "claimed":
