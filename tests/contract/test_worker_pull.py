@@ -316,7 +316,7 @@ class _CountingDb:
 
 def test_a_pull_that_claims_costs_one_read_and_one_write(harness: Harness) -> None:
     # Given a queued run whose spec the replica has read once already (the spec cache is warm)
-    _, task, _ = queued(harness.db, 2)
+    queued(harness.db, 2)
     session = register(harness.db, "w1")
     counting = _CountingDb(harness.db)
     service = PullService(counting)  # type: ignore[arg-type]
