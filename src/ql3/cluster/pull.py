@@ -98,6 +98,9 @@ class PullResult:
     truncated: bool = False
     cursor: QueuedCandidate | None = None  # where the next pass resumes after a truncated one
     walked_to_end: bool = False  # the pass reached the end of the queue: the next starts at the head
+    # The pass walked the whole queue from its head and left no candidate behind (none was there,
+    # or the one it claimed was the last): nothing is claimable until a new "runs" event.
+    queue_empty: bool = False
 
 
 IDLE_REASONS: Final = frozenset({"no_candidates", "no_match", "no_capacity", "claim_raced", "draining"})
@@ -188,6 +191,11 @@ class PullService:
         self._cursors: OrderedDict[str, tuple[str, int, QueuedCandidate]] = OrderedDict()
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        # Herd avoidance (``pull``): the "runs" count before the latest pass that left the queue
+        # empty (None: the latest pass left something), and the turn woken pulls take to look.
+        self._empty_at: int | None = None
+        self._turn = threading.Lock()
+        self.herd_skips = 0  # woken pulls that did not need to look (tests, docs/cluster.md)
 
     def close(self) -> None:
         """Long-polls in flight answer at once (graceful shutdown)."""
@@ -293,22 +301,25 @@ class PullService:
     ) -> tuple[PullResult, QueuedCandidate | None]:
         """One page of candidates from ``cursor``, placed and claimed in ``tx``: an offer, the end of
         the walk, the end of the budget, or ``next_page`` (with where it stopped)."""
+        from_head = cursor is None and page_no == 0
         page = self._candidates(tx, cursor)
+        # Only a short first page read from the head shows the whole queue.
+        whole = from_head and len(page) < self.budget.candidate_page
         reason = "no_candidates"
         for cand in page:
             cursor = cand
             if cand.attempt_id is None or cand.attempt_status != "claimed":
-                reason = "claim_raced"
+                reason, whole = "claim_raced", False
                 continue
             try:
                 task_spec = self._spec(tx, cand.task_id, cand.task_revision)
                 placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
             except Ql3Error:
-                reason = "plans_unavailable"
+                reason, whole = "plans_unavailable", False
                 continue
             spec = candidate_plan(task_spec, cand, cand.attempt_id)
             if not rank(placement, [snapshot]):
-                reason = "no_match"
+                reason, whole = "no_match", False
                 continue
             outcome = self._claim(
                 tx, req=req, cand=cand, attempt_id=cand.attempt_id, digest=digest, locked=locked
@@ -317,13 +328,15 @@ class PullService:
             if isinstance(outcome, Offer):
                 return PullResult(reason="replayed", offer=outcome), cursor
             if outcome.status == "claimed" and outcome.lease is not None:
-                return PullResult(reason="claimed", offer=_offer(outcome.lease, req, spec)), cursor
+                offer = _offer(outcome.lease, req, spec)
+                last = whole and cand is page[-1]  # nothing skipped before it, nothing after it
+                return PullResult(reason="claimed", offer=offer, queue_empty=last), cursor
             if outcome.status in ("worker_unavailable", "capacity_exhausted"):
                 status = "no_capacity" if outcome.status == "capacity_exhausted" else "draining"
                 return PullResult(reason=status), cursor
-            reason = "claim_raced"
+            reason, whole = "claim_raced", False
         if len(page) < self.budget.candidate_page:
-            return PullResult(reason=reason, walked_to_end=True), cursor
+            return PullResult(reason=reason, walked_to_end=True, queue_empty=whole), cursor
         if page_no >= self.budget.candidate_pages - 1:
             return PullResult(reason="scan_budget_exhausted", truncated=True, cursor=cursor), cursor
         return PullResult(reason="next_page"), cursor
@@ -364,6 +377,15 @@ class PullService:
 
     # -- the long-poll -----------------------------------------------------------------------------
 
+    def _pass(self, req: PullRequest, marks: dict[str, int]) -> PullResult:
+        """One pass from this session's cursor; notes whether it left the queue empty as of the
+        "runs" count read before it (any later run raises that count, so the note goes stale)."""
+        result = self.pull_once(req, self.resume_cursor(req))
+        self._remember(req, result)
+        with self._lock:
+            self._empty_at = marks.get(channels.RUNS) if result.queue_empty else None
+        return result
+
     def pull(self, req: PullRequest, *, wait_ms: int, replay_only: bool = False) -> PullResult:
         """Passes from where this session's walk stopped, at most ``1 + MAX_IMMEDIATE_RETRIES`` in a
         row; a walk still not at the end answers at once (the worker's next pull continues it), one
@@ -374,10 +396,22 @@ class PullService:
             return self.pull_once(req, replay_only=True)
         deadline = time.monotonic() + wait_ms / 1000
         immediate = 0
+        woken = False
+        result = PullResult(reason="no_candidates", walked_to_end=True)
         while True:
-            marks = self._counters(WAKE_CHANNELS) if self._counters is not None else {}
-            result = self.pull_once(req, self.resume_cursor(req))
-            self._remember(req, result)
+            if woken and self._counters is not None:
+                # Woken pulls on this replica look one at a time, so the herd a new run wakes costs
+                # one pass, not one per waiting worker: the first takes it, the rest see that no
+                # "runs" event came since a pass found the queue empty and wait again.
+                with self._turn:
+                    marks = self._counters(WAKE_CHANNELS)
+                    if self._empty_at is not None and self._empty_at == marks.get(channels.RUNS):
+                        self.herd_skips += 1
+                    else:
+                        result = self._pass(req, marks)
+            else:
+                marks = self._counters(WAKE_CHANNELS) if self._counters is not None else {}
+                result = self._pass(req, marks)
             if result.offer is not None:
                 return result
             if result.truncated and immediate < MAX_IMMEDIATE_RETRIES:
@@ -388,5 +422,6 @@ class PullService:
                 return result
             immediate = 0
             self._wait_past(marks, remaining)
+            woken = True
             if self._closing.is_set():
                 return result
