@@ -442,7 +442,7 @@ class RunDispatcher:
         counters.plan_calls += 1
         try:
             task_spec = self._cached_spec(cand.task_id, cand.task_revision)
-            placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
+            placement = effective_placement(cand.executor_type, task_spec.require, task_spec.prefer)
         except Ql3Error:
             return "plans_unavailable"
         ranked = rank(placement, snapshot)

@@ -293,7 +293,7 @@ class PullService:
                     continue
                 try:
                     task_spec = self._spec(cand.task_id, cand.task_revision)
-                    placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
+                    placement = effective_placement(cand.executor_type, task_spec.require, task_spec.prefer)
                 except Ql3Error:
                     reason = "plans_unavailable"
                     continue
