@@ -276,6 +276,25 @@ def test_filter_runs_by_status_and_open_a_run_by_its_url(console: Console, open_
     page.wait_for_selector(f"tr[data-id='{rerun_id}']")
 
 
+def test_a_run_the_dispatcher_cannot_place_says_what_it_saw(console: Console, open_page: Any) -> None:
+    # Given a run whose task requires another executor than its own: the dispatcher never places it
+    _task(console, "misplaced", "true", require={"executor": "container"})
+    run = _start(console, "misplaced")
+    wait_for(lambda: console.api("GET", f"/runs/{run['id']}").json()["dispatch_reasons"])
+    try:
+        page = open_page()
+        sign_in(page, console, console.owner, f"#/runs/{run['id']}")
+
+        # Then its page says what the dispatcher saw, and when
+        box = page.locator("#run-dispatch-reasons")
+        expect(box).to_be_visible()
+        expect(box.locator("h2")).to_have_text("Dispatcher saw")
+        expect(box.locator("li[data-value=plans_unavailable]")).to_contain_text("cannot be placed")
+        expect(box.locator("li[data-value=plans_unavailable]")).to_contain_text("last seen")
+    finally:
+        assert console.api("POST", f"/runs/{run['id']}/cancel").status_code in (200, 202)
+
+
 def test_a_viewer_sees_no_command_and_no_actions(console: Console, open_page: Any) -> None:
     _task(console, "guarded", "echo hidden; exit 3", cwd="/tmp")
     page = open_page()
