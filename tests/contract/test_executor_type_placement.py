@@ -34,6 +34,7 @@ def test_a_run_whose_executor_type_no_worker_offers_waits_and_a_worker_of_its_ty
     # Then the dispatcher places nothing and says why, and the run waits
     result = d.dispatch_once()
     assert (result.reason, result.offer, result.claim_calls) == ("no_match", None, 0)
+    assert result.notes == ((run_id, "no_match"),)  # what `ql3 run show` says of it
     assert run_of(harness.db, project, run_id).status == "queued"
 
     # When a worker of its type registers, it takes the run (and the local worker still does not)
