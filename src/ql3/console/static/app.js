@@ -99,6 +99,11 @@
       retry_now: "Retry now", retried: "{kind} {id} is retried now", eligible: "Eligible", lease_expires: "Lease expires",
       completed: "Completed", last_tried: "Last tried", p_require: "require", p_prefer: "prefer", oldest_blocked: "Oldest blocked",
       dispatcher_saw: "Dispatcher saw", every_queued_run: "(every queued run)", last_seen: "last seen {when}, {n}×",
+      blocked_final: "Blocked: this is final",
+      blocked_why: "A blocked action is never retried, and its approval is spent. Nothing here changes that.",
+      blocked_next_run: "To run {task} after all, start it again: that asks for a new approval, and an approver decides.",
+      blocked_next: "To do it after all, request a new approval for it; an approver decides.",
+      start_again: "Start {task} again",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -165,6 +170,11 @@
       retry_now: "立即重试", retried: "{kind} {id} 将立即重试", eligible: "可执行时间", lease_expires: "租约到期",
       completed: "完成时间", last_tried: "上次尝试时间", p_require: "要求", p_prefer: "优先", oldest_blocked: "最早阻塞时间",
       dispatcher_saw: "分派器所见", every_queued_run: "（所有排队的运行）", last_seen: "最近一次 {when}，共 {n} 次",
+      blocked_final: "已阻塞：这是最终状态",
+      blocked_why: "已阻塞的操作永远不会重试，其审批已用掉。这里的任何操作都不能改变这一点。",
+      blocked_next_run: "如仍要运行 {task}，请重新启动它：这会请求新的审批，由审批人决定。",
+      blocked_next: "如仍要执行，请为它请求新的审批；由审批人决定。",
+      start_again: "重新启动 {task}",
     },
   };
   // Labels for the values the API returns (statuses, event types, triggers, results...). The value
@@ -1602,8 +1612,18 @@
     if (!current(mine)) return;
     const taskById = new Map(tasks.items.map((x) => [x.id, x]));
     const needsPerson = a.effective_status === "recovery_required";
+    // A blocked action is terminal: say so, and what a person can do instead (ask again).
+    const task = a.action_type === "run.create" ? taskById.get(a.action_ref) : null;
+    const blocked = a.effective_status === "blocked" ? el("section", { "aria-labelledby": "ac-blocked", class: "attention", id: "action-blocked" },
+      el("h2", { id: "ac-blocked", text: t("blocked_final") }),
+      el("p", { text: t("blocked_why") }),
+      el("p", { text: task ? t("blocked_next_run", { task: task.name }) : t("blocked_next") }),
+      task && can("run.create") ? el("p", { class: "actions" },
+        btn(t("start_again", { task: task.name }), () => startRun(task).catch(fail), null, { id: "action-start-again" })) : null)
+      : null;
     put(view,
       el("h1", {}, t("action") + " " + short(a.dispatch_id) + " ", vbadge("action", a.effective_status)),
+      blocked,
       needsPerson ? el("section", { "aria-labelledby": "ac-resolve", class: "attention" },
         el("h2", { id: "ac-resolve", text: t("needs_person") }),
         can("approval.recover") ? resolveForm(a, () => pageAction(view, mine, id)) : el("p", { class: "notice", text: t("resolve_role") }))
