@@ -104,6 +104,8 @@ class StandaloneRuntime:
     worker: Any
     loops: list[Any]
     db: Any = None
+    # What the dispatcher saw (application/dispatch_reasons.py), read by the API and /metrics.
+    dispatch_reasons: Any = None
 
     def start(self) -> None:
         listen = getattr(self.db, "start_listening", None)
@@ -134,6 +136,7 @@ def build_standalone_runtime(
     import socket
 
     from ql3.application.control_loops import Adapters, control_loops, loop_factory
+    from ql3.application.dispatch_reasons import DispatchReasons
     from ql3.application.embedded_dispatch import EmbeddedDispatch
     from ql3.execution.controller import ProcessController, finish_stop
     from ql3.execution.log_retention import LogDirectory
@@ -148,6 +151,7 @@ def build_standalone_runtime(
         db, settings, wid, fault=fault_point, run_as=run_as, task_users=task_users, default_cwd=default_cwd
     )
     notifier = db.notifier
+    reasons = DispatchReasons()
     # One wake-up of the dispatcher per run, not three (application/embedded_dispatch.py).
     embedded = EmbeddedDispatch(
         dispatcher.dispatch_once,
@@ -156,6 +160,7 @@ def build_standalone_runtime(
         submit=worker.submit,
         wakeups=notifier,
         fault=fault_point,
+        reasons=reasons,
     )
     worker.on_settled = embedded.on_settled
 
@@ -198,7 +203,9 @@ def build_standalone_runtime(
             ),
         ),
     ]
-    return StandaloneRuntime(dispatcher=dispatcher, worker=worker, loops=loops, db=db)
+    return StandaloneRuntime(
+        dispatcher=dispatcher, worker=worker, loops=loops, db=db, dispatch_reasons=reasons
+    )
 
 
 def _embedded_dispatcher(db: ManagedDatabase, settings: ServeSettings, wid: str) -> RunDispatcher:

@@ -215,6 +215,44 @@ def test_a_second_user_approves_and_the_requester_cannot(console: Console, open_
     assert runs and runs[0]["trigger"] == "approval"
 
 
+def test_a_blocked_action_says_it_is_final_and_offers_to_ask_again(console: Console, open_page: Any) -> None:
+    # Given an approved run.create action (approved through the API)
+    _task(console, "gated-again", "true", approval="required")
+    requested = console.api("POST", "/tasks/gated-again/runs", json={})
+    assert requested.status_code == 202, requested.text
+    approval_id = requested.json()["approval"]["id"]
+    decided = console.api(
+        "POST", f"/approvals/{approval_id}/approve", token=console.approver, json={"reason_code": "approved"}
+    )
+    assert decided.status_code == 200, decided.text
+
+    def mine() -> dict[str, Any] | None:
+        items = console.api("GET", "/actions").json()["items"]
+        return next((a for a in items if a["approval_request_id"] == approval_id), None)
+
+    action: dict[str, Any] = wait_for(mine, 60)
+    # ...that the server reports blocked (its handler refused the plan): the page shows the API's answer
+    blocked = {**action, "status": "blocked", "effective_status": "blocked", "result_code": "invalid_plan"}
+    page = open_page()
+    page.route(
+        f"**/api/v1/projects/default/actions/{action['dispatch_id']}",
+        lambda route: route.fulfill(status=200, json=blocked),
+    )
+    sign_in(page, console, console.owner, f"#/actions/{action['dispatch_id']}")
+
+    # Then the page says it is final and never retried, and what to do instead
+    box = page.locator("#action-blocked")
+    expect(box.locator("h2")).to_have_text("Blocked: this is final")
+    expect(box).to_contain_text("never retried")
+    expect(box).to_contain_text("To run gated-again after all, start it again")
+    # And the next step is one click: a new approval request
+    page.click("#action-start-again")
+    page.wait_for_url("**/#/approvals")
+    pending = console.api("GET", "/approvals", params={"state": "pending"}).json()["items"]
+    again = [a for a in pending if a["action_ref"] == action["action_ref"] and a["id"] != approval_id]
+    assert len(again) == 1, pending
+
+
 def test_a_rejection_keeps_its_note_and_names_the_decider(console: Console, open_page: Any) -> None:
     _task(console, "risky", "echo risky", approval="required")
     requested = console.api("POST", "/tasks/risky/runs", json={})
@@ -274,6 +312,25 @@ def test_filter_runs_by_status_and_open_a_run_by_its_url(console: Console, open_
     assert console.api("GET", f"/runs/{rerun_id}").json()["trigger"] == "retry"
     page.select_option("select[name=trigger]", "retry")
     page.wait_for_selector(f"tr[data-id='{rerun_id}']")
+
+
+def test_a_run_the_dispatcher_cannot_place_says_what_it_saw(console: Console, open_page: Any) -> None:
+    # Given a run whose task requires another executor than its own: the dispatcher never places it
+    _task(console, "misplaced", "true", require={"executor": "container"})
+    run = _start(console, "misplaced")
+    wait_for(lambda: console.api("GET", f"/runs/{run['id']}").json()["dispatch_reasons"])
+    try:
+        page = open_page()
+        sign_in(page, console, console.owner, f"#/runs/{run['id']}")
+
+        # Then its page says what the dispatcher saw, and when
+        box = page.locator("#run-dispatch-reasons")
+        expect(box).to_be_visible()
+        expect(box.locator("h2")).to_have_text("Dispatcher saw")
+        expect(box.locator("li[data-value=plans_unavailable]")).to_contain_text("cannot be placed")
+        expect(box.locator("li[data-value=plans_unavailable]")).to_contain_text("last seen")
+    finally:
+        assert console.api("POST", f"/runs/{run['id']}/cancel").status_code in (200, 202)
 
 
 def test_a_viewer_sees_no_command_and_no_actions(console: Console, open_page: Any) -> None:

@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from tests.support import approval_builders
+
 Cli = Callable[..., tuple[int, str, str]]
 
 
@@ -100,3 +102,35 @@ def test_action_commands(cli_main: Cli) -> None:
         "action", "resolve", "01a00000-0000-7000-8000-0000000000aa", "--outcome", "failed", "--version", "1"
     )
     assert code == 1 and "not_found" in err
+
+
+def test_a_blocked_action_says_it_is_final_and_what_to_do_next(db: Any, cli_main: Cli) -> None:
+    # Given an approved run.create action whose handler's outcome was indeterminate: blocked, terminal
+    w = approval_builders.world(db, task_name="deploy")
+    dispatch = approval_builders.dispatched(w)
+    fence = approval_builders.started(db, dispatch)
+    approval_builders.complete(db, fence, outcome="indeterminate", result_code="handler_unknown")
+
+    # When a person shows it
+    code, out, err = cli_main("action", "show", dispatch.id, "-p", w.project.name)
+
+    # Then it says that it is final, and how to do it after all
+    assert code == 0, err
+    fields = {line.split(None, 1)[0]: line.split(None, 1)[1].strip() for line in out.splitlines()}
+    assert fields["effective_status"] == "blocked"
+    assert fields["terminal"].startswith("yes: a blocked action is final, it is never retried")
+    assert fields["next_step"] == (
+        "to run it after all, request a new approval: ql3 run start deploy, then an approver decides"
+    )
+    # And the list says so too, once, beside the table
+    code, out, err = cli_main("action", "list", "-p", w.project.name)
+    assert code == 0 and "1 blocked: final, never retried" in err
+
+
+def test_an_action_that_is_not_blocked_shows_no_next_step(db: Any, cli_main: Cli) -> None:
+    w = approval_builders.world(db, task_name="deploy")
+    dispatch = approval_builders.dispatched(w)
+
+    code, out, _ = cli_main("action", "show", dispatch.id, "-p", w.project.name)
+
+    assert code == 0 and "next_step" not in out and "terminal" not in out

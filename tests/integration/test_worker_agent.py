@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from ql3.application import leases, runs, tasks, workers
+from ql3.application import lease_expiry, leases, runs, tasks, workers
+from ql3.application.dispatcher import DispatchBudget, RunDispatcher
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.journal import JournalConflict
@@ -18,6 +19,7 @@ from ql3.domain.offers import Offer
 from ql3.domain.workers import parse_capabilities
 from ql3.execution.identity import ProcessHandle
 from ql3.execution.receipts import launch_identity_path, receipt_path
+from ql3.ports.control_plane import ControlPlaneUnreachable
 from ql3.worker.agent import WorkerAgent
 from ql3.worker.intake import FRESH_OFFER_S
 from tests.support.waits import wait_for
@@ -391,5 +393,48 @@ def test_a_fresh_offer_whose_session_was_replaced_is_never_spawned(env: Env) -> 
         with pytest.raises(FenceConflict):
             agent.receive(offer, asked_at=asked)
         assert env.starts() == 0
+    finally:
+        agent.stop()
+
+
+def test_a_lease_reacquired_by_the_same_session_is_a_new_offer_and_starts_once(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an offer journaled as accepted whose starting ACK failed (nothing spawned, the attempt
+    # forgotten), and its lease then expired: the run is queued again under the same attempt
+    agent = env.agent()
+    agent.start()
+    try:
+        first = env.queue_and_claim(agent)
+        client = agent._intake._ctx.client
+        real_ack = client.ack_starting
+
+        def unreachable(fence: Any) -> Any:
+            raise ControlPlaneUnreachable("down for a moment")
+
+        monkeypatch.setattr(client, "ack_starting", unreachable)
+        with pytest.raises(ControlPlaneUnreachable):
+            agent.receive(first)
+        monkeypatch.setattr(client, "ack_starting", real_ack)
+        assert _state(agent, first.offer_id) == "accepted" and env.starts() == 0
+        attempt_id = first.fence.attempt_id
+        env.db.raw(
+            "UPDATE run_leases SET expires_at_ms = renewed_at_ms + 1 WHERE attempt_id = ?", (attempt_id,)
+        )
+        time.sleep(0.01)
+        assert env.db.transaction(lambda tx: lease_expiry.expire_lease(tx, attempt_id)) == "released"
+
+        # When the same worker session claims it again and receives the new offer
+        d = RunDispatcher(env.db, lease_secret=b"k" * 32, budget=DispatchBudget(), incarnation_started_ms=0)
+        second = d.dispatch_once().offer
+        assert second is not None
+        assert (second.fence.attempt_id, second.fence.session_id) == (attempt_id, first.fence.session_id)
+        assert second.fence.lease_generation == first.fence.lease_generation + 1
+
+        # Then it is not taken for a repeat of the first: journaled on its own and started, once
+        assert agent.receive(second) == "started"
+        assert second.offer_id != first.offer_id and _state(agent, first.offer_id) == "accepted"
+        wait_for(lambda: env.run_status(second.fence.run_id) == "succeeded")
+        assert env.starts() == 1
     finally:
         agent.stop()

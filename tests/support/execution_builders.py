@@ -28,8 +28,9 @@ def register(
     labels: dict[str, str] | None = None,
     session_id: str | None = None,
     lease_ms: int = 30_000,
+    executors: tuple[str, ...] = ("local_process",),
 ) -> workers.WorkerSession:
-    caps: dict[str, Any] = {"executors": ["local_process"]}
+    caps: dict[str, Any] = {"executors": list(executors)}
     if labels:
         caps["labels"] = labels
     reg = db.transaction(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final
 
@@ -92,6 +92,9 @@ class DispatchResult:
     worker_calls: int = 0
     plan_calls: int = 0
     claim_calls: int = 0
+    # Why runs were not placed: ``(run_id, reason)`` for each run the cycle examined and could not
+    # place, ``(None, reason)`` for what stopped the cycle as a whole (application/dispatch_reasons.py).
+    notes: tuple[tuple[str | None, str], ...] = ()
 
     @property
     def offer(self) -> Offer | None:
@@ -104,6 +107,7 @@ class _Counters:
     worker_calls: int = 0
     plan_calls: int = 0
     claim_calls: int = 0
+    notes: list[tuple[str | None, str]] = field(default_factory=list)
 
 
 def _task_spec(tx: Transaction, task_id: str, revision: int) -> TaskSpec:
@@ -214,6 +218,7 @@ class RunDispatcher:
                 )
                 if isinstance(offer, str):
                     counters.plan_calls += 1
+                    counters.notes.append((found.run_id, offer))
                     return self._result(offer, counters, truncated=True)
                 if offer is not None and offer.offer_id not in self._recovered:
                     if len(self._recovered) >= MAX_RECOVERED_MEMORY:
@@ -225,6 +230,7 @@ class RunDispatcher:
                 self._recovery_done = True
                 self._recovery_cursor = None
                 return None
+        counters.notes.append((None, "recovery_budget_exhausted"))
         return self._result("recovery_budget_exhausted", counters, truncated=True)
 
     def _recovery_page(self, tx: Transaction, cursor: tuple[int, str] | None) -> list[RecoverableLease]:
@@ -369,13 +375,16 @@ class RunDispatcher:
                     if snapshot and all(w.free_slots < 1 for w in snapshot):
                         # Every eligible worker is full: no candidate can be placed this cycle. The
                         # scan cursor stays where it was; a freed slot wakes the loop.
+                        counters.notes.append((None, "no_capacity"))
                         return self._result("no_capacity", counters)
                 if not snapshot:
+                    counters.notes.append((None, "no_workers"))
                     return self._result("no_workers", counters)
                 cursor = cand
                 found = self._plan(cand, snapshot, counters)
                 if isinstance(found, str):
                     outcome = found
+                    counters.notes.append((cand.run_id, found))
                 else:
                     planned.append(found)
                     _take_slot(snapshot, found.worker.worker_id)
@@ -398,6 +407,8 @@ class RunDispatcher:
             # The cycle spent its claims: what it could not place waits for the next cycle, which
             # continues behind the last run examined.
             stopped = "claim_budget_exhausted"
+        if stopped in ("scan_budget_exhausted", "claim_budget_exhausted"):
+            counters.notes.append((None, stopped))
         if offers:
             # Priority order: the next cycle starts at the head of the queue again. Only a cycle that
             # started there and reached the end without a budget stopping it saw the whole queue (as
@@ -411,6 +422,7 @@ class RunDispatcher:
                 worker_calls=counters.worker_calls,
                 plan_calls=counters.plan_calls,
                 claim_calls=counters.claim_calls,
+                notes=tuple(counters.notes),
             )
         if stopped is not None:
             self._scan_cursor = cursor
@@ -429,6 +441,7 @@ class RunDispatcher:
             worker_calls=counters.worker_calls,
             plan_calls=counters.plan_calls,
             claim_calls=counters.claim_calls,
+            notes=tuple(counters.notes),
         )
 
     def _plan(
@@ -442,7 +455,7 @@ class RunDispatcher:
         counters.plan_calls += 1
         try:
             task_spec = self._cached_spec(cand.task_id, cand.task_revision)
-            placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
+            placement = effective_placement(cand.executor_type, task_spec.require, task_spec.prefer)
         except Ql3Error:
             return "plans_unavailable"
         ranked = rank(placement, snapshot)
@@ -480,14 +493,17 @@ class RunDispatcher:
                     continue
                 if answer.status not in ("worker_unavailable", "capacity_exhausted"):
                     outcome = "claim_raced"
+                    counters.notes.append((item.run_id, outcome))
                     continue
                 snapshot[:] = [w for w in snapshot if w.worker_id != item.worker.worker_id]
                 ranked = rank(item.placement, snapshot)
                 if not ranked:
                     outcome = "no_match"
+                    counters.notes.append((item.run_id, outcome))
                     continue
                 if counters.claim_calls + len(retry) >= self.budget.claims:
                     outcome = "claim_budget_exhausted"
+                    counters.notes.append((item.run_id, outcome))
                     continue
                 worker, score = ranked[0]
                 retry.append(replace(item, worker=worker, score=score))

@@ -28,16 +28,19 @@ hint still costs at most the backstop.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from ql3.application.dispatch_reasons import DispatchReasons
 from ql3.application.dispatcher import DispatchResult
 from ql3.domain.offers import Offer
 from ql3.ports import channels
 
 WAKE_CHANNELS: Final = (channels.RUNS, channels.SLOTS)
+log = logging.getLogger("ql3.dispatch")
 
 
 class Marks(Protocol):
@@ -68,8 +71,12 @@ class EmbeddedDispatch:
         submit: Submit,
         wakeups: Marks,
         fault: Callable[[str], None],
+        reasons: DispatchReasons | None = None,
     ) -> None:
+        """``reasons``: the board that keeps what each cycle said about the runs it could not place
+        (application/dispatch_reasons.py); a change of a run's reason is logged once."""
         self._dispatch_once = dispatch_once
+        self._reasons = reasons
         self._active_count = active_count
         self._slots = slots
         self._submit = submit
@@ -94,6 +101,8 @@ class EmbeddedDispatch:
         # At most the set's free slots (the claims check the worker row's own count as well).
         asked_at = time.monotonic()  # before the claims: their leases were granted after it
         result = self._dispatch_once(free)
+        if self._reasons is not None:
+            self._note(result, self._reasons)
         empty = result.reason == "no_candidates" or result.drained
         self._wait_on = {channels.RUNS: marks[channels.RUNS]} if empty else marks
         if result.offers:
@@ -101,6 +110,22 @@ class EmbeddedDispatch:
             for offer in result.offers:
                 self._submit(offer, asked_at=asked_at)
         return result.truncated
+
+    @staticmethod
+    def _note(result: DispatchResult, reasons: DispatchReasons) -> None:
+        """Hand the cycle's reasons to the board; one log line per run whose reason changed."""
+        offered = [offer.fence.run_id for offer in result.offers]
+        for change in reasons.observe(result.notes, offered):
+            log.info(
+                "dispatch reason changed",
+                extra={
+                    "action": "dispatch.reason",
+                    "run_id": change.run_id or "-",
+                    "scope": "cycle" if change.run_id is None else "run",
+                    "reason": change.reason,
+                    "previous": change.previous or "-",
+                },
+            )
 
     def wait(self, timeout_s: float) -> bool:
         """Until a channel the last cycle needs is notified past its mark, or the timeout."""

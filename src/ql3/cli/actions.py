@@ -24,6 +24,17 @@ from ql3.cli.errors import EXIT_OK, UsageError
 from ql3.domain.approvals import CLIENT_ID_RE, CODE_RE
 
 OUTCOMES = ("succeeded", "failed", "abandoned")
+TERMINAL_BLOCKED = "yes: a blocked action is final, it is never retried and its approval is spent"
+
+
+def blocked_next_step(action: dict[str, Any], task: str | None) -> str:
+    """What a person does about a ``blocked`` action: nothing here; to do it after all, ask again."""
+    if action.get("action_type") == "run.create":
+        target = task or "TASK"
+        return (
+            f"to run it after all, request a new approval: ql3 run start {target}, then an approver decides"
+        )
+    return "to do it after all, request a new approval for it; an approver decides"
 
 
 def _base(args: argparse.Namespace) -> str:
@@ -65,13 +76,20 @@ def cmd_list(args: argparse.Namespace) -> int:
         status_column=1,
         elastic=(3,),
     )
+    blocked = sum(1 for a in items if a["effective_status"] == "blocked")
+    if blocked:
+        output.note(
+            f"{blocked} blocked: final, never retried (their approvals are spent); "
+            "`ql3 action show ID` says what to do next"
+        )
     if page.get("next_cursor"):
         output.note(next_page_hint("action list", args.parser, args, cursor=str(page["next_cursor"])))
     return EXIT_OK
 
 
-def _show(action: dict[str, Any], utc: bool) -> None:
-    """Every field; instants as labelled times and durations in words instead of ``*_ms``."""
+def _show(action: dict[str, Any], utc: bool, task: str | None = None) -> None:
+    """Every field; instants as labelled times and durations in words instead of ``*_ms``. A
+    ``blocked`` action also says that it is terminal and what to do next (``task``: its task's name)."""
     pairs: list[tuple[str, Any]] = []
     for key, value in action.items():
         if key.endswith("_at_ms") and (value is None or isinstance(value, int)):
@@ -80,16 +98,21 @@ def _show(action: dict[str, Any], utc: bool) -> None:
             pairs.append((key[: -len("_ms")], human.duration(value)))
         else:
             pairs.append((key, value))
+    if action.get("effective_status") == "blocked":
+        pairs += [("terminal", TERMINAL_BLOCKED), ("next_step", blocked_next_step(action, task))]
     output.fields(pairs, status_key="effective_status")
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     with ApiClient.from_environment() as api:
         _, action = api.call("GET", f"{_base(args)}/{seg(args.id)}")
-    if wants_json(args):
-        output.emit_json(action)
-    else:
-        _show(action, wants_utc(args))
+        if wants_json(args):
+            output.emit_json(action)
+            return EXIT_OK
+        task = None
+        if action.get("effective_status") == "blocked" and action.get("action_type") == "run.create":
+            task = refs.TaskNames(api, args.project).name(str(action["action_ref"]))
+    _show(action, wants_utc(args), task)
     return EXIT_OK
 
 

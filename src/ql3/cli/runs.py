@@ -56,6 +56,8 @@ def _show(run: dict[str, Any], task_name: str, utc: bool) -> None:
             for key in ("exit_code", "error_code", "cancel_reason")
             if run.get(key) is not None
         ]
+        # What the dispatcher said while it could not place the run (docs/dispatch.md).
+        + [("dispatcher saw", line) for line in watch.dispatch_reason_lines(run, utc)]
     )
 
 

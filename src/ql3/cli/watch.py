@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, TextIO
 
+from ql3.cli import human
 from ql3.cli.client import ApiClient, seg
 from ql3.cli.errors import CliError
 from ql3.domain.states import RUN_TERMINAL
@@ -127,6 +128,18 @@ WAITING_REASONS: Final[dict[str, str]] = {
     "worker_draining": "the matching workers are draining",
     "no_worker": "no worker is online",
 }
+# What the dispatcher said about a run it could not place (the run's ``dispatch_reasons``), in words.
+DISPATCH_REASONS: Final[dict[str, str]] = {
+    "no_match": "no worker offers the run's executor type and required labels",
+    "plans_unavailable": "its task revision cannot be placed (a --require executor= that conflicts?)",
+    "claim_raced": "another claim or a stop got to it first",
+    "claim_budget_exhausted": "the cycle spent its claims before this run",
+    "recovery_plans_unavailable": "its claimed lease cannot be offered again: its pinned revision is gone",
+    "no_workers": "no worker was online",
+    "no_capacity": "every worker was full",
+    "scan_budget_exhausted": "the cycle's scan budget ended before the rest of the queue",
+    "recovery_budget_exhausted": "the cycle spent its budget recovering earlier claims",
+}
 QUIET_QUEUED_S: Final = 3.0  # a server that gives no reason: say "still queued" after this long
 
 
@@ -136,6 +149,21 @@ def waiting_text(run: dict[str, Any]) -> str | None:
     if run.get("status") != "queued" or not isinstance(reason, str) or reason not in WAITING_REASONS:
         return None
     return f"{reason.replace('_', ' ')}: {WAITING_REASONS[reason]}"
+
+
+def dispatch_reason_lines(run: dict[str, Any], utc: bool) -> list[str]:
+    """One line per reason the dispatcher gave about ``run``, most recently seen first: ``no match:
+    no worker offers ... (last seen 2026-12-01 09:16:17 CET, 12 times)``; ``cycle`` reasons say so."""
+    lines: list[str] = []
+    for seen in run.get("dispatch_reasons") or []:
+        reason = str(seen.get("reason"))
+        text = f"{reason.replace('_', ' ')}: {DISPATCH_REASONS.get(reason, reason)}"
+        if seen.get("scope") == "cycle":
+            text = f"{text} (every queued run)"
+        count = int(seen.get("count") or 0)
+        last = human.when(seen.get("last_seen_at_ms"), utc)
+        lines.append(f"{text} (last seen {last}, {count} time{'s' if count != 1 else ''})")
+    return lines
 
 
 def wait_while_queued(

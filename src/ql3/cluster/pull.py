@@ -313,7 +313,7 @@ class PullService:
                 continue
             try:
                 task_spec = self._spec(tx, cand.task_id, cand.task_revision)
-                placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
+                placement = effective_placement(cand.executor_type, task_spec.require, task_spec.prefer)
             except Ql3Error:
                 reason, whole = "plans_unavailable", False
                 continue

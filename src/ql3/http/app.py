@@ -172,7 +172,10 @@ def create_app(
     app.add_middleware(SecurityHeaders)  # outermost: also on the 413s and 500s above
 
     loops = [loop for component in components for loop in getattr(component, "loops", [])]
-    metrics.install(app, db, loops)
+    # What the embedded dispatcher saw (application/dispatch_reasons.py): the run resource and /metrics.
+    boards = [b for b in (getattr(c, "dispatch_reasons", None) for c in components) if b is not None]
+    app.state.dispatch_reasons = boards[0] if boards else None
+    metrics.install(app, db, loops, app.state.dispatch_reasons)
     # Where the server writes: the SQLite database's directory and the run logs.
     disk_paths = [Path(p) for p in (getattr(db, "path", None), logs_root) if p is not None]
     disk_paths = [p.parent if p.is_file() else p for p in disk_paths]

@@ -207,6 +207,17 @@ class TaskPage(BaseModel):
     next_cursor: str | None
 
 
+class DispatchReasonOut(BaseModel):
+    """One reason the dispatcher gave for not placing a run (``scope`` ``run``), or for stopping a
+    whole cycle while the run waited (``scope`` ``cycle``)."""
+
+    reason: str
+    scope: Literal["run", "cycle"]
+    first_seen_at_ms: int
+    last_seen_at_ms: int
+    count: int
+
+
 class RunOut(BaseModel):
     id: str
     project_id: str
@@ -231,6 +242,10 @@ class RunOut(BaseModel):
     attempt: int | None = None  # the latest attempt's number; null before the first claim
     # Why a queued run is not running yet (docs/dispatch.md); null when it is not queued.
     waiting_reason: str | None = None
+    # What this server's dispatcher said about the run while it could not place it, most recently seen
+    # first (docs/dispatch.md, "What the dispatcher saw"): on the run's own resource only, null in lists
+    # and on a server that runs no dispatcher.
+    dispatch_reasons: list[DispatchReasonOut] | None = None
 
 
 class RunPage(BaseModel):

@@ -11,11 +11,12 @@ from typing import Any
 from fastapi import FastAPI, Response
 
 from ql3.application import metrics, outcome_metrics, parking, workers
+from ql3.application.dispatch_reasons import DispatchReasons
 from ql3.application.outcome_metrics import DurationHistogram
 from ql3.ports.storage import Database, Transaction
 
 
-def _registry(db: Database, loops: Sequence[Any]) -> Any:
+def _registry(db: Database, loops: Sequence[Any], reasons: DispatchReasons | None = None) -> Any:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
@@ -56,6 +57,15 @@ def _registry(db: Database, loops: Sequence[Any]) -> Any:
             yield cycles
             yield failures
             yield from _loop_health(loops)
+            if reasons is not None:
+                seen = CounterMetricFamily(
+                    "ql3_dispatch_reasons",
+                    "reasons the dispatcher gave for not placing a run or for stopping a cycle",
+                    labels=["reason"],
+                )
+                for reason, n in reasons.totals().items():
+                    seen.add_metric([reason], n)
+                yield seen
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Ql3Collector())
@@ -139,7 +149,7 @@ def _alerting_collector(db: Database, histogram: DurationHistogram | None = None
     return AlertingCollector()
 
 
-def install(app: FastAPI, db: Database, loops: Sequence[Any]) -> None:
+def install(app: FastAPI, db: Database, loops: Sequence[Any], reasons: DispatchReasons | None = None) -> None:
     built: list[Any] = []
 
     @app.get("/metrics", tags=["health"], response_class=Response)
@@ -148,5 +158,5 @@ def install(app: FastAPI, db: Database, loops: Sequence[Any]) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         if not built:
-            built.append(_registry(db, loops))
+            built.append(_registry(db, loops, reasons))
         return Response(generate_latest(built[0]), media_type=CONTENT_TYPE_LATEST)

@@ -487,6 +487,9 @@ class QueuedCandidate:
     queued_at_ms: int
     attempt_id: str | None
     attempt_status: str | None
+    # The latest attempt's executor type, which placement requires of a worker (ADR-0014 §2); empty
+    # only for a run without an attempt, which is never placed.
+    executor_type: str
 
 
 def queued_candidates(
@@ -510,6 +513,7 @@ def queued_candidates(
             queued_at_ms=int(row["queued_at_ms"]),
             attempt_id=row["attempt_id"],
             attempt_status=row["attempt_status"],
+            executor_type=row["executor_type"] or "",
         )
         for row in found
     ]

@@ -98,6 +98,12 @@
       parked_n: "{n} items a control loop set aside after a failure that was not an outage; each is retried with backoff while the loop goes on.",
       retry_now: "Retry now", retried: "{kind} {id} is retried now", eligible: "Eligible", lease_expires: "Lease expires",
       completed: "Completed", last_tried: "Last tried", p_require: "require", p_prefer: "prefer", oldest_blocked: "Oldest blocked",
+      dispatcher_saw: "Dispatcher saw", every_queued_run: "(every queued run)", last_seen: "last seen {when}, {n}×",
+      blocked_final: "Blocked: this is final",
+      blocked_why: "A blocked action is never retried, and its approval is spent. Nothing here changes that.",
+      blocked_next_run: "To run {task} after all, start it again: that asks for a new approval, and an approver decides.",
+      blocked_next: "To do it after all, request a new approval for it; an approver decides.",
+      start_again: "Start {task} again",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -163,6 +169,12 @@
       parked_n: "{n} 个条目处理失败(非故障中断),已被控制循环搁置;循环继续处理其他条目,并按退避重试它们。",
       retry_now: "立即重试", retried: "{kind} {id} 将立即重试", eligible: "可执行时间", lease_expires: "租约到期",
       completed: "完成时间", last_tried: "上次尝试时间", p_require: "要求", p_prefer: "优先", oldest_blocked: "最早阻塞时间",
+      dispatcher_saw: "分派器所见", every_queued_run: "（所有排队的运行）", last_seen: "最近一次 {when}，共 {n} 次",
+      blocked_final: "已阻塞：这是最终状态",
+      blocked_why: "已阻塞的操作永远不会重试，其审批已用掉。这里的任何操作都不能改变这一点。",
+      blocked_next_run: "如仍要运行 {task}，请重新启动它：这会请求新的审批，由审批人决定。",
+      blocked_next: "如仍要执行，请为它请求新的审批；由审批人决定。",
+      start_again: "重新启动 {task}",
     },
   };
   // Labels for the values the API returns (statuses, event types, triggers, results...). The value
@@ -171,6 +183,13 @@
   const VALUE_LABELS = {
     en: {
       outcome: { succeeded: "succeeded", failed: "failed", abandoned: "abandoned (outcome unknown)" },
+      dispatch_reason: { no_match: "no worker offers its executor type and required labels",
+        plans_unavailable: "its task revision cannot be placed", claim_raced: "another claim or a stop got to it first",
+        claim_budget_exhausted: "the cycle spent its claims before this run",
+        recovery_plans_unavailable: "its claimed lease cannot be offered again: its pinned revision is gone",
+        no_workers: "no worker was online", no_capacity: "every worker was full",
+        scan_budget_exhausted: "the scan budget ended before the rest of the queue",
+        recovery_budget_exhausted: "the cycle spent its budget recovering earlier claims" },
     },
     zh: {
       status: { created: "已创建", queued: "排队中", dispatching: "分派中", running: "运行中", waiting_approval: "等待审批",
@@ -205,6 +224,11 @@
       outcome: { succeeded: "成功", failed: "失败", abandoned: "放弃（结果未知）" },
       waiting: { no_matching_worker: "没有匹配的工作节点", no_free_slot: "没有空闲槽位", worker_draining: "工作节点正在排空",
         no_worker: "没有工作节点", queued: "排队中" },
+      dispatch_reason: { no_match: "没有工作节点提供其执行器类型和所需标签", plans_unavailable: "其任务版本无法放置",
+        claim_raced: "另一个领取或停止抢先了", claim_budget_exhausted: "本轮的领取预算在此运行之前用完",
+        recovery_plans_unavailable: "其已领取的租约无法再次提供：固定的版本已不存在", no_workers: "没有在线的工作节点",
+        no_capacity: "所有工作节点都已满", scan_budget_exhausted: "扫描预算在队列其余部分之前用完",
+        recovery_budget_exhausted: "本轮把预算用于恢复先前的领取" },
       cancel_reason: { user: "用户", policy: "策略", shutdown: "关闭", reconcile: "对账", timeout: "超时" },
       overlap: { allow: "允许", skip: "跳过", cancel_previous: "取消上一次" },
       misfire: { skip: "跳过", fire_once: "补触发一次" },
@@ -1088,6 +1112,16 @@
     const pre = el("pre", { class: "log", tabindex: "0", "aria-label": t("log"), id: "run-log" });
     // The cancellation card: shown once a cancel was asked for, re-read with the run's facts.
     const cancelBox = el("section", { "aria-labelledby": "cx-title", id: "run-cancellation", hidden: true });
+    // What the dispatcher said while it could not place the run (docs/dispatch.md), redrawn with the facts.
+    const sawBox = el("section", { "aria-labelledby": "ds-title", id: "run-dispatch-reasons", hidden: true });
+    const drawSaw = () => {
+      const seen = run.dispatch_reasons || [];
+      sawBox.hidden = seen.length === 0;
+      if (!seen.length) { put(sawBox); return; }
+      put(sawBox, el("h2", { id: "ds-title", text: t("dispatcher_saw") }), el("ul", {}, ...seen.map((r) => el("li", { "data-value": r.reason },
+        el("code", { text: r.reason }), " " + lbl("dispatch_reason", r.reason) + (r.scope === "cycle" ? " " + t("every_queued_run") : ""),
+        el("span", { class: "muted", text: " · " + t("last_seen", { when: absTime(r.last_seen_at_ms), n: r.count }) })))));
+    };
     const delay = delayInput();
     delay.id = "rearm-delay";
     const drawCancellation = async () => {
@@ -1137,6 +1171,7 @@
 
     const drawFacts = () => {
       put(title, t("run") + " " + short(run.id) + " ", vbadge("status", run.status));
+      drawSaw();
       put(facts, fields([
         [t("task"), run.task_name ? link("#/tasks/" + enc(run.task_name), run.task_name) : short(run.task_id)],
         [t("revision"), "r" + run.task_revision],
@@ -1223,7 +1258,7 @@
     drawFacts();
     await drawCancellation();
     if (!current(mine)) return;
-    put(view, title, actions, el("section", {}, facts), cancelBox,
+    put(view, title, actions, el("section", {}, facts), sawBox, cancelBox,
       el("section", { "aria-labelledby": "log-title" }, el("h2", { id: "log-title", text: t("log") }), logBar, pre),
       el("section", { "aria-labelledby": "timeline-title" }, el("h2", { id: "timeline-title", text: t("timeline") }), timeline));
     await pollEvents();
@@ -1577,8 +1612,18 @@
     if (!current(mine)) return;
     const taskById = new Map(tasks.items.map((x) => [x.id, x]));
     const needsPerson = a.effective_status === "recovery_required";
+    // A blocked action is terminal: say so, and what a person can do instead (ask again).
+    const task = a.action_type === "run.create" ? taskById.get(a.action_ref) : null;
+    const blocked = a.effective_status === "blocked" ? el("section", { "aria-labelledby": "ac-blocked", class: "attention", id: "action-blocked" },
+      el("h2", { id: "ac-blocked", text: t("blocked_final") }),
+      el("p", { text: t("blocked_why") }),
+      el("p", { text: task ? t("blocked_next_run", { task: task.name }) : t("blocked_next") }),
+      task && can("run.create") ? el("p", { class: "actions" },
+        btn(t("start_again", { task: task.name }), () => startRun(task).catch(fail), null, { id: "action-start-again" })) : null)
+      : null;
     put(view,
       el("h1", {}, t("action") + " " + short(a.dispatch_id) + " ", vbadge("action", a.effective_status)),
+      blocked,
       needsPerson ? el("section", { "aria-labelledby": "ac-resolve", class: "attention" },
         el("h2", { id: "ac-resolve", text: t("needs_person") }),
         can("approval.recover") ? resolveForm(a, () => pageAction(view, mine, id)) : el("p", { class: "notice", text: t("resolve_role") }))

@@ -13,13 +13,14 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ql3.application import attempt_logs, auth, lookup, run_queries, runs, tasks, workers
+from ql3.application.dispatch_reasons import DispatchReasons
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
-from ql3.domain.model import Attempt
+from ql3.domain.model import Attempt, Run
 from ql3.domain.states import is_run_terminal
 from ql3.http import logs
 from ql3.http.auth import DbDep, PrincipalDep
-from ql3.http.dto import EventPage, LogPage, RunOut, RunPage, event_out, run_row_out
+from ql3.http.dto import DispatchReasonOut, EventPage, LogPage, RunOut, RunPage, event_out, run_row_out
 from ql3.ports.storage import Database, Transaction
 
 # The status filter as the OpenAPI document states it: known statuses, comma-separated.
@@ -38,6 +39,34 @@ def get_logs_root(request: Request) -> Path | None:
 
 
 LogsRootDep = Annotated[Path | None, Depends(get_logs_root)]
+
+
+def get_dispatch_reasons(request: Request) -> DispatchReasons | None:
+    board: DispatchReasons | None = getattr(request.app.state, "dispatch_reasons", None)
+    return board
+
+
+ReasonsDep = Annotated[DispatchReasons | None, Depends(get_dispatch_reasons)]
+
+
+def dispatch_reasons_of(board: DispatchReasons | None, run: Run) -> list[DispatchReasonOut] | None:
+    """What this server's dispatcher said about ``run`` (None: this server runs no dispatcher); the
+    reasons that stopped whole cycles count only while the run waits (queued or dispatching), and only
+    those seen since it was queued."""
+    if board is None:
+        return None
+    waiting = run.status in ("queued", "dispatching")
+    since = (run.queued_at_ms or run.created_at_ms) if waiting else None
+    return [
+        DispatchReasonOut(
+            reason=seen.reason,
+            scope=seen.scope,
+            first_seen_at_ms=seen.first_seen_ms,
+            last_seen_at_ms=seen.last_seen_ms,
+            count=seen.count,
+        )
+        for seen in board.for_run(run.id, cycle_since_ms=since)
+    ]
 
 
 def _run_id(run_id: str) -> str:
@@ -100,14 +129,19 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunOut)
-async def show_run(project: str, run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
+async def show_run(
+    project: str, run_id: str, db: DbDep, principal: PrincipalDep, board: ReasonsDep
+) -> RunOut:
     """Async, with the unit alone in the thread pool (polled by ``ql3 run start --wait``): a plain
-    ``def`` route's response would be validated in the thread pool too, one more hand-off."""
+    ``def`` route's response would be validated in the thread pool too, one more hand-off.
+    ``dispatch_reasons``: what this server's dispatcher said about the run (docs/dispatch.md)."""
 
     def unit(tx: Transaction) -> RunOut:
         found = auth.authorize(tx, principal, project, "run.read")
         run = runs.get_run(tx, found.id, _run_id(run_id))
-        return run_row_out(run_queries.describe(tx, run), workers.WaitingReasons(tx).reason(run))
+        out = run_row_out(run_queries.describe(tx, run), workers.WaitingReasons(tx).reason(run))
+        out.dispatch_reasons = dispatch_reasons_of(board, run)
+        return out
 
     out: RunOut = await run_in_threadpool(db.transaction, unit, write=False)
     return out

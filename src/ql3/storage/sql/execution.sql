@@ -51,7 +51,8 @@ UPDATE workers SET active_leases = active_leases + :delta WHERE worker_id = :wor
 -- desc: The first page of queued runs without a cancel request, in dispatch order (priority, queue time, id).
 SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms,
   (SELECT a.id FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_id,
-  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status
+  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status,
+  (SELECT a.executor_type FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS executor_type
 FROM runs r WHERE r.status = 'queued' AND r.cancel_requested_at_ms IS NULL
 ORDER BY r.priority DESC, r.queued_at_ms, r.id LIMIT :limit
 
@@ -59,7 +60,8 @@ ORDER BY r.priority DESC, r.queued_at_ms, r.id LIMIT :limit
 -- desc: The next page of dispatch candidates after the (priority, queued_at_ms, id) cursor.
 SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms,
   (SELECT a.id FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_id,
-  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status
+  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status,
+  (SELECT a.executor_type FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS executor_type
 FROM runs r WHERE r.status = 'queued' AND r.cancel_requested_at_ms IS NULL
   AND (r.priority < :c_priority OR (r.priority = :c_priority AND (r.queued_at_ms > :c_queued
        OR (r.queued_at_ms = :c_queued AND r.id > :c_id))))

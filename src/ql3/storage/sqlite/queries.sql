@@ -7,7 +7,8 @@
 -- desc: First page of dispatch candidates in dispatch order, forced onto the partial candidate index.
 SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms,
   (SELECT a.id FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_id,
-  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status
+  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status,
+  (SELECT a.executor_type FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS executor_type
 FROM runs r INDEXED BY runs_dispatch_candidates WHERE r.status = 'queued' AND r.cancel_requested_at_ms IS NULL
 ORDER BY r.priority DESC, r.queued_at_ms, r.id LIMIT :limit
 
@@ -15,7 +16,8 @@ ORDER BY r.priority DESC, r.queued_at_ms, r.id LIMIT :limit
 -- desc: Next page of dispatch candidates after the cursor, forced onto the partial candidate index.
 SELECT r.id AS run_id, r.project_id, r.task_id, r.task_revision, r.priority, r.queued_at_ms,
   (SELECT a.id FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_id,
-  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status
+  (SELECT a.status FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS attempt_status,
+  (SELECT a.executor_type FROM run_attempts a WHERE a.run_id = r.id ORDER BY a.attempt DESC LIMIT 1) AS executor_type
 FROM runs r INDEXED BY runs_dispatch_candidates WHERE r.status = 'queued' AND r.cancel_requested_at_ms IS NULL
   AND (r.priority < :c_priority OR (r.priority = :c_priority AND (r.queued_at_ms > :c_queued
        OR (r.queued_at_ms = :c_queued AND r.id > :c_id))))
