@@ -1,0 +1,141 @@
+"""A worker credential cannot widen its worker's labels over HTTP (docs/security.md "A remote
+worker"): with w1's token, a new session with another project's labels is 403 ``labels_not_approved``
+and that project's waiting run stays unclaimed, until an admin approves the labels (or mints a
+credential for them); only the owner or an admin of default reads and approves them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ql3.application.gateway import InProcessControlPlane
+from ql3.cluster.http_control_plane import HttpControlPlane
+from ql3.cluster.pull import PullService, pull_offer_id
+from ql3.cluster.runtime import WorkerApi
+from ql3.cluster.stops import StopWatch
+from ql3.domain.digests import new_token
+from ql3.domain.errors import PermissionDenied
+from ql3.domain.ids import new_id
+from ql3.ports.control_plane import SessionInfo
+from ql3.storage.sqlite.adapter import SqliteDatabase
+from tests.support.cluster_api import plane, worker_token
+
+
+@pytest.fixture
+def api_client(db: SqliteDatabase, owner_token: str) -> Iterator[TestClient]:
+    from ql3.http.app import create_app
+
+    notifier = db.notifier
+    api = WorkerApi(
+        control_plane=InProcessControlPlane(db),
+        pull_service=PullService(db),
+        stop_watch=StopWatch(
+            db, counters=notifier.counters, wait_past=notifier.wait_past, notify=notifier.notify
+        ),
+        control_owner="cp-test",
+        cancel_lease_ms=30_000,
+    )
+    with TestClient(create_app(db, extensions=[api])) as client:
+        yield client
+
+
+def _register(p: HttpControlPlane, worker_id: str, labels: dict[str, str]) -> SessionInfo:
+    return p.register(
+        worker_id=worker_id,
+        session_id=new_id(),
+        capabilities={"executors": ["local_process"], "labels": labels},
+        max_concurrent_runs=2,
+        session_lease_ms=30_000,
+    )
+
+
+def _pull(p: HttpControlPlane, session: SessionInfo) -> Any:
+    token = new_token()
+    return p.pull(session, offer_id=pull_offer_id(session.worker_id, token), lease_token=token, wait_ms=0)
+
+
+def _beta_run(client: TestClient, owner: dict[str, str]) -> str:
+    """A run of project beta that only a worker labelled zone=b may take."""
+    assert client.post("/api/v1/projects", json={"name": "beta"}, headers=owner).status_code == 201
+    beta = "/api/v1/projects/beta"
+    made = client.post(
+        f"{beta}/tasks",
+        json={"name": "beta-job", "command": "echo beta-secret", "require": {"zone": "b"}},
+        headers=owner,
+    )
+    assert made.status_code == 201, made.text
+    run = client.post(f"{beta}/tasks/beta-job/runs", json={}, headers=owner)
+    assert run.status_code == 201, run.text
+    return str(run.json()["id"])
+
+
+def test_a_stolen_worker_token_cannot_register_another_projects_labels_until_an_admin_approves(
+    api_client: TestClient, owner: dict[str, str], make_token: Any
+) -> None:
+    # Given w1 registered with zone=a, and beta's run waiting for a zone=b worker
+    token = worker_token(api_client, owner, "w1")
+    w1 = plane(api_client, token)
+    session = _register(w1, "w1", {"zone": "a"})
+    run_id = _beta_run(api_client, owner)
+    assert _pull(w1, session) is None
+
+    # When whoever holds w1's token registers a new session labelled zone=b
+    thief = plane(api_client, token)
+    with pytest.raises(PermissionDenied) as caught:
+        _register(thief, "w1", {"zone": "b"})
+
+    # Then it is refused, w1's session is untouched and beta's run is still waiting
+    assert caught.value.details["code"] == "labels_not_approved"
+    assert _pull(w1, session) is None  # still w1's current session, still nothing it may take
+    waiting = api_client.get(f"/api/v1/projects/beta/runs/{run_id}", headers=owner).json()
+    assert waiting["status"] == "queued", waiting
+    # And the refused labels wait for an admin, who alone may read and approve them
+    shown = api_client.get("/api/v1/worker-labels/w1", headers=owner)
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["labels"] == {"zone": "a"} and shown.json()["approved_by"] is None
+    assert shown.json()["requested_labels"] == {"zone": "b"}
+    operator = make_token("operator", name="op")
+    for headers in (operator, {"Authorization": f"Bearer {token}"}):
+        assert api_client.get("/api/v1/worker-labels/w1", headers=headers).status_code == 403
+        refused = api_client.post(
+            "/api/v1/worker-labels/w1/approve", json={"labels": {"zone": "b"}}, headers=headers
+        )
+        assert refused.status_code == 403
+    assert api_client.get("/api/v1/worker-labels/w1", headers=owner).json()["labels"] == {"zone": "a"}
+
+    # When the owner approves zone=b, a zone=b session registers and takes beta's run
+    approved = api_client.post(
+        "/api/v1/worker-labels/w1/approve", json={"labels": {"zone": "b"}}, headers=owner
+    )
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["requested_labels"] is None and approved.json()["approved_by"] is not None
+    relabelled = _register(w1, "w1", {"zone": "b"})
+    offer = _pull(w1, relabelled)
+    assert offer is not None and offer.fence.run_id == run_id
+
+
+def test_a_credential_minted_with_labels_registers_only_those(
+    api_client: TestClient, owner: dict[str, str]
+) -> None:
+    minted = api_client.post(
+        "/api/v1/worker-tokens", json={"workerId": "w2", "labels": {"zone": "c"}}, headers=owner
+    )
+    assert minted.status_code == 201, minted.text
+    w2 = plane(api_client, minted.json()["token"])
+
+    # Even its first registration may not take other labels than the minted ones
+    with pytest.raises(PermissionDenied) as caught:
+        _register(w2, "w2", {"zone": "b"})
+    assert caught.value.details["code"] == "labels_not_approved"
+    assert _register(w2, "w2", {"zone": "c"}).generation == 1
+    # And bad labels are 422 with nothing minted
+    bad = api_client.post(
+        "/api/v1/worker-tokens", json={"workerId": "w3", "labels": {"k": "\u0000"}}, headers=owner
+    )
+    assert bad.status_code == 422
+    listed = api_client.get("/api/v1/worker-tokens", headers=owner).json()["items"]
+    assert [t["worker_id"] for t in listed] == ["w2"]
+    assert api_client.get("/api/v1/worker-labels/w3", headers=owner).status_code == 404
