@@ -25,7 +25,8 @@ from tests.support.cluster_api import plane, worker_token
 
 
 @pytest.fixture
-def api_client(db: SqliteDatabase, owner_token: str) -> Iterator[TestClient]:
+def client(db: SqliteDatabase, owner_token: str) -> Iterator[TestClient]:
+    """The app with the worker API and its admin routes (the CLI in-process talks to it too)."""
     from ql3.http.app import create_app
 
     notifier = db.notifier
@@ -73,43 +74,41 @@ def _beta_run(client: TestClient, owner: dict[str, str]) -> str:
 
 
 def test_a_stolen_worker_token_cannot_register_another_projects_labels_until_an_admin_approves(
-    api_client: TestClient, owner: dict[str, str], make_token: Any
+    client: TestClient, owner: dict[str, str], make_token: Any
 ) -> None:
     # Given w1 registered with zone=a, and beta's run waiting for a zone=b worker
-    token = worker_token(api_client, owner, "w1")
-    w1 = plane(api_client, token)
+    token = worker_token(client, owner, "w1")
+    w1 = plane(client, token)
     session = _register(w1, "w1", {"zone": "a"})
-    run_id = _beta_run(api_client, owner)
+    run_id = _beta_run(client, owner)
     assert _pull(w1, session) is None
 
     # When whoever holds w1's token registers a new session labelled zone=b
-    thief = plane(api_client, token)
+    thief = plane(client, token)
     with pytest.raises(PermissionDenied) as caught:
         _register(thief, "w1", {"zone": "b"})
 
     # Then it is refused, w1's session is untouched and beta's run is still waiting
     assert caught.value.details["code"] == "labels_not_approved"
     assert _pull(w1, session) is None  # still w1's current session, still nothing it may take
-    waiting = api_client.get(f"/api/v1/projects/beta/runs/{run_id}", headers=owner).json()
+    waiting = client.get(f"/api/v1/projects/beta/runs/{run_id}", headers=owner).json()
     assert waiting["status"] == "queued", waiting
     # And the refused labels wait for an admin, who alone may read and approve them
-    shown = api_client.get("/api/v1/worker-labels/w1", headers=owner)
+    shown = client.get("/api/v1/worker-labels/w1", headers=owner)
     assert shown.status_code == 200, shown.text
     assert shown.json()["labels"] == {"zone": "a"} and shown.json()["approved_by"] is None
     assert shown.json()["requested_labels"] == {"zone": "b"}
     operator = make_token("operator", name="op")
     for headers in (operator, {"Authorization": f"Bearer {token}"}):
-        assert api_client.get("/api/v1/worker-labels/w1", headers=headers).status_code == 403
-        refused = api_client.post(
+        assert client.get("/api/v1/worker-labels/w1", headers=headers).status_code == 403
+        refused = client.post(
             "/api/v1/worker-labels/w1/approve", json={"labels": {"zone": "b"}}, headers=headers
         )
         assert refused.status_code == 403
-    assert api_client.get("/api/v1/worker-labels/w1", headers=owner).json()["labels"] == {"zone": "a"}
+    assert client.get("/api/v1/worker-labels/w1", headers=owner).json()["labels"] == {"zone": "a"}
 
     # When the owner approves zone=b, a zone=b session registers and takes beta's run
-    approved = api_client.post(
-        "/api/v1/worker-labels/w1/approve", json={"labels": {"zone": "b"}}, headers=owner
-    )
+    approved = client.post("/api/v1/worker-labels/w1/approve", json={"labels": {"zone": "b"}}, headers=owner)
     assert approved.status_code == 200, approved.text
     assert approved.json()["requested_labels"] is None and approved.json()["approved_by"] is not None
     relabelled = _register(w1, "w1", {"zone": "b"})
@@ -118,13 +117,13 @@ def test_a_stolen_worker_token_cannot_register_another_projects_labels_until_an_
 
 
 def test_a_credential_minted_with_labels_registers_only_those(
-    api_client: TestClient, owner: dict[str, str]
+    client: TestClient, owner: dict[str, str]
 ) -> None:
-    minted = api_client.post(
+    minted = client.post(
         "/api/v1/worker-tokens", json={"workerId": "w2", "labels": {"zone": "c"}}, headers=owner
     )
     assert minted.status_code == 201, minted.text
-    w2 = plane(api_client, minted.json()["token"])
+    w2 = plane(client, minted.json()["token"])
 
     # Even its first registration may not take other labels than the minted ones
     with pytest.raises(PermissionDenied) as caught:
@@ -132,10 +131,39 @@ def test_a_credential_minted_with_labels_registers_only_those(
     assert caught.value.details["code"] == "labels_not_approved"
     assert _register(w2, "w2", {"zone": "c"}).generation == 1
     # And bad labels are 422 with nothing minted
-    bad = api_client.post(
+    bad = client.post(
         "/api/v1/worker-tokens", json={"workerId": "w3", "labels": {"k": "\u0000"}}, headers=owner
     )
     assert bad.status_code == 422
-    listed = api_client.get("/api/v1/worker-tokens", headers=owner).json()["items"]
+    listed = client.get("/api/v1/worker-tokens", headers=owner).json()["items"]
     assert [t["worker_id"] for t in listed] == ["w2"]
-    assert api_client.get("/api/v1/worker-labels/w3", headers=owner).status_code == 404
+    assert client.get("/api/v1/worker-labels/w3", headers=owner).status_code == 404
+
+
+def test_ql3_worker_approve_approves_the_pending_request_or_the_given_labels(
+    client: TestClient, owner: dict[str, str], cli_main: Any
+) -> None:
+    # Given w1 bound to zone=a and a refused registration with zone=b
+    token = worker_token(client, owner, "w1")
+    _register(plane(client, token), "w1", {"zone": "a"})
+    with pytest.raises(PermissionDenied):
+        _register(plane(client, token), "w1", {"zone": "b"})
+
+    # When an admin runs `ql3 worker approve w1`, the pending labels are approved and said
+    code, out, err = cli_main("worker", "approve", "w1")
+    assert code == 0, err
+    assert out == "worker w1 may register with labels zone=b\n"
+    assert _register(plane(client, token), "w1", {"zone": "b"}).generation == 2
+
+    # And with nothing pending it says so (exit 64) and changes nothing; --label approves exactly those
+    code, _, err = cli_main("worker", "approve", "w1")
+    assert code == 64 and "no_pending_labels" in err and "zone=b" in err
+    code, _, err = cli_main("worker", "approve", "w1", "--label", "zone=c", "--no-labels")
+    assert code == 64, err
+    code, out, err = cli_main("worker", "approve", "w1", "--no-labels")
+    assert code == 0 and out == "worker w1 may register with labels (none)\n", err
+    assert client.get("/api/v1/worker-labels/w1", headers=owner).json()["labels"] == {}
+    # And `ql3 worker token create --label` mints a credential for exactly those labels
+    code, out, err = cli_main("worker", "token", "create", "w4", "--label", "zone=d", "--label", "gpu=1")
+    assert code == 0, err
+    assert client.get("/api/v1/worker-labels/w4", headers=owner).json()["labels"] == {"zone": "d", "gpu": "1"}
