@@ -5,15 +5,19 @@ credential for them); only the owner or an admin of default reads and approves t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from ql3.application.gateway import InProcessControlPlane
+from ql3.cluster import remote as remote_module
 from ql3.cluster.http_control_plane import HttpControlPlane
 from ql3.cluster.pull import PullService, pull_offer_id
+from ql3.cluster.remote import RemoteWorker
 from ql3.cluster.runtime import WorkerApi
 from ql3.cluster.stops import StopWatch
 from ql3.domain.digests import new_token
@@ -21,6 +25,7 @@ from ql3.domain.errors import PermissionDenied
 from ql3.domain.ids import new_id
 from ql3.ports.control_plane import SessionInfo
 from ql3.storage.sqlite.adapter import SqliteDatabase
+from ql3.worker.config import WorkerConfig
 from tests.support.cluster_api import plane, worker_token
 
 
@@ -167,3 +172,48 @@ def test_ql3_worker_approve_approves_the_pending_request_or_the_given_labels(
     code, out, err = cli_main("worker", "token", "create", "w4", "--label", "zone=d", "--label", "gpu=1")
     assert code == 0, err
     assert client.get("/api/v1/worker-labels/w4", headers=owner).json()["labels"] == {"zone": "d", "gpu": "1"}
+
+
+def test_a_running_worker_whose_labels_are_no_longer_approved_waits_for_approval_after_a_fence(
+    client: TestClient, owner: dict[str, str], tmp_path: Path, monkeypatch: Any
+) -> None:
+    # Given a remote worker running with zone=a, whose approval an admin then moved to zone=b
+    monkeypatch.setattr(remote_module, "BACKOFF_MAX_S", 0.05)
+    monkeypatch.setattr(remote_module, "PULL_WAIT_MS", 100)  # the pull loop notices the fence soon
+    token = worker_token(client, owner, "w1")
+    config = WorkerConfig(worker_id="w1", home=tmp_path / "w1", labels={"zone": "a"})
+    remote = RemoteWorker(plane(client, token), config)
+    assert remote.start()
+    try:
+        first = remote.agent.session
+        assert first is not None
+        moved = client.post("/api/v1/worker-labels/w1/approve", json={"labels": {"zone": "b"}}, headers=owner)
+        assert moved.status_code == 200
+
+        # When a zone=b session of w1 replaces its session (which fences it: it must register again)
+        replacing = _register(plane(client, token), "w1", {"zone": "b"})
+        assert replacing.generation == first.generation + 1
+
+        # Then it keeps asking (refused: zone=a is no longer approved), registers nothing, keeps pulling
+        pending = _poll(lambda: _requested(client, owner) == {"zone": "a"})
+        assert pending and remote.agent.session is None
+        assert all(t.is_alive() for t in remote._threads)
+        # And an admin's approval brings it back by itself, with a new session
+        client.post("/api/v1/worker-labels/w1/approve", json={"labels": {"zone": "a"}}, headers=owner)
+        assert _poll(lambda: remote.agent.session is not None)
+        assert remote.agent.session is not None and remote.agent.session.session_id != first.session_id
+    finally:
+        remote.stop(offline=True)
+
+
+def _requested(client: TestClient, owner: dict[str, str]) -> Any:
+    return client.get("/api/v1/worker-labels/w1", headers=owner).json()["requested_labels"]
+
+
+def _poll(check: Any, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
