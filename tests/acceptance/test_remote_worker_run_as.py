@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import CLI, Cluster, add_task, wait_terminal
+from tests.support.cluster import Cluster, add_task, wait_terminal
 from tests.support.databases import PgDatabase
-from tests.support.server import base_env, stop
+from tests.support.server import CLI, base_env, stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 TASK_USER = "ql3-task-test"
