@@ -21,6 +21,7 @@ from ql3.storage.notify import LocalNotifier
 
 if TYPE_CHECKING:
     from ql3.application.dispatcher import RunDispatcher
+    from ql3.execution.launcher import LocalLauncher
     from ql3.worker.agent import WorkerAgent
 
 
@@ -120,6 +121,13 @@ class StandaloneRuntime:
         for loop in reversed(self.loops):
             loop.stop()
         self.worker.stop()
+
+
+def task_launcher(task_users: TaskUsers) -> LocalLauncher:
+    """The launcher of a remote worker whose commands run as task users (``ql3 worker --run-as``)."""
+    from ql3.execution.launcher import LocalLauncher
+
+    return LocalLauncher(task_users=task_users)
 
 
 def build_standalone_runtime(

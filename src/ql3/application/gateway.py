@@ -6,7 +6,16 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from ql3.application import attempt_logs, cancellation, lease_expiry, lease_results, leases, runs, workers
+from ql3.application import (
+    attempt_logs,
+    cancellation,
+    lease_expiry,
+    lease_results,
+    leases,
+    runs,
+    worker_labels,
+    workers,
+)
 from ql3.application.late_facts import StopCause
 from ql3.domain.errors import Ql3Error, ValidationFailed
 from ql3.domain.offers import LeaseFence
@@ -38,10 +47,16 @@ class InProcessControlPlane:
         capabilities: dict[str, Any],
         max_concurrent_runs: int,
         session_lease_ms: int,
+        approved_labels_only: bool = False,
     ) -> SessionInfo:
+        """``approved_labels_only``: the worker API's registrations, refused (``LabelsNotApproved``,
+        nothing written) unless the labels are the ones approved for the worker id."""
         caps = parse_capabilities(capabilities)
-        reg = self._db.transaction(
-            lambda tx: workers.register(
+
+        def unit(tx: Transaction) -> workers.Registration:
+            if approved_labels_only:
+                worker_labels.require_approved(tx, worker_id, caps.label_map)
+            return workers.register(
                 tx,
                 worker_id=worker_id,
                 session_id=session_id,
@@ -49,7 +64,8 @@ class InProcessControlPlane:
                 max_concurrent_runs=max_concurrent_runs,
                 session_lease_ms=session_lease_ms,
             )
-        )
+
+        reg = self._db.transaction(unit)
         return _info(reg.session, reg.outcome)
 
     def heartbeat(self, session: SessionInfo) -> SessionInfo:

@@ -6,9 +6,11 @@ any project, so the management API refuses it (docs/security.md); the worker API
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from ql3.application import worker_labels
 from ql3.application.auth import TOKEN_PREFIX, validate_expires_in
 from ql3.domain.digests import API_TOKEN_DOMAIN, new_token, token_digest
 from ql3.domain.errors import Conflict, NotFound, PermissionDenied
@@ -40,10 +42,23 @@ class IssuedWorkerToken:
     token: str
 
 
-def issue(tx: Transaction, worker_id: str, *, expires_in_s: int | None = None) -> IssuedWorkerToken:
-    """A fresh credential for ``worker_id``; only its digest is stored, the token is returned once."""
+def issue(
+    tx: Transaction,
+    worker_id: str,
+    *,
+    expires_in_s: int | None = None,
+    labels: Mapping[str, str] | None = None,
+    issued_by: str | None = None,
+) -> IssuedWorkerToken:
+    """A fresh credential for ``worker_id``; only its digest is stored, the token is returned once.
+    With ``labels`` (and ``issued_by``, the admin's principal id) those become the labels the worker
+    id may register with (application/worker_labels.py); without, the ones bound before stay."""
     validate_worker_id(worker_id)
     lifetime_s = validate_expires_in(expires_in_s)
+    if labels is not None:
+        if issued_by is None:
+            raise ValueError("labels need the principal that approves them")
+        checked = worker_labels.checked_labels(dict(labels))
     if auth_store.get_active_worker_token(tx, worker_id) is not None:
         raise WorkerTokenExists(worker_id=worker_id)
     now = tx.now_ms()
@@ -55,6 +70,8 @@ def issue(tx: Transaction, worker_id: str, *, expires_in_s: int | None = None) -
         token_digest=token_digest(API_TOKEN_DOMAIN, token),
         expires_at_ms=None if lifetime_s is None else now + lifetime_s * 1000,
     )
+    if labels is not None and issued_by is not None:
+        worker_labels.approve(tx, worker_id, checked, approved_by=issued_by)
     return IssuedWorkerToken(record=_written(tx, principal.id), token=token)
 
 

@@ -357,15 +357,23 @@ def _serve(
         prepared.db.close()
 
 
-def _task_user(name: str | None, *, allow_server_user: bool) -> TaskUser | None:
-    """Resolve ``--run-as``; without it, warn that tasks can read everything this server can."""
+def _task_user(name: str | None, *, allow_server_user: bool, who: str = "server") -> TaskUser | None:
+    """Resolve ``--run-as``; without it, warn that tasks can read everything this server (or remote
+    worker, ``who``) can."""
     user = None
     if name is not None:
         try:
             user = resolve_task_user(name, allow_server_user=allow_server_user)
         except ConfigurationError as exc:
             raise UsageError(exc.message, code="bad_run_as") from None
-    if user is None:
+    if user is None and who == "worker":
+        output.note(
+            f"warning: tasks run as this worker's own user (uid {os.geteuid()}): any task can read the"
+            " worker credential (--token-file) and --home (journal, receipts, other runs' logs) and pull"
+            " other projects' runs with it; start as root with --run-as USER to run them as another user"
+            " (docs/security.md)"
+        )
+    elif user is None:
         output.note(
             f"warning: tasks run as this server's own user (uid {os.geteuid()}): whoever may add tasks and"
             " start runs in any project can read $QL3_HOME (the owner's credentials, every project's"

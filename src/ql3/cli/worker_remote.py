@@ -10,14 +10,18 @@ import stat
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
-from typing import Final
+from types import FrameType, MappingProxyType
+from typing import TYPE_CHECKING, Final
 
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
 from ql3.cli.common import Parser, Subparsers, add_command, wants_json
 from ql3.cli.disk import require_free_space, starting
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
+from ql3.domain.ids import is_id
+
+if TYPE_CHECKING:
+    from ql3.bootstrap import TaskUser, TaskUsers
 
 WORKER_EPILOG: Final = """\
 a remote worker (no database credentials; docs/cluster.md):
@@ -30,7 +34,12 @@ a remote worker (no database credentials; docs/cluster.md):
   QL3_LOG_CAP_BYTES (1024-1099511627776, default 16 MiB): the cap of each attempt's log on this host;
   the log is shipped to the server, which keeps as much as its own QL3_LOG_CAP_BYTES (give both the
   same value), so `ql3 run logs` works from any replica
-exit status: 74 when --home is on a disk with less than 1 MiB free (one line names it)
+  --run-as USER (start as root): tasks run as USER, who cannot read the token file, --home (journal,
+  receipts, logs) or signal the worker; without it a warning says that every task can read them
+  the first registration binds the worker's labels to its credential: other labels are refused
+  (labels_not_approved) until an admin runs `ql3 worker approve ID` (docs/security.md)
+exit status: 74 when --home is on a disk with less than 1 MiB free (one line names it); 64 for bad
+  flags or a token file others can read; 1 when the server refuses the credential or the labels
 """
 
 
@@ -55,20 +64,77 @@ def read_token_file(path: str) -> str:
         raise UsageError(
             f"--token-file {path}: readable by others (chmod 600 it)", code="token_file_not_private"
         )
+    if info.st_uid not in (os.geteuid(), 0):
+        # its owner may read it whatever its mode: a task user's own file is the task's to read
+        raise UsageError(
+            f"--token-file {path}: owned by uid {info.st_uid}, not by this worker's user (chown it)",
+            code="token_file_not_private",
+        )
     if not text or len(text) > 256 or not text.isascii() or any(c.isspace() for c in text):
         raise UsageError(f"--token-file {path}: not a token", code="bad_token_file")
     return text
 
 
+def require_private_worker_home(home: Path) -> None:
+    """Refuse (exit 64) a worker home that exists and that group or others may enter: its journal,
+    receipts and logs are the worker's alone (a missing one is created 0700)."""
+    try:
+        info = os.stat(home)
+    except FileNotFoundError:
+        return
+    except OSError:
+        raise UsageError(f"--home {home}: cannot be read", code="home_not_directory") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"--home {home}: not a directory", code="home_not_directory")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077 or info.st_uid not in (os.geteuid(), 0):
+        raise UsageError(
+            f"--home {home} has mode {mode:04o} and owner uid {info.st_uid}: only this worker's user"
+            f" may reach its journal, receipts and logs; run `chmod 700 {home}` (and chown it)",
+            code="home_not_private",
+        )
+
+
+def worker_task_users(args: argparse.Namespace) -> TaskUsers | None:
+    """``--run-as`` and ``--project-run-as`` resolved as ``ql3 serve`` does (exit 64 when a user cannot
+    be switched to); None when every task runs as this worker's own user, which is said once."""
+    from ql3.bootstrap import TaskUsers
+    from ql3.cli.server import _project_users, _task_user
+
+    default = _task_user(args.run_as, allow_server_user=args.allow_server_user, who="worker")
+    by_id: dict[str, TaskUser | None] = {}
+    for project_id, user in _project_users(
+        args.project_run_as or [], allow_server_user=args.allow_server_user
+    ):
+        if not is_id(project_id):
+            raise UsageError(
+                f"--project-run-as: {project_id!r} is not a project id: a remote worker cannot look"
+                " project names up, give the id (ql3 project list --json)",
+                code="bad_run_as",
+            )
+        if project_id in by_id:
+            raise UsageError(f"--project-run-as: project {project_id} given twice", code="bad_run_as")
+        by_id[project_id] = user
+        if user is None:
+            output.note(
+                f"warning: tasks of project {project_id} run as this worker's own user"
+                " (--allow-server-user): they can read its credential and home (docs/security.md)"
+            )
+    if default is None and not any(by_id.values()):
+        return None
+    return TaskUsers(default=default, projects=MappingProxyType(by_id))
+
+
 def cmd_remote_worker(args: argparse.Namespace) -> int:
     from ql3.application.settings import resolve_home
-    from ql3.bootstrap import fault_injector
+    from ql3.application.worker_labels import LabelsNotApproved
+    from ql3.bootstrap import fault_injector, task_launcher
     from ql3.cli import logformat
     from ql3.cli.private import private_umask
     from ql3.cli.server import _labels
     from ql3.cluster.http_control_plane import HttpControlPlane
     from ql3.cluster.remote import RemoteWorker
-    from ql3.domain.errors import Ql3Error, ValidationFailed
+    from ql3.domain.errors import PermissionDenied, Ql3Error, ValidationFailed
     from ql3.ports.control_plane import ControlPlaneUnreachable
     from ql3.worker.config import WorkerConfig
 
@@ -94,6 +160,8 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
     home = Path(args.home) if args.home else resolve_home(os.environ) / "remote-worker"
     if not home.is_absolute():
         raise UsageError("--home must be an absolute path")
+    require_private_worker_home(home)
+    task_users = worker_task_users(args)
     require_free_space([home])  # its journal, receipts and logs: exit 74 with one line when full
     private_umask()
     logformat.configure(sys.stderr)
@@ -141,8 +209,26 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
     except ValidationFailed as exc:
         plane.close()
         raise UsageError(exc.message) from None
-    remote = RemoteWorker(plane, config, fault=fault_injector(os.environ.get("QL3_FAULT") or None))
-    if starting([home], lambda: EXIT_OK if remote.start() else EXIT_ERROR) != EXIT_OK:
+    remote = RemoteWorker(
+        plane,
+        config,
+        fault=fault_injector(os.environ.get("QL3_FAULT") or None),
+        launcher=None if task_users is None else task_launcher(task_users),
+    )
+    try:
+        started = starting([home], lambda: EXIT_OK if remote.start() else EXIT_ERROR)
+    except PermissionDenied as exc:
+        remote.stop(offline=False)
+        if exc.details.get("code") != LabelsNotApproved.code:
+            raise
+        labels_text = ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none"
+        output.note(
+            f"ql3 worker {worker_id}: the server refused these labels ({labels_text}): they are not the"
+            f" ones approved for {worker_id}; an admin approves them with `ql3 worker approve"
+            f" {worker_id}` (labels_not_approved)"
+        )
+        return EXIT_ERROR
+    if started != EXIT_OK:
         remote.stop(offline=False)
         return EXIT_OK
     output.note(f"ql3 worker {worker_id} pulling from {plane.server} with {args.slots} slots; home {home}")
@@ -159,9 +245,13 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
+    from ql3.cli.server import _labels
+
     body: dict[str, object] = {"workerId": args.worker}
     if args.expires_in is not None:
         body["expiresInS"] = args.expires_in
+    if args.label:
+        body["labels"] = _labels(args.label)
     with ApiClient.from_environment() as api:
         _, issued = api.call("POST", "/worker-tokens", json=body)
     if wants_json(args):
@@ -197,9 +287,43 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _labels_text(labels: dict[str, str] | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items())) or "(none)"
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    """Approve the worker's pending request (the labels of its last refused registration, shown
+    here as approved), or exactly ``--label`` / ``--no-labels``."""
+    from ql3.cli.server import _labels
+
+    if args.label and args.no_labels:
+        raise UsageError("give --label or --no-labels, not both")
+    path = f"/worker-labels/{seg(args.worker)}"
+    with ApiClient.from_environment() as api:
+        if args.label or args.no_labels:
+            labels = _labels(args.label)
+        else:
+            _, current = api.call("GET", path)
+            if current["requested_labels"] is None:
+                raise UsageError(
+                    f"worker {args.worker} has no refused registration to approve (its labels:"
+                    f" {_labels_text(current['labels'])}); give --label KEY=VALUE or --no-labels",
+                    code="no_pending_labels",
+                )
+            labels = current["requested_labels"]
+        _, approved = api.call("POST", f"{path}/approve", json={"labels": labels})
+    if wants_json(args):
+        output.emit_json(approved)
+    else:
+        output.line(
+            f"worker {approved['worker_id']} may register with labels {_labels_text(approved['labels'])}"
+        )
+    return EXIT_OK
+
+
 def register(group: Parser, actions: Subparsers) -> None:
-    """Adds the remote-worker flags to the ``worker`` group and its ``token`` actions."""
-    from ql3.cli.server import _label
+    """Adds the remote-worker flags to the ``worker`` group, its ``token`` actions and ``approve``."""
+    from ql3.cli.server import _label, _project_user
 
     group.description = "Workers: inspect and drain them, or run this machine as a remote worker."
     group.epilog = WORKER_EPILOG
@@ -233,6 +357,27 @@ def register(group: Parser, actions: Subparsers) -> None:
     group.add_argument(
         "--ca", metavar="FILE", default=None, help="CA bundle that signs the server's certificate"
     )
+    group.add_argument(
+        "--run-as",
+        metavar="USER",
+        default=None,
+        help="run every task's command as USER (not root, not this worker's user; needs root and"
+        " setpriv): a task then cannot read the token file or --home, nor signal the worker",
+    )
+    group.add_argument(
+        "--project-run-as",
+        type=_project_user,
+        action="append",
+        metavar="PROJECT_ID=USER",
+        help="run the commands of the project with this id (ql3 project list --json) as USER instead of"
+        " the --run-as user (repeatable; the same rules as --run-as)",
+    )
+    group.add_argument(
+        "--allow-server-user",
+        action="store_true",
+        help="let --run-as or --project-run-as name this worker's own user (its tasks can then read the"
+        " worker credential; said at start-up)",
+    )
     tokens: Parser = actions.add_parser("token", help="worker credentials", description="Worker credentials.")
     token_actions = tokens.add_subparsers(dest="token_action", metavar="ACTION", required=True)
     create = add_command(
@@ -241,6 +386,33 @@ def register(group: Parser, actions: Subparsers) -> None:
     create.add_argument("worker", metavar="WORKER_ID", help="the worker id it may act for")
     create.add_argument(
         "--expires-in", type=int, metavar="SECONDS", default=None, help="lifetime (60 s - 10 years)"
+    )
+    create.add_argument(
+        "--label",
+        type=_label,
+        action="append",
+        metavar="KEY=VALUE",
+        help="approve exactly these labels for the worker (repeatable; replaces those approved before);"
+        " without it the worker's first registration binds its labels",
+    )
+    approve = add_command(
+        actions,
+        "approve",
+        cmd_approve,
+        "approve the labels a worker registers with (owner/admin): its pending request, or --label",
+    )
+    approve.add_argument("worker", metavar="WORKER_ID", help="the worker id")
+    approve.add_argument(
+        "--label",
+        type=_label,
+        action="append",
+        metavar="KEY=VALUE",
+        help="approve exactly these labels (repeatable) instead of the worker's pending request",
+    )
+    approve.add_argument(
+        "--no-labels",
+        action="store_true",
+        help="approve an empty label set (the worker then registers without labels)",
     )
     lst = add_command(token_actions, "list", cmd_token_list, "list worker credentials (revoked ones too)")
     lst.add_argument("--after", metavar="ID", default=None, help="the next_after of the previous page")

@@ -267,6 +267,16 @@ class RemoteWorker:
                 )
                 self._stopping.wait(self._backoff(attempt))
                 attempt += 1
+            except Ql3Error as exc:
+                # Refused (labels no longer approved, a revoked credential): nothing runs, and the
+                # worker asks again slowly, so that an admin's approval brings it back by itself.
+                with self._agent_lock:
+                    self.agent.stop()
+                log.warning(
+                    "re-register refused",
+                    extra={"action": "worker.register_refused", "error": exc.code},
+                )
+                self._stopping.wait(BACKOFF_MAX_S)
 
     # -- the pull long-poll ---------------------------------------------------------------------------
 

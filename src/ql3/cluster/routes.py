@@ -19,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field
 from pydantic import ValidationError as PydanticValidationError
 
-from ql3.application import attempt_logs, auth, workers
+from ql3.application import attempt_logs, auth, worker_labels, workers
 from ql3.application import worker_credentials as credentials
 from ql3.application.gateway import InProcessControlPlane
 from ql3.cluster.auth_cache import WorkerAuthCache
@@ -211,15 +211,23 @@ def identity(worker_id: WorkerDep) -> dict[str, Any]:
 
 
 @router.post("/api/v1/worker/register")
-def register(body: RegisterIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
-    """Register or resume a session; the generation comes from the registry."""
-    info = _plane(request).register(
-        worker_id=worker_id,
-        session_id=body.sessionId,
-        capabilities=body.capabilities,
-        max_concurrent_runs=body.maxConcurrentRuns,
-        session_lease_ms=body.sessionLeaseMs,
-    )
+def register(body: RegisterIn, worker_id: WorkerDep, db: DbDep, request: Request) -> dict[str, Any]:
+    """Register or resume a session; the generation comes from the registry. Only with the labels
+    approved for this worker id (the first registration binds them): others are 403
+    ``labels_not_approved``, nothing registered, and kept as the request ``ql3 worker approve`` shows."""
+    try:
+        info = _plane(request).register(
+            worker_id=worker_id,
+            session_id=body.sessionId,
+            capabilities=body.capabilities,
+            max_concurrent_runs=body.maxConcurrentRuns,
+            session_lease_ms=body.sessionLeaseMs,
+            approved_labels_only=True,
+        )
+    except worker_labels.LabelsNotApproved:
+        labels = worker_labels.checked_labels(body.capabilities.get("labels", {}))
+        db.transaction(lambda tx: worker_labels.record_request(tx, worker_id, labels))
+        raise
     return _session_out(info)
 
 
@@ -508,6 +516,12 @@ def batch(body: BatchIn, worker_id: WorkerDep, request: Request) -> dict[str, An
 class WorkerTokenIn(Body):
     workerId: str = Field(min_length=1, max_length=128)
     expiresInS: int | None = None
+    # the labels the worker may register with (replacing those bound before); none: unchanged
+    labels: dict[str, str] | None = Field(default=None, max_length=32)
+
+
+class LabelsIn(Body):
+    labels: dict[str, str] = Field(max_length=32)
 
 
 def _require_manage(tx: Transaction, principal: Principal) -> None:
@@ -539,7 +553,9 @@ def create_worker_token(body: WorkerTokenIn, db: DbDep, principal: PrincipalDep)
 
     def unit(tx: Transaction) -> dict[str, Any]:
         _require_manage(tx, principal)
-        issued = credentials.issue(tx, body.workerId, expires_in_s=body.expiresInS)
+        issued = credentials.issue(
+            tx, body.workerId, expires_in_s=body.expiresInS, labels=body.labels, issued_by=principal.id
+        )
         return {**_token_out(issued.record), "token": issued.token}
 
     return db.transaction(unit)
@@ -567,5 +583,45 @@ def revoke_worker_token(token_id: str, db: DbDep, principal: PrincipalDep) -> di
     def unit(tx: Transaction) -> dict[str, Any]:
         _require_manage(tx, principal)
         return _token_out(credentials.revoke(tx, token_id))
+
+    return db.transaction(unit)
+
+
+# -- the labels a worker may register with (owner, or admin of the default project) -------------------
+
+
+def _labels_out(approval: worker_labels.LabelApproval) -> dict[str, Any]:
+    return {
+        "worker_id": approval.worker_id,
+        "labels": approval.labels,
+        "approved_by": approval.approved_by,
+        "approved_at_ms": approval.approved_at_ms,
+        "requested_labels": approval.requested_labels,
+        "requested_at_ms": approval.requested_at_ms,
+    }
+
+
+@admin_router.get("/api/v1/worker-labels/{worker_id}")
+def get_worker_labels(worker_id: str, db: DbDep, principal: PrincipalDep) -> dict[str, Any]:
+    """The labels this worker id may register with (``approved_by`` null: bound by its first
+    registration) and the labels of its last refused registration, if any."""
+
+    def unit(tx: Transaction) -> dict[str, Any]:
+        _require_manage(tx, principal)
+        return _labels_out(worker_labels.get(tx, worker_id))
+
+    return db.transaction(unit, write=False)
+
+
+@admin_router.post("/api/v1/worker-labels/{worker_id}/approve")
+def approve_worker_labels(
+    worker_id: str, body: LabelsIn, db: DbDep, principal: PrincipalDep
+) -> dict[str, Any]:
+    """From now on sessions of this worker id register with exactly ``labels`` (its pending request
+    is dropped); a session registered with other labels before keeps running until it registers again."""
+
+    def unit(tx: Transaction) -> dict[str, Any]:
+        _require_manage(tx, principal)
+        return _labels_out(worker_labels.approve(tx, worker_id, body.labels, approved_by=principal.id))
 
     return db.transaction(unit)

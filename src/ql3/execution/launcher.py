@@ -211,7 +211,10 @@ class LocalLauncher:
         for prefix in ("QL3_", "QL_"):
             env[prefix + "RUN_ID"] = request.run_id
             env[prefix + "ATTEMPT_ID"] = request.attempt_id
-            env[prefix + "CALLBACK_TOKEN"] = request.callback_token
+            # The callback token stays with the shim (in its receipt's head): a task never calls back
+            # with it, and `env` in a task would write it into a log every viewer may read. A task
+            # cannot set it either (docs/security.md "What a task sees").
+            env.pop(prefix + "CALLBACK_TOKEN", None)
         return env
 
     def _shim_variables(

@@ -18,14 +18,7 @@ from ql3.execution.receipts import launch_identity_path, receipt_path
 from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, ShellCommand
 from tests.support.processes import ExecHarness
 
-ID_VARS = {
-    "QL3_RUN_ID",
-    "QL3_ATTEMPT_ID",
-    "QL3_CALLBACK_TOKEN",
-    "QL_RUN_ID",
-    "QL_ATTEMPT_ID",
-    "QL_CALLBACK_TOKEN",
-}
+ID_VARS = {"QL3_RUN_ID", "QL3_ATTEMPT_ID", "QL_RUN_ID", "QL_ATTEMPT_ID"}
 
 
 def _env_from_log(ex: ExecHarness, attempt_id: str) -> dict[str, str]:
@@ -47,7 +40,31 @@ def test_isolated_environment_is_the_minimal_base_plus_task_env_plus_ids(ex: Exe
     assert env["TASK_VAR"] == "v 1"
     assert env["QL3_RUN_ID"] == env["QL_RUN_ID"] == ex.run_id
     assert env["QL3_ATTEMPT_ID"] == env["QL_ATTEMPT_ID"] == "att-iso"
-    assert env["QL3_CALLBACK_TOKEN"] == env["QL_CALLBACK_TOKEN"] == ex.token
+    # the callback token stays with the shim: no variable of the task holds it
+    assert not [key for key, value in env.items() if ex.token in value]
+
+
+@pytest.mark.parametrize("policy", ["isolated", "inherit"])
+def test_the_callback_token_never_reaches_the_task_even_when_the_caller_or_task_names_it(
+    ex: ExecHarness, monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    # Given a caller environment and a task environment that both carry a callback-token variable
+    monkeypatch.setenv("QL3_CALLBACK_TOKEN", "from-caller")
+    attempt_id = f"att-cb-{policy}"
+    ex.launch(
+        attempt_id,
+        ArgvCommand(file="env"),
+        environment_policy=policy,
+        environment={"QL_CALLBACK_TOKEN": "from-task"},
+    )
+    env = _env_from_log(ex, attempt_id)
+
+    # Then the task sees neither, nor the real token under any name
+    assert "QL3_CALLBACK_TOKEN" not in env and "QL_CALLBACK_TOKEN" not in env
+    assert not [key for key, value in env.items() if ex.token in value]
+    # and the receipt (the shim's) still carries the token completion checks
+    receipt = ex.receipt(attempt_id)
+    assert receipt is not None and receipt.exit_code == 0 and receipt.token == ex.token
 
 
 def test_inherit_environment_adds_the_callers_env_but_never_the_shim_inputs(

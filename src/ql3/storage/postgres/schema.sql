@@ -304,6 +304,12 @@ COLUMN tasks.revision integer null=NO default=None
 COLUMN tasks.created_at_ms bigint null=NO default=None
 COLUMN tasks.updated_at_ms bigint null=NO default=None
 COLUMN tasks.deleted_at_ms bigint null=YES default=None
+COLUMN worker_label_approvals.worker_id text null=NO default=None
+COLUMN worker_label_approvals.labels_json text null=NO default=None
+COLUMN worker_label_approvals.approved_by text null=YES default=None
+COLUMN worker_label_approvals.approved_at_ms bigint null=NO default=None
+COLUMN worker_label_approvals.requested_labels_json text null=YES default=None
+COLUMN worker_label_approvals.requested_at_ms bigint null=YES default=None
 COLUMN workers.worker_id text null=NO default=None
 COLUMN workers.session_id text null=NO default=None
 COLUMN workers.generation integer null=NO default=None
@@ -398,6 +404,7 @@ INDEX CREATE UNIQUE INDEX task_schedules_pkey ON public.task_schedules USING btr
 INDEX CREATE UNIQUE INDEX tasks_live_name ON public.tasks USING btree (project_id, name) WHERE (deleted_at_ms IS NULL)
 INDEX CREATE UNIQUE INDEX tasks_pkey ON public.tasks USING btree (id)
 INDEX CREATE INDEX tasks_project ON public.tasks USING btree (project_id, created_at_ms, id)
+INDEX CREATE UNIQUE INDEX worker_label_approvals_pkey ON public.worker_label_approvals USING btree (worker_id)
 INDEX CREATE UNIQUE INDEX workers_pkey ON public.workers USING btree (worker_id)
 INDEX CREATE INDEX workers_status ON public.workers USING btree (status, worker_id)
 CONSTRAINT approval_requests.approval_requests_action_digest_check CHECK ((action_digest ~ '^[0-9a-f]{64}$'::text))
@@ -640,6 +647,12 @@ CONSTRAINT tasks.tasks_enabled_check CHECK ((enabled = ANY (ARRAY[0, 1])))
 CONSTRAINT tasks.tasks_pkey PRIMARY KEY (id)
 CONSTRAINT tasks.tasks_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT tasks.tasks_revision_check CHECK ((revision >= 1))
+CONSTRAINT worker_label_approvals.worker_label_approvals_approved_by_check CHECK (((approved_by IS NULL) OR ((length(approved_by) >= 1) AND (length(approved_by) <= 64))))
+CONSTRAINT worker_label_approvals.worker_label_approvals_check CHECK (((requested_labels_json IS NULL) = (requested_at_ms IS NULL)))
+CONSTRAINT worker_label_approvals.worker_label_approvals_labels_json_check CHECK (((length(labels_json) >= 2) AND (length(labels_json) <= 65536)))
+CONSTRAINT worker_label_approvals.worker_label_approvals_pkey PRIMARY KEY (worker_id)
+CONSTRAINT worker_label_approvals.worker_label_approvals_requested_labels_json_check CHECK (((requested_labels_json IS NULL) OR ((length(requested_labels_json) >= 2) AND (length(requested_labels_json) <= 65536))))
+CONSTRAINT worker_label_approvals.worker_label_approvals_worker_id_check CHECK (((length(worker_id) >= 1) AND (length(worker_id) <= 128)))
 CONSTRAINT workers.workers_active_leases_check CHECK ((active_leases >= 0))
 CONSTRAINT workers.workers_generation_check CHECK ((generation >= 1))
 CONSTRAINT workers.workers_max_concurrent_runs_check CHECK (((max_concurrent_runs >= 1) AND (max_concurrent_runs <= 1024)))

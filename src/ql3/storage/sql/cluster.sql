@@ -36,3 +36,25 @@ ORDER BY l.attempt_id LIMIT :limit
 -- name: cluster_bootstrap_lock
 -- desc: Serialises the first start of several replicas so one owner is created (a no-op where writes are serial).
 SELECT 1 AS locked
+
+-- name: worker_labels_get
+-- desc: The labels a worker id may register with, who approved them, and its pending request.
+SELECT * FROM worker_label_approvals WHERE worker_id = :worker_id
+
+-- name: worker_labels_bind
+-- desc: Binds a worker id's labels at its first registration; no row when it already has approved labels.
+INSERT INTO worker_label_approvals (worker_id, labels_json, approved_by, approved_at_ms)
+VALUES (:worker_id, :labels_json, NULL, :now)
+ON CONFLICT DO NOTHING
+
+-- name: worker_labels_approve
+-- desc: Sets the labels a worker id may register with (an admin, or a token minted with them); clears the request.
+INSERT INTO worker_label_approvals (worker_id, labels_json, approved_by, approved_at_ms)
+VALUES (:worker_id, :labels_json, :approved_by, :now)
+ON CONFLICT (worker_id) DO UPDATE SET labels_json = excluded.labels_json, approved_by = excluded.approved_by,
+  approved_at_ms = excluded.approved_at_ms, requested_labels_json = NULL, requested_at_ms = NULL
+
+-- name: worker_labels_request
+-- desc: Records the labels of a refused registration as the worker id's pending request (the last one wins).
+UPDATE worker_label_approvals SET requested_labels_json = :labels_json, requested_at_ms = :now
+WHERE worker_id = :worker_id
