@@ -17,6 +17,7 @@ import ql3
 from ql3.application.disk_space import full_disks
 from ql3.application.health import schema_version as applied_schema_version
 from ql3.console import routes as console
+from ql3.domain.egress import EgressPolicy
 from ql3.domain.errors import Ql3Error
 from ql3.http import errors, metrics
 from ql3.http.auth import DbDep
@@ -132,13 +133,15 @@ def create_app(
     logs_root: Path | None = None,
     extensions: Sequence[Extension] = (),
     schema_version: int | None = None,
+    egress: EgressPolicy | None = None,
 ) -> FastAPI:
     """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
 
     ``logs_root`` is the directory of the per-attempt log files this server can read (the embedded
     worker's); without it the logs route serves only logs shipped to the database by remote workers.
     ``schema_version``: the migration this binary expects; /readyz is 503 ``schema_mismatch`` while
-    the database's applied version differs (None: not checked).
+    the database's applied version differs (None: not checked). ``egress``: the notification egress
+    policy new channels are checked against (default: nothing opened).
     """
     components = tuple(lifecycle)
 
@@ -164,6 +167,7 @@ def create_app(
     )
     app.state.db = db
     app.state.logs_root = logs_root
+    app.state.egress = egress if egress is not None else EgressPolicy()
     errors.install(app)
     # Starlette wraps later additions around earlier ones.
     app.add_middleware(StartRunFastPath, db=db)  # innermost: inside the cap, the 500 and the headers
