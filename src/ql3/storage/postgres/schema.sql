@@ -280,6 +280,7 @@ COLUMN runs.cancel_reason text null=YES default=None
 COLUMN runs.error_code text null=YES default=None
 COLUMN runs.exit_code integer null=YES default=None
 COLUMN runs.updated_at_ms bigint null=NO default=None
+COLUMN runs.request_digest text null=YES default=None
 COLUMN server_keys.name text null=NO default=None
 COLUMN server_keys.key_hex text null=NO default=None
 COLUMN server_keys.created_at_ms bigint null=NO default=None
@@ -624,6 +625,7 @@ CONSTRAINT runs.runs_event_sequence_check CHECK ((event_sequence >= 0))
 CONSTRAINT runs.runs_pkey PRIMARY KEY (id)
 CONSTRAINT runs.runs_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT runs.runs_project_id_id_key UNIQUE (project_id, id)
+CONSTRAINT runs.runs_request_digest_check CHECK (((request_digest IS NULL) OR (request_digest ~ '^[0-9a-f]{64}$'::text)))
 CONSTRAINT runs.runs_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)
 CONSTRAINT runs.runs_task_id_task_revision_fkey FOREIGN KEY (task_id, task_revision) REFERENCES task_revisions(task_id, revision)
 CONSTRAINT runs.runs_version_check CHECK ((version >= 0))
