@@ -22,7 +22,7 @@ from ql3.domain.errors import Ql3Error
 from ql3.http import errors, metrics
 from ql3.http.auth import DbDep
 from ql3.http.dto import ErrorOut, Status
-from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders
+from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders, StrictJson
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
@@ -171,6 +171,7 @@ def create_app(
     errors.install(app)
     # Starlette wraps later additions around earlier ones.
     app.add_middleware(StartRunFastPath, db=db)  # innermost: inside the cap, the 500 and the headers
+    app.add_middleware(StrictJson)  # in front of every route and the fast path, inside the cap
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(CatchAll)
     app.add_middleware(SecurityHeaders)  # outermost: also on the 413s and 500s above
