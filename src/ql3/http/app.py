@@ -212,6 +212,7 @@ def create_app(
         workers.router,
         cancellation.router,
         approvals.router,
+        approvals.policy_router,
         actions.router,
         tokens.router,
         lookup.router,

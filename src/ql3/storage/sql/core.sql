@@ -19,8 +19,9 @@ UPDATE projects SET version = version + 1 WHERE id = :id
 
 -- name: principal_insert
 -- desc: Stores a new principal (user, owner or worker) with its token digest, issue time and expiry.
-INSERT INTO principals (id, name, kind, is_owner, token_digest, created_at_ms, token_issued_at_ms, expires_at_ms)
-VALUES (:id, :name, :kind, :is_owner, :token_digest, :now, :now, :expires_at_ms)
+INSERT INTO principals (id, name, kind, is_owner, token_digest, created_at_ms, token_issued_at_ms, expires_at_ms,
+  issued_by)
+VALUES (:id, :name, :kind, :is_owner, :token_digest, :now, :now, :expires_at_ms, :issued_by)
 
 -- name: principal_by_digest
 -- desc: The enabled principal whose token digest matches: the bearer-token authentication lookup.
