@@ -130,6 +130,19 @@ def role_in(tx: Transaction, principal: Principal, project: Project) -> Role | N
     return None if binding is None else binding.role
 
 
+# How many role bindings of one scrape principal are read for /metrics.
+MAX_METRICS_PROJECTS: Final = 1000
+
+
+def metrics_projects(tx: Transaction, principal: Principal) -> frozenset[str] | None:
+    """The names of the projects whose task names ``principal`` may see as /metrics label values
+    (its roles that allow ``metrics.read``); None: every project (the owner)."""
+    if principal.is_owner:
+        return None
+    bindings = auth_store.list_roles_of(tx, principal.id, limit=MAX_METRICS_PROJECTS)
+    return frozenset(b.project_name for b in bindings if role_allows(b.role, "metrics.read"))
+
+
 def authorize(tx: Transaction, principal: Principal, project_ref: str, permission: str) -> Project:
     """Resolve the project and require ``permission`` there.
 

@@ -605,7 +605,7 @@ CONSTRAINT retention_policies.retention_policies_version_check CHECK ((version >
 CONSTRAINT role_bindings.role_bindings_pkey PRIMARY KEY (principal_id, project_id)
 CONSTRAINT role_bindings.role_bindings_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES principals(id)
 CONSTRAINT role_bindings.role_bindings_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
-CONSTRAINT role_bindings.role_bindings_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'approver'::text, 'admin'::text])))
+CONSTRAINT role_bindings.role_bindings_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'approver'::text, 'admin'::text, 'metrics'::text])))
 CONSTRAINT role_bindings.role_bindings_version_check CHECK ((version >= 1))
 CONSTRAINT run_attempts.run_attempts_attempt_check CHECK ((attempt >= 1))
 CONSTRAINT run_attempts.run_attempts_callback_sequence_check CHECK ((callback_sequence >= 0))
