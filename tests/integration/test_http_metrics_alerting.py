@@ -119,6 +119,7 @@ def test_task_names_appear_only_for_a_scrape_token_of_their_project(
     scrape = make_token("metrics", project="edge", name="prometheus")
     scoped = client.get("/metrics", headers=scrape)
     wrong = client.get("/metrics", headers={"Authorization": "Bearer not-a-token"})
+    not_bearer = client.get("/metrics", headers={"Authorization": "Basic dXNlcjpwYXNz"})
 
     # Then without a token no project-specific label value appears (the families stay, empty)
     assert anonymous.status_code == 200
@@ -129,7 +130,7 @@ def test_task_names_appear_only_for_a_scrape_token_of_their_project(
     assert ("ql3_task_last_success_timestamp_seconds", "edge/sync") in samples(scoped.text)
     assert "backup-secret-name" not in scoped.text
     # And a token that does not authenticate is refused, as on every route
-    assert wrong.status_code == 401
+    assert wrong.status_code == 401 and not_bearer.status_code == 401
 
 
 def test_a_metrics_token_reads_nothing_else(client: Any, make_token: Any, make_task: Any) -> None:

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from ql3.application.notifications import NotificationDeliverer
 from ql3.domain.egress import EgressPolicy, parse_allow
 from ql3.http.app import create_app
+from ql3.notify.egress import own_addresses
 from ql3.notify.senders import ChannelSender
 from ql3.storage.sqlite.adapter import SqliteDatabase
 
@@ -216,3 +217,10 @@ def test_the_servers_own_addresses_are_refused_unless_opened() -> None:
     assert not policy.address_allowed(public)
     assert parse_allow(["8.8.8.0/24"]).with_own([public]).address_allowed(public)
     assert not EgressPolicy().address_allowed(own)  # documentation range: not global either
+
+
+def test_the_listen_host_counts_among_the_servers_own_addresses() -> None:
+    found = own_addresses(["198.51.100.7", "0.0.0.0"])
+
+    assert ipaddress.ip_address("198.51.100.7") in found
+    assert ipaddress.ip_address("0.0.0.0") not in found  # listening everywhere names no address

@@ -81,7 +81,7 @@ def own_addresses(extra_hosts: Iterable[str] = ()) -> list[Address]:
     """This host's addresses as its name resolves (and any listen host given): refused targets, since a
     webhook to the server itself would reach its API from inside."""
     found: list[Address] = []
-    for host in [socket.gethostname(), socket.getfqdn(), *extra_hosts]:
+    for host in [socket.gethostname(), *extra_hosts]:  # no getfqdn: a reverse lookup can hang
         literal = literal_address(host)
         if literal is not None:
             if not literal.is_unspecified:
