@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ql3.application.settings import ServeSettings, resolve_home
+from ql3.domain.egress import EgressPolicy
 from ql3.domain.errors import ConfigurationError
 from ql3.execution.run_as import TaskUser as TaskUser  # re-exported for ``ql3 serve --run-as``
 from ql3.execution.run_as import TaskUsers as TaskUsers
@@ -130,6 +131,14 @@ def task_launcher(task_users: TaskUsers) -> LocalLauncher:
     return LocalLauncher(task_users=task_users)
 
 
+def egress_policy(settings: ServeSettings, listen_host: str | None = None) -> EgressPolicy:
+    """The notification egress policy of a server: what ``--notify-allow`` opened, and this host's own
+    addresses (with ``listen_host``'s) refused like loopback (docs/notifications.md "Egress policy")."""
+    from ql3.notify.egress import own_addresses
+
+    return settings.egress.with_own(own_addresses([listen_host] if listen_host else []))
+
+
 def build_standalone_runtime(
     db: ManagedDatabase,
     settings: ServeSettings,
@@ -137,10 +146,12 @@ def build_standalone_runtime(
     run_as: TaskUser | None = None,
     task_users: TaskUsers | None = None,
     default_cwd: Path | None = None,
+    egress: EgressPolicy | None = None,
 ) -> StandaloneRuntime:
     """Wire the dispatcher, the embedded worker and the control loops with ``settings``' budgets.
     ``run_as``: a ``TaskUser`` the embedded worker's commands run as (None: the server's own user);
-    ``task_users``: the same per project (wins over ``run_as``)."""
+    ``task_users``: the same per project (wins over ``run_as``); ``egress``: where notifications may go
+    (default: ``settings``' policy with this host's own addresses, ``egress_policy``)."""
     import socket
 
     from ql3.application.control_loops import Adapters, control_loops, loop_factory
@@ -200,7 +211,7 @@ def build_standalone_runtime(
             clock=db.clock,
             fault=fault_point,
             adapters=Adapters(
-                sender=ChannelSender(),
+                sender=ChannelSender(egress=egress or egress_policy(settings)),
                 logs=LogDirectory(home / "worker" / "logs"),
                 # A stop that finds the leader already gone still KILLs what survived of the
                 # attempt in its group (a child that ignores TERM, its shell killed a moment before):

@@ -14,13 +14,17 @@ pytestmark = pytest.mark.slow
 
 
 def test_an_approved_request_becomes_a_run_that_succeeds(serve: Server) -> None:
-    # Given an approval-required task and a second user with the approver role
+    # Given an approval-required task, an operator who asks and a second user with the approver role
+    # (the owner issued both tokens; neither issued the other's: docs/security.md "Separation of duty")
     serve.cli_json("task", "add", "deploy", "--command", "echo deployed", "--approval", "required")
     issued = serve.cli_json("token", "create", "--role", "approver", "--name", "alice")
     approver = {"QL3_TOKEN": issued["token"]}
+    requester = {
+        "QL3_TOKEN": serve.cli_json("token", "create", "--role", "operator", "--name", "otto")["token"]
+    }
 
-    # When the owner starts it
-    started = serve.cli("run", "start", "deploy", "--wait")
+    # When the operator starts it
+    started = serve.cli("run", "start", "deploy", "--wait", env=requester)
 
     # Then it prints an approval id and exits 0; no run exists yet
     assert started.returncode == 0, started.stderr
@@ -29,13 +33,13 @@ def test_an_approved_request_becomes_a_run_that_succeeds(serve: Server) -> None:
     assert serve.cli_json("run", "list")["items"] == []
     shown = serve.cli_json("approval", "show", approval_id)
     assert shown["state"] == "pending"
-    as_json = serve.cli_json("run", "start", "deploy")
+    as_json = serve.cli_json("run", "start", "deploy", env=requester)
     assert as_json["approval"]["state"] == "pending" and as_json["approval"]["id"] != approval_id
 
-    # When the requester tries to approve their own request, it fails (exit 1) and stays pending
-    own = serve.cli("approval", "approve", approval_id)
+    # When the requester tries to approve its own request, it fails (exit 1) and stays pending
+    own = serve.cli("approval", "approve", approval_id, env=requester)
     assert own.returncode == 1
-    assert "permission_denied" in own.stderr
+    assert "permission_denied" in own.stderr  # an operator holds no approval.decide
     assert serve.cli_json("approval", "show", approval_id)["state"] == "pending"
 
     # When the approver approves it

@@ -87,10 +87,13 @@ def test_an_ambiguous_prefix_lists_candidates_and_an_unknown_one_is_echoed(share
 
 
 def test_approvals_show_task_and_principal_names(shared_server: Server) -> None:
-    # Given an approval-required task started by the owner and approved by alice, via short ids
+    # Given an approval-required task started by otto and approved by alice, via short ids
     shared_server.cli_json("task", "add", "deploy-named", "--command", "true", "--approval", "required")
     issued = shared_server.cli_json("token", "create", "--role", "approver", "--name", "alice-named")
-    requested = shared_server.cli_json("run", "start", "deploy-named")["approval"]["id"]
+    otto = shared_server.cli_json("token", "create", "--role", "operator", "--name", "otto-named")
+    requested = shared_server.cli_json("run", "start", "deploy-named", env={"QL3_TOKEN": otto["token"]})[
+        "approval"
+    ]["id"]
     approved = shared_server.cli_json(
         "approval", "approve", requested[:18], env={"QL3_TOKEN": issued["token"]}
     )
@@ -104,7 +107,7 @@ def test_approvals_show_task_and_principal_names(shared_server: Server) -> None:
     row = next(line for line in listed.stdout.splitlines() if line.startswith(requested[:13]))
     assert "run.create deploy-named" in row and requested not in row
     fields = dict(line.split(None, 1) for line in shown.stdout.splitlines() if " " in line)
-    assert fields["requested_by"].strip() == "owner (user)"
+    assert fields["requested_by"].strip() == "otto-named (user)"
     assert fields["decided_by"].strip() == "alice-named (user)"
     assert fields["action"].strip() == "run.create deploy-named"
 

@@ -73,10 +73,14 @@ def test_an_approval_asked_on_one_replica_and_granted_on_another_runs_once_on_a_
     issued = cluster.cli("token", "create", "--role", "approver", "--name", "alice", "--json")
     assert issued.returncode == 0, issued.stderr
     approver = {"Authorization": f"Bearer {json.loads(issued.stdout)['token']}"}
+    # The requester is an operator: the owner issued the approver's token, so it may not ask and approve
+    made = cluster.cli("token", "create", "--role", "operator", "--name", "otto", "--json")
+    assert made.returncode == 0, made.stderr
+    operator = {"Authorization": f"Bearer {json.loads(made.stdout)['token']}"}
 
-    # When the owner starts it on replica A: a request, no run
+    # When the operator starts it on replica A: a request, no run
     with cluster.api(0) as a:
-        asked = a.post(f"{P}/tasks/deploy/runs", json={})
+        asked = a.post(f"{P}/tasks/deploy/runs", json={}, headers=operator)
         assert asked.status_code == 202, asked.text
         approval_id = asked.json()["approval"]["id"]
         assert a.get(f"{P}/runs").json()["items"] == []

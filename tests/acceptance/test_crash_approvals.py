@@ -17,14 +17,16 @@ LEASE = {"QL3_ACTION_LEASE_MS": "3000"}
 
 
 def _approved_action(server: Server, marker: Path) -> tuple[str, dict[str, str]]:
-    """An approval-protected task requested by the owner and approved by a second user."""
+    """An approval-protected task requested by an operator and approved by a second user (neither
+    issued the other's token: docs/security.md "Separation of duty")."""
     assert (
         server.cli(
             "task", "add", "guarded", "--command", f"echo ran >> {marker}", "--approval", "required"
         ).returncode
         == 0
     )
-    requested = server.cli_json("run", "start", "guarded")
+    operator = server.cli_json("token", "create", "--role", "operator", "--name", "otto")["token"]
+    requested = server.cli_json("run", "start", "guarded", env={"QL3_TOKEN": operator, "QL3_URL": server.url})
     approval_id = requested["approval"]["id"]
     token = server.cli_json("token", "create", "--role", "approver", "--name", "alice")["token"]
     approver = {"QL3_TOKEN": token, "QL3_URL": server.url}

@@ -21,6 +21,8 @@ from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
 SECRET = "acceptance-webhook-secret-0123456789"
+# The receiver listens on loopback: refused unless the server opens it (docs/notifications.md).
+ALLOW = ("--notify-allow", "127.0.0.1")
 
 
 class Receiver:
@@ -72,7 +74,7 @@ def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(
     home = tmp_path / "home"
     lease = {"QL3_NOTIFY_LEASE_MS": "2000"}
     # Given a server that dies right after the failing run's outbox row is claimed, before sending
-    server = start_server(home, env={**lease, "QL3_FAULT": "notify_before_send"})
+    server = start_server(home, *ALLOW, env={**lease, "QL3_FAULT": "notify_before_send"})
     try:
         added = server.cli(
             "notify",
@@ -98,7 +100,7 @@ def test_kill_9_after_the_outcome_commit_delivers_once_after_restart(
     assert [(r["status"], r["attempts"], r["event"]) for r in outbox(home)] == [("leased", 1, "failed")]
 
     # Then a restart without the fault delivers it once the dead process's lease has expired
-    restarted = start_server(home, env=lease)
+    restarted = start_server(home, *ALLOW, env=lease)
     try:
         wait_for(lambda: [r["status"] for r in outbox(home)] == ["delivered"], 60)
         time.sleep(1.0)  # a second delivery would have to happen now: the row is settled

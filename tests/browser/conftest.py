@@ -61,7 +61,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     try:
         owner = server.credentials()["token"]
         made = Console(server=server, owner=owner, approver="", viewer="")
-        for role, name in (("approver", "ada"), ("viewer", "vic")):
+        for role, name in (("approver", "ada"), ("viewer", "vic"), ("operator", "otto")):
             resp = made.api("POST", "/tokens", json={"role": role, "name": name})
             assert resp.status_code == 201, resp.text
             setattr(made, role, resp.json()["token"])

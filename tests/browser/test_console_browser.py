@@ -175,9 +175,12 @@ def test_cancel_a_run_after_confirming(console: Console, open_page: Any) -> None
 def test_a_second_user_approves_and_the_requester_cannot(console: Console, open_page: Any) -> None:
     _task(console, "deploy", "echo deploying", approval="required", env={"TARGET": "prod"})
 
-    # The owner asks for a run from the task page: no run yet, an approval request
+    # A second admin asks for a run from the task page: no run yet, an approval request (the owner
+    # issued the approver's token, so the owner's own requests are not the approver's to decide)
+    made = console.api("POST", "/tokens", json={"role": "admin", "name": "adam"})
+    assert made.status_code == 201, made.text
     owner = open_page()
-    sign_in(owner, console, console.owner, "#/tasks/deploy")
+    sign_in(owner, console, made.json()["token"], "#/tasks/deploy")
     owner.click("main button.primary:has-text('Run now')")
     owner.wait_for_url("**/#/approvals")
     row = owner.locator("table.cards tbody tr").first
@@ -255,7 +258,7 @@ def test_a_blocked_action_says_it_is_final_and_offers_to_ask_again(console: Cons
 
 def test_a_rejection_keeps_its_note_and_names_the_decider(console: Console, open_page: Any) -> None:
     _task(console, "risky", "echo risky", approval="required")
-    requested = console.api("POST", "/tasks/risky/runs", json={})
+    requested = console.api("POST", "/tasks/risky/runs", token=console.operator, json={})
     assert requested.status_code == 202, requested.text
     approval_id = requested.json()["approval"]["id"]
 

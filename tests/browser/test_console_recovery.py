@@ -194,10 +194,10 @@ def test_resolve_a_recovery_required_action_in_the_ui_at_390_px(
     # Given a server that dies between an approved action's durable start barrier and its execution
     marker = tmp_path / "ran.txt"
     server = start({**LEASE, "QL3_FAULT": "after_start_barrier"})
-    console = _console(server, approver="ada")
+    console = _console(server, approver="ada", operator="oscar")
     spec = {"name": "guarded", "command": f"echo ran >> {marker}", "approval": "required"}
     assert console.api("POST", "/tasks", json=spec).status_code == 201
-    requested = console.api("POST", "/tasks/guarded/runs", json={})
+    requested = console.api("POST", "/tasks/guarded/runs", token=console.operator, json={})
     assert requested.status_code == 202, requested.text
     with contextlib.suppress(httpx.HTTPError):  # the crash may beat the answer; the decision is committed
         console.api(

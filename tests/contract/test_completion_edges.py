@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from ql3.application import lease_expiry, lease_results, leases, runs
+from ql3.domain.egress import EgressPolicy
 from ql3.domain.errors import FenceConflict, ValidationFailed
 from ql3.domain.offers import LeaseFence
 from tests.support.databases import Harness
@@ -202,7 +203,13 @@ def test_a_completion_in_a_project_with_a_notification_rule_enqueues_its_outcome
     project, fence = _running(harness)
     harness.db.transaction(
         lambda tx: notifications.create_channel(
-            tx, project, name="hook", kind="webhook", url="https://example.invalid/h", secret="s" * 32
+            tx,
+            project,
+            name="hook",
+            kind="webhook",
+            url="https://example.invalid/h",
+            secret="s" * 32,
+            egress=EgressPolicy(),
         )
     )
     harness.db.transaction(

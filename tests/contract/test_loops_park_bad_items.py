@@ -14,6 +14,7 @@ from ql3.application.cron import CronScheduler
 from ql3.application.lifecycle import LifecycleRunner
 from ql3.application.retention import RetentionPruner
 from ql3.application.settings import PROFILES, ServeSettings
+from ql3.domain.egress import EgressPolicy
 from ql3.domain.notifications import ChannelTarget, Message
 from tests.support.approval_builders import World, approved, user
 from tests.support.approval_builders import world as approval_world
@@ -170,7 +171,13 @@ def test_a_delivery_that_fails_unexpectedly_is_parked_and_the_other_is_sent(harn
     task = seed_task(harness.db, project, "nightly")
     harness.db.transaction(
         lambda tx: notifications.create_channel(
-            tx, project, name="hook", kind="webhook", url="https://example.invalid/h", secret="s" * 32
+            tx,
+            project,
+            name="hook",
+            kind="webhook",
+            url="https://example.invalid/h",
+            secret="s" * 32,
+            egress=EgressPolicy(),
         )
     )
     harness.db.transaction(

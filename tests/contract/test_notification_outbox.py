@@ -9,6 +9,7 @@ import pytest
 
 from ql3.application import notifications, runs
 from ql3.application.notifications import DeliveryBudget, NotificationDeliverer
+from ql3.domain.egress import EgressPolicy
 from ql3.domain.notifications import ChannelTarget, DeliveryFailed, Message
 from tests.support.builders import count, seed_project, seed_task, start_run
 
@@ -31,7 +32,13 @@ def _setup(db: Any, *, events: list[str] | None = None, task_scoped: bool = Fals
     task = seed_task(db, project, "nightly")
     db.transaction(
         lambda tx: notifications.create_channel(
-            tx, project, name="hook", kind="webhook", url="https://example.invalid/h", secret=SECRET
+            tx,
+            project,
+            name="hook",
+            kind="webhook",
+            url="https://example.invalid/h",
+            secret=SECRET,
+            egress=EgressPolicy(),
         )
     )
     db.transaction(

@@ -6,15 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 from ql3.application import notifications
+from ql3.domain.egress import parse_allow
 from tests.support.approval_builders import request as request_approval
 from tests.support.approval_builders import world
 from tests.support.cancellation_builders import claim, record, request, running_runs
+
+LOOPBACK = parse_allow(["127.0.0.0/8"])  # the receiver of these tests is local
 
 
 def _channel_and_rule(db: Any, project: Any, events: list[str]) -> None:
     db.transaction(
         lambda tx: notifications.create_channel(
-            tx, project, name="ops", kind="apprise", url="json://127.0.0.1:9/x", secret=None
+            tx, project, name="ops", kind="apprise", url="json://127.0.0.1:9/x", secret=None, egress=LOOPBACK
         )
     )
     db.transaction(lambda tx: notifications.create_rule(tx, project, channel="ops", task=None, events=events))

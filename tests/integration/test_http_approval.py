@@ -122,7 +122,7 @@ def test_the_requester_cannot_approve_and_an_approver_can(
 
     # Then it is refused and the request stays pending
     assert own.status_code == 403
-    assert own.json()["error"]["code"] == "permission_denied"
+    assert own.json()["error"]["code"] == "separation_of_duty"
     assert client.get(url, headers=owner).json()["state"] == "pending"
 
     # When viewers and operators try (no approval.decide), they are refused too

@@ -48,7 +48,7 @@ def test_approval_decisions_through_the_cli(
 
     # The requester cannot approve their own request: exit 1
     code, _, err = cli_main("approval", "approve", approval_id)
-    assert code == 1 and "permission_denied" in err
+    assert code == 1 and "separation_of_duty" in err
     # A malformed reason and a reject without one are usage errors (64), sent nowhere
     cli_main.requests.clear()  # type: ignore[attr-defined]
     assert cli_main("approval", "approve", approval_id, "--reason", "Not A Code", headers=approver)[0] == 64

@@ -57,7 +57,7 @@ def test_last_success_and_failure_per_task_and_queue_depth(
     sync_at = _finish(db, _start(client, owner, "sync", "edge"), "failed", 1000)
     queued = [_start(client, owner, "backup") for _ in range(2)]
 
-    body = client.get("/metrics").text
+    body = client.get("/metrics", headers=owner).text  # the owner's token: every project's tasks
 
     found = samples(body)
     assert found[("ql3_task_last_success_timestamp_seconds", "backup")] == ok_at / 1000
@@ -102,3 +102,40 @@ def test_the_served_metrics_include_the_histogram_and_the_outbox(client: Any, ow
 
     assert 'ql3_run_duration_seconds_bucket{le="+Inf"} 0.0' in body
     assert 'ql3_notifications{status="pending"} 1.0' in body
+
+
+def test_task_names_appear_only_for_a_scrape_token_of_their_project(
+    client: Any, owner: Any, make_task: Any, db: SqliteDatabase, make_token: Any
+) -> None:
+    # Given a finished task in two projects
+    make_task("backup-secret-name")
+    client.post("/api/v1/projects", json={"name": "edge"}, headers=owner)
+    make_task("sync", project="edge")
+    _finish(db, _start(client, owner, "backup-secret-name"), "failed", 1000)
+    _finish(db, _start(client, owner, "sync", "edge"), "succeeded", 1000)
+
+    # When /metrics is scraped without a token, with edge's scrape token, and with a wrong token
+    anonymous = client.get("/metrics")
+    scrape = make_token("metrics", project="edge", name="prometheus")
+    scoped = client.get("/metrics", headers=scrape)
+    wrong = client.get("/metrics", headers={"Authorization": "Bearer not-a-token"})
+    not_bearer = client.get("/metrics", headers={"Authorization": "Basic dXNlcjpwYXNz"})
+
+    # Then without a token no project-specific label value appears (the families stay, empty)
+    assert anonymous.status_code == 200
+    assert "backup-secret-name" not in anonymous.text and "edge" not in anonymous.text
+    assert "# TYPE ql3_task_last_failure_timestamp_seconds gauge" in anonymous.text
+    assert 'ql3_runs{status="failed"} 1.0' in anonymous.text  # counts by status stay public
+    # And the scrape token sees its own project's tasks only
+    assert ("ql3_task_last_success_timestamp_seconds", "edge/sync") in samples(scoped.text)
+    assert "backup-secret-name" not in scoped.text
+    # And a token that does not authenticate is refused, as on every route
+    assert wrong.status_code == 401 and not_bearer.status_code == 401
+
+
+def test_a_metrics_token_reads_nothing_else(client: Any, make_token: Any, make_task: Any) -> None:
+    make_task("job")
+    scrape = make_token("metrics", name="prometheus")
+
+    for path in ("/api/v1/projects/default/tasks", "/api/v1/projects/default/runs"):
+        assert client.get(path, headers=scrape).status_code == 403

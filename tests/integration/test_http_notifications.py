@@ -12,14 +12,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from ql3.application import runs
 from ql3.application.notifications import NotificationDeliverer
+from ql3.domain.egress import parse_allow
+from ql3.http.app import create_app
 from ql3.notify.senders import ChannelSender
 from ql3.storage.sqlite.adapter import SqliteDatabase
 
 SECRET = "whsec-planted-canary-0123456789abcdef"
 BASE = "/api/v1/projects/default/notifications"
+# The receiver of these tests listens on loopback, which the default egress policy refuses
+# (test_notification_egress.py): these tests open it, as an operator would with --notify-allow.
+LOOPBACK = parse_allow(["127.0.0.0/8"])
+
+
+@pytest.fixture
+def client(db: SqliteDatabase, owner_token: str) -> Iterator[TestClient]:
+    with TestClient(create_app(db, egress=LOOPBACK)) as test_client:
+        yield test_client
 
 
 class Receiver:
@@ -85,7 +97,7 @@ def test_a_failed_run_reaches_the_webhook_signed(
 
     # When the run fails and the loop delivers
     _fail_run(db, run["id"])
-    report = NotificationDeliverer(db, ChannelSender(timeout_s=5), "test").deliver_batch()
+    report = NotificationDeliverer(db, ChannelSender(timeout_s=5, egress=LOOPBACK), "test").deliver_batch()
 
     # Then the receiver got one POST whose signature is the HMAC-SHA256 of the raw body
     assert report.delivered == 1
@@ -131,7 +143,7 @@ def test_the_test_message_goes_through_apprise(
 
     queued = client.post(f"{BASE}/channels/app/test", headers=owner)
     assert queued.status_code == 202 and queued.json()["status"] == "pending"
-    NotificationDeliverer(db, ChannelSender(timeout_s=5), "test").deliver_batch()
+    NotificationDeliverer(db, ChannelSender(timeout_s=5, egress=LOOPBACK), "test").deliver_batch()
 
     shown = client.get(f"{BASE}/deliveries/{queued.json()['id']}", headers=owner).json()
     assert shown["status"] == "delivered" and shown["attempts"] == 1
@@ -151,7 +163,7 @@ def test_a_receiver_error_is_retried_with_a_reason_code(
     )
     queued = client.post(f"{BASE}/channels/ops/test", headers=owner).json()
 
-    NotificationDeliverer(db, ChannelSender(timeout_s=5), "test").deliver_batch()
+    NotificationDeliverer(db, ChannelSender(timeout_s=5, egress=LOOPBACK), "test").deliver_batch()
 
     shown = client.get(f"{BASE}/deliveries/{queued['id']}", headers=owner).json()
     assert (shown["status"], shown["attempts"], shown["last_error"]) == ("pending", 1, "http_500")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 RUNS = "/api/v1/projects/default/runs"
 START = "/api/v1/projects/default/tasks/job/runs"
 
@@ -143,3 +145,36 @@ def test_a_run_pins_the_revision_current_when_it_started(client: Any, owner: Any
     # Then each keeps its own revision
     assert (first["task_revision"], second["task_revision"]) == (1, 2)
     assert client.get(f"{RUNS}/{first['id']}", headers=owner).json()["task_revision"] == 1
+
+
+def test_an_idempotency_key_reused_with_another_body_is_a_conflict(
+    client: Any, owner: Any, make_task: Any, counts: Any
+) -> None:
+    # Given a run started with a key and priority 1
+    make_task("job")
+    first = client.post(START, json={"idempotency_key": "k", "priority": 1}, headers=owner)
+    before = counts()
+
+    # When the key comes back with priority 9, then with the first body
+    other = client.post(START, json={"idempotency_key": "k", "priority": 9}, headers=owner)
+    same = client.post(START, json={"idempotency_key": "k", "priority": 1}, headers=owner)
+
+    # Then the other body is 409 and wrote nothing; the same body is the first run (200)
+    assert first.status_code == 201
+    assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_conflict"
+    assert same.status_code == 200 and same.json()["id"] == first.json()["id"]
+    assert counts() == before
+
+
+@pytest.mark.parametrize("key", ["ql3:cron:v1:0196a000-0000-7000-8000-000000000000:1:60000", "QL3:anything"])
+def test_keys_under_ql3_are_reserved_for_the_server(
+    client: Any, owner: Any, make_task: Any, counts: Any, key: str
+) -> None:
+    # Taking the scheduler's next keys in advance would suppress its cron fires (the keys are 422)
+    make_task("job")
+    before = counts()
+
+    resp = client.post(START, json={"idempotency_key": key}, headers=owner)
+
+    assert resp.status_code == 422 and resp.json()["error"]["code"] == "reserved_idempotency_key"
+    assert counts() == before

@@ -1,4 +1,5 @@
-"""The console's test world: a server with an owner, an approver and a viewer, and signing in a page."""
+"""The console's test world: a server with an owner, an approver, a viewer and an operator, and signing
+in a page."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ class Console:
     owner: str
     approver: str
     viewer: str
+    # Asks for approval-required runs: the owner issued the approver's token, so the owner's own requests
+    # are not the approver's to decide (docs/security.md "Separation of duty").
+    operator: str = ""
 
     @property
     def url(self) -> str:

@@ -18,6 +18,8 @@ from ql3.cli.main import main
         ["--slots", "many"],
         ["--worker-id", "bad id"],
         ["--worker-id", "-x"],
+        ["--notify-allow", "not a host/or net"],
+        ["--notify-allow", "10.0.0.0/33"],
     ],
 )
 def test_bad_worker_settings_exit_64_and_create_nothing(

@@ -18,11 +18,13 @@ from ql3.domain.approvals import (
     MAX_LIST_PAGE,
     RUN_CREATE,
     ApprovalExpired,
+    ApprovalPolicy,
     ApprovalRequest,
     Consumer,
     Dispatch,
     RequesterNotAllowed,
     RunCreatePlan,
+    SeparationOfDuty,
     approval_request_digest,
     build_run_create_plan,
     dispatch_digest,
@@ -257,8 +259,7 @@ def decide(
     if request is None or request.project_id != project.id:
         raise NotFound("approval not found")
     fence = require_role(tx, decider, project, role=decider_role, permission="approval.decide")
-    if decider.id == request.requested_by:
-        raise PermissionDenied("the requester cannot decide their own request", permission="approval.decide")
+    check_separation(tx, request, decider, decider_role, approval_store.get_policy(tx, project.id))
     if request.decision_id is not None:
         if (
             request.decision_id == decision_id
@@ -291,6 +292,61 @@ def decide(
     if chosen == "approve":
         tx.notify(channels.APPROVED_ACTIONS)
     return _written(tx, request.id)
+
+
+# How far a chain of token issuers is followed (each link is one read; chains are short in practice).
+MAX_ISSUER_CHAIN: Final = 32
+
+
+def issuers(tx: Transaction, principal_id: str) -> list[str]:
+    """Who issued ``principal_id``'s current token, who issued that one's, ... nearest first (bounded;
+    a principal that rotated its own token keeps its issuer)."""
+    chain: list[str] = []
+    seen = {principal_id}
+    current = principal_id
+    for _ in range(MAX_ISSUER_CHAIN):
+        issuer = auth_store.get_issuer(tx, current)
+        if issuer is None or issuer in seen:
+            break
+        chain.append(issuer)
+        seen.add(issuer)
+        current = issuer
+    return chain
+
+
+def check_separation(
+    tx: Transaction, request: ApprovalRequest, decider: Principal, decider_role: str, policy: ApprovalPolicy
+) -> None:
+    """The separation of duty of a decision (docs/security.md "Separation of duty"): never the
+    requester, never a principal whose token the requester issued (directly or through others); under
+    ``second_admin`` also only an admin, and never one who issued the requester's token."""
+    if decider.id == request.requested_by:
+        raise SeparationOfDuty("the requester cannot decide their own request", permission="approval.decide")
+    if request.requested_by in issuers(tx, decider.id):
+        raise SeparationOfDuty(
+            "the decider's token was issued by the requester", permission="approval.decide"
+        )
+    if not policy.second_admin:
+        return
+    if decider_role != "admin":
+        raise SeparationOfDuty("this project's policy needs a second admin", permission="approval.decide")
+    if decider.id in issuers(tx, request.requested_by):
+        raise SeparationOfDuty(
+            "this project's policy needs an admin who did not issue the requester's token",
+            permission="approval.decide",
+        )
+
+
+def get_policy(tx: Transaction, project: Project) -> ApprovalPolicy:
+    return approval_store.get_policy(tx, project.id)
+
+
+def set_policy(tx: Transaction, project: Project, admin: Principal, *, second_admin: bool) -> ApprovalPolicy:
+    """Set the project's approval policy (the caller holds ``project.admin``); returns it as written."""
+    if not isinstance(second_admin, bool):
+        raise ValidationFailed("second_admin is true or false", field="second_admin")
+    approval_store.set_policy(tx, project.id, second_admin=second_admin, updated_by=admin.id)
+    return approval_store.get_policy(tx, project.id)
 
 
 def _written(tx: Transaction, approval_id: str) -> ApprovalRequest:

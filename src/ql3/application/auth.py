@@ -130,6 +130,19 @@ def role_in(tx: Transaction, principal: Principal, project: Project) -> Role | N
     return None if binding is None else binding.role
 
 
+# How many role bindings of one scrape principal are read for /metrics.
+MAX_METRICS_PROJECTS: Final = 1000
+
+
+def metrics_projects(tx: Transaction, principal: Principal) -> frozenset[str] | None:
+    """The names of the projects whose task names ``principal`` may see as /metrics label values
+    (its roles that allow ``metrics.read``); None: every project (the owner)."""
+    if principal.is_owner:
+        return None
+    bindings = auth_store.list_roles_of(tx, principal.id, limit=MAX_METRICS_PROJECTS)
+    return frozenset(b.project_name for b in bindings if role_allows(b.role, "metrics.read"))
+
+
 def authorize(tx: Transaction, principal: Principal, project_ref: str, permission: str) -> Project:
     """Resolve the project and require ``permission`` there.
 
@@ -188,8 +201,11 @@ def issue_token(
     kind: PrincipalKind = "user",
     owner: bool = False,
     expires_in_s: int | None = None,
+    issued_by: Principal | None = None,
 ) -> IssuedToken:
-    """Create a principal with a fresh token; only the digest is stored, the token is returned once."""
+    """Create a principal with a fresh token; only the digest is stored, the token is returned once.
+    ``issued_by``: the caller who receives it (recorded for the separation of duty of approvals; None:
+    the server itself)."""
     validate_name(name, "principal name")
     granted = as_role(role)
     if granted is None:
@@ -199,7 +215,11 @@ def issue_token(
     token = new_token(TOKEN_PREFIX)
     principal = Principal(id=new_id(), name=name, kind=kind, is_owner=owner, created_at_ms=tx.now_ms())
     auth_store.insert_principal(
-        tx, principal, token_digest=token_digest(API_TOKEN_DOMAIN, token), expires_at_ms=expires_at_ms
+        tx,
+        principal,
+        token_digest=token_digest(API_TOKEN_DOMAIN, token),
+        expires_at_ms=expires_at_ms,
+        issued_by=None if issued_by is None else issued_by.id,
     )
     auth_store.upsert_binding(tx, principal_id=principal.id, project_id=project.id, role=granted)
     project_store.bump_project_version(tx, project.id)
@@ -298,7 +318,7 @@ def rotate_token(
     token = new_token(TOKEN_PREFIX)
     digest = token_digest(API_TOKEN_DOMAIN, token)
     if not auth_store.rotate_principal_token(
-        tx, principal_id, token_digest=digest, expires_at_ms=expires_at_ms
+        tx, principal_id, token_digest=digest, expires_at_ms=expires_at_ms, issued_by=caller.id
     ):
         raise Conflict("the token is revoked", code_hint="token_revoked")
     project_store.bump_project_version(tx, project.id)

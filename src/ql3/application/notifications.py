@@ -21,6 +21,7 @@ from ql3.application import auth
 from ql3.application.parking import UNEXPECTED, ItemGuard, Parked, is_transient
 from ql3.domain import leases as lease_rules
 from ql3.domain import notifications as rules
+from ql3.domain.egress import EgressPolicy, check_channel_target
 from ql3.domain.errors import Conflict, NotFound, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.model import Project, Run, Task
@@ -51,11 +52,21 @@ class RuleView:
 
 
 def create_channel(
-    tx: Transaction, project: Project, *, name: str, kind: str, url: str, secret: str | None
+    tx: Transaction,
+    project: Project,
+    *,
+    name: str,
+    kind: str,
+    url: str,
+    secret: str | None,
+    egress: EgressPolicy,
 ) -> ChannelView:
-    """Store a channel; its URL and secret are write-only from here on."""
+    """Store a channel; its URL and secret are write-only from here on. A target that ``egress``
+    refuses without resolving (a literal address, ``localhost``) is ``egress_refused``; names are judged
+    again on every delivery, after resolution."""
     validate_name(name, "channel name")
     checked_kind, scheme = rules.validate_channel(kind, url, secret)
+    check_channel_target(egress, checked_kind, url)
     if repo.count_channels(tx, project.id) >= rules.MAX_CHANNELS_PER_PROJECT:
         raise ValidationFailed("too many channels in this project", limit=rules.MAX_CHANNELS_PER_PROJECT)
     inserted = repo.insert_channel(

@@ -33,9 +33,12 @@ def task_label(project: str, task: str) -> str:
     return task if project == "default" else f"{project}/{task}"
 
 
-def task_outcomes(tx: Transaction) -> list[TaskOutcome]:
+def task_outcomes(tx: Transaction, projects: frozenset[str] | None = None) -> list[TaskOutcome]:
+    """Each live task's last success and failure; only the tasks of ``projects`` (names) when given."""
     out: list[TaskOutcome] = []
     for times in repo.list_task_finish_times(tx, limit=MAX_TASKS):
+        if projects is not None and times.project not in projects:
+            continue
         failures = [v for v in (times.last_failed_ms, times.last_timed_out_ms) if v is not None]
         out.append(
             TaskOutcome(

@@ -8,11 +8,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ql3.application import notifications
+from ql3.domain.digests import canonical_json, digest_equals, domain_digest
 from ql3.domain.errors import (
     Conflict,
     IdempotencyConflict,
     InvalidRunTransition,
     NotFound,
+    ReservedIdempotencyKey,
     RunVersionConflict,
     TaskDisabled,
     ValidationFailed,
@@ -285,12 +287,38 @@ class CreateRun:
     actor_id: str | None = None
 
 
+# Keys the server itself uses (``ql3:cron:v1:...``, application/schedules.py ``cron_key``): a caller
+# who could take one in advance would suppress a cron fire while the task shows enabled.
+RESERVED_KEY_PREFIX: Final = "ql3:"
+REQUEST_DIGEST_DOMAIN: Final = "ql3.run.request.v1"
+
+
 def validate_idempotency_key(key: str | None) -> str | None:
+    """A caller's key: 1-255 characters without control characters, never under the reserved ``ql3:``."""
     if key is None:
         return None
     if not isinstance(key, str) or not 1 <= len(key) <= 255 or any(ord(c) < 32 for c in key):
         raise ValidationFailed("invalid idempotency key", field="idempotency_key")
+    if key[: len(RESERVED_KEY_PREFIX)].lower() == RESERVED_KEY_PREFIX:
+        raise ReservedIdempotencyKey(field="idempotency_key")
     return key
+
+
+def request_digest(cmd: CreateRun) -> str:
+    """What a repeat of an idempotency key must repeat to be the same request: the task, the priority
+    and the run it re-runs (a task edited in between does not make it another request)."""
+    payload = canonical_json(
+        {"task_id": cmd.task.id, "priority": cmd.priority, "retry_of_run_id": cmd.retry_of_run_id}
+    )
+    return domain_digest(REQUEST_DIGEST_DOMAIN, payload)
+
+
+def _replay(cmd: CreateRun, found: tuple[Run, str | None]) -> Run:
+    """The run a repeated key names, when the repeat is the same request; else ``IdempotencyConflict``."""
+    run, digest = found
+    if run.task_id != cmd.task.id or (digest is not None and not digest_equals(digest, request_digest(cmd))):
+        raise IdempotencyConflict()
+    return run
 
 
 def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
@@ -305,10 +333,10 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
         # A replay of an earlier request still answers with its run; a new run is refused.
         earlier = None
         if cmd.idempotency_key is not None:
-            earlier = repo.get_run_by_idempotency(tx, cmd.project_id, cmd.idempotency_key)
-        if earlier is None or earlier.task_id != cmd.task.id:
+            earlier = repo.get_idempotent_run(tx, cmd.project_id, cmd.idempotency_key)
+        if earlier is None or earlier[0].task_id != cmd.task.id:
             raise TaskDisabled()
-        return earlier, False
+        return _replay(cmd, earlier), False
     now = tx.now_ms()
     run_id = new_id()
     inserted = repo.insert_run(
@@ -321,6 +349,7 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
         trigger_id=cmd.trigger_id,
         priority=cmd.priority,
         idempotency_key=cmd.idempotency_key,
+        request_digest=None if cmd.idempotency_key is None else request_digest(cmd),
         request_id=cmd.request_id,
         retry_of_run_id=cmd.retry_of_run_id,
         scheduled_for_ms=cmd.scheduled_for_ms,
@@ -329,12 +358,10 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
     if not inserted:
         if cmd.idempotency_key is None:
             raise Conflict("run id collision")
-        existing = repo.get_run_by_idempotency(tx, cmd.project_id, cmd.idempotency_key)
+        existing = repo.get_idempotent_run(tx, cmd.project_id, cmd.idempotency_key)
         if existing is None:
             raise Conflict("run id collision")
-        if existing.task_id != cmd.task.id:
-            raise IdempotencyConflict()
-        return existing, False
+        return _replay(cmd, existing), False
     attempt_id = new_id()
     repo.insert_attempt(
         tx,

@@ -8,7 +8,7 @@ on both; edge only does less per cycle and wakes less often when idle. See docs/
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -17,7 +17,8 @@ from ql3.domain import approvals as approval_rules
 from ql3.domain import cancellation as cancel_rules
 from ql3.domain import leases as lease_rules
 from ql3.domain import time_model
-from ql3.domain.errors import ConfigurationError
+from ql3.domain.egress import EgressPolicy, parse_allow
+from ql3.domain.errors import ConfigurationError, ValidationFailed
 
 MAX_SLOTS: Final = 1024
 
@@ -227,6 +228,8 @@ class ServeSettings:
     log_cap_bytes: int = LOG_CAP.default
     fence_margin_ms: int = FENCE_MARGIN.default
     fault: str | None = None  # QL3_FAULT: crash injection for the fault tests only
+    # Where notifications may go besides global addresses (--notify-allow, docs/notifications.md).
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
     @property
     def profile(self) -> str:
@@ -261,6 +264,7 @@ def load_serve_settings(
     database_url: str | None,
     cpus: int,
     labels: Mapping[str, str] | None = None,
+    notify_allow: Sequence[str] = (),
 ) -> ServeSettings:
     """Validate the flags and the ``QL3_*`` variables together; raise ``SettingsError`` naming the
     first offending variable or flag. Reads nothing but ``environ``."""
@@ -295,7 +299,12 @@ def load_serve_settings(
         raise SettingsError(
             CANCEL_LEASE.name, f"must be more than twice the stop grace ({cancel_rules.DEFAULT_GRACE_MS} ms)"
         )
+    try:
+        egress = parse_allow(notify_allow)
+    except ValidationFailed as exc:
+        raise SettingsError("--notify-allow", exc.message) from None
     return ServeSettings(
+        egress=egress,
         budgets=budgets,
         home=home,
         database_url=url,

@@ -152,6 +152,24 @@ def cmd_reject(args: argparse.Namespace) -> int:
     return _decide(args, "reject")
 
 
+def cmd_policy(args: argparse.Namespace) -> int:
+    path = f"/projects/{seg(args.project)}/approval-policy"
+    with ApiClient.from_environment() as api:
+        if args.second_admin is None:
+            _, policy = api.call("GET", path)
+        else:
+            _, policy = api.call("PUT", path, json={"second_admin": args.second_admin})
+    if wants_json(args):
+        output.emit_json(policy)
+    else:
+        output.line(
+            "decider: never the requester nor a principal whose token the requester issued"
+            + ("; an admin who did not issue the requester's token" if policy["second_admin"] else "")
+        )
+        output.line(f"second_admin: {'on' if policy['second_admin'] else 'off'}")
+    return EXIT_OK
+
+
 def register(subparsers: Subparsers) -> None:
     group: Parser = subparsers.add_parser(
         "approval",
@@ -193,3 +211,18 @@ def register(subparsers: Subparsers) -> None:
             help=f"free text stored with the decision (at most {MAX_DECISION_NOTE} characters)",
         )
         cmd.add_argument("--decision-id", default=None, metavar="ID", help="repeat one to replay a decision")
+
+    policy = add_command(
+        actions,
+        "policy",
+        cmd_policy,
+        "show or set who may decide this project's requests (docs/security.md, separation of duty)",
+        proj,
+    )
+    policy.add_argument(
+        "--second-admin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="require an admin who did not issue the requester's token (directly or through others);"
+        " --no-second-admin: the default policy (never the requester nor a token it issued)",
+    )

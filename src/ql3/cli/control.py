@@ -18,14 +18,14 @@ from typing import Final
 
 from ql3.application import auth
 from ql3.application.settings import PROFILES, ServeSettings, SettingsError, load_serve_settings
-from ql3.bootstrap import expected_schema_version, open_database
+from ql3.bootstrap import egress_policy, expected_schema_version, open_database
 from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command
 from ql3.cli.config import DEFAULT_LISTEN, Credentials, credentials_path, parse_listen, write_credentials_file
 from ql3.cli.disk import require_free_space, starting, state_dirs
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
 from ql3.cli.private import private_umask, require_private_home
-from ql3.cli.server import _ignore, access_log_flag, bind_listener, first_start_message
+from ql3.cli.server import _ignore, access_log_flag, bind_listener, first_start_message, notify_allow_flag
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.workers import validate_worker_id
 
@@ -65,6 +65,7 @@ def cmd_control(args: argparse.Namespace) -> int:
             worker_id=None,
             database_url=args.database_url,
             cpus=os.cpu_count() or 1,
+            notify_allow=args.notify_allow or (),
         )
     except SettingsError as exc:
         raise UsageError(exc.message, code=exc.code) from None
@@ -121,12 +122,14 @@ def _control(
         creds = credentials_path(settings.home)
         if issued is not None:
             write_credentials_file(creds, Credentials(url=url, token=issued.token))
-        runtime = build_control_runtime(db, settings, replica_id=replica_id)
+        egress = egress_policy(settings, host)
+        runtime = build_control_runtime(db, settings, replica_id=replica_id, egress=egress)
         app = create_app(
             db,
             lifecycle=[runtime],
             extensions=[runtime.api],
             schema_version=expected_schema_version(db.dialect),
+            egress=egress,
         )
         config = uvicorn.Config(
             app,
@@ -187,6 +190,7 @@ def register(subparsers: Subparsers) -> None:
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
     )
     access_log_flag(control)
+    notify_allow_flag(control)
     control.add_argument(
         "--replica-id",
         type=_replica_id,

@@ -303,7 +303,12 @@ def register(subparsers: Subparsers) -> None:
     )
     start.add_argument("task", metavar="TASK", help="task name or id")
     start.set_defaults(refs={"task": "task"})
-    start.add_argument("--idempotency-key", metavar="K", help="repeating a key returns the same run")
+    start.add_argument(
+        "--idempotency-key",
+        metavar="K",
+        help="repeating a key with the same options returns the same run (with other options: a"
+        " conflict); keys starting with ql3: are reserved",
+    )
     start.add_argument("--priority", type=int, default=0, metavar="P", help="higher runs first (default 0)")
     start.add_argument(
         "--wait",

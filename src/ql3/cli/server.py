@@ -26,6 +26,7 @@ from ql3.bootstrap import (
     TaskUser,
     TaskUsers,
     build_standalone_runtime,
+    egress_policy,
     expected_schema_version,
     open_database,
     resolve_task_user,
@@ -155,6 +156,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
             database_url=args.database_url,
             cpus=os.cpu_count() or 1,
             labels=_labels(getattr(args, "label", None)),
+            notify_allow=getattr(args, "notify_allow", None) or (),
         )
     except SettingsError as exc:
         raise UsageError(exc.message, code=exc.code) from None
@@ -230,6 +232,8 @@ def systemd_unit(args: argparse.Namespace, base: Path) -> str:
         serve += ["--run-as", args.run_as]
     for project, task_user in args.project_run_as or []:
         serve += ["--project-run-as", f"{project}={task_user}"]
+    for allowed in args.notify_allow or []:
+        serve += ["--notify-allow", allowed]
     if not args.access_log:
         serve += ["--no-access-log"]
     if args.allow_server_user:
@@ -312,8 +316,9 @@ def _serve(
     workdir = scripts_dir(args, settings.home)  # after prepare(): an open QL3_HOME is refused untouched
     try:
         task_users = _task_users(prepared.db, task_user, project_users)
+        egress = egress_policy(settings, host)
         runtime = build_standalone_runtime(
-            prepared.db, settings, run_as=task_user, task_users=task_users, default_cwd=workdir
+            prepared.db, settings, run_as=task_user, task_users=task_users, default_cwd=workdir, egress=egress
         )
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(
@@ -321,6 +326,7 @@ def _serve(
             lifecycle=[runtime],
             logs_root=logs_root,
             schema_version=expected_schema_version(prepared.db.dialect),
+            egress=egress,
         )
         config = uvicorn.Config(
             app,
@@ -546,8 +552,20 @@ def register(subparsers: Subparsers) -> None:
     serve.add_argument(
         "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"default {DEFAULT_LISTEN}"
     )
+    notify_allow_flag(serve)
     access_log_flag(serve)
     database_flag(serve)
+
+
+def notify_allow_flag(parser: Parser) -> None:
+    parser.add_argument(
+        "--notify-allow",
+        action="append",
+        metavar="CIDR|HOST",
+        help="let webhook channels reach this network, address or host name (repeatable): by default"
+        " loopback, link-local (cloud metadata), private ranges and this server's own addresses are"
+        " refused (docs/notifications.md)",
+    )
 
 
 def access_log_flag(parser: Parser) -> None:

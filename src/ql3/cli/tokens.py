@@ -156,7 +156,12 @@ def register(subparsers: Subparsers) -> None:
     create = add_command(
         actions, "create", cmd_create, "create a principal and print its token once", project_flag()
     )
-    create.add_argument("--role", required=True, choices=("viewer", "operator", "approver", "admin"))
+    create.add_argument(
+        "--role",
+        required=True,
+        choices=("viewer", "operator", "approver", "admin", "metrics"),
+        help="metrics: a Prometheus scrape token (reads /metrics with this project's task names only)",
+    )
     create.add_argument("--name", default="token", metavar="N", help="a label for the principal")
     create.add_argument(
         "--expires-in",

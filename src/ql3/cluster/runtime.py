@@ -13,10 +13,11 @@ from fastapi import FastAPI
 
 from ql3.application import attempt_logs
 from ql3.application.settings import ServeSettings
-from ql3.bootstrap import ManagedDatabase, fault_injector
+from ql3.bootstrap import ManagedDatabase, egress_policy, fault_injector
 from ql3.cluster.auth_cache import WorkerAuthCache
 from ql3.cluster.pull import PullBudget, PullService
 from ql3.cluster.stops import NO_LOCAL_WORKER, StopWatch
+from ql3.domain.egress import EgressPolicy
 from ql3.ports import channels
 
 # Each attached worker holds up to two long-polls (pull and stops), each in a worker thread of the
@@ -76,7 +77,9 @@ class ControlRuntime:
             loop.stop()
 
 
-def build_control_runtime(db: ManagedDatabase, settings: ServeSettings, *, replica_id: str) -> ControlRuntime:
+def build_control_runtime(
+    db: ManagedDatabase, settings: ServeSettings, *, replica_id: str, egress: EgressPolicy | None = None
+) -> ControlRuntime:
     """Every control-plane loop of ``ql3 serve`` except the dispatcher and the embedded worker:
     lease expiry and lost retry, timeouts and the cancellation supervisor (which signals nothing
     itself: remote workers stop through lease control), approved actions, cron, notifications and
@@ -97,7 +100,11 @@ def build_control_runtime(db: ManagedDatabase, settings: ServeSettings, *, repli
         # A replica has no worker and no log files: remote workers stop their own processes through
         # lease control, and ship their logs to the database (docs/cluster.md "Log shipping").
         adapters=Adapters(
-            sender=ChannelSender(), logs=None, signal=None, finish=None, local_worker_id=NO_LOCAL_WORKER
+            sender=ChannelSender(egress=egress or egress_policy(settings)),
+            logs=None,
+            signal=None,
+            finish=None,
+            local_worker_id=NO_LOCAL_WORKER,
         ),
     )
     pull_service = PullService(db, budget=PullBudget(lease_ms=settings.run_lease_ms))

@@ -146,6 +146,23 @@ class ApprovalExpired(Conflict):
     code = "approval_expired"
 
 
+class SeparationOfDuty(PermissionDenied):
+    """The decider may not decide this request: the requester, or a principal on the requester's side
+    (docs/security.md "Separation of duty")."""
+
+    code = "separation_of_duty"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalPolicy:
+    """A project's approval policy. ``second_admin``: a decision needs an admin who neither issued the
+    requester's token nor got theirs from the requester, directly or through others."""
+
+    second_admin: bool = False
+    version: int = 0  # 0: never set (the default policy)
+    updated_at_ms: int | None = None
+
+
 class RequesterNotAllowed(PermissionDenied):
     """The requester may no longer do this (revoked, or no longer holding the permission): the request
     is refused."""

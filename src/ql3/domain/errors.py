@@ -43,6 +43,12 @@ class RetrySafetyRequired(ValidationFailed):
     code = "retry_safety_required"
 
 
+class ReservedIdempotencyKey(ValidationFailed):
+    """Idempotency keys starting with ql3: are reserved for the server (cron fires, approved actions)."""
+
+    code = "reserved_idempotency_key"
+
+
 class PayloadTooLarge(Ql3Error):
     """The request body is too large."""
 

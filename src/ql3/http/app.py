@@ -17,11 +17,12 @@ import ql3
 from ql3.application.disk_space import full_disks
 from ql3.application.health import schema_version as applied_schema_version
 from ql3.console import routes as console
+from ql3.domain.egress import EgressPolicy
 from ql3.domain.errors import Ql3Error
 from ql3.http import errors, metrics
 from ql3.http.auth import DbDep
 from ql3.http.dto import ErrorOut, Status
-from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders
+from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders, StrictJson
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
@@ -132,13 +133,15 @@ def create_app(
     logs_root: Path | None = None,
     extensions: Sequence[Extension] = (),
     schema_version: int | None = None,
+    egress: EgressPolicy | None = None,
 ) -> FastAPI:
     """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
 
     ``logs_root`` is the directory of the per-attempt log files this server can read (the embedded
     worker's); without it the logs route serves only logs shipped to the database by remote workers.
     ``schema_version``: the migration this binary expects; /readyz is 503 ``schema_mismatch`` while
-    the database's applied version differs (None: not checked).
+    the database's applied version differs (None: not checked). ``egress``: the notification egress
+    policy new channels are checked against (default: nothing opened).
     """
     components = tuple(lifecycle)
 
@@ -164,9 +167,11 @@ def create_app(
     )
     app.state.db = db
     app.state.logs_root = logs_root
+    app.state.egress = egress if egress is not None else EgressPolicy()
     errors.install(app)
     # Starlette wraps later additions around earlier ones.
     app.add_middleware(StartRunFastPath, db=db)  # innermost: inside the cap, the 500 and the headers
+    app.add_middleware(StrictJson)  # in front of every route and the fast path, inside the cap
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(CatchAll)
     app.add_middleware(SecurityHeaders)  # outermost: also on the 413s and 500s above
@@ -210,6 +215,7 @@ def create_app(
         workers.router,
         cancellation.router,
         approvals.router,
+        approvals.policy_router,
         actions.router,
         tokens.router,
         lookup.router,

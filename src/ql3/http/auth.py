@@ -74,3 +74,9 @@ def principal_in(tx: Transaction, token: str | None) -> Principal:
     if found.needs_touch:
         auth.touch(tx, found.principal.id)
     return found.principal
+
+
+def authenticate_caller(tx: Transaction, token: str) -> Principal:
+    """``current_principal``'s check in a read transaction (``/metrics``): an unknown, revoked or
+    expired token is ``unauthenticated``, a worker credential is refused; the use is not recorded."""
+    return _management_caller(tx, token).principal

@@ -146,7 +146,7 @@ class ProjectCreate(Body):
 
 
 class TokenCreate(Body):
-    role: Literal["viewer", "operator", "approver", "admin"]
+    role: Literal["viewer", "operator", "approver", "admin", "metrics"]
     name: str = Field(default="token", json_schema_extra=NAME_SCHEMA)
     # 60 s to 10 years; without it the token never expires
     expires_in_s: ExpiresIn | None = None

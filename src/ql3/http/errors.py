@@ -36,6 +36,8 @@ FRAMEWORK_CODES: Final[dict[int, tuple[str, str]]] = {
 INTERNAL: Final = ("internal_error", "ql3 failed.")
 # A request body that is not JSON at all (bad syntax, not UTF-8): 400 with this code, never a 422.
 MALFORMED_JSON: Final = ("malformed_json", "The request body is not valid JSON.")
+# A JSON body that names one key twice in an object (http/limits.py ``StrictJson``).
+DUPLICATE_KEY: Final = ("duplicate_key", "The request body repeats a key in one JSON object.")
 # FastAPI's detail when the body could not even be decoded (e.g. not UTF-8).
 _BODY_PARSE_DETAIL: Final = "There was an error parsing the body"
 
@@ -51,7 +53,8 @@ API_ERROR_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
         "description": "validation_failed: a parameter or the body breaks a rule this document states"
         " (types, enums, lengths, ranges, patterns; unknown body fields are refused), or one it cannot"
         " state: a cron expression's syntax, a cursor this server did not issue, text that is not"
-        " valid Unicode (lone surrogates). `details.field` names the field when it is known.",
+        " valid Unicode (lone surrogates). `details.field` names the field when it is known."
+        " `duplicate_key`: the JSON body names one key twice in an object.",
     },
 }
 

@@ -1,14 +1,16 @@
-"""Pure ASGI guards that sit outside the framework: the body size cap and the last-resort 500."""
+"""Pure ASGI guards that sit outside the framework: the body size cap, strict JSON (no duplicate keys)
+and the last-resort 500."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Final
+from collections import deque
+from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ql3.http.errors import FRAMEWORK_CODES, INTERNAL, error_body, log_unhandled
+from ql3.http.errors import DUPLICATE_KEY, FRAMEWORK_CODES, INTERNAL, error_body, log_unhandled
 
 MAX_BODY_BYTES: Final = 256 * 1024
 
@@ -84,6 +86,81 @@ class BodySizeLimit:
                 raise
         if too_large and not started:
             await _send_json(send, 413, error_body(code, message))
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKey()
+    return out
+
+
+def has_duplicate_key(body: bytes) -> bool:
+    """Whether ``body``, as JSON, has an object that names one key twice. A body that is not JSON at
+    all answers False: the framework refuses it with its own 400 ``malformed_json``."""
+    try:
+        json.loads(body, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey:
+        return True
+    except (ValueError, RecursionError):
+        return False
+    return False
+
+
+def _json_content(scope: Scope) -> bool:
+    """Whether the framework would read this request's body as JSON: no Content-Type, or
+    ``application/json`` / ``application/*+json`` (FastAPI's own rule)."""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            media: bytes = value.split(b";", 1)[0].strip().lower()
+            return media == b"application/json" or (
+                media.startswith(b"application/") and media.endswith(b"+json")
+            )
+    return True
+
+
+class StrictJson:
+    """Refuse a JSON body that repeats a key in one object with 422 ``duplicate_key``, on every route.
+
+    JSON parsers keep the last of two equal keys (``{"command":"id","command":"rm -rf /"}``), so what
+    a reviewer, a proxy or a log sees need not be what the server acts on. The body is read here in
+    full (within the size cap around this guard), checked, and replayed to the app unchanged.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] in ("GET", "HEAD", "OPTIONS")
+            or not _json_content(scope)
+        ):
+            await self.app(scope, receive, send)
+            return
+        messages: deque[Message] = deque()
+        body = bytearray()
+        while True:  # bounded by the body size cap around this guard
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        if body and has_duplicate_key(bytes(body)):
+            code, text = DUPLICATE_KEY
+            await _send_json(send, 422, error_body(code, text))
+            return
+
+        async def replayed() -> Message:
+            return messages.popleft() if messages else await receive()
+
+        await self.app(scope, replayed, send)
 
 
 class CatchAll:

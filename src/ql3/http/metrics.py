@@ -1,4 +1,5 @@
-"""``GET /metrics``: Prometheus text format, counts by status and loop health. No ids as labels.
+"""``GET /metrics``: Prometheus text format, counts by status and loop health. No ids as labels, and no
+project-specific label values without a token (task names only for the projects a scrape token sees).
 
 prometheus-client is imported on the first scrape, so a server nobody scrapes does not pay for it.
 """
@@ -8,11 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.security.utils import get_authorization_scheme_param
 
-from ql3.application import metrics, outcome_metrics, parking, workers
+from ql3.application import auth, metrics, outcome_metrics, parking, workers
 from ql3.application.dispatch_reasons import DispatchReasons
 from ql3.application.outcome_metrics import DurationHistogram
+from ql3.domain.errors import Unauthenticated
+from ql3.http.auth import authenticate_caller
+from ql3.http.dto import ErrorOut
 from ql3.ports.storage import Database, Transaction
 
 
@@ -98,7 +103,8 @@ def _loop_health(loops: Sequence[Any]) -> Iterator[Any]:
 
 
 def _alerting_collector(db: Database, histogram: DurationHistogram | None = None) -> Any:
-    """Per-task last success / last failure, queue depth and the run-duration histogram."""
+    """Notifications by status, queue depth and the run-duration histogram: no project-specific
+    label values (the per-task gauges are ``_task_families``, scoped to the caller)."""
     from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
     from prometheus_client.registry import Collector
 
@@ -106,38 +112,17 @@ def _alerting_collector(db: Database, histogram: DurationHistogram | None = None
 
     class AlertingCollector(Collector):
         def collect(self) -> Iterator[Any]:
-            def read(tx: Transaction) -> tuple[list[outcome_metrics.TaskOutcome], int, dict[str, int]]:
+            def read(tx: Transaction) -> tuple[int, dict[str, int]]:
                 durations.refresh(tx)
-                return (
-                    outcome_metrics.task_outcomes(tx),
-                    outcome_metrics.queue_depth(tx),
-                    outcome_metrics.notifications_by_status(tx),
-                )
+                return outcome_metrics.queue_depth(tx), outcome_metrics.notifications_by_status(tx)
 
-            outcomes, depth, outbox = db.transaction(read, write=False)
+            depth, outbox = db.transaction(read, write=False)
             sent = GaugeMetricFamily(
                 "ql3_notifications", "notification outbox rows by status", labels=["status"]
             )
             for status, n in sorted(outbox.items()):
                 sent.add_metric([status], n)
             yield sent
-            success = GaugeMetricFamily(
-                "ql3_task_last_success_timestamp_seconds",
-                "when each task last finished successfully",
-                labels=["task"],
-            )
-            failure = GaugeMetricFamily(
-                "ql3_task_last_failure_timestamp_seconds",
-                "when each task last failed or timed out",
-                labels=["task"],
-            )
-            for item in outcomes:
-                if item.last_success_ms is not None:
-                    success.add_metric([item.task], item.last_success_ms / 1000)
-                if item.last_failure_ms is not None:
-                    failure.add_metric([item.task], item.last_failure_ms / 1000)
-            yield success
-            yield failure
             yield GaugeMetricFamily("ql3_queue_depth", "runs queued and not yet placed", value=depth)
             yield HistogramMetricFamily(
                 "ql3_run_duration_seconds",
@@ -149,14 +134,76 @@ def _alerting_collector(db: Database, histogram: DurationHistogram | None = None
     return AlertingCollector()
 
 
+def _task_families(outcomes: Sequence[outcome_metrics.TaskOutcome]) -> Any:
+    """The per-task gauges (task names are label values) for one scrape, in a registry of their own."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+
+    class TaskCollector(Collector):
+        def collect(self) -> Iterator[Any]:
+            success = GaugeMetricFamily(
+                "ql3_task_last_success_timestamp_seconds",
+                "when each task last finished successfully (label values only for a scrape token)",
+                labels=["task"],
+            )
+            failure = GaugeMetricFamily(
+                "ql3_task_last_failure_timestamp_seconds",
+                "when each task last failed or timed out (label values only for a scrape token)",
+                labels=["task"],
+            )
+            for item in outcomes:
+                if item.last_success_ms is not None:
+                    success.add_metric([item.task], item.last_success_ms / 1000)
+                if item.last_failure_ms is not None:
+                    failure.add_metric([item.task], item.last_failure_ms / 1000)
+            yield success
+            yield failure
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TaskCollector())
+    return registry
+
+
+def _scoped_outcomes(db: Database, token: str | None) -> list[outcome_metrics.TaskOutcome]:
+    """The task outcomes this scrape may see: none without a token; with one, the tasks of the
+    projects where its role allows ``metrics.read`` (every project for the owner). A token that does
+    not authenticate is refused (401), as on every route."""
+    if token is None:
+        return []
+
+    def read(tx: Transaction) -> list[outcome_metrics.TaskOutcome]:
+        principal = authenticate_caller(tx, token)
+        return outcome_metrics.task_outcomes(tx, auth.metrics_projects(tx, principal))
+
+    return db.transaction(read, write=False)
+
+
 def install(app: FastAPI, db: Database, loops: Sequence[Any], reasons: DispatchReasons | None = None) -> None:
     built: list[Any] = []
 
-    @app.get("/metrics", tags=["health"], response_class=Response)
-    def metrics_endpoint() -> Response:
-        """Prometheus metrics: counts by status and control-loop health (no authentication)."""
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        response_class=Response,
+        responses={
+            401: {"model": ErrorOut, "description": "unauthenticated: a token that does not authenticate"}
+        },
+    )
+    def metrics_endpoint(request: Request) -> Response:
+        """Prometheus metrics: counts by status and control-loop health. Without a token no
+        project-specific label value appears (the per-task gauges have no samples); a token (role
+        ``metrics``, a scrape token, or any role) adds the task names of its projects
+        (docs/operations.md "Prometheus")."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         if not built:
             built.append(_registry(db, loops, reasons))
-        return Response(generate_latest(built[0]), media_type=CONTENT_TYPE_LATEST)
+        # Read by hand, not through the bearer dependency: the token is optional here, and the
+        # document must not state that the route requires one.
+        scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+        if request.headers.get("Authorization") is not None and (scheme.lower() != "bearer" or not token):
+            raise Unauthenticated()
+        outcomes = _scoped_outcomes(db, token or None)
+        body = generate_latest(built[0]) + generate_latest(_task_families(outcomes))
+        return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -13,6 +13,7 @@ from ql3.domain.approvals import (
     CONSUMERS,
     DECISIONS,
     RISKS,
+    ApprovalPolicy,
     ApprovalRequest,
     ApprovalState,
     Consumer,
@@ -181,3 +182,28 @@ def consume_approval(
         },
     )
     return changed == 1
+
+
+def get_policy(tx: Transaction, project_id: str) -> ApprovalPolicy:
+    """The project's approval policy (the default when it never set one)."""
+    row = tx.one("approval_policy_get", {"project_id": project_id})
+    if row is None:
+        return ApprovalPolicy()
+    return ApprovalPolicy(
+        second_admin=bool(row["second_admin"]),
+        version=int(row["version"]),
+        updated_at_ms=opt_int(row["updated_at_ms"]),
+    )
+
+
+def set_policy(tx: Transaction, project_id: str, *, second_admin: bool, updated_by: str) -> None:
+    """Create or replace the project's approval policy (its version goes up by one)."""
+    tx.run(
+        "approval_policy_upsert",
+        {
+            "project_id": project_id,
+            "second_admin": int(second_admin),
+            "updated_by": updated_by,
+            "now": tx.now_ms(),
+        },
+    )

@@ -120,17 +120,30 @@ def get_credential(tx: Transaction, token_digest: str) -> Credential | None:
 
 
 def get_live_principal(tx: Transaction, principal_id: str) -> Principal | None:
-    """The principal with this id, unless it is revoked."""
+    """The principal with this id, unless it is revoked or its token has expired."""
     row = tx.one("approval_principal_get", {"id": principal_id})
     if row is None or row["disabled_at_ms"] is not None:
+        return None
+    if row["expires_at_ms"] is not None and int(row["expires_at_ms"]) <= tx.now_ms():
         return None
     return principal_from_row(row)
 
 
+def get_issuer(tx: Transaction, principal_id: str) -> str | None:
+    """Who issued the principal's current token (None: the server itself, unknown, or no principal)."""
+    row = tx.one("principal_issuer", {"id": principal_id})
+    return None if row is None or row["issued_by"] is None else str(row["issued_by"])
+
+
 def insert_principal(
-    tx: Transaction, principal: Principal, *, token_digest: str, expires_at_ms: int | None
+    tx: Transaction,
+    principal: Principal,
+    *,
+    token_digest: str,
+    expires_at_ms: int | None,
+    issued_by: str | None = None,
 ) -> None:
-    """A new principal whose token is issued at its creation time."""
+    """A new principal whose token is issued at its creation time, by ``issued_by`` (None: the server)."""
     tx.run(
         "principal_insert",
         {
@@ -141,6 +154,7 @@ def insert_principal(
             "token_digest": token_digest,
             "now": principal.created_at_ms,
             "expires_at_ms": expires_at_ms,
+            "issued_by": issued_by,
         },
     )
 
@@ -156,10 +170,16 @@ def revoke_principal(tx: Transaction, principal_id: str) -> bool:
 
 
 def rotate_principal_token(
-    tx: Transaction, principal_id: str, *, token_digest: str, expires_at_ms: int | None
+    tx: Transaction, principal_id: str, *, token_digest: str, expires_at_ms: int | None, issued_by: str
 ) -> bool:
-    """Replace the token digest of a live principal (issued now); False when it is revoked."""
-    params = {"id": principal_id, "token_digest": token_digest, "expires_at_ms": expires_at_ms}
+    """Replace the token digest of a live principal (issued now by ``issued_by``, who then holds it);
+    False when it is revoked."""
+    params = {
+        "id": principal_id,
+        "token_digest": token_digest,
+        "expires_at_ms": expires_at_ms,
+        "issued_by": issued_by,
+    }
     return tx.run("principal_rotate", {**params, "now": tx.now_ms()}) == 1
 
 

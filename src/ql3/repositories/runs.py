@@ -92,8 +92,17 @@ def get_run_in_project(tx: Transaction, project_id: str, run_id: str) -> Run | N
 
 def get_run_by_idempotency(tx: Transaction, project_id: str, idempotency_key: str) -> Run | None:
     """The project's run created under ``idempotency_key`` (unique per project)."""
+    found = get_idempotent_run(tx, project_id, idempotency_key)
+    return None if found is None else found[0]
+
+
+def get_idempotent_run(
+    tx: Transaction, project_id: str, idempotency_key: str
+) -> tuple[Run, str | None] | None:
+    """The project's run created under ``idempotency_key`` with the digest of the request that created
+    it (None for a run created before digests were kept)."""
     row = tx.one("run_by_idempotency", {"project_id": project_id, "idempotency_key": idempotency_key})
-    return None if row is None else run_from_row(row)
+    return None if row is None else (run_from_row(row), row["request_digest"])
 
 
 def lock_attempt(tx: Transaction, attempt_id: str) -> Attempt | None:
@@ -194,6 +203,7 @@ def insert_run(
     retry_of_run_id: str | None,
     scheduled_for_ms: int | None,
     now: int,
+    request_digest: str | None = None,
 ) -> bool:
     """A new queued run (version 0, event sequence 2: its created and queued events); False when the
     id or the project's idempotency key is taken (the unique index decides under races)."""
@@ -209,6 +219,7 @@ def insert_run(
             "status": "queued",
             "priority": priority,
             "idempotency_key": idempotency_key,
+            "request_digest": request_digest,
             "request_id": request_id,
             "retry_of_run_id": retry_of_run_id,
             "scheduled_for_ms": scheduled_for_ms,

@@ -20,6 +20,7 @@
     approver: ["run.read", "task.read", "worker.read", "approval.decide", "approval.recover"],
     admin: ["run.read", "task.read", "worker.read", "run.create", "run.stop", "task.write", "approval.decide",
       "approval.recover", "token.create", "worker.manage", "project.admin"],
+    metrics: ["metrics.read"], // a Prometheus scrape token (docs/operations.md "Prometheus")
   };
   const REFRESH_MS = 5000;
   const LOG_POLL_MS = 1000;

@@ -14,7 +14,14 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from ql3.application import approvals, auth
-from ql3.domain.approvals import APPROVAL_STATES, CLIENT_ID_RE, CODE_RE, MAX_DECISION_NOTE, MAX_LIST_PAGE
+from ql3.domain.approvals import (
+    APPROVAL_STATES,
+    CLIENT_ID_RE,
+    CODE_RE,
+    MAX_DECISION_NOTE,
+    MAX_LIST_PAGE,
+    ApprovalPolicy,
+)
 from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import new_id
@@ -227,3 +234,48 @@ def reject(project: str, approval_id: str, body: RejectIn, db: DbDep, principal:
         note=body.note,
         decision_id=body.decision_id,
     )
+
+
+# -- the project's approval policy (docs/security.md "Separation of duty") ---------------------------
+
+policy_router = APIRouter(prefix="/api/v1/projects/{project}", tags=["approvals"])
+
+
+class ApprovalPolicyIn(Body):
+    second_admin: bool
+
+
+class ApprovalPolicyOut(BaseModel):
+    second_admin: bool
+    version: int
+    updated_at_ms: int | None
+
+
+def _policy_out(policy: ApprovalPolicy) -> ApprovalPolicyOut:
+    return ApprovalPolicyOut(
+        second_admin=policy.second_admin, version=policy.version, updated_at_ms=policy.updated_at_ms
+    )
+
+
+@policy_router.get("/approval-policy", response_model=ApprovalPolicyOut)
+def show_policy(project: str, db: DbDep, principal: PrincipalDep) -> ApprovalPolicyOut:
+    """Who may decide this project's approval requests. Always: never the requester, never a principal
+    whose token the requester issued. ``second_admin``: also only an admin, never one who issued the
+    requester's token (version 0: never set)."""
+
+    def unit(tx: Transaction) -> ApprovalPolicyOut:
+        found = auth.authorize(tx, principal, project, "run.read")
+        return _policy_out(approvals.get_policy(tx, found))
+
+    return db.transaction(unit, write=False)
+
+
+@policy_router.put("/approval-policy", response_model=ApprovalPolicyOut)
+def set_policy(project: str, body: ApprovalPolicyIn, db: DbDep, principal: PrincipalDep) -> ApprovalPolicyOut:
+    """Set the project's approval policy (admin)."""
+
+    def unit(tx: Transaction) -> ApprovalPolicyOut:
+        found = auth.authorize(tx, principal, project, "project.admin")
+        return _policy_out(approvals.set_policy(tx, found, principal, second_admin=body.second_admin))
+
+    return db.transaction(unit)

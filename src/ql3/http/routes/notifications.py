@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Request, Response, status
 from pydantic import BaseModel, Field
 
 from ql3.application import auth, notifications, retention, tasks
@@ -116,16 +116,27 @@ def _delivery(d: Delivery) -> DeliveryOut:
 
 
 @router.post("/notifications/channels", response_model=ChannelOut, status_code=status.HTTP_201_CREATED)
-def create_channel(project: str, body: ChannelCreate, db: DbDep, principal: PrincipalDep) -> ChannelOut:
+def create_channel(
+    project: str, body: ChannelCreate, request: Request, db: DbDep, principal: PrincipalDep
+) -> ChannelOut:
     """A webhook (JSON, signed with HMAC-SHA256 of the body under ``secret``) or an apprise URL
     (``tgram://``, ``mailto://``, ``dingtalk://``, ``wecombot://``, ``bark://``...). Without a
-    ``secret`` a webhook gets a generated one, returned in this response only."""
+    ``secret`` a webhook gets a generated one, returned in this response only. A target the server's
+    egress policy refuses (loopback, link-local, private ranges, its own addresses, unless opened by
+    ``--notify-allow``) is 422 ``egress_refused``."""
+    egress = request.app.state.egress
     generated = notifications.new_webhook_secret() if body.kind == "webhook" and body.secret is None else None
 
     def unit(tx: Transaction) -> ChannelOut:
         found = auth.authorize(tx, principal, project, ADMIN)
         view = notifications.create_channel(
-            tx, found, name=body.name, kind=body.kind, url=body.url, secret=body.secret or generated
+            tx,
+            found,
+            name=body.name,
+            kind=body.kind,
+            url=body.url,
+            secret=body.secret or generated,
+            egress=egress,
         )
         return _channel(view, generated)
 

@@ -70,7 +70,12 @@ def create_token(project: str, body: TokenCreate, db: DbDep, principal: Principa
     def unit(tx: Transaction) -> TokenOut:
         found = auth.authorize(tx, principal, project, "token.create")
         issued = auth.issue_token(
-            tx, name=body.name, role=body.role, project=found, expires_in_s=body.expires_in_s
+            tx,
+            name=body.name,
+            role=body.role,
+            project=found,
+            expires_in_s=body.expires_in_s,
+            issued_by=principal,
         )
         return token_out(issued)
 

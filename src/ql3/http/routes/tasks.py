@@ -212,7 +212,9 @@ async def start_run(
     body: RunCreate | None = None,
 ) -> RunOut | JSONResponse:
     """Queue a run of the task's current revision: 201 for a new run, 200 when ``idempotency_key``
-    names a run this project already has for the same task. A task with ``approval: required`` gets
+    names a run this project already has for the same request (409 ``idempotency_conflict`` when the
+    key was used with another task, priority or ``rerun_of``; keys under ``ql3:`` are the server's
+    own, 422 ``reserved_idempotency_key``). A task with ``approval: required`` gets
     no run but an approval request (202 ``{"approval": ...}``); the run exists once it is approved."""
     request = body or RunCreate()
 

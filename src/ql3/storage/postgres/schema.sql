@@ -1,3 +1,8 @@
+COLUMN approval_policies.project_id text null=NO default=None
+COLUMN approval_policies.second_admin integer null=NO default=None
+COLUMN approval_policies.version integer null=NO default=None
+COLUMN approval_policies.updated_by text null=NO default=None
+COLUMN approval_policies.updated_at_ms bigint null=NO default=None
 COLUMN approval_requests.id text null=NO default=None
 COLUMN approval_requests.project_id text null=NO default=None
 COLUMN approval_requests.version integer null=NO default=None
@@ -188,6 +193,7 @@ COLUMN principals.disabled_at_ms bigint null=YES default=None
 COLUMN principals.expires_at_ms bigint null=YES default=None
 COLUMN principals.token_issued_at_ms bigint null=YES default=None
 COLUMN principals.last_used_at_ms bigint null=YES default=None
+COLUMN principals.issued_by text null=YES default=None
 COLUMN projects.id text null=NO default=None
 COLUMN projects.name text null=NO default=None
 COLUMN projects.version bigint null=NO default=None
@@ -280,6 +286,7 @@ COLUMN runs.cancel_reason text null=YES default=None
 COLUMN runs.error_code text null=YES default=None
 COLUMN runs.exit_code integer null=YES default=None
 COLUMN runs.updated_at_ms bigint null=NO default=None
+COLUMN runs.request_digest text null=YES default=None
 COLUMN server_keys.name text null=NO default=None
 COLUMN server_keys.key_hex text null=NO default=None
 COLUMN server_keys.created_at_ms bigint null=NO default=None
@@ -324,6 +331,7 @@ COLUMN workers.registered_at_ms bigint null=NO default=None
 COLUMN workers.last_heartbeat_at_ms bigint null=NO default=None
 COLUMN workers.lease_expires_at_ms bigint null=NO default=None
 COLUMN workers.updated_at_ms bigint null=NO default=None
+INDEX CREATE UNIQUE INDEX approval_policies_pkey ON public.approval_policies USING btree (project_id)
 INDEX CREATE UNIQUE INDEX approval_requests_consumption_id_key ON public.approval_requests USING btree (consumption_id)
 INDEX CREATE UNIQUE INDEX approval_requests_dispatch_id_key ON public.approval_requests USING btree (dispatch_id)
 INDEX CREATE UNIQUE INDEX approval_requests_pkey ON public.approval_requests USING btree (id)
@@ -407,6 +415,11 @@ INDEX CREATE INDEX tasks_project ON public.tasks USING btree (project_id, create
 INDEX CREATE UNIQUE INDEX worker_label_approvals_pkey ON public.worker_label_approvals USING btree (worker_id)
 INDEX CREATE UNIQUE INDEX workers_pkey ON public.workers USING btree (worker_id)
 INDEX CREATE INDEX workers_status ON public.workers USING btree (status, worker_id)
+CONSTRAINT approval_policies.approval_policies_pkey PRIMARY KEY (project_id)
+CONSTRAINT approval_policies.approval_policies_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT approval_policies.approval_policies_second_admin_check CHECK ((second_admin = ANY (ARRAY[0, 1])))
+CONSTRAINT approval_policies.approval_policies_updated_by_fkey FOREIGN KEY (updated_by) REFERENCES principals(id)
+CONSTRAINT approval_policies.approval_policies_version_check CHECK ((version >= 1))
 CONSTRAINT approval_requests.approval_requests_action_digest_check CHECK ((action_digest ~ '^[0-9a-f]{64}$'::text))
 CONSTRAINT approval_requests.approval_requests_action_plan_json_check CHECK (((length(action_plan_json) >= 2) AND (length(action_plan_json) <= 4096)))
 CONSTRAINT approval_requests.approval_requests_action_ref_check CHECK (((length(action_ref) >= 1) AND (length(action_ref) <= 255)))
@@ -581,6 +594,7 @@ CONSTRAINT parked_items.parked_items_pkey PRIMARY KEY (item_kind, item_key)
 CONSTRAINT parked_items.parked_items_project_id_check CHECK (((project_id IS NULL) OR ((length(project_id) >= 1) AND (length(project_id) <= 64))))
 CONSTRAINT parked_items.parked_items_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 64)))
 CONSTRAINT principals.principals_is_owner_check CHECK ((is_owner = ANY (ARRAY[0, 1])))
+CONSTRAINT principals.principals_issued_by_fkey FOREIGN KEY (issued_by) REFERENCES principals(id)
 CONSTRAINT principals.principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'service'::text, 'worker'::text])))
 CONSTRAINT principals.principals_pkey PRIMARY KEY (id)
 CONSTRAINT principals.principals_token_digest_key UNIQUE (token_digest)
@@ -598,7 +612,7 @@ CONSTRAINT retention_policies.retention_policies_version_check CHECK ((version >
 CONSTRAINT role_bindings.role_bindings_pkey PRIMARY KEY (principal_id, project_id)
 CONSTRAINT role_bindings.role_bindings_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES principals(id)
 CONSTRAINT role_bindings.role_bindings_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
-CONSTRAINT role_bindings.role_bindings_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'approver'::text, 'admin'::text])))
+CONSTRAINT role_bindings.role_bindings_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'approver'::text, 'admin'::text, 'metrics'::text])))
 CONSTRAINT role_bindings.role_bindings_version_check CHECK ((version >= 1))
 CONSTRAINT run_attempts.run_attempts_attempt_check CHECK ((attempt >= 1))
 CONSTRAINT run_attempts.run_attempts_callback_sequence_check CHECK ((callback_sequence >= 0))
@@ -631,6 +645,7 @@ CONSTRAINT runs.runs_event_sequence_check CHECK ((event_sequence >= 0))
 CONSTRAINT runs.runs_pkey PRIMARY KEY (id)
 CONSTRAINT runs.runs_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT runs.runs_project_id_id_key UNIQUE (project_id, id)
+CONSTRAINT runs.runs_request_digest_check CHECK (((request_digest IS NULL) OR (request_digest ~ '^[0-9a-f]{64}$'::text)))
 CONSTRAINT runs.runs_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)
 CONSTRAINT runs.runs_task_id_task_revision_fkey FOREIGN KEY (task_id, task_revision) REFERENCES task_revisions(task_id, revision)
 CONSTRAINT runs.runs_version_check CHECK ((version >= 0))

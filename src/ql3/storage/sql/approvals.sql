@@ -2,8 +2,24 @@
 -- files.
 
 -- name: approval_principal_get
--- desc: A principal's kind, owner flag and disabled time, to check who may request or decide an approval.
-SELECT id, name, kind, is_owner, created_at_ms, disabled_at_ms FROM principals WHERE id = :id
+-- desc: A principal's kind, owner flag, disabled time and expiry, to check who may request or decide an approval.
+SELECT id, name, kind, is_owner, created_at_ms, disabled_at_ms, expires_at_ms FROM principals WHERE id = :id
+
+-- name: principal_issuer
+-- desc: Who issued a principal's current token (NULL: the server, or unknown), for the separation of duty.
+SELECT issued_by FROM principals WHERE id = :id
+
+-- name: approval_policy_get
+-- desc: A project's approval policy (no row: the default).
+SELECT project_id, second_admin, version, updated_by, updated_at_ms FROM approval_policies
+WHERE project_id = :project_id
+
+-- name: approval_policy_upsert
+-- desc: Creates or replaces a project's approval policy, bumping its version.
+INSERT INTO approval_policies (project_id, second_admin, version, updated_by, updated_at_ms)
+VALUES (:project_id, :second_admin, 1, :updated_by, :now)
+ON CONFLICT (project_id) DO UPDATE SET second_admin = excluded.second_admin,
+  version = approval_policies.version + 1, updated_by = excluded.updated_by, updated_at_ms = excluded.updated_at_ms
 
 -- name: approval_insert
 -- desc: Creates a pending approval request at version 1; no row when the id is taken.

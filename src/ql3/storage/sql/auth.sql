@@ -27,9 +27,9 @@ ORDER BY pr.name LIMIT :limit
 UPDATE principals SET disabled_at_ms = :now WHERE id = :id AND disabled_at_ms IS NULL
 
 -- name: principal_rotate
--- desc: Replaces an enabled principal's token digest and expiry and clears its last use.
+-- desc: Replaces an enabled principal's token, expiry and issuer (kept when it rotates its own); clears its last use.
 UPDATE principals SET token_digest = :token_digest, token_issued_at_ms = :now, expires_at_ms = :expires_at_ms,
-  last_used_at_ms = NULL
+  last_used_at_ms = NULL, issued_by = CASE WHEN :issued_by = id THEN issued_by ELSE :issued_by END
 WHERE id = :id AND disabled_at_ms IS NULL
 
 -- name: principal_touch

@@ -19,8 +19,9 @@ UPDATE projects SET version = version + 1 WHERE id = :id
 
 -- name: principal_insert
 -- desc: Stores a new principal (user, owner or worker) with its token digest, issue time and expiry.
-INSERT INTO principals (id, name, kind, is_owner, token_digest, created_at_ms, token_issued_at_ms, expires_at_ms)
-VALUES (:id, :name, :kind, :is_owner, :token_digest, :now, :now, :expires_at_ms)
+INSERT INTO principals (id, name, kind, is_owner, token_digest, created_at_ms, token_issued_at_ms, expires_at_ms,
+  issued_by)
+VALUES (:id, :name, :kind, :is_owner, :token_digest, :now, :now, :expires_at_ms, :issued_by)
 
 -- name: principal_by_digest
 -- desc: The enabled principal whose token digest matches: the bearer-token authentication lookup.
@@ -84,10 +85,10 @@ WHERE task_id = :task_id AND revision = :revision
 -- name: run_insert
 -- desc: Creates a Run at version 0; no row on an id or idempotency-key conflict, so the caller returns the original.
 INSERT INTO runs (id, project_id, task_id, task_revision, trigger_type, trigger_id, status, version, event_sequence,
-  priority, idempotency_key, request_id, retry_of_run_id, scheduled_for_ms, created_at_ms, queued_at_ms,
-  updated_at_ms)
+  priority, idempotency_key, request_digest, request_id, retry_of_run_id, scheduled_for_ms, created_at_ms,
+  queued_at_ms, updated_at_ms)
 VALUES (:id, :project_id, :task_id, :task_revision, :trigger_type, :trigger_id, :status, 0, 2, :priority,
-  :idempotency_key, :request_id, :retry_of_run_id, :scheduled_for_ms, :now, :queued_at_ms, :now)
+  :idempotency_key, :request_digest, :request_id, :retry_of_run_id, :scheduled_for_ms, :now, :queued_at_ms, :now)
 ON CONFLICT DO NOTHING
 
 -- name: run_get
