@@ -51,6 +51,7 @@ MAX_ENV_TOTAL_BYTES = 256 * 1024
 # The kernel caps every single argv/env string (MAX_ARG_STRLEN); the command travels in one of each.
 MAX_ARG_STRLEN = 32 * 4096
 SHIM_ENV_PREFIX = "QL3_SHIM_"
+DEPENDENCIES_DIR = ".ql3-deps"
 # The server's own configuration never reaches a task, whatever its environment policy.
 SERVER_ONLY_VARS = frozenset({"QL3_HOME", "QL3_DATABASE_URL", "QL3_TOKEN", "QL3_URL"})
 _COMMAND_VAR = "QL3_SHIM_COMMAND"
@@ -212,6 +213,7 @@ class LocalLauncher:
             env[prefix + "RUN_ID"] = request.run_id
             env[prefix + "ATTEMPT_ID"] = request.attempt_id
             env[prefix + "CALLBACK_TOKEN"] = request.callback_token
+        add_dependencies(env, user.home if user is not None else self._home, request.project_id)
         return env
 
     def _shim_variables(
@@ -244,6 +246,27 @@ class LocalLauncher:
         if path not in self._known_dirs:
             os.makedirs(path, mode=0o700, exist_ok=True)
             self._known_dirs.add(path)
+
+
+def dependencies_dir(home: str, project_id: str | None) -> str:
+    """Where a project's dependency sets live on this host: under the home of the user its tasks run
+    as, one directory per project (docs/dependencies.md)."""
+    return os.path.join(home, DEPENDENCIES_DIR, project_id or "no-project")
+
+
+def add_dependencies(env: dict[str, str], home: str, project_id: str | None) -> None:
+    """``QL3_DEPS_DIR`` for the install run; once a set is installed (``current`` exists), its
+    virtualenv's ``bin`` and ``node_modules/.bin`` go first on ``PATH`` and its ``node_modules`` on
+    ``NODE_PATH``."""
+    root = dependencies_dir(home, project_id)
+    env["QL3_DEPS_DIR"] = root
+    current = os.path.join(root, "current")
+    if not os.path.isdir(current):
+        return
+    env["PATH"] = os.pathsep.join(
+        p for p in (f"{current}/venv/bin", f"{current}/node_modules/.bin", env.get("PATH", "")) if p
+    )
+    env["NODE_PATH"] = os.pathsep.join(p for p in (f"{current}/node_modules", env.get("NODE_PATH", "")) if p)
 
 
 def _prefix(request: LaunchRequest) -> str:
