@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         parser.print_help()
         return EXIT_OK
+    argv = notify.rewrite_argv(argv)
     parsed = _parse(parser, argv, "--json" in argv)
     if isinstance(parsed, int):
         return parsed

@@ -313,7 +313,12 @@ def _serve(
     try:
         task_users = _task_users(prepared.db, task_user, project_users)
         runtime = build_standalone_runtime(
-            prepared.db, settings, run_as=task_user, task_users=task_users, default_cwd=workdir
+            prepared.db,
+            settings,
+            run_as=task_user,
+            task_users=task_users,
+            default_cwd=workdir,
+            notify_url=client_url(host, port),
         )
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(

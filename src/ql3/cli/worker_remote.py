@@ -141,7 +141,13 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
     except ValidationFailed as exc:
         plane.close()
         raise UsageError(exc.message) from None
-    remote = RemoteWorker(plane, config, fault=fault_injector(os.environ.get("QL3_FAULT") or None))
+    remote = RemoteWorker(
+        plane,
+        config,
+        fault=fault_injector(os.environ.get("QL3_FAULT") or None),
+        # A task's ql3 notify reaches the API of the replica this worker first named.
+        notify_url=plane.server,
+    )
     if starting([home], lambda: EXIT_OK if remote.start() else EXIT_ERROR) != EXIT_OK:
         remote.stop(offline=False)
         return EXIT_OK

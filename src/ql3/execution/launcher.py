@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ql3.domain.notifications import notify_token
 from ql3.execution.identity import CaptureFailed, ProcessHandle, capture, read_boot_id
 from ql3.execution.logs import MAX_LOG_CAP_BYTES, create_log, enforce_log_cap
 from ql3.execution.receipts import (
@@ -52,6 +53,7 @@ MAX_ENV_TOTAL_BYTES = 256 * 1024
 MAX_ARG_STRLEN = 32 * 4096
 SHIM_ENV_PREFIX = "QL3_SHIM_"
 DEPENDENCIES_DIR = ".ql3-deps"
+HELPERS_DIR = str(resources.files("ql3.execution.helpers"))
 # The server's own configuration never reaches a task, whatever its environment policy.
 SERVER_ONLY_VARS = frozenset({"QL3_HOME", "QL3_DATABASE_URL", "QL3_TOKEN", "QL3_URL"})
 _COMMAND_VAR = "QL3_SHIM_COMMAND"
@@ -93,8 +95,11 @@ class LocalLauncher:
         durable_receipts: bool = False,
         run_as: TaskUser | None = None,
         task_users: TaskUsers | None = None,
+        notify_url: str | None = None,
     ) -> None:
         self._shell = shell
+        # Where a task's ``ql3 notify`` / notify.py / sendNotify.js reach the API (docs/notifications.md).
+        self._notify_url = notify_url
         # The command (not the shim) runs as the project's task user: docs/security.md ("Run as").
         self._users = task_users if task_users is not None else TaskUsers(default=run_as)
         self._script = resources.files("ql3.execution").joinpath("shim.sh").read_text("utf-8")
@@ -214,6 +219,7 @@ class LocalLauncher:
             env[prefix + "ATTEMPT_ID"] = request.attempt_id
             env[prefix + "CALLBACK_TOKEN"] = request.callback_token
         add_dependencies(env, user.home if user is not None else self._home, request.project_id)
+        add_notify(env, request, self._notify_url)
         return env
 
     def _shim_variables(
@@ -267,6 +273,18 @@ def add_dependencies(env: dict[str, str], home: str, project_id: str | None) -> 
         p for p in (f"{current}/venv/bin", f"{current}/node_modules/.bin", env.get("PATH", "")) if p
     )
     env["NODE_PATH"] = os.pathsep.join(p for p in (f"{current}/node_modules", env.get("NODE_PATH", "")) if p)
+
+
+def add_notify(env: dict[str, str], request: LaunchRequest, notify_url: str | None) -> None:
+    """The run's notify credential and the helpers scripts import (``from notify import send``,
+    ``require('sendNotify')``), after the task's own ``PYTHONPATH``/``NODE_PATH`` so that a script's
+    own module of that name wins. The credential is the attempt's (``notify_token``): it is valid only
+    while this attempt runs, and no credential of the worker reaches the task."""
+    env["QL3_NOTIFY_TOKEN"] = notify_token(request.attempt_id, request.callback_token)
+    if notify_url:
+        env["QL3_NOTIFY_URL"] = notify_url
+    for key in ("PYTHONPATH", "NODE_PATH"):
+        env[key] = os.pathsep.join(p for p in (env.get(key, ""), HELPERS_DIR) if p)
 
 
 def _prefix(request: LaunchRequest) -> str:

@@ -212,6 +212,7 @@ def create_app(
         tokens.router,
         lookup.router,
         notification_routes.router,
+        notification_routes.script_router,
         parking_routes.router,
         dependency_routes.router,
     ):

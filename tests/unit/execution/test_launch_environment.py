@@ -41,7 +41,13 @@ def test_isolated_environment_is_the_minimal_base_plus_task_env_plus_ids(ex: Exe
 
     # sh exports PWD, which only ever names the command's actual working directory
     assert env.pop("PWD", os.getcwd()) == os.getcwd()
-    assert set(env) == {"PATH", "HOME", "LANG", "TASK_VAR", "QL3_DEPS_DIR", *ID_VARS}
+    added = {"QL3_DEPS_DIR", "QL3_NOTIFY_TOKEN", "PYTHONPATH", "NODE_PATH"}
+    assert set(env) == {"PATH", "HOME", "LANG", "TASK_VAR", *added, *ID_VARS}
+    # The run's notify credential is its attempt's (no notify URL configured in this harness), and the
+    # helpers scripts import (notify.py, sendNotify.js) are found last.
+    assert env["QL3_NOTIFY_TOKEN"] == f"ql3r_att-iso.{ex.token}"
+    assert env["PYTHONPATH"] == env["NODE_PATH"] == launcher_module.HELPERS_DIR
+    assert {"notify.py", "sendNotify.js"} <= set(os.listdir(launcher_module.HELPERS_DIR))
     # No dependency set is installed for this project: PATH stays the minimal one.
     assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
     assert env["QL3_DEPS_DIR"] == os.path.join(env["HOME"], ".ql3-deps", "no-project")
