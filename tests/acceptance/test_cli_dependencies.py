@@ -5,14 +5,82 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
 import stat
+import tarfile
+import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.server import Server, start_server, stop
+
+NPM_PACKAGE = {
+    "package/package.json": b'{"name":"ql3demo-js","version":"1.0.0","main":"index.js"}',
+    "package/index.js": b'module.exports = { value: "from-the-tarball" };\n',
+}
+
+
+class NpmRegistry:
+    """A registry on loopback with one package (its packument and the tarball the test builds)."""
+
+    def __init__(self) -> None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+            for name, data in NPM_PACKAGE.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o644
+                archive.addfile(info, io.BytesIO(data))
+        tarball = buffer.getvalue()
+        integrity = "sha512-" + base64.b64encode(hashlib.sha512(tarball).digest()).decode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                base = f"http://127.0.0.1:{self.server.server_address[1]}"
+                if self.path == "/ql3demo-js/-/ql3demo-js-1.0.0.tgz":
+                    body = tarball
+                elif self.path == "/ql3demo-js":
+                    version = {
+                        "name": "ql3demo-js",
+                        "version": "1.0.0",
+                        "main": "index.js",
+                        "dist": {
+                            "tarball": f"{base}/ql3demo-js/-/ql3demo-js-1.0.0.tgz",
+                            "integrity": integrity,
+                        },
+                    }
+                    packument = {
+                        "name": "ql3demo-js",
+                        "dist-tags": {"latest": "1.0.0"},
+                        "versions": {"1.0.0": version},
+                    }
+                    body = json.dumps(packument).encode()
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def build_wheel(directory: Path, name: str, version: str, module_text: str) -> Path:
@@ -44,12 +112,21 @@ def deps_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serv
     build_wheel(wheels, "ql3demo", "1.0", 'VALUE = "from-the-wheel"\n')
     user_home = root / "user"
     user_home.mkdir()
-    env = {"HOME": str(user_home), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
+    registry = NpmRegistry()
+    env = {
+        "HOME": str(user_home),
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheels),
+        "npm_config_registry": registry.url,
+        "npm_config_cache": str(root / "npm-cache"),
+        "npm_config_update_notifier": "false",
+    }
     server = start_server(root / "home", env=env)
     try:
         yield server, user_home
     finally:
         stop(server.process)
+        registry.close()
 
 
 def test_a_python_dependency_is_installed_by_a_run_and_tasks_import_it(
@@ -87,12 +164,36 @@ def test_a_failed_install_keeps_the_installed_set(deps_server: tuple[Server, Pat
     failed = server.cli("deps", "add", "python", "surely-not-here-ql3==9.9", "--follow")
 
     assert failed.returncode == 2, failed.stdout + failed.stderr
+    assert "No matching distribution found for surely-not-here-ql3" in failed.stdout
     project_dir = next((user_home / ".ql3-deps").iterdir())
     builds = sorted(p.name for p in project_dir.iterdir() if p.name.startswith("build-"))
     assert len(builds) == 1, builds  # the failed build was removed
-    ran = server.cli("run", "start", "uses-dep", "--follow")
-    assert ran.returncode == 0 and "from-the-wheel" in ran.stdout
+    # current still names the set installed before, whose package is in place.
+    assert builds == [os.readlink(project_dir / "current")]
+    assert list((project_dir / "current" / "venv").glob("lib/python*/site-packages/ql3demo.py"))
     assert server.cli("deps", "rm", "python", "surely-not-here-ql3").returncode == 0
+
+
+def test_a_node_dependency_from_a_local_registry_is_required_by_a_task(
+    deps_server: tuple[Server, Path],
+) -> None:
+    if shutil.which("npm") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("npm is needed under CI to install node dependencies")
+        pytest.skip("npm is not installed")
+    server, _ = deps_server
+
+    added = server.cli("deps", "add", "node", "ql3demo-js@^1.0", "--follow")
+
+    assert added.returncode == 0, added.stdout + added.stderr
+    made = server.cli(
+        "task", "add", "uses-js", "--command", "node -e 'console.log(require(\"ql3demo-js\").value)'"
+    )
+    assert made.returncode == 0, made.stderr
+    ran = server.cli("run", "start", "uses-js", "--follow")
+    assert ran.returncode == 0 and "from-the-tarball" in ran.stdout, ran.stdout + ran.stderr
+    # The whole set was installed again, the Python package with it.
+    assert "ql3 deps: installed: ql3demo==1.* ql3demo-js@^1.0" in added.stdout
 
 
 def test_bad_specs_exit_64_and_change_nothing(deps_server: tuple[Server, Path]) -> None:

@@ -103,6 +103,9 @@ def install_script(dependencies: list[Dependency]) -> str:
         "umask 077",
         ': "${QL3_DEPS_DIR:?the worker sets QL3_DEPS_DIR}"',
         'mkdir -p "$QL3_DEPS_DIR"',
+        # The host's python3, pip and npm: not those of the set installed before (first on PATH).
+        "PATH=$(printf '%s' \"$PATH\" | tr ':' '\\n' | grep -vF \"$QL3_DEPS_DIR/\" | paste -sd: -)",
+        "export PATH",
         'build="$QL3_DEPS_DIR/build-$QL3_RUN_ID"',
         'rm -rf "$build"',
         'mkdir "$build"',
