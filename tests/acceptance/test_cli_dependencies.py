@@ -39,11 +39,12 @@ class NpmRegistry:
                 info.size, info.mode = len(data), 0o644
                 archive.addfile(info, io.BytesIO(data))
         tarball = buffer.getvalue()
+        outer = self
         integrity = "sha512-" + base64.b64encode(hashlib.sha512(tarball).digest()).decode()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                base = f"http://127.0.0.1:{self.server.server_address[1]}"
+                base = outer.url.rstrip("/")
                 if self.path == "/ql3demo-js/-/ql3demo-js-1.0.0.tgz":
                     body = tarball
                 elif self.path == "/ql3demo-js":
