@@ -71,8 +71,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, R
         receiver.close()
 
 
-def _run_task(server: Server, name: str, command: str) -> dict[str, Any]:
-    made = server.cli("task", "add", name, "--command", command)
+def _run_task(server: Server, name: str, command: str, *extra: str) -> dict[str, Any]:
+    made = server.cli("task", "add", name, "--command", command, *extra)
     assert made.returncode == 0, made.stderr
     ran = server.cli("--json", "run", "start", name, "--wait")
     assert ran.returncode == 0, ran.stdout + ran.stderr + server.cli("run", "logs", name).stdout
@@ -98,15 +98,19 @@ def test_ql3_notify_in_a_task_reaches_the_webhook_and_the_credential_ends_with_t
     cli = " ".join(shlex.quote(part) for part in CLI)
     # The task also prints its credential, to try it again once the run has ended.
     command = (
-        f'{cli} notify "backup done" "3 files, 12 MB" && echo "TOKEN=$QL3_NOTIFY_TOKEN URL=$QL3_NOTIFY_URL"'
+        'echo "using key $API_KEY"; echo last-line; '
+        f'{cli} notify --log 2 "backup done" "3 files, 12 MB" && '
+        'echo "TOKEN=$QL3_NOTIFY_TOKEN URL=$QL3_NOTIFY_URL"'
     )
 
-    run = _run_task(server, "cli-notify", command)
+    run = _run_task(server, "cli-notify", command, "--env", "API_KEY=hunter2-secret")
 
     headers, payload = _delivered(receiver, "backup done")
     assert headers["X-Ql3-Event"] == "script"
     assert payload["message"] == "3 files, 12 MB" and payload["task"] == "cli-notify"
     assert payload["run_id"] == run["id"] and payload["link"].endswith(f"/#/runs/{run['id']}")
+    # The run's last two lines of output, its env value masked
+    assert payload["log"] == "using key ***\nlast-line"
     log = server.cli("run", "logs", run["id"]).stdout
     token = log.split("TOKEN=", 1)[1].split()[0]
     url = log.split("URL=", 1)[1].split()[0]

@@ -129,3 +129,31 @@ class _Offer:
 
 def _offer_of(fence: LeaseFence) -> Any:
     return _Offer(fence)
+
+
+def test_a_log_excerpt_keeps_the_last_lines_with_env_values_and_tokens_masked(harness: Harness) -> None:
+    register(harness.db, lease_ms=600_000)
+    project, _, _ = queued(harness.db, env={"API_KEY": "hunter2-secret"})
+    harness.db.transaction(
+        lambda tx: notifications.create_channel(
+            tx, project, name="hook", kind="webhook", url="https://example.invalid/h", secret=SECRET
+        )
+    )
+    harness.db.transaction(
+        lambda tx: notifications.create_rule(tx, project, channel="hook", task=None, events=None)
+    )
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None
+    start(harness.db, offer, token=TOKEN)
+    credential = rules.notify_token(offer.fence.attempt_id, TOKEN)
+    log = f"cut first line\nline 1\nkey=hunter2-secret\ntoken {TOKEN}\nline 4\n".encode()
+
+    harness.db.transaction(
+        lambda tx: notifications.send_from_script(
+            tx, credential, "t", "b", None, notifications.LogTail(data=log, whole=False, lines=3)
+        )
+    )
+
+    payload = json.loads(_outbox(harness)[0]["payload_json"])
+    assert payload["log"] == "key=***\ntoken ***\nline 4"
+    assert payload["link"] is None

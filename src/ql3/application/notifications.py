@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import auth
+from ql3.application import auth, tasks
 from ql3.application.parking import UNEXPECTED, ItemGuard, Parked, is_transient
 from ql3.domain import leases as lease_rules
 from ql3.domain import notifications as rules
@@ -279,8 +279,30 @@ class ScriptSent:
     deliveries: int  # rows enqueued: one per channel whose rule takes ``script`` messages
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogTail:
+    """The end of the attempt's log as the server holds it, for the message's excerpt."""
+
+    data: bytes
+    whole: bool  # the log's first byte is in ``data``
+    lines: int
+
+
+def attempt_log_artifact(tx: Transaction, credential: str | None) -> str | None:
+    """The log artifact of the attempt a well-formed credential names (None: no such attempt). Only
+    for reading its tail before ``send_from_script``, which checks the credential itself."""
+    parsed = rules.parse_notify_token(credential)
+    attempt = None if parsed is None else run_store.get_attempt(tx, parsed[0])
+    return None if attempt is None else attempt.log_artifact_id or attempt.id
+
+
 def send_from_script(
-    tx: Transaction, credential: str | None, title: object, body: object, console_url: str | None
+    tx: Transaction,
+    credential: str | None,
+    title: object,
+    body: object,
+    console_url: str | None,
+    log: LogTail | None = None,
 ) -> ScriptSent:
     """A message from a running task (``ql3 notify``, notify.py, sendNotify.js) to its project's channels.
 
@@ -312,9 +334,14 @@ def send_from_script(
     if repo.count_outcomes(tx, run.project_id, prefix) >= rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT:
         raise NotifyLimitReached(limit=rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT)
     link = None if console_url is None else f"{console_url.rstrip('/')}/#/runs/{run.id}"
-    facts = rules.fit_payload(
-        {"run_id": run.id, "title": title_text, "message": body_text, "link": link}, "message"
-    )
+    facts: dict[str, Any] = {"run_id": run.id, "title": title_text, "message": body_text, "link": link}
+    if log is not None and log.lines > 0:
+        # The task's env values and the run's own tokens never leave in an excerpt.
+        env = tasks.get_revision(tx, run.task_id, run.task_revision).spec.get("env") or {}
+        secrets = [str(v) for v in env.values()] + [token, rules.notify_token(attempt.id, token)]
+        facts["log"] = rules.log_excerpt(log.data, log.lines, secrets, whole=log.whole)
+        facts = rules.fit_payload(facts, "log")
+    facts = rules.fit_payload(facts, "message")
     ids = _enqueue(
         tx,
         project_id=run.project_id,

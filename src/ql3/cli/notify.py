@@ -158,7 +158,7 @@ def rewrite_argv(argv: list[str]) -> list[str]:
     for i, arg in enumerate(argv):
         if arg == "notify":
             rest = argv[i + 1 :]
-            if rest and rest[0] not in SUBCOMMANDS and not rest[0].startswith("-"):
+            if rest and rest[0] not in SUBCOMMANDS and rest[0] not in ("-h", "--help"):
                 return [*argv[: i + 1], "send", *rest]
             return argv
         if not arg.startswith("-"):
@@ -185,7 +185,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             try:
                 answer = client.post(
                     url.rstrip("/") + "/api/v1/notify",
-                    json={"title": args.title, "body": body},
+                    json={"title": args.title, "body": body, "log_lines": args.log},
                     headers={"Authorization": f"Bearer {token}"},
                 )
             except httpx.HTTPError as exc:
@@ -267,6 +267,14 @@ def register(subparsers: Subparsers) -> None:
     )
     send.add_argument("title", metavar="TITLE")
     send.add_argument("body", metavar="BODY", nargs="?", default="", help="the text; - reads it from stdin")
+    send.add_argument(
+        "--log",
+        type=int,
+        default=0,
+        choices=range(51),
+        metavar="N",
+        help="add the run's last N log lines (0-50)",
+    )
 
     test = add_command(actions, "test", cmd_test, "send a test message and wait for its delivery", proj)
     test.add_argument("channel", metavar="CHANNEL")

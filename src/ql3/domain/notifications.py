@@ -95,10 +95,11 @@ class Message:
         facts = [
             f"{k}: {v}"
             for k, v in sorted(self.body.items())
-            if v is not None and k not in ("title", "message")
+            if v is not None and k not in ("title", "message", "log")
         ]
-        message = self.body.get("message")
-        return "\n".join([message, "", *facts] if isinstance(message, str) and message else facts)
+        message, log = self.body.get("message"), self.body.get("log")
+        lines = [message, "", *facts] if isinstance(message, str) and message else facts
+        return "\n".join([*lines, "", log] if isinstance(log, str) and log else lines)
 
 
 def validate_channel(kind: str, target: str, secret: str | None) -> tuple[ChannelKind, str]:
@@ -214,3 +215,24 @@ def fit_payload(facts: dict[str, Any], key: str) -> dict[str, Any]:
         text = text[: len(text) * 3 // 4]
         fitted[key] = text + "\u2026"
     return fitted
+
+
+MAX_LOG_LINES: Final = 50
+MAX_LOG_EXCERPT_CHARS: Final = 1500
+LOG_TAIL_BYTES: Final = 16 * 1024  # read at most this much of the end of a log for an excerpt
+MASK: Final = "***"
+MIN_MASKED_CHARS: Final = 4  # shorter values would mask ordinary words
+
+
+def log_excerpt(tail: bytes, lines: int, secrets: list[str], *, whole: bool) -> str:
+    """The last ``lines`` lines of a log's ``tail`` (``whole``: the tail is the whole log, so its first
+    line is complete), every secret value masked, at most ``MAX_LOG_EXCERPT_CHARS`` characters (the
+    newest kept)."""
+    text = tail.decode("utf-8", errors="replace")
+    if not whole:
+        text = text.partition("\n")[2]  # the first line was cut by the read
+    for secret in sorted({s for s in secrets if len(s) >= MIN_MASKED_CHARS}, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    kept = text.rstrip("\n").split("\n")[-lines:] if lines > 0 and text.strip() else []
+    excerpt = "\n".join(kept)
+    return excerpt[-MAX_LOG_EXCERPT_CHARS:]

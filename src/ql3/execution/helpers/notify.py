@@ -30,14 +30,15 @@ class NotifyError(RuntimeError):
         self.detail = message
 
 
-def send(title: str, content: str = "", **_ignored: Any) -> dict[str, Any]:
-    """Queue ``title`` and ``content`` for the project's channels; returns the server's answer
-    (``run_id``, ``deliveries``). Raises ``NotifyError`` when it is refused."""
+def send(title: str, content: str = "", log_lines: int = 0, **_ignored: Any) -> dict[str, Any]:
+    """Queue ``title`` and ``content`` (and the run's last ``log_lines`` lines of output, 0-50, secrets
+    masked) for the project's channels; returns the server's answer (``run_id``, ``deliveries``).
+    Raises ``NotifyError`` when it is refused."""
     url = os.environ.get("QL3_NOTIFY_URL")
     token = os.environ.get("QL3_NOTIFY_TOKEN")
     if not url or not token:
         raise NotifyError("not_in_a_run", "QL3_NOTIFY_URL and QL3_NOTIFY_TOKEN are set only inside a ql3 run")
-    data = json.dumps({"title": title, "body": content}).encode()
+    data = json.dumps({"title": title, "body": content, "log_lines": log_lines}).encode()
     deadline = time.monotonic() + RETRY_FOR_S
     delay = 0.1
     while True:

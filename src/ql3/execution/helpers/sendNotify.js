@@ -44,7 +44,8 @@ function post(url, token, body) {
   });
 }
 
-async function sendNotify(text, desp = '') {
+// params.log_lines (0-50): add the run's last lines of output, secrets masked.
+async function sendNotify(text, desp = '', params = {}) {
   const url = process.env.QL3_NOTIFY_URL;
   const token = process.env.QL3_NOTIFY_TOKEN;
   if (!url || !token) {
@@ -53,7 +54,7 @@ async function sendNotify(text, desp = '') {
   const deadline = Date.now() + RETRY_FOR_MS;
   let delay = 100;
   for (;;) {
-    const { status, body } = await post(url, token, { title: String(text), body: String(desp) });
+    const { status, body } = await post(url, token, { title: String(text), body: String(desp), log_lines: Number((params && params.log_lines) || 0) });
     if (status >= 200 && status < 300) return body;
     const error = (body && body.error) || { code: 'http_' + status, message: '' };
     const retry = error.code === 'attempt_not_running' || error.code === 'unreachable';
