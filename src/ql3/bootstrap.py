@@ -124,11 +124,12 @@ class StandaloneRuntime:
         self.worker.stop()
 
 
-def task_launcher(task_users: TaskUsers) -> LocalLauncher:
-    """The launcher of a remote worker whose commands run as task users (``ql3 worker --run-as``)."""
+def task_launcher(task_users: TaskUsers, *, notify_url: str | None = None) -> LocalLauncher:
+    """The launcher of a remote worker whose commands run as task users (``ql3 worker --run-as``);
+    ``notify_url``: where a task's ``ql3 notify`` reaches the API (docs/notifications.md)."""
     from ql3.execution.launcher import LocalLauncher
 
-    return LocalLauncher(task_users=task_users)
+    return LocalLauncher(task_users=task_users, notify_url=notify_url)
 
 
 def egress_policy(settings: ServeSettings, listen_host: str | None = None) -> EgressPolicy:
@@ -147,11 +148,13 @@ def build_standalone_runtime(
     task_users: TaskUsers | None = None,
     default_cwd: Path | None = None,
     egress: EgressPolicy | None = None,
+    notify_url: str | None = None,
 ) -> StandaloneRuntime:
     """Wire the dispatcher, the embedded worker and the control loops with ``settings``' budgets.
     ``run_as``: a ``TaskUser`` the embedded worker's commands run as (None: the server's own user);
     ``task_users``: the same per project (wins over ``run_as``); ``egress``: where notifications may go
-    (default: ``settings``' policy with this host's own addresses, ``egress_policy``)."""
+    (default: ``settings``' policy with this host's own addresses, ``egress_policy``); ``notify_url``:
+    this server's URL as its tasks reach it (``ql3 notify`` in a task, docs/notifications.md)."""
     import socket
 
     from ql3.application.control_loops import Adapters, control_loops, loop_factory
@@ -167,7 +170,14 @@ def build_standalone_runtime(
     wid = settings.worker_id or f"embedded-{socket.gethostname()}"[:128]
     dispatcher = _embedded_dispatcher(db, settings, wid)
     worker = _embedded_worker(
-        db, settings, wid, fault=fault_point, run_as=run_as, task_users=task_users, default_cwd=default_cwd
+        db,
+        settings,
+        wid,
+        fault=fault_point,
+        run_as=run_as,
+        task_users=task_users,
+        default_cwd=default_cwd,
+        notify_url=notify_url,
     )
     notifier = db.notifier
     reasons = DispatchReasons()
@@ -262,6 +272,7 @@ def _embedded_worker(
     run_as: TaskUser | None,
     task_users: TaskUsers | None,
     default_cwd: Path | None,
+    notify_url: str | None = None,
 ) -> WorkerAgent:
     """The embedded worker ``wid``: its journal under ``$QL3_HOME/worker``, commands as ``run_as`` (or
     the project's task user), talking to the control plane in process."""
@@ -286,11 +297,7 @@ def _embedded_worker(
         ),
         clock=db.clock,
         fault=fault,
-        launcher=(
-            LocalLauncher(run_as=run_as, task_users=task_users)
-            if run_as is not None or task_users is not None
-            else None
-        ),
+        launcher=LocalLauncher(run_as=run_as, task_users=task_users, notify_url=notify_url),
         # The host executor keeps each attempt's deadlines (docs/reliability.md "Time").
         deadlines=DeadlineBoard(home / "worker" / "executor"),
         # On SQLite this process is the only control plane: nothing can re-grant a run while it is

@@ -63,6 +63,8 @@ UNSTATABLE_RULES = (
     ("PATCH", f"{P}/tasks/{{task}}", "cron syntax, an absolute cwd, byte limits of UTF-8 text"),
     ("POST", f"{P}/tasks/{{task}}/runs", "rerun_of names an earlier run of this task"),
     ("POST", f"{P}/runs/{{run_id}}/cancellation/rearm", "the dispatch's current blocking result"),
+    ("POST", f"{P}/dependencies", "a PEP 508 requirement or an npm name and range"),
+    ("DELETE", f"{P}/dependencies/{{kind}}/{{name}}", "a PEP 508 name or an npm name"),
 )
 
 

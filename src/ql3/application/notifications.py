@@ -9,6 +9,7 @@ docs/notifications.md.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import secrets
@@ -17,12 +18,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import auth
+from ql3.application import auth, tasks
 from ql3.application.parking import UNEXPECTED, ItemGuard, Parked, is_transient
 from ql3.domain import leases as lease_rules
 from ql3.domain import notifications as rules
 from ql3.domain.egress import EgressPolicy, check_channel_target
-from ql3.domain.errors import Conflict, NotFound, ValidationFailed
+from ql3.domain.errors import Conflict, NotFound, Ql3Error, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.model import Project, Run, Task
 from ql3.domain.notifications import ChannelTarget, DeliveryFailed, DeliveryStatus, Message
@@ -31,6 +32,7 @@ from ql3.ports import channels
 from ql3.ports.notifications import NotificationSender
 from ql3.ports.storage import Database, Transaction
 from ql3.repositories import notifications as repo
+from ql3.repositories import runs as run_store
 from ql3.repositories.notifications import ChannelView as ChannelView
 from ql3.repositories.notifications import Delivery as Delivery
 from ql3.repositories.notifications import OutboxMessage
@@ -259,6 +261,108 @@ def enqueue_test(tx: Transaction, project: Project, channel: str) -> Delivery:
     return get_delivery(tx, project, ids[0])
 
 
+class NotifyCredentialInvalid(Ql3Error):
+    """The notify credential is not valid, or its run has ended."""
+
+    code = "notify_credential_invalid"
+    http_status = 401
+
+
+class AttemptNotRunning(Ql3Error):
+    """The run is starting: its notify credential is valid once it runs (retry in a moment)."""
+
+    code = "attempt_not_running"
+    http_status = 409
+    retryable = True
+
+
+class NotifyLimitReached(Ql3Error):
+    """This run has sent as many messages as a run may."""
+
+    code = "notify_limit_reached"
+    http_status = 429
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScriptSent:
+    run_id: str
+    deliveries: int  # rows enqueued: one per channel whose rule takes ``script`` messages
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogTail:
+    """The end of the attempt's log as the server holds it, for the message's excerpt."""
+
+    data: bytes
+    whole: bool  # the log's first byte is in ``data``
+    lines: int
+
+
+def attempt_log_artifact(tx: Transaction, credential: str | None) -> str | None:
+    """The log artifact of the attempt a well-formed credential names (None: no such attempt). Only
+    for reading its tail before ``send_from_script``, which checks the credential itself."""
+    parsed = rules.parse_notify_token(credential)
+    attempt = None if parsed is None else run_store.get_attempt(tx, parsed[0])
+    return None if attempt is None else attempt.log_artifact_id or attempt.id
+
+
+def send_from_script(
+    tx: Transaction,
+    credential: str | None,
+    title: object,
+    body: object,
+    console_url: str | None,
+    log: LogTail | None = None,
+) -> ScriptSent:
+    """A message from a running task (``ql3 notify``, notify.py, sendNotify.js) to its project's channels.
+
+    The credential is the attempt's id and a secret derived from its callback token
+    (``rules.notify_token``): valid only while that attempt runs, checked against the callback token's
+    digest stored at the running ACK, so it ends with the attempt; neither the callback token nor any
+    other credential reaches the task (docs/notifications.md "From a script").
+    """
+    parsed = rules.parse_notify_token(credential)
+    if parsed is None:
+        raise NotifyCredentialInvalid()
+    attempt_id, token = parsed
+    attempt = run_store.get_attempt(tx, attempt_id)
+    if attempt is None:
+        raise NotifyCredentialInvalid()
+    if attempt.status in ("claimed", "starting"):
+        raise AttemptNotRunning()
+    if (
+        attempt.status != "running"
+        or attempt.callback_token_hash is None
+        or not hmac.compare_digest(rules.notify_secret(attempt.callback_token_hash), token)
+    ):
+        raise NotifyCredentialInvalid()
+    title_text, body_text = rules.script_text(title, body)
+    run = run_store.get_run(tx, attempt.run_id)
+    if run is None:
+        raise NotifyCredentialInvalid()
+    prefix = f"script:{attempt.id}:"
+    if repo.count_outcomes(tx, run.project_id, prefix) >= rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT:
+        raise NotifyLimitReached(limit=rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT)
+    link = None if console_url is None else f"{console_url.rstrip('/')}/#/runs/{run.id}"
+    facts: dict[str, Any] = {"run_id": run.id, "title": title_text, "message": body_text, "link": link}
+    if log is not None and log.lines > 0:
+        # The task's env values and the run's own tokens never leave in an excerpt.
+        env = tasks.get_revision(tx, run.task_id, run.task_revision).spec.get("env") or {}
+        secrets = [str(v) for v in env.values()] + [token, f"{rules.NOTIFY_TOKEN_PREFIX}{attempt.id}.{token}"]
+        facts["log"] = rules.log_excerpt(log.data, log.lines, secrets, whole=log.whole)
+        facts = rules.fit_payload(facts, "log")
+    facts = rules.fit_payload(facts, "message")
+    ids = _enqueue(
+        tx,
+        project_id=run.project_id,
+        task_id=run.task_id,
+        event="script",
+        outcome_key=prefix + new_id(),
+        facts=facts,
+    )
+    return ScriptSent(run_id=run.id, deliveries=len(ids))
+
+
 def get_delivery(tx: Transaction, project: Project, delivery_id: str) -> Delivery:
     found = (
         repo.get_delivery(tx, project.id, delivery_id)
@@ -312,7 +416,7 @@ def _message(stored: OutboxMessage) -> Message:
     return Message(
         delivery_id=stored.id,
         event=stored.event,
-        title=rules.title_for(stored.event, str(body.get("project")), body.get("task")),
+        title=rules.title_for(stored.event, str(body.get("project")), body.get("task"), body.get("title")),
         body=body,
     )
 

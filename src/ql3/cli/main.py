@@ -16,6 +16,7 @@ from ql3.cli import (
     completion,
     control,
     db,
+    deps,
     loops,
     notify,
     output,
@@ -88,6 +89,7 @@ examples:
   ql3 token create --role viewer --name dashboard
   ql3 token list; ql3 token revoke ID; ql3 whoami
   ql3 db status
+  ql3 deps add python requests==2.32.*        # per-project dependencies (docs/dependencies.md)
   ql3 completion bash > ~/.local/share/bash-completion/completions/ql3
 """
 
@@ -118,6 +120,7 @@ def build_parser() -> Parser:
     db.register(commands)
     completion.register(commands)
     notify.register(commands)
+    deps.register(commands)
     return parser
 
 
@@ -173,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         parser.print_help()
         return EXIT_OK
+    argv = notify.rewrite_argv(argv)
     parsed = _parse(parser, argv, "--json" in argv)
     if isinstance(parsed, int):
         return parsed

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+
+import httpx
 
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
@@ -16,7 +19,10 @@ from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
 
 EPILOG = """\
-events: failed timed_out lost cancellation_blocked approval_requested (the default set) and succeeded
+events: failed timed_out lost cancellation_blocked approval_requested script (the default set) and succeeded
+
+inside a run (a task's script), with the run's own credential ($QL3_NOTIFY_TOKEN):
+  ql3 notify "backup done" "3 files, 12 MB"      # or: from notify import send; require('sendNotify')
 
 examples:
   export HOOK_SECRET=$(openssl rand -hex 32)
@@ -144,6 +150,75 @@ def cmd_test(args: argparse.Namespace) -> int:
     )
 
 
+SUBCOMMANDS = frozenset({"channel", "rule", "test", "send"})
+
+
+def rewrite_argv(argv: list[str]) -> list[str]:
+    """``ql3 notify TITLE [BODY]`` (QingLong's habit) is ``ql3 notify send TITLE [BODY]``."""
+    for i, arg in enumerate(argv):
+        if arg == "notify":
+            rest = argv[i + 1 :]
+            if rest and rest[0] not in SUBCOMMANDS and rest[0] not in ("-h", "--help"):
+                return [*argv[: i + 1], "send", *rest]
+            return argv
+        if not arg.startswith("-"):
+            return argv
+    return argv
+
+
+NOTIFY_RETRY_S = 15.0  # a run starts before its credential is accepted: 409 attempt_not_running
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    """Inside a run: queue a message for the project's channels with the run's own credential
+    ($QL3_NOTIFY_TOKEN, valid while the run runs) at $QL3_NOTIFY_URL; the same call as notify.py."""
+    url, token = os.environ.get("QL3_NOTIFY_URL"), os.environ.get("QL3_NOTIFY_TOKEN")
+    if not url or not token:
+        raise UsageError(
+            "QL3_NOTIFY_URL and QL3_NOTIFY_TOKEN are set only inside a ql3 run", code="not_in_a_run"
+        )
+    body = sys.stdin.read() if args.body == "-" else args.body
+    deadline = time.monotonic() + NOTIFY_RETRY_S
+    delay = 0.1
+    with httpx.Client(timeout=10.0) as client:
+        while True:
+            try:
+                answer = client.post(
+                    url.rstrip("/") + "/api/v1/notify",
+                    json={"title": args.title, "body": body, "log_lines": args.log},
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+            except httpx.HTTPError as exc:
+                if time.monotonic() >= deadline:
+                    raise CliError("unreachable", f"{url}: {type(exc).__name__}", EXIT_ERROR) from None
+            else:
+                if answer.is_success:
+                    break
+                error = _error_of(answer)
+                if error[0] != "attempt_not_running" or time.monotonic() >= deadline:
+                    if answer.status_code == 422:
+                        raise UsageError(error[1], code=error[0])
+                    raise CliError(error[0], error[1], EXIT_ERROR)
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+    sent = answer.json()
+    if wants_json(args):
+        output.emit_json(sent)
+    elif sent.get("deliveries"):
+        output.line(f"queued for {sent['deliveries']} channel(s)")
+    else:
+        output.note("no channel takes script messages (ql3 notify rule add --channel NAME --events script)")
+    return EXIT_OK
+
+
+def _error_of(answer: httpx.Response) -> tuple[str, str]:
+    try:
+        error = answer.json()["error"]
+        return str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"http_{answer.status_code}", answer.reason_phrase
+
+
 def register(subparsers: Subparsers) -> None:
     group: Parser = subparsers.add_parser(
         "notify",
@@ -183,6 +258,23 @@ def register(subparsers: Subparsers) -> None:
     add_command(rule_actions, "list", cmd_rule_list, "list rules", proj)
     rremove = add_command(rule_actions, "remove", cmd_rule_remove, "remove a rule", proj)
     rremove.add_argument("id", metavar="ID")
+
+    send = add_command(
+        actions,
+        "send",
+        cmd_send,
+        "inside a run: send TITLE and BODY to the project's channels (also: ql3 notify TITLE BODY)",
+    )
+    send.add_argument("title", metavar="TITLE")
+    send.add_argument("body", metavar="BODY", nargs="?", default="", help="the text; - reads it from stdin")
+    send.add_argument(
+        "--log",
+        type=int,
+        default=0,
+        choices=range(51),
+        metavar="N",
+        help="add the run's last N log lines (0-50)",
+    )
 
     test = add_command(actions, "test", cmd_test, "send a test message and wait for its delivery", proj)
     test.add_argument("channel", metavar="CHANNEL")

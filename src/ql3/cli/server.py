@@ -318,7 +318,13 @@ def _serve(
         task_users = _task_users(prepared.db, task_user, project_users)
         egress = egress_policy(settings, host)
         runtime = build_standalone_runtime(
-            prepared.db, settings, run_as=task_user, task_users=task_users, default_cwd=workdir, egress=egress
+            prepared.db,
+            settings,
+            run_as=task_user,
+            task_users=task_users,
+            default_cwd=workdir,
+            egress=egress,
+            notify_url=client_url(host, port),
         )
         logs_root = Path(runtime.worker.config.logs_dir)  # $QL3_HOME/worker/logs
         app = create_app(

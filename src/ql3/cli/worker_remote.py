@@ -213,7 +213,9 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
         plane,
         config,
         fault=fault_injector(os.environ.get("QL3_FAULT") or None),
-        launcher=None if task_users is None else task_launcher(task_users),
+        launcher=None if task_users is None else task_launcher(task_users, notify_url=plane.server),
+        # A task's ql3 notify reaches the API of the replica this worker first named.
+        notify_url=plane.server,
     )
     try:
         started = starting([home], lambda: EXIT_OK if remote.start() else EXIT_ERROR)

@@ -63,6 +63,7 @@ class RemoteWorker:
         clock: Callable[[], int] | None = None,
         fault: Callable[[str], None] | None = None,
         launcher: LocalLauncher | None = None,
+        notify_url: str | None = None,
     ) -> None:
         self.plane = plane
         self.config = config
@@ -71,7 +72,8 @@ class RemoteWorker:
             config,
             clock=clock or (lambda: time.time_ns() // 1_000_000),
             fault=fault,
-            launcher=launcher,
+            # notify_url: where a task's ql3 notify reaches the API (docs/notifications.md).
+            launcher=launcher if launcher is not None else LocalLauncher(notify_url=notify_url),
             # The host executor keeps each attempt's deadlines while this process cannot
             # (a network cut, a freeze): docs/reliability.md "Time".
             deadlines=DeadlineBoard(config.home / "executor"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
+from ql3.domain.digests import domain_digest, sha256_hex
 from ql3.domain.errors import Ql3Error, ValidationFailed
 
 ChannelKind = Literal["webhook", "apprise"]
@@ -30,10 +31,19 @@ EVENTS: Final = (
     "cancellation_blocked",
     "approval_requested",
     "succeeded",
+    "script",
     "test",
 )
 RULE_EVENTS: Final = frozenset(EVENTS) - {"test"}
-DEFAULT_EVENTS: Final = ("approval_requested", "cancellation_blocked", "failed", "lost", "timed_out")
+# ``script``: a message a running task sends itself (``ql3 notify TITLE BODY``, notify.py, sendNotify).
+DEFAULT_EVENTS: Final = (
+    "approval_requested",
+    "cancellation_blocked",
+    "failed",
+    "lost",
+    "script",
+    "timed_out",
+)
 RUN_STATUS_EVENTS: Final = frozenset({"failed", "timed_out", "lost", "succeeded"})
 MAX_CHANNELS_PER_PROJECT: Final = 32
 MAX_RULES_PER_PROJECT: Final = 64
@@ -83,8 +93,14 @@ class Message:
         return json.dumps(self.body, separators=(",", ":"), sort_keys=True).encode()
 
     def text(self) -> str:
-        facts = [f"{k}: {v}" for k, v in sorted(self.body.items()) if v is not None and k != "title"]
-        return "\n".join(facts)
+        facts = [
+            f"{k}: {v}"
+            for k, v in sorted(self.body.items())
+            if v is not None and k not in ("title", "message", "log")
+        ]
+        message, log = self.body.get("message"), self.body.get("log")
+        lines = [message, "", *facts] if isinstance(message, str) and message else facts
+        return "\n".join([*lines, "", log] if isinstance(log, str) and log else lines)
 
 
 def validate_channel(kind: str, target: str, secret: str | None) -> tuple[ChannelKind, str]:
@@ -136,8 +152,10 @@ def backoff_ms(attempts: int, base_ms: int, max_ms: int) -> int:
     return int(min(max_ms, base_ms * 2 ** max(0, min(attempts - 1, 30))))
 
 
-def title_for(event: str, project: str, task: str | None) -> str:
+def title_for(event: str, project: str, task: str | None, script_title: object = None) -> str:
     subject = f"{project}/{task}" if task else project
+    if event == "script":
+        return f"{subject}: {script_title}" if isinstance(script_title, str) and script_title else subject
     return {
         "failed": f"ql3: {subject} failed",
         "timed_out": f"ql3: {subject} timed out",
@@ -147,3 +165,85 @@ def title_for(event: str, project: str, task: str | None) -> str:
         "approval_requested": f"ql3: {subject} waits for an approval",
         "test": f"ql3: test notification for {subject}",
     }[event]
+
+
+# -- messages a running task sends (``script``) --------------------------------------------------------
+
+NOTIFY_TOKEN_PREFIX: Final = "ql3r_"
+MAX_SCRIPT_TITLE_CHARS: Final = 200
+MAX_SCRIPT_BODY_CHARS: Final = 2000
+MAX_SCRIPT_MESSAGES_PER_ATTEMPT: Final = 20
+MAX_PAYLOAD_CHARS: Final = 4000  # the outbox keeps at most 4096 characters of JSON per message
+_TOKEN_RE = re.compile(r"^ql3r_([A-Za-z0-9-]{1,64})\.([A-Za-z0-9_-]{32,128})$")
+
+
+NOTIFY_SECRET_DOMAIN: Final = "ql3.notify-credential.v1"
+
+
+def notify_secret(callback_token_digest: str) -> str:
+    """The secret half of a run's notify credential: derived one way from the digest of the attempt's
+    callback token (which the server stores at the running ACK), so the task never holds the callback
+    token itself and the credential cannot complete or report anything."""
+    return domain_digest(NOTIFY_SECRET_DOMAIN, callback_token_digest)
+
+
+def notify_token(attempt_id: str, callback_token: str) -> str:
+    """The credential a running attempt sends messages with: its attempt id and a secret derived from
+    its callback token, valid while the attempt runs (docs/notifications.md "From a script")."""
+    return f"{NOTIFY_TOKEN_PREFIX}{attempt_id}.{notify_secret(sha256_hex(callback_token))}"
+
+
+def parse_notify_token(value: str | None) -> tuple[str, str] | None:
+    """``(attempt_id, callback_token)`` of a well-formed credential, else None."""
+    found = _TOKEN_RE.match(value or "")
+    return None if found is None else (found.group(1), found.group(2))
+
+
+def script_text(title: object, body: object) -> tuple[str, str]:
+    """Validate a script's title and body: printable text (newlines and tabs allowed in the body)."""
+    if not isinstance(title, str) or not 1 <= len(title) <= MAX_SCRIPT_TITLE_CHARS or not title.isprintable():
+        raise ValidationFailed(
+            f"the title is 1-{MAX_SCRIPT_TITLE_CHARS} printable characters on one line",
+            field="title",
+            limit=MAX_SCRIPT_TITLE_CHARS,
+        )
+    if not isinstance(body, str) or len(body) > MAX_SCRIPT_BODY_CHARS:
+        raise ValidationFailed(
+            f"the body is at most {MAX_SCRIPT_BODY_CHARS} characters",
+            field="body",
+            limit=MAX_SCRIPT_BODY_CHARS,
+        )
+    if any(not (c.isprintable() or c in "\n\t") for c in body):
+        raise ValidationFailed("the body has control characters", field="body")
+    return title, body
+
+
+def fit_payload(facts: dict[str, Any], key: str) -> dict[str, Any]:
+    """Shorten ``facts[key]`` (marked with an ellipsis) until the JSON form fits the outbox's cap."""
+    text = str(facts[key])
+    fitted = dict(facts)
+    while len(json.dumps(fitted, separators=(",", ":"), sort_keys=True)) > MAX_PAYLOAD_CHARS and text:
+        text = text[: len(text) * 3 // 4]
+        fitted[key] = text + "\u2026"
+    return fitted
+
+
+MAX_LOG_LINES: Final = 50
+MAX_LOG_EXCERPT_CHARS: Final = 1500
+LOG_TAIL_BYTES: Final = 16 * 1024  # read at most this much of the end of a log for an excerpt
+MASK: Final = "***"
+MIN_MASKED_CHARS: Final = 4  # shorter values would mask ordinary words
+
+
+def log_excerpt(tail: bytes, lines: int, secrets: list[str], *, whole: bool) -> str:
+    """The last ``lines`` lines of a log's ``tail`` (``whole``: the tail is the whole log, so its first
+    line is complete), every secret value masked, at most ``MAX_LOG_EXCERPT_CHARS`` characters (the
+    newest kept)."""
+    text = tail.decode("utf-8", errors="replace")
+    if not whole:
+        text = text.partition("\n")[2]  # the first line was cut by the read
+    for secret in sorted({s for s in secrets if len(s) >= MIN_MASKED_CHARS}, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    kept = text.rstrip("\n").split("\n")[-lines:] if lines > 0 and text.strip() else []
+    excerpt = "\n".join(kept)
+    return excerpt[-MAX_LOG_EXCERPT_CHARS:]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ql3.domain.notifications import notify_token
 from ql3.execution.identity import CaptureFailed, ProcessHandle, capture, read_boot_id
 from ql3.execution.logs import MAX_LOG_CAP_BYTES, create_log, enforce_log_cap
 from ql3.execution.receipts import (
@@ -51,6 +52,8 @@ MAX_ENV_TOTAL_BYTES = 256 * 1024
 # The kernel caps every single argv/env string (MAX_ARG_STRLEN); the command travels in one of each.
 MAX_ARG_STRLEN = 32 * 4096
 SHIM_ENV_PREFIX = "QL3_SHIM_"
+DEPENDENCIES_DIR = ".ql3-deps"
+HELPERS_DIR = str(resources.files("ql3.execution.helpers"))
 # The server's own configuration never reaches a task, whatever its environment policy.
 SERVER_ONLY_VARS = frozenset({"QL3_HOME", "QL3_DATABASE_URL", "QL3_TOKEN", "QL3_URL"})
 _COMMAND_VAR = "QL3_SHIM_COMMAND"
@@ -92,8 +95,11 @@ class LocalLauncher:
         durable_receipts: bool = False,
         run_as: TaskUser | None = None,
         task_users: TaskUsers | None = None,
+        notify_url: str | None = None,
     ) -> None:
         self._shell = shell
+        # Where a task's ``ql3 notify`` / notify.py / sendNotify.js reach the API (docs/notifications.md).
+        self._notify_url = notify_url
         # The command (not the shim) runs as the project's task user: docs/security.md ("Run as").
         self._users = task_users if task_users is not None else TaskUsers(default=run_as)
         self._script = resources.files("ql3.execution").joinpath("shim.sh").read_text("utf-8")
@@ -213,8 +219,11 @@ class LocalLauncher:
             env[prefix + "ATTEMPT_ID"] = request.attempt_id
             # The callback token stays with the shim (in its receipt's head): a task never calls back
             # with it, and `env` in a task would write it into a log every viewer may read. A task
-            # cannot set it either (docs/security.md "What a task sees").
+            # cannot set it either (docs/security.md "What a task sees"); its notify credential is
+            # derived from it one way (``add_notify``).
             env.pop(prefix + "CALLBACK_TOKEN", None)
+        add_dependencies(env, user.home if user is not None else self._home, request.project_id)
+        add_notify(env, request, self._notify_url)
         return env
 
     def _shim_variables(
@@ -247,6 +256,39 @@ class LocalLauncher:
         if path not in self._known_dirs:
             os.makedirs(path, mode=0o700, exist_ok=True)
             self._known_dirs.add(path)
+
+
+def dependencies_dir(home: str, project_id: str | None) -> str:
+    """Where a project's dependency sets live on this host: under the home of the user its tasks run
+    as, one directory per project (docs/dependencies.md)."""
+    return os.path.join(home, DEPENDENCIES_DIR, project_id or "no-project")
+
+
+def add_dependencies(env: dict[str, str], home: str, project_id: str | None) -> None:
+    """``QL3_DEPS_DIR`` for the install run; once a set is installed (``current`` exists), its
+    virtualenv's ``bin`` and ``node_modules/.bin`` go first on ``PATH`` and its ``node_modules`` on
+    ``NODE_PATH``."""
+    root = dependencies_dir(home, project_id)
+    env["QL3_DEPS_DIR"] = root
+    current = os.path.join(root, "current")
+    if not os.path.isdir(current):
+        return
+    env["PATH"] = os.pathsep.join(
+        p for p in (f"{current}/venv/bin", f"{current}/node_modules/.bin", env.get("PATH", "")) if p
+    )
+    env["NODE_PATH"] = os.pathsep.join(p for p in (f"{current}/node_modules", env.get("NODE_PATH", "")) if p)
+
+
+def add_notify(env: dict[str, str], request: LaunchRequest, notify_url: str | None) -> None:
+    """The run's notify credential and the helpers scripts import (``from notify import send``,
+    ``require('sendNotify')``), after the task's own ``PYTHONPATH``/``NODE_PATH`` so that a script's
+    own module of that name wins. The credential is the attempt's (``notify_token``): it is valid only
+    while this attempt runs, and no credential of the worker reaches the task."""
+    env["QL3_NOTIFY_TOKEN"] = notify_token(request.attempt_id, request.callback_token)
+    if notify_url:
+        env["QL3_NOTIFY_URL"] = notify_url
+    for key in ("PYTHONPATH", "NODE_PATH"):
+        env[key] = os.pathsep.join(p for p in (env.get(key, ""), HELPERS_DIR) if p)
 
 
 def _prefix(request: LaunchRequest) -> str:

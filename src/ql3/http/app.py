@@ -24,6 +24,7 @@ from ql3.http.auth import DbDep
 from ql3.http.dto import ErrorOut, Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders, StrictJson
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
+from ql3.http.routes import dependencies as dependency_routes
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
 from ql3.http.run_intake import StartRunFastPath
@@ -220,7 +221,9 @@ def create_app(
         tokens.router,
         lookup.router,
         notification_routes.router,
+        notification_routes.script_router,
         parking_routes.router,
+        dependency_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     for extension in extensions:

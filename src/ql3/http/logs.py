@@ -61,6 +61,28 @@ def read_chunk(root: Path, artifact_id: str, offset: int, max_bytes: int) -> Log
     return LogChunk(data=data, next_offset=end, eof=end >= size)
 
 
+def read_tail(root: Path, artifact_id: str, max_bytes: int) -> tuple[bytes, bool]:
+    """The last ``max_bytes`` of the log and whether that is all of it (empty when it does not exist)."""
+    if not is_id(artifact_id) or not 1 <= max_bytes <= MAX_LOG_PAGE:
+        raise LogsUnavailable()
+    try:
+        fd = os.open(root / f"{artifact_id}.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return b"", True
+    except OSError as exc:
+        raise LogsUnavailable() from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LogsUnavailable()
+        start = max(0, st.st_size - max_bytes)
+        return os.pread(fd, st.st_size - start, start), start == 0
+    except OSError as exc:
+        raise LogsUnavailable() from exc
+    finally:
+        os.close(fd)
+
+
 def _incomplete_tail(data: bytes) -> int:
     """How many bytes at the end of ``data`` start a UTF-8 sequence that is not finished yet."""
     for back in range(1, min(4, len(data)) + 1):

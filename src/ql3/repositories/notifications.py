@@ -313,3 +313,9 @@ def next_due_ms(tx: Transaction) -> int | None:
     row = tx.one("notify_next_due")
     due = None if row is None else row.get("due")
     return None if due is None else int(due)
+
+
+def count_outcomes(tx: Transaction, project_id: str, prefix: str) -> int:
+    """Distinct outcome keys starting with ``prefix`` (ASCII) in the project's outbox."""
+    hi = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return _count(tx.one("notify_outbox_count_outcomes", {"project_id": project_id, "lo": prefix, "hi": hi}))

@@ -34,8 +34,16 @@ def test_isolated_environment_is_the_minimal_base_plus_task_env_plus_ids(ex: Exe
 
     # sh exports PWD, which only ever names the command's actual working directory
     assert env.pop("PWD", os.getcwd()) == os.getcwd()
-    assert set(env) == {"PATH", "HOME", "LANG", "TASK_VAR", *ID_VARS}
+    added = {"QL3_DEPS_DIR", "QL3_NOTIFY_TOKEN", "PYTHONPATH", "NODE_PATH"}
+    assert set(env) == {"PATH", "HOME", "LANG", "TASK_VAR", *added, *ID_VARS}
+    # The run's notify credential is its attempt's (no notify URL configured in this harness), and the
+    # helpers scripts import (notify.py, sendNotify.js) are found last.
+    assert env["QL3_NOTIFY_TOKEN"] == f"ql3r_att-iso.{ex.token}"
+    assert env["PYTHONPATH"] == env["NODE_PATH"] == launcher_module.HELPERS_DIR
+    assert {"notify.py", "sendNotify.js"} <= set(os.listdir(launcher_module.HELPERS_DIR))
+    # No dependency set is installed for this project: PATH stays the minimal one.
     assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    assert env["QL3_DEPS_DIR"] == os.path.join(env["HOME"], ".ql3-deps", "no-project")
     assert env["LANG"] == "en_US.UTF-8"  # the task may override the base
     assert env["TASK_VAR"] == "v 1"
     assert env["QL3_RUN_ID"] == env["QL_RUN_ID"] == ex.run_id
@@ -285,3 +293,21 @@ def test_a_receipt_that_cannot_be_reserved_starts_nothing(
     assert caught.value.reason == "receipt_space_unavailable"
     assert not marker.exists()
     assert os.listdir(ex.receipts) == []
+
+
+def test_an_installed_dependency_set_goes_first_on_path_and_node_path(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "NODE_PATH": "/opt/node"}
+    launcher_module.add_dependencies(env, str(tmp_path), "p1")
+    root = tmp_path / ".ql3-deps" / "p1"
+    assert env == {"PATH": "/usr/bin:/bin", "NODE_PATH": "/opt/node", "QL3_DEPS_DIR": str(root)}
+
+    (root / "current").mkdir(parents=True)
+    launcher_module.add_dependencies(env, str(tmp_path), "p1")
+
+    current = root / "current"
+    assert env["PATH"] == f"{current}/venv/bin:{current}/node_modules/.bin:/usr/bin:/bin"
+    assert env["NODE_PATH"] == f"{current}/node_modules:/opt/node"
+    # Another project's directory is its own.
+    other: dict[str, str] = {}
+    launcher_module.add_dependencies(other, str(tmp_path), "p2")
+    assert other == {"QL3_DEPS_DIR": str(tmp_path / ".ql3-deps" / "p2")}

@@ -1,5 +1,5 @@
 "use strict";
-// ql3 console: hash-routed pages (overview, tasks, runs, approvals, workers, tokens) over /api/v1.
+// ql3 console: hash-routed pages (overview, tasks, runs, approvals, workers, tokens, dependencies) over /api/v1.
 // Every value from the API reaches the page through textContent, an attribute or a form value, never
 // as markup; log text is parsed for ANSI colours into text nodes inside spans with fixed class names.
 (function () {
@@ -33,6 +33,10 @@
     en: {
       menu: "Menu", nav_overview: "Overview", nav_tasks: "Tasks", nav_runs: "Runs", nav_approvals: "Approvals",
       nav_workers: "Workers", nav_tokens: "Tokens", project: "Project", sign_out: "Sign out", keep: "Keep",
+      nav_deps: "Dependencies", deps_kind: "Kind", deps_spec: "Requirement", deps_add: "Add and install",
+      deps_none: "No dependencies.", deps_hint: "Python: a PEP 508 requirement (requests==2.32.*). Node: an npm name and an optional range (axios@^1.7). Each change installs the whole set in a run of the task ql3-deps.",
+      deps_install_run: "Install run:", deps_unchanged: "Already in the set: nothing to install.", deps_install_again: "Install again",
+      deps_remove_confirm: "Remove {name}? The remaining set is installed again.", remove: "Remove",
       offline: "The server is unreachable; what you see may be stale.",
       sign_in: "Sign in", token: "Token", sign_in_hint: "Paste a bearer token. The owner's token is in $QL3_HOME/credentials; `ql3 token create` makes more.",
       signed_in_as: "Signed in as {name} ({role})", signed_in_role: "Signed in ({role})",
@@ -109,6 +113,10 @@
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
       nav_workers: "工作节点", nav_tokens: "令牌", project: "项目", sign_out: "退出", keep: "保留",
+      nav_deps: "依赖", deps_kind: "类型", deps_spec: "依赖项", deps_add: "添加并安装",
+      deps_none: "没有依赖。", deps_hint: "Python：PEP 508 依赖（requests==2.32.*）。Node：npm 包名和可选版本范围（axios@^1.7）。每次修改都由任务 ql3-deps 的一次运行安装全部依赖。",
+      deps_install_run: "安装运行：", deps_unchanged: "已在依赖中，无需安装。", deps_install_again: "重新安装",
+      deps_remove_confirm: "删除 {name}？其余依赖将重新安装。", remove: "删除",
       offline: "无法连接服务器；页面内容可能已过时。",
       sign_in: "登录", token: "令牌", sign_in_hint: "粘贴访问令牌。所有者令牌在 $QL3_HOME/credentials；用 `ql3 token create` 创建更多。",
       signed_in_as: "已登录：{name}（{role}）", signed_in_role: "已登录（{role}）",
@@ -530,6 +538,7 @@
       cancellations: () => pageCancellations(view, mine),
       workers: () => pageWorkers(view, mine),
       tokens: () => pageTokens(view, mine),
+      deps: () => pageDeps(view, mine),
     };
     try {
       if (!me.role) await loadIdentity();
@@ -1731,6 +1740,54 @@
       } catch (e) { fail(e); }
     });
     put(view, el("h1", { text: t("nav_tokens") }), el("section", {}, form, shown), el("section", {}, holder));
+  }
+
+  // --- dependencies (docs/dependencies.md) -----------------------------------------------------------
+  async function pageDeps(view, mine) {
+    const page = await get(pp("/dependencies"));
+    if (!current(mine)) return;
+    const admin = can("project.admin");
+    const holder = el("div");
+    const shown = el("div", { id: "deps-result" });
+    const installed = (res) => res.body.run_id
+      ? put(shown, el("p", { class: "notice" }, t("deps_install_run"), " ", link("#/runs/" + enc(res.body.run_id), short(res.body.run_id), "mono")))
+      : put(shown, el("p", { class: "notice", text: t("deps_unchanged") }));
+    const draw = (items) => put(holder, table([t("deps_kind"), t("name"), t("deps_spec"), t("actions")],
+      items.map((d) => ({
+        id: d.kind + ":" + d.name,
+        cells: [d.kind, d.name, el("code", { text: d.spec }),
+          admin ? btn(t("remove"), async () => {
+            if (!(await confirmAction(t("deps_remove_confirm", { name: d.name }), t("remove")))) return;
+            try {
+              installed(await request("DELETE", pp("/dependencies/" + enc(d.kind) + "/" + enc(d.name))));
+              draw((await get(pp("/dependencies"))).items);
+            } catch (e) { fail(e); }
+          }, "danger") : ""],
+      })), t("deps_none"), t("nav_deps")));
+    draw(page.items);
+    const parts = [el("h1", { text: t("nav_deps") }), el("p", { class: "muted", text: t("deps_hint") })];
+    if (admin) {
+      const kind = el("select", { name: "kind", "aria-label": t("deps_kind") }, ["python", "node"].map((k) => el("option", { value: k, text: k })));
+      const spec = el("input", { name: "spec", required: true, maxlength: 200, placeholder: "requests==2.32.*", "aria-label": t("deps_spec") });
+      const form = el("form", { class: "filters", "aria-label": t("deps_add") },
+        el("label", {}, t("deps_kind"), kind), el("label", {}, t("deps_spec"), spec),
+        el("button", { type: "submit", class: "primary", text: t("deps_add") }),
+        btn(t("deps_install_again"), async () => {
+          try { installed(await post(pp("/dependencies/install"))); } catch (e) { fail(e); }
+        }));
+      form.addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        try {
+          installed(await post(pp("/dependencies"), { kind: kind.value, spec: spec.value.trim() }));
+          spec.value = "";
+          const again = await get(pp("/dependencies"));
+          if (current(mine)) draw(again.items);
+        } catch (e) { fail(e); }
+      });
+      parts.push(el("section", {}, form, shown));
+    }
+    parts.push(el("section", {}, holder));
+    put(view, ...parts);
   }
 
   // --- chrome: language, time zone, menu, project, sign out ------------------------------------------

@@ -6,17 +6,21 @@ server generated, shown once in the create response (docs/notifications.md, docs
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Depends, Request, Response, status
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, Field
 
 from ql3.application import auth, notifications, retention, tasks
 from ql3.application.notifications import ChannelView, Delivery, RuleView
-from ql3.http.auth import DbDep, PrincipalDep
+from ql3.domain import notifications as rules
+from ql3.http import logs
+from ql3.http.auth import DbDep, PrincipalDep, bearer
 from ql3.http.dto import Body, integer_schema
 from ql3.ports import channels
-from ql3.ports.storage import Transaction
+from ql3.ports.storage import Database, Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}", tags=["notifications"])
 ADMIN = "project.admin"
@@ -268,3 +272,65 @@ def _retention(policy: retention.RetentionPolicy) -> RetentionOut:
         version=policy.version,
         updated_at_ms=policy.updated_at_ms,
     )
+
+
+# -- messages from a running task (ql3 notify TITLE BODY, notify.py, sendNotify.js) ------------------
+
+script_router = APIRouter(prefix="/api/v1", tags=["notifications"])
+
+
+class ScriptMessageIn(Body):
+    title: str = Field(min_length=1, max_length=rules.MAX_SCRIPT_TITLE_CHARS)
+    body: str = Field(default="", max_length=rules.MAX_SCRIPT_BODY_CHARS)
+    log_lines: int = Field(
+        default=0,
+        ge=0,
+        le=rules.MAX_LOG_LINES,
+        description="add the run's last lines of output (secrets masked) where this server holds its log",
+    )
+
+
+class ScriptMessageOut(BaseModel):
+    run_id: str
+    deliveries: int = Field(description="messages queued: one per channel whose rule takes script messages")
+
+
+@script_router.post("/notify", response_model=ScriptMessageOut, status_code=status.HTTP_202_ACCEPTED)
+def notify_from_script(
+    body: ScriptMessageIn,
+    request: Request,
+    db: DbDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> ScriptMessageOut:
+    """A running task's message to its project's channels (rules with the ``script`` event), sent
+    through the outbox. The bearer is the run's notify credential (``$QL3_NOTIFY_TOKEN`` in the
+    task's environment), valid only while that attempt runs: 401 ``notify_credential_invalid``
+    otherwise, 409 ``attempt_not_running`` in the moment before it runs (retry), 429
+    ``notify_limit_reached`` past the per-run limit. 422: a title with a line break or a control
+    character, a body with control characters other than newlines and tabs."""
+    token = credentials.credentials if credentials else None
+    # The console link in the message: the console of the server the task reached.
+    console_url = str(request.base_url)
+    tail = _log_tail(request, db, token, body.log_lines)
+
+    def unit(tx: Transaction) -> ScriptMessageOut:
+        sent = notifications.send_from_script(tx, token, body.title, body.body, console_url, tail)
+        return ScriptMessageOut(run_id=sent.run_id, deliveries=sent.deliveries)
+
+    return db.transaction(unit)
+
+
+def _log_tail(request: Request, db: Database, token: str | None, lines: int) -> notifications.LogTail | None:
+    """The end of the run's log file on this server (``ql3 serve``), read before the write unit; a
+    server without the file (a remote worker's run) sends the message without an excerpt."""
+    root: Path | None = getattr(request.app.state, "logs_root", None)
+    if lines <= 0 or root is None:
+        return None
+    artifact = db.transaction(lambda tx: notifications.attempt_log_artifact(tx, token), write=False)
+    if artifact is None:
+        return None
+    try:
+        data, whole = logs.read_tail(root, artifact, rules.LOG_TAIL_BYTES)
+    except logs.LogsUnavailable:
+        return None
+    return notifications.LogTail(data=data, whole=whole, lines=lines)

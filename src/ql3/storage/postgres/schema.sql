@@ -194,6 +194,12 @@ COLUMN principals.expires_at_ms bigint null=YES default=None
 COLUMN principals.token_issued_at_ms bigint null=YES default=None
 COLUMN principals.last_used_at_ms bigint null=YES default=None
 COLUMN principals.issued_by text null=YES default=None
+COLUMN project_dependencies.project_id text null=NO default=None
+COLUMN project_dependencies.kind text null=NO default=None
+COLUMN project_dependencies.name text null=NO default=None
+COLUMN project_dependencies.spec text null=NO default=None
+COLUMN project_dependencies.created_at_ms bigint null=NO default=None
+COLUMN project_dependencies.updated_at_ms bigint null=NO default=None
 COLUMN projects.id text null=NO default=None
 COLUMN projects.name text null=NO default=None
 COLUMN projects.version bigint null=NO default=None
@@ -377,6 +383,7 @@ INDEX CREATE UNIQUE INDEX parked_items_pkey ON public.parked_items USING btree (
 INDEX CREATE INDEX parked_items_project ON public.parked_items USING btree (project_id, last_failed_at_ms) WHERE (project_id IS NOT NULL)
 INDEX CREATE UNIQUE INDEX principals_pkey ON public.principals USING btree (id)
 INDEX CREATE UNIQUE INDEX principals_token_digest_key ON public.principals USING btree (token_digest)
+INDEX CREATE UNIQUE INDEX project_dependencies_pkey ON public.project_dependencies USING btree (project_id, kind, name)
 INDEX CREATE UNIQUE INDEX projects_name_key ON public.projects USING btree (name)
 INDEX CREATE UNIQUE INDEX projects_pkey ON public.projects USING btree (id)
 INDEX CREATE UNIQUE INDEX ql3_clock_pkey ON public.ql3_clock USING btree (singleton)
@@ -598,6 +605,11 @@ CONSTRAINT principals.principals_issued_by_fkey FOREIGN KEY (issued_by) REFERENC
 CONSTRAINT principals.principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'service'::text, 'worker'::text])))
 CONSTRAINT principals.principals_pkey PRIMARY KEY (id)
 CONSTRAINT principals.principals_token_digest_key UNIQUE (token_digest)
+CONSTRAINT project_dependencies.project_dependencies_kind_check CHECK ((kind = ANY (ARRAY['python'::text, 'node'::text])))
+CONSTRAINT project_dependencies.project_dependencies_name_check CHECK (((length(name) >= 1) AND (length(name) <= 214)))
+CONSTRAINT project_dependencies.project_dependencies_pkey PRIMARY KEY (project_id, kind, name)
+CONSTRAINT project_dependencies.project_dependencies_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT project_dependencies.project_dependencies_spec_check CHECK (((length(spec) >= 1) AND (length(spec) <= 200)))
 CONSTRAINT projects.projects_name_key UNIQUE (name)
 CONSTRAINT projects.projects_pkey PRIMARY KEY (id)
 CONSTRAINT projects.projects_version_check CHECK ((version >= 1))

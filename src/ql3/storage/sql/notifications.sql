@@ -89,3 +89,8 @@ SELECT min(due_at_ms) AS due FROM notification_outbox WHERE due_at_ms IS NOT NUL
 -- name: notify_outbox_counts
 -- desc: Outbox rows counted by status, for /metrics.
 SELECT status, count(*) AS n FROM notification_outbox GROUP BY status
+
+-- name: notify_outbox_count_outcomes
+-- desc: How many distinct outcomes with keys in [lo, hi) a project's outbox holds: the messages one attempt sent.
+SELECT count(DISTINCT outcome_key) AS n FROM notification_outbox
+WHERE project_id = :project_id AND outcome_key >= :lo AND outcome_key < :hi
