@@ -12,6 +12,7 @@ import pytest
 
 import ql3.execution.identity as identity_module
 import ql3.execution.launcher as launcher_module
+from ql3.domain.notifications import notify_token
 from ql3.execution.identity import read_stat
 from ql3.execution.launcher import LocalLauncher
 from ql3.execution.receipts import launch_identity_path, receipt_path
@@ -36,9 +37,11 @@ def test_isolated_environment_is_the_minimal_base_plus_task_env_plus_ids(ex: Exe
     assert env.pop("PWD", os.getcwd()) == os.getcwd()
     added = {"QL3_DEPS_DIR", "QL3_NOTIFY_TOKEN", "PYTHONPATH", "NODE_PATH"}
     assert set(env) == {"PATH", "HOME", "LANG", "TASK_VAR", *added, *ID_VARS}
-    # The run's notify credential is its attempt's (no notify URL configured in this harness), and the
-    # helpers scripts import (notify.py, sendNotify.js) are found last.
-    assert env["QL3_NOTIFY_TOKEN"] == f"ql3r_att-iso.{ex.token}"
+    # The run's notify credential is its attempt's, derived one way from the callback token, which
+    # itself never appears (no notify URL configured in this harness); the helpers scripts import
+    # (notify.py, sendNotify.js) are found last.
+    assert env["QL3_NOTIFY_TOKEN"] == notify_token("att-iso", ex.token)
+    assert ex.token not in "".join(env.values())
     assert env["PYTHONPATH"] == env["NODE_PATH"] == launcher_module.HELPERS_DIR
     assert {"notify.py", "sendNotify.js"} <= set(os.listdir(launcher_module.HELPERS_DIR))
     # No dependency set is installed for this project: PATH stays the minimal one.
