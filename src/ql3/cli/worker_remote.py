@@ -18,6 +18,7 @@ from ql3.cli.client import ApiClient, seg
 from ql3.cli.common import Parser, Subparsers, add_command, wants_json
 from ql3.cli.disk import require_free_space, starting
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
+from ql3.cli.units import Unit, current_user, kept_environment, ql3_program
 
 WORKER_EPILOG: Final = """\
 a remote worker (no database credentials; docs/cluster.md):
@@ -30,6 +31,7 @@ a remote worker (no database credentials; docs/cluster.md):
   QL3_LOG_CAP_BYTES (1024-1099511627776, default 16 MiB): the cap of each attempt's log on this host;
   the log is shipped to the server, which keeps as much as its own QL3_LOG_CAP_BYTES (give both the
   same value), so `ql3 run logs` works from any replica
+keep it running: ql3 worker --server ... --token-file ... --print-systemd-unit > ql3-worker.service
 exit status: 74 when --home is on a disk with less than 1 MiB free (one line names it)
 """
 
@@ -58,6 +60,47 @@ def read_token_file(path: str) -> str:
     if not text or len(text) > 256 or not text.isascii() or any(c.isspace() for c in text):
         raise UsageError(f"--token-file {path}: not a token", code="bad_token_file")
     return text
+
+
+# The environment a worker reads, kept in its unit when set where the unit is printed.
+WORKER_ENV: Final = ("QL3_RUN_LEASE_MS", "QL3_LOG_CAP_BYTES")
+
+
+def unit_user(args: argparse.Namespace) -> str:
+    """The user the worker starts as: the one printing the unit, or root when it runs its tasks as
+    another user (``--run-as``: only root can switch to it)."""
+    return "root" if getattr(args, "run_as", None) else current_user()
+
+
+def systemd_unit(args: argparse.Namespace, home: Path, labels: dict[str, str]) -> str:
+    """A systemd unit that runs this very worker: the same binary, servers, credential file, slots,
+    labels, home and QL3_* settings (every path absolute)."""
+    command = [*ql3_program(), "worker"]
+    for url in args.server:
+        command += ["--server", url]
+    command += ["--token-file", str(Path(args.token_file).absolute()), "--slots", str(args.slots)]
+    for key, value in labels.items():
+        command += ["--label", f"{key}={value}"]
+    command += ["--home", str(home)]
+    if args.ca is not None:
+        command += ["--ca", str(Path(args.ca).absolute())]
+    if getattr(args, "run_as", None):
+        command += ["--run-as", str(args.run_as)]
+    return Unit(
+        name="ql3-worker",
+        description="ql3 remote worker",
+        command=command,
+        user=unit_user(args),
+        environment=kept_environment(os.environ, WORKER_ENV),
+        stop_notes=[
+            "SIGTERM drains: no new runs, the runs in progress finish, then the worker goes offline.",
+            "Past TimeoutStopSec systemd kills the worker's own process only: its runs keep going and",
+            "are re-adopted by the next start (within QL3_RUN_LEASE_MS / 2, or the host executor",
+            "stops them). Raise TimeoutStopSec to let long runs finish on every stop.",
+        ],
+        stop_timeout_s=60,
+        no_restart={64: "bad arguments or settings, or a token file others can read"},
+    ).render()
 
 
 def cmd_remote_worker(args: argparse.Namespace) -> int:
@@ -94,6 +137,9 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
     home = Path(args.home) if args.home else resolve_home(os.environ) / "remote-worker"
     if not home.is_absolute():
         raise UsageError("--home must be an absolute path")
+    if args.print_systemd_unit:
+        sys.stdout.write(systemd_unit(args, home, labels))
+        return EXIT_OK
     require_free_space([home])  # its journal, receipts and logs: exit 74 with one line when full
     private_umask()
     logformat.configure(sys.stderr)
@@ -232,6 +278,11 @@ def register(group: Parser, actions: Subparsers) -> None:
     )
     group.add_argument(
         "--ca", metavar="FILE", default=None, help="CA bundle that signs the server's certificate"
+    )
+    group.add_argument(
+        "--print-systemd-unit",
+        action="store_true",
+        help="print a systemd unit that runs this worker with these options, and exit (writes nothing)",
     )
     tokens: Parser = actions.add_parser("token", help="worker credentials", description="Worker credentials.")
     token_actions = tokens.add_subparsers(dest="token_action", metavar="ACTION", required=True)
