@@ -15,7 +15,7 @@ from typing import Final
 
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, wants_json
+from ql3.cli.common import Parser, Subparsers, add_command, quiet_flag, wants_json, wants_quiet
 from ql3.cli.disk import require_free_space, starting
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
 from ql3.cli.units import Unit, current_user, kept_environment, ql3_program
@@ -226,6 +226,9 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     if wants_json(args):
         output.emit_json(page)
         return EXIT_OK
+    if wants_quiet(args):
+        output.ids_only(str(t["id"]) for t in page["items"])
+        return EXIT_OK
     output.table(
         ("ID", "WORKER", "REVOKED"),
         [(t["id"], t["worker_id"], "yes" if t["revoked_at_ms"] else "no") for t in page["items"]],
@@ -294,6 +297,7 @@ def register(group: Parser, actions: Subparsers) -> None:
         "--expires-in", type=int, metavar="SECONDS", default=None, help="lifetime (60 s - 10 years)"
     )
     lst = add_command(token_actions, "list", cmd_token_list, "list worker credentials (revoked ones too)")
+    quiet_flag(lst)
     lst.add_argument("--after", metavar="ID", default=None, help="the next_after of the previous page")
     revoke = add_command(token_actions, "revoke", cmd_token_revoke, "revoke a worker credential")
     revoke.add_argument("id", metavar="ID", help="the credential id (ql3 worker token list)")
