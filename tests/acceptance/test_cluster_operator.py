@@ -4,6 +4,8 @@ replicas on PostgreSQL and a ``ql3 worker`` attached to both.
 - A replica that hangs (SIGSTOP: it accepts connections and never answers) is left by the worker
   within the documented bound, read from the worker's own log (``silent_ms`` of its failover line),
   and by a CLI whose ``QL3_URL`` names both replicas.
+- A worker restarted with other ``--slots`` and ``--label`` registers a new session with them, and
+  the control plane places runs by them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from ql3.cluster.liveness import MOVE_BOUND_S
 from tests.support.cluster import Cluster, P, add_task, start_runs, wait_terminal
 from tests.support.databases import pg_admin_dsn
+from tests.support.server import stop
 from tests.support.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -88,3 +91,32 @@ def test_a_hung_replica_is_left_within_the_documented_bound(cluster: Cluster) ->
             assert api.get(f"{P}/runs/{started.stdout.strip()}").status_code == 200
     finally:
         a.process.send_signal(signal.SIGCONT)
+
+
+def test_a_worker_restarted_with_other_slots_and_labels_registers_them(cluster: Cluster) -> None:
+    worker = cluster.workers[0]
+    with cluster.api(1) as api:
+        add_task(api, "gpu-only", "true", require={"gpu": "yes"})
+
+    # When the worker is stopped and started again with more slots and a new label, same home
+    stop(worker.process)
+    cluster.workers.remove(worker)
+    restarted = cluster.start_worker(
+        "w1",
+        0,
+        "--server",
+        cluster.replicas[1].url,
+        "--slots",
+        "5",
+        "--label",
+        "gpu=yes",
+        token_file=worker.token_file,
+    )
+
+    # Then it runs (no "registered with different content"), with the new capacity and label
+    with cluster.api(1) as api:
+        shown = api.get(f"{P}/workers/w1").json()
+        assert shown["slots"] == 5 and shown["labels"] == {"gpu": "yes"}, shown
+        [run_id] = start_runs(api, "gpu-only", 1)
+        assert wait_terminal(api, [run_id], timeout_s=30)[run_id] == "succeeded", cluster.logs()
+    assert "different content" not in restarted.log()

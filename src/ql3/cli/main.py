@@ -43,8 +43,8 @@ environment:
 output:
   times are local and labelled with the zone (--utc for UTC); ids in tables are short: any unique
   prefix of an id is accepted wherever an id is (ql3 run show 01a230ad-0ea7); -q prints only full
-  ids, wherever a command prints one (lists, run start, task add...); --json prints the API's fields, and errors as {"error": {code, message}}
-  on stderr
+  ids, wherever a command prints one (lists, run start, task add...); --json prints the API's
+  fields, and errors as {"error": {code, message}} on stderr
 
 exit codes:
   0    success
