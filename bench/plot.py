@@ -1,11 +1,14 @@
 """Plots runs/s per system from one ``bench/run-all`` session: ``bench/throughput.png``.
 
     .venv/bin/python bench/plot.py [--ql3 bench/results/ql3.json] [--peers bench/results/peers.json]
-                                   [--out bench/throughput.png]
+                                   [--cluster bench/results/cluster.json] [--out bench/throughput.png]
 
 Left: end-to-end runs (jobs) per second of ``true`` for ql3 on SQLite and PostgreSQL and for the
 peers, with the backlog enqueued first and with a live producer. Right: ql3 with ``--slots`` 1, 8
-and 64, and with 1,000 versus 100,000 queued runs. matplotlib is a bench-only dependency (the
+and 64, and with 1,000 versus 100,000 queued runs. Third, when ``bench/cluster_bench.py`` ran in the
+session: cluster mode (one ``ql3 control`` and two ``ql3 worker``s) beside procrastinate and pgqueuer
+at the same concurrency on the same PostgreSQL server, with each system's committed transactions per
+run. matplotlib is a bench-only dependency (the
 ``bench`` extra of pyproject.toml), never part of a served install.
 """
 
@@ -115,20 +118,63 @@ def table(ql3: dict[str, Any], peers: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cluster_rows(cluster: dict[str, Any]) -> list[tuple[str, float | None, float | None, float | None]]:
+    """(label, runs/s, transactions/run, idle p50 ms) for ql3 in cluster mode and the peers it ran
+    beside (bench/cluster_bench.py)."""
+    rows: list[tuple[str, float | None, float | None, float | None]] = []
+    for conf in cluster.get("ql3", []):
+        thr, idle = conf.get("throughput") or {}, conf.get("idle_created_to_started_ms") or {}
+        label = f"ql3 cluster\n{conf['replicas']} control + {conf['workers']} workers"
+        rows.append((label, thr.get("runs_per_s"), thr.get("db_transactions_per_run"), idle.get("p50")))
+    for name, peer in (cluster.get("peers") or {}).items():
+        rows.append(
+            (name, peer.get("jobs_per_s"), peer.get("db_transactions_per_job"), peer.get("idle_p50_ms"))
+        )
+    return rows
+
+
+def cluster_table(cluster: dict[str, Any]) -> str:
+    """The cluster-mode table (markdown): runs/s, transactions per run and idle start p50."""
+    lines = [
+        "| cluster mode, same PostgreSQL server | runs/s | transactions/run | idle start p50 ms |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for label, rate, tx, p50 in cluster_rows(cluster):
+        lines.append(f"| {label.replace(chr(10), ' ')} | {_f(rate)} | {_f(tx)} | {_f(p50, '.2f')} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--ql3", type=Path, default=ROOT / "bench/results/ql3.json")
     parser.add_argument("--peers", type=Path, default=ROOT / "bench/results/peers.json")
+    parser.add_argument("--cluster", type=Path, default=ROOT / "bench/results/cluster.json")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/throughput.png")
     parser.add_argument("--table", type=Path, default=None, help="also write the summary table (markdown)")
     args = parser.parse_args()
     ql3 = json.loads(args.ql3.read_text())
     peers = json.loads(args.peers.read_text()) if args.peers.exists() else {}
+    cluster = json.loads(args.cluster.read_text()) if args.cluster.exists() else {}
     rows = systems(ql3, peers)
+    crows = cluster_rows(cluster)
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [3, 2]})
+    if crows:
+        fig, (left, right, third) = plt.subplots(
+            1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [3, 2, 1.4]}
+        )
+        cbars = third.bar(range(len(crows)), [r[1] or 0.0 for r in crows], color="#c44e52")
+        third.bar_label(
+            cbars,
+            labels=[f"{r[1] or 0:.0f}\n{_f(r[2])} tx/run" for r in crows],
+            fontsize=8,
+        )
+        third.set_ylim(top=max([r[1] or 0.0 for r in crows] + [1.0]) * 1.25)  # room for the labels
+        third.set_xticks(range(len(crows)), [r[0] for r in crows], fontsize=8)
+        third.set_title("cluster mode, same PostgreSQL server", fontsize=10)
+    else:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [3, 2]})
     width = 0.38
     xs = range(len(rows))
     for offset, index, label, color in ((-width / 2, 1, "backlog enqueued first", "#4c72b0"),
@@ -176,6 +222,8 @@ def main() -> int:
     fig.savefig(args.out, dpi=100)
     print(f"wrote {args.out}")
     summary = table(ql3, peers)
+    if crows:
+        summary += "\n\n" + cluster_table(cluster)
     print(summary)
     if args.table:
         args.table.write_text(summary + "\n")

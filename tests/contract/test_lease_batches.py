@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ql3.application import gateway, runs
+from ql3.application import attempt_logs, gateway, runs
+from ql3.application.attempt_logs import LogGap
 from ql3.application.gateway import InProcessControlPlane
 from ql3.domain.errors import Conflict, FenceConflict, StorageUnavailable, ValidationFailed
 from ql3.domain.offers import LeaseFence
@@ -17,7 +18,7 @@ from ql3.ports.control_plane import MAX_BATCH_STEPS, LeaseCall
 from ql3.ports.storage import Savepoints, Transaction
 from ql3.repositories import projects as project_store
 from tests.support.databases import Harness
-from tests.support.execution_builders import dispatcher, queued, register
+from tests.support.execution_builders import dispatcher, queued, register, start
 
 
 def _two_claimed(harness: Harness) -> tuple[LeaseFence, LeaseFence]:
@@ -141,3 +142,41 @@ def test_a_failed_statement_inside_a_savepoint_leaves_the_unit_usable(harness: H
 
     assert harness.db.transaction(unit) is True
     assert "after" in _project_names(harness)
+
+
+def test_the_last_log_chunk_and_the_completion_are_one_unit_and_a_refused_chunk_completes_anyway(
+    harness: Harness,
+) -> None:
+    # Given two running attempts of one worker session
+    register(harness.db, lease_ms=600_000)
+    queued(harness.db, n=2)
+    fences = []
+    for _ in range(2):
+        offer = dispatcher(harness.db).dispatch_once().offer
+        assert offer is not None
+        fences.append(start(harness.db, offer, token="cb-token"))
+    a, b = fences
+    plane = InProcessControlPlane(harness.db)
+
+    def chunk(f: LeaseFence, offset: int, data: bytes) -> LeaseCall:
+        args = {"offset": offset, "data": data, "final": True, "cap_bytes": 4096}
+        return LeaseCall(step="append_log", fence=f, args=args)
+
+    def done(f: LeaseFence) -> LeaseCall:
+        args = {"callback_sequence": 1, "callback_token": "cb-token", "exit_code": 0}
+        return LeaseCall(step="complete", fence=f, args=args)
+
+    # When each completion travels with its log's last chunk, b's chunk starting past the stored end
+    answers = plane.run_batch([chunk(a, 0, b"out\n"), done(a), chunk(b, 7, b"gap"), done(b)])
+
+    # Then a's log is stored and closed with its completion, and b's refused chunk completed b anyway
+    assert answers[0].outcome == "appended" and answers[0].head.closed
+    assert isinstance(answers[2], LogGap) and answers[2].details["stored_bytes"] == 0
+    assert answers[1] == answers[3] == ("applied", "succeeded")
+    log = harness.db.transaction(lambda tx: attempt_logs.head(tx, a.attempt_id))
+    assert log is not None and log.closed and log.stored_bytes == 4
+    assert harness.db.transaction(lambda tx: attempt_logs.read(tx, log, 0, 100)).data == b"out\n"
+    assert "run.succeeded" in _event_types(harness, b.run_id)
+    # And a replay of the whole batch (a lost answer) changes nothing
+    again = plane.run_batch([chunk(a, 0, b"out\n"), done(a)])
+    assert again[0].outcome == "replayed" and again[1] == ("already_terminal", "succeeded")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -314,7 +315,7 @@ class _CountingDb:
         return self._db.transaction(fn, write=write)
 
 
-def test_a_pull_that_claims_costs_one_read_and_one_write(harness: Harness) -> None:
+def test_a_pull_that_claims_from_its_first_page_is_one_transaction(harness: Harness) -> None:
     # Given a queued run whose spec the replica has read once already (the spec cache is warm)
     queued(harness.db, 2)
     session = register(harness.db, "w1")
@@ -326,6 +327,69 @@ def test_a_pull_that_claims_costs_one_read_and_one_write(harness: Harness) -> No
     # When the worker pulls again
     assert service.pull_once(request(session)).reason == "claimed"
 
-    # Then the session, the live leases, the worker's slots and the first page of candidates are
-    # one read, and the claim one write: the per-pull budget
-    assert counting.units == ["read", "write"]
+    # Then the session, the live leases, the worker's slots, the first page of candidates and the
+    # claim are one unit: the per-pull budget
+    assert counting.units == ["write"]
+
+
+def test_a_new_run_wakes_every_waiting_pull_but_costs_one_pass(harness: Harness) -> None:
+    # Given two workers long-polling an empty queue on one replica
+    project, task, _ = queued(harness.db, 0)
+    sessions = [register(harness.db, "w1"), register(harness.db, "w2")]
+    counting = _CountingDb(harness.db)
+    service = PullService(counting)  # type: ignore[arg-type]
+    found: list[Any] = []
+
+    def poll(session: workers.WorkerSession) -> None:
+        found.append(service.pull(request(session), wait_ms=20_000))
+
+    threads = [threading.Thread(target=poll, args=(s,)) for s in sessions]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while harness.db.notifier.waiting("runs") < 2 and time.monotonic() < deadline:  # both wait
+        time.sleep(0.01)
+    assert counting.units == ["write", "write"]
+
+    # When one run is created (its commit wakes both)
+    start_run(harness.db, project, task)
+    while not found and time.monotonic() < deadline:
+        time.sleep(0.01)
+    while service.herd_skips < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    # Then one pull took it in one pass, and the other went back to waiting without a pass of its own
+    assert len(found) == 1 and found[0].reason == "claimed"
+    assert counting.units == ["write", "write", "write"]
+    assert service.herd_skips == 1
+    service.close()
+    for thread in threads:
+        thread.join(30)
+    assert live_leases(harness.db) == 1
+
+
+def test_a_pass_says_the_queue_is_empty_only_when_it_left_nothing_behind(harness: Harness) -> None:
+    # Given a worker without labels, one run it can take and one that needs a label
+    project, task, _ = queued(harness.db, 0)
+    picky = seed_task(harness.db, project, name="picky", require={"gpu": "yes"})
+    w1 = register(harness.db, "w1")
+    service = PullService(harness.db)
+    assert service.pull_once(request(w1)).queue_empty  # nothing queued at all
+
+    # When it claims from a queue of two, of which the other is one it cannot take
+    start_run(harness.db, project, task)
+    start_run(harness.db, project, picky)
+    claimed = service.pull_once(request(w1))
+    left = service.pull_once(request(w1))
+
+    # Then neither pass says empty: a woken pull of another worker must still look
+    assert claimed.reason == "claimed" and not claimed.queue_empty
+    assert left.reason == "no_match" and not left.queue_empty
+
+    # And a pass that claims the last run says so
+    start_run(harness.db, project, task)
+    w2 = register(harness.db, "w2", labels={"gpu": "yes"})
+    first = service.pull_once(request(w2))
+    assert first.reason == "claimed" and not first.queue_empty  # one of two: one remains
+    last = service.pull_once(request(w2))
+    assert last.reason == "claimed" and last.queue_empty

@@ -5,6 +5,7 @@ the worker closed it, and a real remote worker's shipper sending a real process'
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,3 +250,36 @@ def test_a_restarted_worker_resumes_shipping_a_readopted_process_without_duplica
         assert logs(api_client, owner, run["id"])["data"] == "before\nafter\nend\n"
     finally:
         second.stop(offline=True)
+
+
+def test_a_remote_workers_completion_carries_its_log_so_the_log_needs_no_request_of_its_own(
+    api_client: TestClient, owner: dict[str, str], tmp_path: Path
+) -> None:
+    # Given a remote worker whose requests are recorded
+    token = worker_token(api_client, owner, "w1")
+    control = plane(api_client, token)
+    sent: list[tuple[str, Any]] = []
+    control._client.event_hooks["request"].append(
+        lambda request: sent.append((request.url.path, json.loads(request.content or b"null")))
+    )
+    remote = RemoteWorker(control, WorkerConfig(worker_id="w1", home=tmp_path / "w1"))
+    assert remote.start()
+    try:
+        # When a short task prints and ends
+        run = task_and_run(api_client, owner, "short", "echo done")
+        assert wait_status(api_client, owner, run["id"], {"succeeded", "failed"})["status"] == "succeeded"
+        wait_for(lambda: logs(api_client, owner, run["id"])["complete"])
+
+        # Then the log was closed by the completion's batch, never by a request of its own
+        assert logs(api_client, owner, run["id"])["data"] == "done\n"
+        closing = [
+            steps
+            for path, body in sent
+            if path == "/api/v1/worker/batch"
+            for steps in [[s["step"] for s in body["steps"]]]
+            if "append_log" in steps
+        ]
+        assert closing == [["append_log", "complete"]]
+        assert not [b for p, b in sent if p == "/api/v1/worker/logs" and b["final"]]
+    finally:
+        remote.stop(offline=True)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from ql3.application import cancellation, lease_expiry, lease_results, leases, runs, workers
+from ql3.application import attempt_logs, cancellation, lease_expiry, lease_results, leases, runs, workers
 from ql3.application.late_facts import StopCause
 from ql3.domain.errors import Ql3Error, ValidationFailed
 from ql3.domain.offers import LeaseFence
@@ -125,6 +125,15 @@ class InProcessControlPlane:
 
     def lease_status(self, fence: LeaseFence) -> LeaseInfo:
         return self._db.transaction(lambda tx: _lease_status(tx, fence))
+
+    def append_log(
+        self, fence: LeaseFence, *, offset: int, data: bytes, final: bool, cap_bytes: int
+    ) -> attempt_logs.AppendResult:
+        """A chunk of the attempt's log (``attempt_logs.append``, fenced by the worker's session);
+        a remote worker sends the last one in the batch of the attempt's completion."""
+        return self._db.transaction(
+            lambda tx: _append_log(tx, fence, offset=offset, data=data, final=final, cap_bytes=cap_bytes)
+        )
 
     def run_batch(self, calls: Sequence[LeaseCall]) -> list[Any]:
         """Several lease steps, of any attempts, in one transaction (docs/contracts.md "Batched
@@ -255,6 +264,22 @@ def _lease_status(tx: Transaction, fence: LeaseFence) -> LeaseInfo:
     return _lease_info(leases.lease_status(tx, fence), tx.now_ms())
 
 
+def _append_log(
+    tx: Transaction, fence: LeaseFence, *, offset: int, data: bytes, final: bool, cap_bytes: int
+) -> attempt_logs.AppendResult:
+    return attempt_logs.append(
+        tx,
+        worker_id=fence.worker_id,
+        session_id=fence.session_id,
+        generation=fence.worker_generation,
+        attempt_id=fence.attempt_id,
+        offset=offset,
+        data=data,
+        final=final,
+        cap_bytes=cap_bytes,
+    )
+
+
 def _run_step(call: LeaseCall, tx: Transaction) -> Any:
     return _STEPS[call.step](tx, call.fence, **call.args)
 
@@ -267,4 +292,5 @@ _STEPS: dict[str, Callable[..., Any]] = {
     "complete": _complete,
     "report_lost": _report_lost,
     "lease_status": _lease_status,
+    "append_log": _append_log,
 }

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import httpx
 
@@ -67,6 +67,23 @@ class LogAck:
     stored_bytes: int
     truncated: bool
     closed: bool
+
+
+class FinalLogs(Protocol):
+    """Where a completion finds the rest of its attempt's log (the log shipper)."""
+
+    def take_final(self, attempt_id: str) -> tuple[int, bytes] | None: ...
+
+    def final_answer(self, attempt_id: str, ack: LogAck | Ql3Error | None, *, shipped: int = 0) -> None: ...
+
+
+def _log_ack(reply: dict[str, Any]) -> LogAck:
+    return LogAck(
+        result=str(reply["result"]),
+        stored_bytes=int(reply["storedBytes"]),
+        truncated=bool(reply["truncated"]),
+        closed=bool(reply["closed"]),
+    )
 
 
 def _fence(f: LeaseFence) -> dict[str, Any]:
@@ -177,6 +194,10 @@ class HttpControlPlane:
         # Lease steps from several threads at once travel together (worker/group_commit.py): the ACKs,
         # completions and loss reports within the ACK window, lease probes within the short one.
         self._batch_route = True  # False once a replica without the batch route answered 404
+        # A completion carries the rest of its attempt's log when it fits one chunk (one request and
+        # one transaction fewer per run); False once a replica refused the step (an older one).
+        self.final_logs: FinalLogs | None = None
+        self._log_step = True
         self._acks: GroupCommit[_Step, Any] = GroupCommit(
             lambda steps: self._send_steps(steps, window_s=self._ack_window_s), max_batch=MAX_BATCH_STEPS
         )
@@ -298,8 +319,18 @@ class HttpControlPlane:
         return out
 
     def _single(self, step: _Step, *, window_s: float) -> Any:
+        path, body = _STEP_ROUTES.get(step.name, ""), step.body
+        if step.name == "append_log":  # alone, a chunk goes to the log route
+            fence = step.body["fence"]
+            path = "/api/v1/worker/logs"
+            body = {
+                "sessionId": fence["sessionId"],
+                "generation": fence["workerGeneration"],
+                "attemptId": fence["attemptId"],
+                **{k: step.body[k] for k in ("offset", "data", "final")},
+            }
         try:
-            return self._post(_STEP_ROUTES[step.name], step.body, window_s=window_s)
+            return self._post(path, body, window_s=window_s)
         except ControlPlaneUnreachable:
             raise
         except Ql3Error as exc:  # a refusal answers this step alone
@@ -453,8 +484,44 @@ class HttpControlPlane:
         }
         if stop_cause is not None:
             body["stopCause"] = stop_cause
-        data = self._ack("complete", body)
+        data = self._complete_with_log(fence, body) or self._ack("complete", body)
         return str(data["result"]), str(data["outcome"])
+
+    def _complete_with_log(self, fence: LeaseFence, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The last chunk of the attempt's log and its completion as one batch (one request, one
+        transaction): the chunk's answer goes to the shipper, the completion's to the caller. None
+        when there is no such chunk (the shipper then closes the log itself)."""
+        logs = self.final_logs
+        if logs is None or not self._log_step or not self._batch_route:
+            return None
+        tail = logs.take_final(fence.attempt_id)
+        if tail is None:
+            return None
+        offset, data = tail
+        chunk = {
+            "fence": _fence(fence),
+            "offset": offset,
+            "data": base64.b64encode(data).decode("ascii"),
+            "final": True,
+        }
+        try:
+            log_answer, answer = self._send_steps(
+                [_Step("append_log", chunk), _Step("complete", body)], window_s=self._ack_window_s
+            )
+        except ValidationFailed:  # a replica that does not know the step refused the whole batch
+            self._log_step = False
+            logs.final_answer(fence.attempt_id, None)
+            return None
+        except BaseException:
+            logs.final_answer(fence.attempt_id, None)
+            raise
+        if isinstance(log_answer, Ql3Error):
+            logs.final_answer(fence.attempt_id, log_answer)
+        else:
+            logs.final_answer(fence.attempt_id, _log_ack(log_answer), shipped=len(data))
+        if isinstance(answer, Ql3Error):
+            raise answer
+        return dict(answer)
 
     def report_lost(self, fence: LeaseFence, *, error_code: str) -> bool:
         data = self._ack("report_lost", {"fence": _fence(fence), "errorCode": error_code})
@@ -481,10 +548,4 @@ class HttpControlPlane:
             "data": base64.b64encode(data).decode("ascii"),
             "final": final,
         }
-        reply = self._post("/api/v1/worker/logs", body, window_s=0.0)
-        return LogAck(
-            result=str(reply["result"]),
-            stored_bytes=int(reply["storedBytes"]),
-            truncated=bool(reply["truncated"]),
-            closed=bool(reply["closed"]),
-        )
+        return _log_ack(self._post("/api/v1/worker/logs", body, window_s=0.0))

@@ -60,6 +60,8 @@ class _Tail:
     closed: bool = False
     failures: int = 0
     seen_file: bool = False
+    busy: bool = False  # the shipper's thread is shipping it (under the shipper's lock)
+    handed: bool = False  # its last chunk travels with the attempt's completion (take_final)
 
 
 class LogShipper:
@@ -121,6 +123,42 @@ class LogShipper:
         )
         del self._tails[victim.attempt_id]
 
+    def take_final(self, attempt_id: str) -> tuple[int, bytes] | None:
+        """The rest of a finished attempt's log, when it fits one chunk and nothing of it is in
+        flight: (offset, bytes), handed to the attempt's completion so both travel in one request
+        and one transaction (docs/cluster.md "Log shipping"). Until ``final_answer`` the shipper
+        leaves this log alone. None: the shipper closes the log itself after the completion."""
+        with self._lock:
+            tail = self._tails.get(attempt_id)
+            if tail is None or tail.busy or tail.handed or tail.closed or tail.pending is not None:
+                return None
+            tail.handed = True
+        data = self._read(tail)
+        if data is None or len(data) >= self._chunk:
+            self.final_answer(attempt_id, None)
+            return None
+        return tail.offset, data
+
+    def final_answer(self, attempt_id: str, ack: LogAck | Ql3Error | None, *, shipped: int = 0) -> None:
+        """What became of a chunk ``take_final`` handed out (``shipped`` bytes of it): stored (the log
+        is closed), refused (the shipper resumes from what the server holds) or unknown (None: the
+        shipper sends it again itself)."""
+        with self._lock:
+            tail = self._tails.get(attempt_id)
+            if tail is None or not tail.handed:
+                return
+            tail.handed = False
+            if isinstance(ack, LogAck):
+                tail.offset += shipped
+                tail.failures = 0
+                if ack.truncated or ack.closed:
+                    tail.closed = True
+            elif isinstance(ack, LogGap | LogOverlap):
+                tail.offset = int(ack.details.get("stored_bytes", tail.offset))
+            elif isinstance(ack, FenceConflict):
+                del self._tails[attempt_id]  # not this session's attempt: nothing it sends is taken
+        self._wake.set()
+
     @property
     def tracked(self) -> list[str]:
         with self._lock:
@@ -178,7 +216,15 @@ class LogShipper:
             tails = list(self._tails.values())
         more = False
         for tail in tails:
-            more = self._ship_tail(session, tail) or more
+            with self._lock:
+                if tail.handed:
+                    continue  # its last chunk travels with the completion
+                tail.busy = True
+            try:
+                more = self._ship_tail(session, tail) or more
+            finally:
+                with self._lock:
+                    tail.busy = False
             if self._done(tail):
                 with self._lock:
                     if self._tails.get(tail.attempt_id) is tail:

@@ -98,6 +98,9 @@ class PullResult:
     truncated: bool = False
     cursor: QueuedCandidate | None = None  # where the next pass resumes after a truncated one
     walked_to_end: bool = False  # the pass reached the end of the queue: the next starts at the head
+    # The pass walked the whole queue from its head and left no candidate behind (none was there,
+    # or the one it claimed was the last): nothing is claimable until a new "runs" event.
+    queue_empty: bool = False
 
 
 IDLE_REASONS: Final = frozenset({"no_candidates", "no_match", "no_capacity", "claim_raced", "draining"})
@@ -188,6 +191,11 @@ class PullService:
         self._cursors: OrderedDict[str, tuple[str, int, QueuedCandidate]] = OrderedDict()
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        # Herd avoidance (``pull``): the "runs" count before the latest pass that left the queue
+        # empty (None: the latest pass left something), and the turn woken pulls take to look.
+        self._empty_at: int | None = None
+        self._turn = threading.Lock()
+        self.herd_skips = 0  # woken pulls that did not need to look (tests, docs/cluster.md)
 
     def close(self) -> None:
         """Long-polls in flight answer at once (graceful shutdown)."""
@@ -196,16 +204,16 @@ class PullService:
         if notifier is not None:
             notifier.notify(channels.RUNS)
 
-    def _spec(self, task_id: str, revision: int) -> TaskSpec:
+    def _spec(self, tx: Transaction, task_id: str, revision: int) -> TaskSpec:
+        """The revision's spec, cached; a miss reads it in the caller's transaction (never a second
+        connection while the pull holds one: a full pool would wait on itself)."""
         key = (task_id, revision)
         with self._lock:
             cached = self._specs.get(key)
             if cached is not None:
                 self._specs.move_to_end(key)
                 return cached
-        spec = self._db.transaction(
-            lambda tx: build_spec(get_revision(tx, task_id, revision).spec), write=False
-        )
+        spec = build_spec(get_revision(tx, task_id, revision).spec)
         with self._lock:
             self._specs[key] = spec
             while len(self._specs) > SPEC_CACHE_SIZE:
@@ -242,97 +250,120 @@ class PullService:
     ) -> PullResult:
         """One bounded pass from ``cursor`` (None: the head of the queue). ``replay_only``: only
         re-deliver the live lease of this pair, never claim (a restarted worker resuming what it
-        journaled); nothing live answers ``not_live``."""
+        journaled); nothing live answers ``not_live``.
+
+        A pass is one write transaction per page of candidates: the first also checks the session,
+        looks for this pair's live lease and reads the worker's free slots, so a pull that claims
+        from the first page costs one transaction. The worker's registry row is locked first, so
+        every pull of this worker, on any replica, serialises there, and the second of two
+        identical retries finds the first one's lease."""
         validate_request(req)
         digest = leases.lease_digest(req.lease_token)
 
-        def start(
-            tx: Transaction,
-        ) -> tuple[Offer | None, WorkerSnapshot | None, str, list[QueuedCandidate] | None]:
+        def first(tx: Transaction) -> tuple[PullResult, WorkerSnapshot | None, QueuedCandidate | None]:
+            if not replay_only and worker_repo.lock_worker(tx, req.worker_id) is None:
+                _check_session(tx, req)  # names why: unregistered, replaced, offline
+                return PullResult(reason="draining"), None, cursor
             _check_session(tx, req)
             live = _find_live(tx, req.worker_id, digest)
             if live is not None:
-                return _rebuild(tx, live, req), None, "replayed", None
+                return PullResult(reason="replayed", offer=_rebuild(tx, live, req)), None, cursor
             if replay_only:
-                return None, None, "not_live", None
+                return PullResult(reason="not_live"), None, cursor
             snap = workers.snapshot_one(tx, worker_id=req.worker_id)
             if not snap:
-                return None, None, "draining", None  # online is required for new claims
+                return PullResult(reason="draining"), None, cursor  # online is required for new claims
             if snap[0].session_id != req.session_id or snap[0].generation != req.generation:
                 raise FenceConflict(reason="worker_session_mismatch")
             if snap[0].free_slots <= 0:
-                return None, snap[0], "no_capacity", None
-            # The first page of candidates in the same read: one transaction fewer per pull.
-            return None, snap[0], "ok", self._candidates(tx, cursor)
+                return PullResult(reason="no_capacity"), None, cursor
+            result, last = self._page(tx, req, snap[0], digest, cursor, 0, locked=True)
+            return result, snap[0], last
 
-        replayed, snapshot, state, first_page = self._db.transaction(start, write=False)
-        if replayed is not None:
-            return PullResult(reason="replayed", offer=replayed)
-        if snapshot is None or state != "ok":
-            return PullResult(reason=state)
-        return self._scan(req, snapshot, digest, cursor, first_page)
+        result, snapshot, cursor = self._db.transaction(first, write=not replay_only)
+        page_no = 1
+        while result.reason == "next_page" and snapshot is not None:
+            result, cursor = self._db.transaction(
+                partial(self._page, req=req, snapshot=snapshot, digest=digest, cursor=cursor, page_no=page_no)
+            )
+            page_no += 1
+        return result
 
-    def _scan(
+    def _page(
         self,
+        tx: Transaction,
         req: PullRequest,
         snapshot: WorkerSnapshot,
         digest: str,
         cursor: QueuedCandidate | None,
-        first_page: list[QueuedCandidate] | None = None,
-    ) -> PullResult:
+        page_no: int,
+        locked: bool = False,
+    ) -> tuple[PullResult, QueuedCandidate | None]:
+        """One page of candidates from ``cursor``, placed and claimed in ``tx``: an offer, the end of
+        the walk, the end of the budget, or ``next_page`` (with where it stopped)."""
+        from_head = cursor is None and page_no == 0
+        page = self._candidates(tx, cursor)
+        # Only a short first page read from the head shows the whole queue.
+        whole = from_head and len(page) < self.budget.candidate_page
         reason = "no_candidates"
-        for page_no in range(self.budget.candidate_pages):
-            if page_no == 0 and first_page is not None:
-                page = first_page
-            else:
-                page = self._db.transaction(partial(self._candidates, cursor=cursor), write=False)
-            for cand in page:
-                cursor = cand
-                if cand.attempt_id is None or cand.attempt_status != "claimed":
-                    reason = "claim_raced"
-                    continue
-                try:
-                    task_spec = self._spec(cand.task_id, cand.task_revision)
-                    placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
-                except Ql3Error:
-                    reason = "plans_unavailable"
-                    continue
-                spec = candidate_plan(task_spec, cand, cand.attempt_id)
-                if not rank(placement, [snapshot]):
-                    reason = "no_match"
-                    continue
-                outcome = self._db.transaction(
-                    partial(self._claim, req=req, cand=cand, attempt_id=cand.attempt_id, digest=digest)
-                )
-                if isinstance(outcome, Offer):
-                    return PullResult(reason="replayed", offer=outcome)
-                if outcome.status == "claimed" and outcome.lease is not None:
-                    return PullResult(reason="claimed", offer=_offer(outcome.lease, req, spec))
-                if outcome.status in ("worker_unavailable", "capacity_exhausted"):
-                    return PullResult(
-                        reason="no_capacity" if outcome.status == "capacity_exhausted" else "draining"
-                    )
-                reason = "claim_raced"
-            if len(page) < self.budget.candidate_page:
-                return PullResult(reason=reason, walked_to_end=True)
-            if page_no == self.budget.candidate_pages - 1:
-                return PullResult(reason="scan_budget_exhausted", truncated=True, cursor=cursor)
-        return PullResult(reason=reason, walked_to_end=True)
+        for cand in page:
+            cursor = cand
+            if cand.attempt_id is None or cand.attempt_status != "claimed":
+                reason, whole = "claim_raced", False
+                continue
+            try:
+                task_spec = self._spec(tx, cand.task_id, cand.task_revision)
+                placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
+            except Ql3Error:
+                reason, whole = "plans_unavailable", False
+                continue
+            spec = candidate_plan(task_spec, cand, cand.attempt_id)
+            if not rank(placement, [snapshot]):
+                reason, whole = "no_match", False
+                continue
+            outcome = self._claim(
+                tx, req=req, cand=cand, attempt_id=cand.attempt_id, digest=digest, locked=locked
+            )
+            locked = True  # the first claim took the lock and looked: the rest of this unit holds it
+            if isinstance(outcome, Offer):
+                return PullResult(reason="replayed", offer=outcome), cursor
+            if outcome.status == "claimed" and outcome.lease is not None:
+                offer = _offer(outcome.lease, req, spec)
+                last = whole and cand is page[-1]  # nothing skipped before it, nothing after it
+                return PullResult(reason="claimed", offer=offer, queue_empty=last), cursor
+            if outcome.status in ("worker_unavailable", "capacity_exhausted"):
+                status = "no_capacity" if outcome.status == "capacity_exhausted" else "draining"
+                return PullResult(reason=status), cursor
+            reason, whole = "claim_raced", False
+        if len(page) < self.budget.candidate_page:
+            return PullResult(reason=reason, walked_to_end=True, queue_empty=whole), cursor
+        if page_no >= self.budget.candidate_pages - 1:
+            return PullResult(reason="scan_budget_exhausted", truncated=True, cursor=cursor), cursor
+        return PullResult(reason="next_page"), cursor
 
     def _candidates(self, tx: Transaction, cursor: QueuedCandidate | None) -> list[QueuedCandidate]:
         after = None if cursor is None else (cursor.priority, cursor.queued_at_ms, cursor.run_id)
         return run_repo.queued_candidates(tx, after=after, limit=self.budget.candidate_page)
 
     def _claim(
-        self, tx: Transaction, *, req: PullRequest, cand: QueuedCandidate, attempt_id: str, digest: str
+        self,
+        tx: Transaction,
+        *,
+        req: PullRequest,
+        cand: QueuedCandidate,
+        attempt_id: str,
+        digest: str,
+        locked: bool = False,
     ) -> lease_claims.RunClaim | Offer:
         # The worker's registry row is locked first: every pull of this worker, on any replica,
         # serialises here, and the second of two identical retries finds the first one's lease.
-        if worker_repo.lock_worker(tx, req.worker_id) is None:
-            return lease_claims.RunClaim(status="worker_unavailable")
-        live = _find_live(tx, req.worker_id, digest)
-        if live is not None:
-            return _rebuild(tx, live, req)
+        # ``locked``: this transaction took the lock and looked for the pair's lease already.
+        if not locked:
+            if worker_repo.lock_worker(tx, req.worker_id) is None:
+                return lease_claims.RunClaim(status="worker_unavailable")
+            live = _find_live(tx, req.worker_id, digest)
+            if live is not None:
+                return _rebuild(tx, live, req)
         return lease_claims.claim(
             tx,
             run_id=cand.run_id,
@@ -346,6 +377,15 @@ class PullService:
 
     # -- the long-poll -----------------------------------------------------------------------------
 
+    def _pass(self, req: PullRequest, marks: dict[str, int]) -> PullResult:
+        """One pass from this session's cursor; notes whether it left the queue empty as of the
+        "runs" count read before it (any later run raises that count, so the note goes stale)."""
+        result = self.pull_once(req, self.resume_cursor(req))
+        self._remember(req, result)
+        with self._lock:
+            self._empty_at = marks.get(channels.RUNS) if result.queue_empty else None
+        return result
+
     def pull(self, req: PullRequest, *, wait_ms: int, replay_only: bool = False) -> PullResult:
         """Passes from where this session's walk stopped, at most ``1 + MAX_IMMEDIATE_RETRIES`` in a
         row; a walk still not at the end answers at once (the worker's next pull continues it), one
@@ -356,10 +396,22 @@ class PullService:
             return self.pull_once(req, replay_only=True)
         deadline = time.monotonic() + wait_ms / 1000
         immediate = 0
+        woken = False
+        result = PullResult(reason="no_candidates", walked_to_end=True)
         while True:
-            marks = self._counters(WAKE_CHANNELS) if self._counters is not None else {}
-            result = self.pull_once(req, self.resume_cursor(req))
-            self._remember(req, result)
+            if woken and self._counters is not None:
+                # Woken pulls on this replica look one at a time, so the herd a new run wakes costs
+                # one pass, not one per waiting worker: the first takes it, the rest see that no
+                # "runs" event came since a pass found the queue empty and wait again.
+                with self._turn:
+                    marks = self._counters(WAKE_CHANNELS)
+                    if self._empty_at is not None and self._empty_at == marks.get(channels.RUNS):
+                        self.herd_skips += 1
+                    else:
+                        result = self._pass(req, marks)
+            else:
+                marks = self._counters(WAKE_CHANNELS) if self._counters is not None else {}
+                result = self._pass(req, marks)
             if result.offer is not None:
                 return result
             if result.truncated and immediate < MAX_IMMEDIATE_RETRIES:
@@ -370,5 +422,6 @@ class PullService:
                 return result
             immediate = 0
             self._wait_past(marks, remaining)
+            woken = True
             if self._closing.is_set():
                 return result

@@ -82,6 +82,7 @@ class RemoteWorker:
         self._agent_lock = threading.RLock()  # re-registration vs. the loops' use of the agent
         # Each attempt's log goes to the database through the server (docs/cluster.md "Log shipping").
         self.logs = LogShipper(plane, config.logs_dir, lambda: self.agent.session)
+        plane.final_logs = self.logs  # a completion carries its log's last chunk (one request fewer)
         self.agent.on_settled = self._settled
         self._threads: list[threading.Thread] = []
         self._maintain: LifecycleRunner | None = None

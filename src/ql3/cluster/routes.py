@@ -301,6 +301,10 @@ def ship_log(body: LogChunkIn, worker_id: WorkerDep, db: DbDep, request: Request
             cap_bytes=cap,
         )
     )
+    return _log_out(result)
+
+
+def _log_out(result: attempt_logs.AppendResult) -> dict[str, Any]:
     return {
         "result": result.outcome,
         "storedBytes": result.head.stored_bytes,
@@ -380,9 +384,25 @@ def control(body: FenceOnly, worker_id: WorkerDep, db: DbDep, request: Request) 
 
 class StepIn(Body):
     step: Literal[
-        "ack_starting", "ack_running", "ack_start_failure", "renew", "complete", "report_lost", "lease_status"
+        "ack_starting",
+        "ack_running",
+        "ack_start_failure",
+        "renew",
+        "complete",
+        "report_lost",
+        "lease_status",
+        "append_log",
     ]
     body: dict[str, Any]
+
+
+class LogStepIn(Body):
+    """A chunk of an attempt's log as a batch step (the fence names the attempt and the session)."""
+
+    fence: FenceIn
+    offset: int = Field(ge=0, le=attempt_logs.MAX_OFFSET)
+    data: str = Field(default="", max_length=(attempt_logs.MAX_CHUNK_BYTES + 2) // 3 * 4)
+    final: bool = False
 
 
 class BatchIn(Body):
@@ -397,10 +417,11 @@ _STEP_BODIES: dict[str, type[Body]] = {
     "complete": CompleteIn,
     "report_lost": LostIn,
     "lease_status": FenceOnly,
+    "append_log": LogStepIn,
 }
 
 
-def _step_call(step: StepIn, worker_id: str) -> LeaseCall:
+def _step_call(step: StepIn, worker_id: str, log_cap_bytes: int) -> LeaseCall:
     """The step's body, checked by the model of its own route (so a batch accepts exactly what the
     single calls accept); a fence naming another worker is refused here (403)."""
     try:
@@ -428,6 +449,12 @@ def _step_call(step: StepIn, worker_id: str) -> LeaseCall:
             "exit_code": parsed.exitCode,
             "stop_cause": parsed.stopCause,
         }
+    elif isinstance(parsed, LogStepIn):
+        try:
+            data = base64.b64decode(parsed.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValidationFailed("data must be base64", field="data") from None
+        args = {"offset": parsed.offset, "data": data, "final": parsed.final, "cap_bytes": log_cap_bytes}
     else:
         args = {}
     return LeaseCall(step=step.step, fence=fence, args=args)
@@ -447,6 +474,8 @@ def _step_out(step: str, answer: Any) -> dict[str, Any]:
         body = {"result": answer[0], "outcome": answer[1]}
     elif step == "report_lost":
         body = {"lost": bool(answer)}
+    elif step == "append_log":
+        body = _log_out(answer)
     else:
         body = {"outcome": answer}
     return {"status": 200, "body": body}
@@ -462,7 +491,7 @@ def batch(body: BatchIn, worker_id: WorkerDep, request: Request) -> dict[str, An
     calls: list[LeaseCall | Ql3Error] = []
     for step in body.steps:
         try:
-            calls.append(_step_call(step, worker_id))
+            calls.append(_step_call(step, worker_id, _state(request).log_cap_bytes))
         except Ql3Error as exc:
             calls.append(exc)
     valid = [c for c in calls if isinstance(c, LeaseCall)]

@@ -29,7 +29,14 @@ class LeaseInfo:
 
 
 LeaseStep = Literal[
-    "ack_starting", "ack_running", "ack_start_failure", "renew", "complete", "report_lost", "lease_status"
+    "ack_starting",
+    "ack_running",
+    "ack_start_failure",
+    "renew",
+    "complete",
+    "report_lost",
+    "lease_status",
+    "append_log",
 ]
 LEASE_STEPS: tuple[LeaseStep, ...] = (
     "ack_starting",
@@ -39,6 +46,7 @@ LEASE_STEPS: tuple[LeaseStep, ...] = (
     "complete",
     "report_lost",
     "lease_status",
+    "append_log",  # a chunk of the attempt's log; the one before its completion ends a settled log
 )
 MAX_BATCH_STEPS = 64  # steps in one batch (one transaction, one worker API request)
 
@@ -46,7 +54,7 @@ MAX_BATCH_STEPS = 64  # steps in one batch (one transaction, one worker API requ
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseCall:
     """One step of the lease protocol for one attempt, as a batch carries it: ``args`` are the
-    keyword arguments of the ``ControlPlane`` method of the same name."""
+    keyword arguments of the ``InProcessControlPlane`` method of the same name."""
 
     step: LeaseStep
     fence: LeaseFence

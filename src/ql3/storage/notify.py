@@ -45,6 +45,11 @@ class LocalNotifier:
         with self._lock:
             return {c: self._counters.get(c, 0) for c in channels}
 
+    def waiting(self, channel: str) -> int:
+        """How many threads wait on ``channel`` right now (tests use it to know a long-poll waits)."""
+        with self._lock:
+            return len(self._waiters.get(channel, ()))
+
     def wait_past(self, marks: dict[str, int], timeout_s: float) -> bool:
         """Wait until a channel in ``marks`` was notified past its mark (taken with ``counters``
         before the caller last looked at the database), so no wake-up in between is lost, whatever

@@ -79,17 +79,22 @@ class GroupCommit(Generic[C, A]):
             with self._cond:
                 self._cond.notify_all()
 
+    def _report(self, batch: list[_Slot[C]], exc: BaseException) -> None:
+        """Hands a failed batch's error to every caller in it: each raises it from ``call`` (nothing
+        is swallowed; a caller sees exactly what its own single call would have raised)."""
+        with self._cond:
+            for s in batch:
+                s.error, s.done = exc, True
+            self.batches += 1
+            self.calls += len(batch)
+
     def _send_batch(self, batch: list[_Slot[C]]) -> None:
         try:
             answers = self._send([s.call for s in batch])
             if len(answers) != len(batch):
                 raise RuntimeError("a batch answered a different number of calls")
-        except BaseException as exc:  # every caller of this batch gets the failure
-            with self._cond:
-                for s in batch:
-                    s.error, s.done = exc, True
-                self.batches += 1
-                self.calls += len(batch)
+        except BaseException as exc:
+            self._report(batch, exc)
             return
         with self._cond:
             for s, answer in zip(batch, answers, strict=True):
