@@ -1,6 +1,6 @@
 """A small synchronous client of ``/api/v1`` for the CLI.
 
-``QL3_URL`` may name several replicas of a cluster, comma-separated (docs/cluster.md "The CLI and
+``QL3_URL`` may name several replicas of a cluster, comma-separated (docs/cluster.md "6. The CLI on
 several replicas"): a liveness probe picks the first that answers ``/healthz`` within
 ``PROBE_TIMEOUT_S``, and a request that cannot reach it moves on to the next one. Only a request that
 is safe to send twice moves on after it may have arrived (a GET, or a write whose connection was

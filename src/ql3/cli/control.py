@@ -31,11 +31,12 @@ from ql3.domain.errors import ValidationFailed
 from ql3.domain.workers import validate_worker_id
 
 EPILOG: Final = """\
-a cluster by hand (docs/cluster.md):
-  ql3 control --database-url postgresql://ql3@db/ql3 --listen 0.0.0.0:5700 --replica-id cp-a
-  ql3 control --database-url postgresql://ql3@db/ql3 --listen 0.0.0.0:5701 --replica-id cp-b
+a failover-ready cluster (docs/cluster.md: the standby, timings, backups, upgrades):
+  export QL3_DATABASE_URL='postgresql://ql3@db1,db2/ql3?target_session_attrs=read-write'
+  ql3 control --listen 0.0.0.0:5700 --replica-id cp-a        # on cp-a; cp-b likewise
   ql3 worker token create w1 > w1.token     # owner or admin of default; the token is shown once
-  ql3 worker --server http://cp-a:5700 --token-file w1.token --slots 4
+  ql3 worker --server http://cp-a:5700 --server http://cp-b:5700 --token-file w1.token --slots 4
+  QL3_URL=http://cp-a:5700,http://cp-b:5700 ql3 task list   # the CLI on both replicas
 keep it running: ql3 control ... --replica-id cp-a --print-systemd-unit (a unit for this very replica)
 
 environment: the QL3_* variables of `ql3 serve --help`; QL3_LOG_CAP_BYTES is also the quota of each
