@@ -1,5 +1,5 @@
 """``-q`` wherever a command prints an id: the full id alone on stdout (``id=$(ql3 run start job -q)``),
-the same id ``--json`` gives; listings print one id a line."""
+the same id ``--json`` gives; listings print one id a line. And ``QL3_URL`` with several replicas."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from ql3.domain.ids import is_id
 
@@ -77,3 +79,17 @@ def test_quiet_and_follow_are_refused_together(cli_main: CliMain) -> None:
 
     assert code == 64 and out == "" and re.search(r"-q .*--follow", err)
     assert _json(cli_main, "run", "list", "--task", "quiet-follow")["items"] == []  # nothing was started
+
+
+def test_ql3_url_takes_several_replicas_and_refuses_a_bad_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ql3.cli.config import resolve_credentials
+    from ql3.cli.errors import CliError
+
+    monkeypatch.setenv("QL3_TOKEN", "t")
+    monkeypatch.setenv("QL3_URL", " http://cp-a:5700/ , https://cp-b:5700")
+    assert resolve_credentials().url == "http://cp-a:5700,https://cp-b:5700"
+
+    monkeypatch.setenv("QL3_URL", "http://cp-a:5700,cp-b:5700")
+    with pytest.raises(CliError) as caught:
+        resolve_credentials()
+    assert caught.value.code == "bad_credentials" and "comma-separated" in caught.value.message
