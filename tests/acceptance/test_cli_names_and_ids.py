@@ -128,6 +128,17 @@ def test_quiet_lists_print_only_full_ids(shared_server: Server) -> None:
     assert projects.stdout.split() == [p["id"] for p in shared_server.cli_json("project", "list")["items"]]
 
 
+def test_run_start_quiet_wait_prints_the_id_and_exits_with_the_outcome(shared_server: Server) -> None:
+    shared_server.cli_json("task", "add", "quiet-wait", "--command", "exit 3")
+
+    done = shared_server.cli("run", "start", "quiet-wait", "-q", "--wait")
+
+    # Then stdout is the run's id alone, and the exit status is the run's outcome (failed: 2)
+    (run,) = shared_server.cli_json("run", "list", "--task", "quiet-wait")["items"]
+    assert done.stdout == f"{run['id']}\n" and done.stderr == ""
+    assert run["status"] == "failed" and done.returncode == 2
+
+
 def test_following_the_next_page_hint_keeps_the_task_and_the_limit(shared_server: Server) -> None:
     # Given three runs of one task and runs of another, newer, task
     shared_server.cli_json("task", "add", "paged-hint", "--command", "true")

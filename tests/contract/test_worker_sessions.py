@@ -34,8 +34,11 @@ def test_same_session_other_content_conflicts(harness: Harness) -> None:
     sid = new_id()
     register(harness.db, session_id=sid)
 
-    with pytest.raises(Conflict):
+    with pytest.raises(Conflict) as caught:
         register(harness.db, session_id=sid, slots=8)
+
+    # The reason a restarted worker reads to register a new session instead (worker/session.py)
+    assert caught.value.details.get("reason") == "session_content_changed"
 
 
 def test_new_session_replaces_and_fences_the_old_one(harness: Harness) -> None:

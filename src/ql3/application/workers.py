@@ -99,7 +99,11 @@ def register(
             and current.max_concurrent_runs == max_concurrent_runs
         )
         if not same:
-            raise Conflict("the session was registered with different content")
+            # A restarted worker with other slots or labels registers a new session instead
+            # (worker/session.py); anything else presenting this session id is refused.
+            raise Conflict(
+                "the session was registered with different content", reason="session_content_changed"
+            )
         # A replay also revives the session's liveness (a restarted host resuming its own session).
         repo.update_session(
             tx,

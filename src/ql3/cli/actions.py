@@ -14,6 +14,7 @@ from ql3.cli.common import (
     add_command,
     next_page_hint,
     positive_int,
+    print_quiet_id,
     project_flag,
     quiet_flag,
     wants_json,
@@ -130,7 +131,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         _, action = api.call("POST", f"{_base(args)}/{seg(args.id)}/resolve", json=body)
     if wants_json(args):
         output.emit_json(action)
-    else:
+    elif not print_quiet_id(args, action["dispatch_id"]):
         output.line(f"action {action['dispatch_id']} {action['status']}")
     return EXIT_OK
 
@@ -163,6 +164,7 @@ def register(subparsers: Subparsers) -> None:
     )
     resolve.add_argument("id", metavar="ID", help="action (dispatch) id or a unique prefix of one")
     resolve.set_defaults(refs={"id": "action"})
+    quiet_flag(resolve)
     resolve.add_argument(
         "--outcome",
         required=True,

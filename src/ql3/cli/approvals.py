@@ -14,6 +14,7 @@ from ql3.cli.common import (
     add_command,
     next_page_hint,
     positive_int,
+    print_quiet_id,
     project_flag,
     quiet_flag,
     wants_json,
@@ -64,6 +65,8 @@ def print_requested(args: argparse.Namespace, body: dict[str, Any]) -> int:
 
     Exit 0, also with ``--wait``/``--follow``: there is no run to wait for until it is approved."""
     approval = body["approval"]
+    if print_quiet_id(args, approval["id"]):
+        return EXIT_OK
     if wants_json(args):
         output.emit_json(body)
     else:
@@ -137,6 +140,8 @@ def _decide(args: argparse.Namespace, verb: str) -> int:
         body["decision_id"] = args.decision_id
     with ApiClient.from_environment() as api:
         _, approval = api.call("POST", f"{_base(args)}/{seg(args.id)}/{verb}", json=body)
+    if print_quiet_id(args, approval["id"]):
+        return EXIT_OK
     if wants_json(args):
         output.emit_json(approval)
     else:
@@ -195,6 +200,7 @@ def register(subparsers: Subparsers) -> None:
         ("reject", cmd_reject, "reject a request", True),
     ):
         cmd = add_command(actions, name, handler, help_text, proj)
+        quiet_flag(cmd)
         cmd.add_argument("id", metavar="ID", help="approval id or a unique prefix of one")
         cmd.set_defaults(refs={"id": "approval"})
         cmd.add_argument(

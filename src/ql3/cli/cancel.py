@@ -10,7 +10,17 @@ from typing import Any, Final
 
 from ql3.cli import human, output, watch
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json, wants_utc
+from ql3.cli.common import (
+    Parser,
+    Subparsers,
+    add_command,
+    print_quiet_id,
+    project_flag,
+    quiet_flag,
+    wants_json,
+    wants_quiet,
+    wants_utc,
+)
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
 from ql3.domain import cancellation as rules
 from ql3.domain.errors import ValidationFailed
@@ -88,13 +98,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with ApiClient.from_environment() as api:
         _, answer = api.call("POST", f"{_run_path(args)}/cancel")
         result, run = str(answer["result"]), answer["run"]
+        if print_quiet_id(args, run["id"]) and not args.wait:
+            return EXIT_OK
         if args.wait and result != "already_terminal":
-            if not wants_json(args):
+            if not wants_json(args) and not wants_quiet(args):
                 output.note(f"run {run['id']} cancel {result}; waiting for it to stop")
             run = _wait_cancelled(api, args, watch.Poller(timeout_s=timeout_s))
     if wants_json(args):
         output.emit_json({"result": result, "run": run})
-    else:
+    elif not wants_quiet(args):
         output.line(f"run {run['id']} cancel {result}: {run['status']}")
     if not args.wait or result == "already_terminal" or run["status"] in CANCELLED_OUTCOMES:
         return EXIT_OK
@@ -161,6 +173,11 @@ def cmd_blocked(args: argparse.Namespace) -> int:
         )
     if wants_json(args):
         output.emit_json(page)
+        return EXIT_OK
+    if wants_quiet(args):
+        output.ids_only(str(item["runId"]) for item in page["items"])
+        if page.get("truncated") and page.get("nextCursor"):
+            output.note(f"next cursor: {page['nextCursor']}")
         return EXIT_OK
     output.table(
         ("RUN", "BLOCKED"),
@@ -244,6 +261,7 @@ def register(subparsers: Subparsers) -> None:
         actions, "cancel", cmd_cancel, "cancel a run", proj, epilog=CANCEL_HELP, formatter_class=raw
     )
     cancel.add_argument("run", metavar="RUN", help="run id or a unique prefix of one")
+    quiet_flag(cancel)
     cancel.set_defaults(refs={"run": "run"})
     cancel.add_argument(
         "--wait", action="store_true", help="wait until the run has stopped (see the exit status below)"
@@ -266,6 +284,7 @@ def register(subparsers: Subparsers) -> None:
         actions, "blocked", cmd_blocked, "one page of 16 blocked cancellations, oldest first", proj
     )
     blocked.add_argument("--cursor", metavar="C", help="the next cursor printed by the previous page")
+    quiet_flag(blocked)
 
     inspect = add_command(actions, "inspect", cmd_inspect, "a run's cancellation state", proj)
     inspect.add_argument("run", metavar="RUN", help="run id or a unique prefix of one")

@@ -68,6 +68,15 @@ def wants_quiet(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "quiet", False)) and not wants_json(args)
 
 
+def print_quiet_id(args: argparse.Namespace, ident: object) -> bool:
+    """``-q`` of a command that prints one id (``id=$(ql3 run start job -q)``): the full id alone on
+    stdout, and True so that the caller prints nothing else."""
+    if not wants_quiet(args):
+        return False
+    sys.stdout.write(f"{ident}\n")
+    return True
+
+
 def key_values(values: list[str] | None, what: str) -> dict[str, str]:
     """``K=V`` pairs; a malformed or repeated key is a usage error."""
     out: dict[str, str] = {}

@@ -84,9 +84,13 @@ def resolve_credentials() -> Credentials:
             f"no credentials: run `ql3 init` or `ql3 serve`, or set QL3_URL and QL3_TOKEN"
             f" (looked in {credentials_path()})",
         )
-    if not url.startswith(("http://", "https://")):
-        raise CliError("bad_credentials", "the API URL must start with http:// or https://")
-    return Credentials(url=url.rstrip("/"), token=token)
+    urls = [part.strip().rstrip("/") for part in url.split(",") if part.strip()]
+    if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
+        raise CliError(
+            "bad_credentials",
+            "the API URL must start with http:// or https:// (several replicas: comma-separated URLs)",
+        )
+    return Credentials(url=",".join(urls), token=token)
 
 
 def parse_listen(value: str) -> tuple[str, int]:

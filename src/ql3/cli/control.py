@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Final
 
 from ql3.application import auth
-from ql3.application.settings import PROFILES, ServeSettings, SettingsError, load_serve_settings
+from ql3.application.settings import ENV_VARS, PROFILES, ServeSettings, SettingsError, load_serve_settings
 from ql3.bootstrap import egress_policy, expected_schema_version, open_database
 from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command
@@ -26,15 +26,18 @@ from ql3.cli.disk import require_free_space, starting, state_dirs
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
 from ql3.cli.private import private_umask, require_private_home
 from ql3.cli.server import _ignore, access_log_flag, bind_listener, first_start_message, notify_allow_flag
+from ql3.cli.units import Unit, current_user, kept_environment, ql3_program
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.workers import validate_worker_id
 
 EPILOG: Final = """\
-a cluster by hand (docs/cluster.md):
-  ql3 control --database-url postgresql://ql3@db/ql3 --listen 0.0.0.0:5700 --replica-id cp-a
-  ql3 control --database-url postgresql://ql3@db/ql3 --listen 0.0.0.0:5701 --replica-id cp-b
+a failover-ready cluster (docs/cluster.md: the standby, timings, backups, upgrades):
+  export QL3_DATABASE_URL='postgresql://ql3@db1,db2/ql3?target_session_attrs=read-write'
+  ql3 control --listen 0.0.0.0:5700 --replica-id cp-a        # on cp-a; cp-b likewise
   ql3 worker token create w1 > w1.token     # owner or admin of default; the token is shown once
-  ql3 worker --server http://cp-a:5700 --token-file w1.token --slots 4
+  ql3 worker --server http://cp-a:5700 --server http://cp-b:5700 --token-file w1.token --slots 4
+  QL3_URL=http://cp-a:5700,http://cp-b:5700 ql3 task list   # the CLI on both replicas
+keep it running: ql3 control ... --replica-id cp-a --print-systemd-unit (a unit for this very replica)
 
 environment: the QL3_* variables of `ql3 serve --help`; QL3_LOG_CAP_BYTES is also the quota of each
   attempt's log shipped by remote workers (past it one truncation marker, the rest dropped)
@@ -81,6 +84,9 @@ def cmd_control(args: argparse.Namespace) -> int:
         if path is not None and not Path(path).is_file():
             raise UsageError(f"{path}: no such file")
     replica_id = args.replica_id or f"control-{socket.gethostname()}-{port}"[:128]
+    if args.print_systemd_unit:
+        sys.stdout.write(systemd_unit(args, settings, replica_id))
+        return EXIT_OK
     private_umask()
     require_private_home(settings.home)
     disks = state_dirs(settings.home)  # its database is PostgreSQL's: only the credentials are here
@@ -90,6 +96,37 @@ def cmd_control(args: argparse.Namespace) -> int:
         return starting(disks, lambda: _control(args, settings, replica_id, host, port, listener))
     finally:
         listener.close()
+
+
+def systemd_unit(args: argparse.Namespace, settings: ServeSettings, replica_id: str) -> str:
+    """A systemd unit that runs this very replica: the same binary, home, listen, replica id, database
+    and QL3_* settings (a replica id is kept explicit: the default one changes with the host name)."""
+    command = [*ql3_program(), "control", "--listen", args.listen, "--replica-id", replica_id]
+    command += ["--profile", args.profile]
+    if not args.access_log:
+        command += ["--no-access-log"]
+    if args.tls_cert is not None:
+        command += ["--tls-cert", str(Path(args.tls_cert).absolute())]
+        command += ["--tls-key", str(Path(args.tls_key).absolute())]
+    environment = [f"QL3_HOME={settings.home.resolve()}"]
+    if args.database_url:
+        command += ["--database-url", args.database_url]
+    else:
+        environment.append(f"QL3_DATABASE_URL={settings.database_url}")
+    environment += kept_environment(os.environ, [var.name for var in ENV_VARS])
+    return Unit(
+        name=f"ql3-control-{replica_id}",
+        description=f"ql3 control-plane replica {replica_id}",
+        command=command,
+        user=current_user(),
+        environment=environment,
+        stop_notes=[
+            "A unit file is readable by every user: keep a database password in ~/.pgpass of the",
+            "User= (mode 0600), not in the URL. SIGTERM answers the long-polls in flight at once",
+            "(workers move to another replica) and shuts down gracefully within 10 s.",
+        ],
+        no_restart={64: "bad settings or a SQLite database"},
+    ).render()
 
 
 def _url(host: str, port: int, tls: bool) -> str:
@@ -210,4 +247,9 @@ def register(subparsers: Subparsers) -> None:
     )
     control.add_argument(
         "--tls-key", metavar="FILE", default=None, help="the certificate's private key (PEM)"
+    )
+    control.add_argument(
+        "--print-systemd-unit",
+        action="store_true",
+        help="print a systemd unit that runs this replica with these options, and exit (writes nothing)",
     )

@@ -36,16 +36,16 @@ from ql3.domain.errors import Ql3Error
 EPILOG: Final = """\
 environment:
   QL3_HOME           state directory: credentials, ql3.db (default ~/.ql3)
-  QL3_URL            API URL; wins over $QL3_HOME/credentials
+  QL3_URL            API URL; wins over $QL3_HOME/credentials (a cluster: URL,URL2... of replicas)
   QL3_TOKEN          bearer token; wins over $QL3_HOME/credentials
   QL3_DATABASE_URL   database of init, serve, control and db (default sqlite:///$QL3_HOME/ql3.db)
   NO_COLOR           set to anything: no status colours (they are shown only on a terminal)
 
 output:
   times are local and labelled with the zone (--utc for UTC); ids in tables are short: any unique
-  prefix of an id is accepted wherever an id is (ql3 run show 01a230ad-0ea7); -q on list commands
-  prints only full ids; --json prints the API's fields, and errors as {"error": {code, message}}
-  on stderr
+  prefix of an id is accepted wherever an id is (ql3 run show 01a230ad-0ea7); -q prints only full
+  ids, wherever a command prints one (lists, run start, task add...); --json prints the API's
+  fields, and errors as {"error": {code, message}} on stderr
 
 exit codes:
   0    success

@@ -15,7 +15,16 @@ import httpx
 
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json
+from ql3.cli.common import (
+    Parser,
+    Subparsers,
+    add_command,
+    print_quiet_id,
+    project_flag,
+    quiet_flag,
+    wants_json,
+    wants_quiet,
+)
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
 
 EPILOG = """\
@@ -96,7 +105,7 @@ def cmd_rule_add(args: argparse.Namespace) -> int:
         _, rule = api.call("POST", f"{_base(args)}/rules", json=body)
     if wants_json(args):
         output.emit_json(rule)
-    else:
+    elif not print_quiet_id(args, rule["id"]):
         scope = f"task {rule['task']}" if rule["task"] else "every task"
         output.line(f"rule {rule['id']}: {','.join(rule['events'])} of {scope} -> {rule['channel']}")
     return EXIT_OK
@@ -107,6 +116,8 @@ def cmd_rule_list(args: argparse.Namespace) -> int:
         _, page = api.call("GET", f"{_base(args)}/rules")
     if wants_json(args):
         output.emit_json(page)
+    elif wants_quiet(args):
+        output.ids_only(str(r["id"]) for r in page["items"])
     else:
         output.table(
             ("ID", "CHANNEL", "TASK", "EVENTS"),
@@ -255,7 +266,8 @@ def register(subparsers: Subparsers) -> None:
     radd.add_argument("--channel", required=True, metavar="NAME")
     radd.add_argument("--task", metavar="TASK", help="one task (default: every task of the project)")
     radd.add_argument("--events", metavar="E,E", help="comma-separated events (default: all but succeeded)")
-    add_command(rule_actions, "list", cmd_rule_list, "list rules", proj)
+    quiet_flag(radd)
+    quiet_flag(add_command(rule_actions, "list", cmd_rule_list, "list rules", proj))
     rremove = add_command(rule_actions, "remove", cmd_rule_remove, "remove a rule", proj)
     rremove.add_argument("id", metavar="ID")
 

@@ -11,6 +11,7 @@ from ql3.cli.common import (
     Subparsers,
     add_command,
     positive_int,
+    print_quiet_id,
     project_flag,
     quiet_flag,
     wants_json,
@@ -36,7 +37,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         _, project = api.call("POST", "/projects", json={"name": args.name})
     if wants_json(args):
         output.emit_json(project)
-    else:
+    elif not print_quiet_id(args, project["id"]):
         output.line(f"project {project['name']} created: id {project['id']}")
     return EXIT_OK
 
@@ -75,6 +76,7 @@ def register(subparsers: Subparsers) -> None:
     quiet_flag(add_command(actions, "list", cmd_list, "projects you hold a role in"))
     create = add_command(actions, "create", cmd_create, "create a project (owner only)")
     create.add_argument("name", metavar="NAME")
+    quiet_flag(create)
     retention: Parser = actions.add_parser(
         "retention",
         help="how long runs and logs are kept",

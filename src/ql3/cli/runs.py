@@ -18,6 +18,7 @@ from ql3.cli.common import (
     add_command,
     next_page_hint,
     positive_int,
+    print_quiet_id,
     project_flag,
     quiet_flag,
     wants_json,
@@ -67,6 +68,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         body["idempotency_key"] = args.idempotency_key
     timeout_s = _timeout_wait(args.timeout_wait)
     waiting = args.wait or args.follow
+    if args.follow and wants_quiet(args):
+        raise UsageError("-q prints only the run id; --follow prints the log: give one of them")
     if timeout_s is not None and not waiting:
         raise UsageError("--timeout-wait needs --wait or --follow")
     with ApiClient.from_environment() as api:
@@ -76,6 +79,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         if status == 202:  # approval required: a request, no run yet (exit 0, also with --wait)
             return approvals.print_requested(args, run)
         verb = "started" if status == 201 else "already exists"
+        if print_quiet_id(args, run["id"]) and not waiting:
+            return EXIT_OK
         if not waiting:
             if wants_json(args):
                 output.emit_json(run)
@@ -83,12 +88,12 @@ def cmd_start(args: argparse.Namespace) -> int:
                 output.line(f"run {run['id']} {verb}: {run['status']}")
             return EXIT_OK
         # While waiting, stdout carries only the log (--follow) and the final result.
-        if not wants_json(args):
+        if not wants_json(args) and not wants_quiet(args):
             output.note(f"run {run['id']} {verb}: {run['status']}")
         poller = watch.Poller(timeout_s=timeout_s)
         try:
             run = watch.wait_while_queued(
-                api, args.project, run, poller, None if wants_json(args) else output.note
+                api, args.project, run, poller, None if wants_json(args) or wants_quiet(args) else output.note
             )
             if args.follow:
                 _follow(api, args, str(run["id"]), poller)
@@ -97,7 +102,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             return detached(str(run["id"]), args.project)
     if wants_json(args):
         output.emit_json(run)
-    else:
+    elif not wants_quiet(args):  # -q printed the id when the run was created; the exit status tells the rest
         _outcome(run)
     return watch.outcome_exit(run)
 
@@ -302,6 +307,7 @@ def register(subparsers: Subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     start.add_argument("task", metavar="TASK", help="task name or id")
+    quiet_flag(start)
     start.set_defaults(refs={"task": "task"})
     start.add_argument(
         "--idempotency-key",

@@ -6,8 +6,6 @@ import argparse
 import errno
 import logging
 import os
-import shlex
-import shutil
 import signal
 import socket
 import stat
@@ -48,6 +46,7 @@ from ql3.cli.disk import require_free_space, starting, state_dirs
 from ql3.cli.errors import EXIT_DISK_FULL, EXIT_ERROR, EXIT_OK, CliError, UsageError
 from ql3.cli.lock import EXIT_ALREADY_SERVING, LOCK_FILE, home_lock
 from ql3.cli.private import private_umask, require_private_home, tighten_sqlite_files
+from ql3.cli.units import Unit, current_user, ql3_program
 from ql3.domain.errors import ConfigurationError, ValidationFailed
 from ql3.domain.workers import parse_capabilities, validate_worker_id
 
@@ -216,10 +215,7 @@ def first_start_message(url: str, credentials: Path, out: TextIO) -> None:
 
 def systemd_unit(args: argparse.Namespace, base: Path) -> str:
     """A systemd unit that runs this very ``ql3 serve`` (same binary, home, listen and database)."""
-    beside = Path(sys.executable).parent / "ql3"  # the same installation as this process
-    found = str(beside) if beside.exists() else shutil.which("ql3")
-    program = [str(Path(found).absolute())] if found else [sys.executable, "-m", "ql3.cli.main"]
-    serve = [*program, "serve", "--listen", args.listen, "--profile", args.profile]
+    serve = [*ql3_program(), "serve", "--listen", args.listen, "--profile", args.profile]
     if args.scripts_dir:
         serve += ["--scripts-dir", args.scripts_dir]
     if args.scripts_mode != DEFAULT_SCRIPTS_MODE:
@@ -238,45 +234,20 @@ def systemd_unit(args: argparse.Namespace, base: Path) -> str:
         serve += ["--no-access-log"]
     if args.allow_server_user:
         serve += ["--allow-server-user"]
-    environment = [f"QL3_HOME={base}"]
     if args.database_url:
         serve += ["--database-url", args.database_url]
-    try:
-        user = os.getlogin()
-    except OSError:
-        import pwd
-
-        user = pwd.getpwuid(os.getuid()).pw_name
-    return "\n".join(
-        [
-            "# ql3: save as /etc/systemd/system/ql3.service (or ~/.config/systemd/user/ql3.service",
-            "# without User=), then: systemctl daemon-reload && systemctl enable --now ql3",
-            "[Unit]",
-            "Description=ql3 task-execution server",
-            "After=network-online.target",
-            "Wants=network-online.target",
-            "",
-            "[Service]",
-            "Type=exec",
-            f"User={user}",
-            *[f"Environment={shlex.quote(item)}" for item in environment],
-            f"ExecStart={shlex.join(serve)}",
-            "# Running tasks outlive a restart of the server and are adopted again when it is back:",
-            "# stop only the server's own process, never the tasks' process groups.",
-            "KillMode=process",
-            "KillSignal=SIGTERM",
-            "TimeoutStopSec=30",
-            "Restart=on-failure",
-            "RestartSec=5",
-            f"# 64: bad settings; {EXIT_ALREADY_SERVING}: another server holds QL3_HOME (no restart helps)",
-            f"RestartPreventExitStatus=64 {EXIT_ALREADY_SERVING}",
-            "",
-            "[Install]",
-            "# a user unit (~/.config/systemd/user): WantedBy=default.target",
-            "WantedBy=multi-user.target",
-            "",
-        ]
-    )
+    return Unit(
+        name="ql3",
+        description="ql3 task-execution server",
+        command=serve,
+        user=current_user(),
+        environment=[f"QL3_HOME={base}"],
+        stop_notes=[
+            "Running tasks outlive a restart of the server and are adopted again when it is back:",
+            "stop only the server's own process, never the tasks' process groups.",
+        ],
+        no_restart={64: "bad settings", EXIT_ALREADY_SERVING: "another server holds QL3_HOME"},
+    ).render()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from ql3.cli.common import (
     next_page_hint,
     positive_int,
     preferences,
+    print_quiet_id,
     project_flag,
     quiet_flag,
     seconds_to_ms,
@@ -166,7 +167,8 @@ def cmd_add(args: argparse.Namespace) -> int:
     if wants_json(args):
         output.emit_json(task)
     else:
-        output.line(f"task {task['name']} created: id {task['id']} revision {task['revision']}")
+        if not print_quiet_id(args, task["id"]):
+            output.line(f"task {task['name']} created: id {task['id']} revision {task['revision']}")
         for warning in task.get("warnings", []):
             output.note(f"warning: {warning}")
     return EXIT_OK
@@ -266,6 +268,7 @@ def register(subparsers: Subparsers) -> None:
 
     add = add_command(actions, "add", cmd_add, "define a task", proj)
     add.add_argument("name", metavar="NAME")
+    quiet_flag(add)
     add.add_argument("--command", required=True, metavar="CMD", help="shell command to run")
     _spec_options(add, editing=False)
     add.add_argument("--disabled", action="store_true", help="create the task disabled")

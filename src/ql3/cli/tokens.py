@@ -12,7 +12,7 @@ from typing import Any
 
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json
+from ql3.cli.common import Parser, Subparsers, add_command, project_flag, quiet_flag, wants_json, wants_quiet
 from ql3.cli.config import (
     Credentials,
     credentials_path,
@@ -65,6 +65,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         _, page = api.call("GET", f"/projects/{seg(args.project)}/tokens", params={"cursor": args.cursor})
     if wants_json(args):
         output.emit_json(page)
+        return EXIT_OK
+    if wants_quiet(args):
+        output.ids_only(str(t["id"]) for t in page["items"])
+        if page.get("next_cursor"):
+            output.note(f"more: ql3 token list --cursor {page['next_cursor']} -q")
         return EXIT_OK
     output.table(
         ("ID", "NAME", "ROLE", "CREATED", "EXPIRES", "REVOKED", "LAST USED"),
@@ -179,6 +184,7 @@ def register(subparsers: Subparsers) -> None:
         project_flag(),
     )
     listing.add_argument("--cursor", metavar="ID", default=None, help="continue after this id")
+    quiet_flag(listing)
 
     revoke = add_command(
         actions, "revoke", cmd_revoke, "revoke a token: refused from the next request on", project_flag()

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Final
 
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, wants_json
+from ql3.cli.common import Parser, Subparsers, add_command, quiet_flag, wants_json, wants_quiet
 from ql3.cli.disk import require_free_space, starting
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
+from ql3.cli.units import Unit, current_user, kept_environment, ql3_program
 from ql3.domain.ids import is_id
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ a remote worker (no database credentials; docs/cluster.md):
   receipts, logs) or signal the worker; without it a warning says that every task can read them
   the first registration binds the worker's labels to its credential: other labels are refused
   (labels_not_approved) until an admin runs `ql3 worker approve ID` (docs/security.md)
+keep it running: ql3 worker --server ... --token-file ... --print-systemd-unit > ql3-worker.service
 exit status: 74 when --home is on a disk with less than 1 MiB free (one line names it); 64 for bad
   flags or a token file others can read; 1 when the server refuses the credential or the labels
 """
@@ -125,6 +127,53 @@ def worker_task_users(args: argparse.Namespace) -> TaskUsers | None:
     return TaskUsers(default=default, projects=MappingProxyType(by_id))
 
 
+# The environment a worker reads, kept in its unit when set where the unit is printed.
+WORKER_ENV: Final = ("QL3_RUN_LEASE_MS", "QL3_LOG_CAP_BYTES")
+
+
+def unit_user(args: argparse.Namespace) -> str:
+    """The user the worker starts as: the one printing the unit, or root when it runs its tasks as
+    another user (``--run-as``: only root can switch to it)."""
+    return (
+        "root" if getattr(args, "run_as", None) or getattr(args, "project_run_as", None) else current_user()
+    )
+
+
+def systemd_unit(args: argparse.Namespace, home: Path, labels: dict[str, str]) -> str:
+    """A systemd unit that runs this very worker: the same binary, servers, credential file, slots,
+    labels, home and QL3_* settings (every path absolute)."""
+    command = [*ql3_program(), "worker"]
+    for url in args.server:
+        command += ["--server", url]
+    command += ["--token-file", str(Path(args.token_file).absolute()), "--slots", str(args.slots)]
+    for key, value in labels.items():
+        command += ["--label", f"{key}={value}"]
+    command += ["--home", str(home)]
+    if args.ca is not None:
+        command += ["--ca", str(Path(args.ca).absolute())]
+    if getattr(args, "run_as", None):
+        command += ["--run-as", str(args.run_as)]
+    for project_id, user in getattr(args, "project_run_as", None) or []:
+        command += ["--project-run-as", f"{project_id}={user}"]
+    if getattr(args, "allow_server_user", False):
+        command += ["--allow-server-user"]
+    return Unit(
+        name="ql3-worker",
+        description="ql3 remote worker",
+        command=command,
+        user=unit_user(args),
+        environment=kept_environment(os.environ, WORKER_ENV),
+        stop_notes=[
+            "SIGTERM drains: no new runs, the runs in progress finish, then the worker goes offline.",
+            "Past TimeoutStopSec systemd kills the worker's own process only: its runs keep going and",
+            "are re-adopted by the next start (within QL3_RUN_LEASE_MS / 2, or the host executor",
+            "stops them). Raise TimeoutStopSec to let long runs finish on every stop.",
+        ],
+        stop_timeout_s=60,
+        no_restart={64: "bad arguments or settings, or a token file others can read"},
+    ).render()
+
+
 def cmd_remote_worker(args: argparse.Namespace) -> int:
     from ql3.application.settings import resolve_home
     from ql3.application.worker_labels import LabelsNotApproved
@@ -160,6 +209,9 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
     home = Path(args.home) if args.home else resolve_home(os.environ) / "remote-worker"
     if not home.is_absolute():
         raise UsageError("--home must be an absolute path")
+    if args.print_systemd_unit:
+        sys.stdout.write(systemd_unit(args, home, labels))
+        return EXIT_OK
     require_private_worker_home(home)
     task_users = worker_task_users(args)
     require_free_space([home])  # its journal, receipts and logs: exit 74 with one line when full
@@ -272,6 +324,9 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     if wants_json(args):
         output.emit_json(page)
         return EXIT_OK
+    if wants_quiet(args):
+        output.ids_only(str(t["id"]) for t in page["items"])
+        return EXIT_OK
     output.table(
         ("ID", "WORKER", "REVOKED"),
         [(t["id"], t["worker_id"], "yes" if t["revoked_at_ms"] else "no") for t in page["items"]],
@@ -325,7 +380,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
 def register(group: Parser, actions: Subparsers) -> None:
     """Adds the remote-worker flags to the ``worker`` group, its ``token`` actions and ``approve``."""
-    from ql3.cli.server import _label, _project_user
+    from ql3.cli.server import _label
 
     group.description = "Workers: inspect and drain them, or run this machine as a remote worker."
     group.epilog = WORKER_EPILOG
@@ -359,27 +414,7 @@ def register(group: Parser, actions: Subparsers) -> None:
     group.add_argument(
         "--ca", metavar="FILE", default=None, help="CA bundle that signs the server's certificate"
     )
-    group.add_argument(
-        "--run-as",
-        metavar="USER",
-        default=None,
-        help="run every task's command as USER (not root, not this worker's user; needs root and"
-        " setpriv): a task then cannot read the token file or --home, nor signal the worker",
-    )
-    group.add_argument(
-        "--project-run-as",
-        type=_project_user,
-        action="append",
-        metavar="PROJECT_ID=USER",
-        help="run the commands of the project with this id (ql3 project list --json) as USER instead of"
-        " the --run-as user (repeatable; the same rules as --run-as)",
-    )
-    group.add_argument(
-        "--allow-server-user",
-        action="store_true",
-        help="let --run-as or --project-run-as name this worker's own user (its tasks can then read the"
-        " worker credential; said at start-up)",
-    )
+    group.add_argument()
     tokens: Parser = actions.add_parser("token", help="worker credentials", description="Worker credentials.")
     token_actions = tokens.add_subparsers(dest="token_action", metavar="ACTION", required=True)
     create = add_command(
@@ -417,6 +452,7 @@ def register(group: Parser, actions: Subparsers) -> None:
         help="approve an empty label set (the worker then registers without labels)",
     )
     lst = add_command(token_actions, "list", cmd_token_list, "list worker credentials (revoked ones too)")
+    quiet_flag(lst)
     lst.add_argument("--after", metavar="ID", default=None, help="the next_after of the previous page")
     revoke = add_command(token_actions, "revoke", cmd_token_revoke, "revoke a worker credential")
     revoke.add_argument("id", metavar="ID", help="the credential id (ql3 worker token list)")

@@ -12,6 +12,7 @@ from ql3.cli.common import (
     Subparsers,
     add_command,
     next_page_hint,
+    print_quiet_id,
     project_flag,
     quiet_flag,
     wants_json,
@@ -84,7 +85,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         _, worker = api.call("POST", f"/workers/{seg(args.worker)}/drain")
     if wants_json(args):
         output.emit_json(worker)
-    else:
+    elif not print_quiet_id(args, worker["id"]):
         output.line(f"worker {worker['id']} {worker['status']}: it gets no new runs; its runs go on")
     return EXIT_OK
 
@@ -108,3 +109,4 @@ def register(subparsers: Subparsers) -> None:
         actions, "drain", cmd_drain, "stop giving a worker new runs (owner or admin of default)"
     )
     drain.add_argument("worker", metavar="ID", help="worker id")
+    quiet_flag(drain)

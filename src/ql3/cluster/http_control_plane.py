@@ -24,6 +24,7 @@ from typing import Any, Final, Literal, Protocol
 import httpx
 
 from ql3.application.attempt_logs import LogGap, LogOverlap
+from ql3.cluster.liveness import Liveness, Unresponsive
 from ql3.cluster.pull import OfferConflict
 from ql3.domain.errors import (
     Conflict,
@@ -45,8 +46,11 @@ SHORT_WINDOW_S: Final = 3.0
 RENEW_WINDOW_S: Final = 1.0
 BACKOFF_FIRST_S: Final = 0.1
 BACKOFF_MAX_S: Final = 2.0
-CONNECT_TIMEOUT_S: Final = 5.0
-READ_TIMEOUT_S: Final = 15.0
+# A replica that accepts a connection and never answers (hung, SIGSTOP) is left after the read timeout
+# (a short call) or an unanswered liveness probe (a long-poll, cluster/liveness.py): docs/cluster.md
+# "Timings". A long-poll's read timeout is its wait plus READ_TIMEOUT_S.
+CONNECT_TIMEOUT_S: Final = 2.0
+READ_TIMEOUT_S: Final = 4.0
 _CONFLICTS: Final[dict[str, type[Conflict]]] = {
     FenceConflict.code: FenceConflict,
     OfferConflict.code: OfferConflict,
@@ -184,6 +188,8 @@ class HttpControlPlane:
         )
         self._ack_window_s = ack_window_s
         self._own_timeouts = client is None  # a given client keeps its own
+        # With another replica to move to, a long-poll's replica is probed while it waits.
+        self._liveness = Liveness(self._client) if len(self._servers) > 1 else None
         self._closed = threading.Event()
         # Lease steps from several threads at once travel together (worker/group_commit.py): the ACKs,
         # completions and loss reports within the ACK window, lease probes within the short one.
@@ -203,19 +209,36 @@ class HttpControlPlane:
     def server(self) -> str:
         return self._servers[self._current]
 
-    def _next_server(self, failed: str) -> None:
+    def _next_server(self, failed: str, *, reason: str = "", since: float | None = None) -> None:
         if len(self._servers) > 1 and self._servers[self._current] == failed:
             self._current = (self._current + 1) % len(self._servers)
-            log.warning("moving to another replica", extra={"action": "worker.failover"})
+            # silent_ms: how long the replica left had not answered anything (bounded: cluster/liveness.py)
+            silent = None
+            if self._liveness is not None and since is not None:
+                silent = self._liveness.silent_ms(failed, since)
+            log.warning(
+                "moving to another replica",
+                extra={"action": "worker.failover", "error": reason, "silent_ms": silent},
+            )
 
     def close(self) -> None:
         self._closed.set()
         self._client.close()
+        if self._liveness is not None:
+            self._liveness.close()
 
     def _post(
-        self, path: str, body: dict[str, Any] | None, *, window_s: float, read_timeout_s: float | None = None
+        self,
+        path: str,
+        body: dict[str, Any] | None,
+        *,
+        window_s: float,
+        read_timeout_s: float | None = None,
+        long_poll: bool = False,
     ) -> Any:
-        return self._call("POST", path, body, window_s=window_s, read_timeout_s=read_timeout_s)
+        return self._call(
+            "POST", path, body, window_s=window_s, read_timeout_s=read_timeout_s, long_poll=long_poll
+        )
 
     def _call(
         self,
@@ -225,6 +248,7 @@ class HttpControlPlane:
         *,
         window_s: float,
         read_timeout_s: float | None = None,
+        long_poll: bool = False,
     ) -> Any:
         deadline = time.monotonic() + window_s
         delay = BACKOFF_FIRST_S
@@ -232,22 +256,31 @@ class HttpControlPlane:
         while True:
             server = self.server
             url = server + path
-            try:
+            sent = time.monotonic()
+
+            def send(url: str = url) -> httpx.Response:
                 if self._own_timeouts:
-                    response = self._client.request(method, url, json=body, timeout=timeout)
+                    return self._client.request(method, url, json=body, timeout=timeout)
+                return self._client.request(method, url, json=body)
+
+            try:
+                if long_poll and self._liveness is not None:
+                    response = self._liveness.long_poll(server, send)
                 else:
-                    response = self._client.request(method, url, json=body)
+                    response = send()
+                if self._liveness is not None:
+                    self._liveness.answered(server)
                 if response.status_code < 500:
                     data = response.json() if response.content else {}
                     if response.status_code >= 400:
                         raise_for(response.status_code, data)
                     return data
                 failure = f"http_{response.status_code}"
-            except (httpx.TransportError, json.JSONDecodeError) as exc:
+            except (httpx.TransportError, json.JSONDecodeError, Unresponsive) as exc:
                 failure = type(exc).__name__
             except RuntimeError:  # the client was closed underneath us (shutdown)
                 raise ControlPlaneUnreachable("the worker is shutting down") from None
-            self._next_server(server)
+            self._next_server(server, reason=failure, since=sent)
             if time.monotonic() + delay > deadline or self._closed.is_set():
                 raise ControlPlaneUnreachable(reason=failure)
             log.info(
@@ -368,6 +401,7 @@ class HttpControlPlane:
             },
             window_s=0.0,
             read_timeout_s=wait_ms / 1000 + READ_TIMEOUT_S,
+            long_poll=wait_ms > 0,
         )
         offer = data.get("offer")
         return None if offer is None else Offer.from_json(offer)
@@ -383,6 +417,7 @@ class HttpControlPlane:
             },
             window_s=0.0,
             read_timeout_s=wait_ms / 1000 + READ_TIMEOUT_S,
+            long_poll=wait_ms > 0,
         )
         return [str(a) for a in data.get("attemptIds", [])]
 

@@ -33,6 +33,7 @@ RecoveryReason = Literal[
     "lease_lost_local_execution_stopped",
     "lease_lost_local_execution_unverified",
     "process_exited_without_receipt",
+    "completion_refused",
 ]
 AuditClass = Literal[
     "no_local_execution", "converged", "settled", "launch_reconciler", "execution_reconciler"

@@ -16,6 +16,7 @@ controller, and the journal it opens at start.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from ql3.domain.offers import Offer
@@ -76,6 +77,7 @@ class WorkerAgent:
             journal=self._current_journal,
             deadlines=deadlines,
         )
+        self._stops.on_stopped = self._settle_stopped_soon
         self._watcher = ExitWatcher(self._settlement.on_exit)
         context = WorkerContext(
             client=client,
@@ -150,6 +152,16 @@ class WorkerAgent:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+
+    def _settle_stopped_soon(self, attempt_id: str, signalled: bool) -> None:
+        """A lease-loss stop ended a process: settle its receipt in a thread of its own (the completion
+        may wait for an unreachable control plane; maintenance and intake, which stopped it, must not)."""
+        threading.Thread(
+            target=self._settlement.settle_stopped,
+            args=(attempt_id, signalled),
+            name="ql3-stopped-receipt",
+            daemon=True,
+        ).start()
 
     def has_adopted(self) -> bool:
         return self._attempts.has_adopted()

@@ -58,6 +58,8 @@ class Maintenance:
                 # Settled journal rows (receipts already deleted at acknowledgement) are pruned in
                 # bounded batches, so the journal does not grow with the number of runs.
                 self._ctx.journal().retention(older_than_ms=self._ctx.config.journal_retention_ms, limit=64)
+                # Receipts of attempts stopped after a lease loss that could not be sent then.
+                self._ctx.settlement.retry_stopped()
         for attempt_id, item in self._ctx.attempts.snapshot(MAX_SLOTS):
             if item.renewed_at_ms is None:
                 item.renewed_at_ms = now

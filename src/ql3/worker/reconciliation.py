@@ -51,7 +51,13 @@ class Reconciliation:
         fence = offer.fence
         session = self._ctx.session.current
         if fence.session_id != (session.session_id if session else None):
-            return "session_fenced"
+            # A session this home registered before (replaced since: a restart with other slots or
+            # labels, or a fenced session re-registered): none of its leases is ours any more. A
+            # receipt is still its attempt's fact; a process that still runs is stopped (the old
+            # session never writes lost) and its receipt settled (Settlement.settle_stopped).
+            if record.executor_handle is None:
+                return "session_fenced"
+            return self._settle_stale(record, fence)
         if record.state == "recovery_required" and record.executor_handle is None:
             if record.recovery_reason != "launch_outcome_unknown":
                 return record.recovery_reason or "recovery_required"  # never re-spawned

@@ -9,14 +9,15 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
-from ql3.domain.errors import FenceConflict, Ql3Error
+from ql3.domain.errors import FenceConflict, NotFound, PermissionDenied, Ql3Error, ValidationFailed
 from ql3.domain.journal import JournalConflict, JournalRecord
 from ql3.execution.identity import InvalidHandle, ProcessHandle, probe
 from ql3.execution.receipts import (
     Receipt,
     ReceiptInvalid,
+    delete_launch_identity,
     delete_receipt,
     quarantine_receipt,
     read_receipt,
@@ -24,11 +25,16 @@ from ql3.execution.receipts import (
 )
 from ql3.ports.control_plane import ControlPlane
 from ql3.ports.execution import HostDeadlines, Journal, ProcessController
-from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempts
+from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempts, journal_offer
 
 log = logging.getLogger("ql3.worker")
 # Why the worker reports an attempt lost (the run's error_code): what it knows, not a lease expiry.
 LOST_EXITED_WITHOUT_RECEIPT: Final = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
+# The control plane's definite "no" to a receipt: it will never take this fact (a wrong callback token
+# or sequence, another holder, an attempt it does not know, a value it refuses). Sending it again
+# changes nothing, so the receipt goes like an accepted one; the journal row stays as the evidence.
+REFUSALS: Final = (FenceConflict, NotFound, PermissionDenied, ValidationFailed)
+MAX_STOPPED_PENDING: Final = 1024
 
 
 class Settlement:
@@ -54,6 +60,9 @@ class Settlement:
         # (whose background children a command that ended by itself keeps). One at a time, then.
         self._settling: set[str] = set()
         self._settling_lock = threading.Lock()
+        # Attempts stopped after a lease loss whose receipt could not be sent yet (the control plane
+        # unreachable): attempt id -> whether this worker signalled it. Maintenance sends them again.
+        self._stopped_pending: dict[str, bool] = {}
 
     def on_exit(self, attempt_id: str) -> None:
         """The exit watcher's callback: settle now, unless the running ACK is still on its way."""
@@ -109,6 +118,62 @@ class Settlement:
             with self._settling_lock:
                 self._settling.discard(attempt_id)
 
+    def settle_stopped(self, attempt_id: str, signalled: bool) -> str:
+        """After a lease-loss stop (``LocalStops.lease_lost``): the process group is gone, so whatever
+        it left is settled now rather than at the next restart. A receipt the shim published is the
+        attempt's fact (docs/contracts.md §2.4), sent with stop cause ``fence`` when this worker
+        signalled the command (it did not end by itself), then deleted with the launch identity;
+        without one, the empty reservation and the identity go (the old worker never writes lost; the
+        row stays ``recovery_required`` as the evidence). Never raises: a transient failure keeps the
+        receipt and maintenance sends it again (``retry_stopped``)."""
+        with self._settling_lock:
+            if attempt_id in self._settling:
+                return "settling"
+            self._settling.add(attempt_id)
+        error = None
+        try:
+            state = self._settle_stopped(attempt_id, signalled)
+        except Ql3Error as exc:
+            state, error = "deferred", exc.code
+        except OSError as exc:  # the journal or a receipt file the disk could not move
+            state, error = "deferred", errno_name(exc)
+        except Exception as exc:  # e.g. the journal closed by a stop meanwhile: the next start settles it
+            state = "deferred"
+            log.warning(
+                "receipt deferred",
+                extra={"action": "worker.stopped_receipt_later", "error": type(exc).__name__},
+            )
+        finally:
+            with self._settling_lock:
+                self._settling.discard(attempt_id)
+        if error is not None:
+            log.warning("receipt deferred", extra={"action": "worker.stopped_receipt_later", "error": error})
+        with self._settling_lock:
+            if state == "deferred" and len(self._stopped_pending) < MAX_STOPPED_PENDING:
+                self._stopped_pending[attempt_id] = signalled
+            else:
+                self._stopped_pending.pop(attempt_id, None)
+        return state
+
+    def retry_stopped(self, limit: int = 16) -> None:
+        """Maintenance: send again the receipts of stopped attempts that could not be sent."""
+        with self._settling_lock:
+            pending = list(self._stopped_pending.items())[:limit]
+        for attempt_id, signalled in pending:
+            self.settle_stopped(attempt_id, signalled)
+
+    def _settle_stopped(self, attempt_id: str, signalled: bool) -> str:
+        record = self._journal().find_by_attempt(attempt_id)
+        if record is None or record.state != "recovery_required" or record.completion_token_digest is None:
+            return "settled"  # settled meanwhile (the exit watcher), or nothing was ever reserved
+        receipt = self._trusted_receipt(record)
+        if receipt is None:
+            # The group is gone (the stop returned once it was): nothing fills the reservation now.
+            unreserve_receipt(self._receipts_dir, attempt_id)
+            delete_launch_identity(self._receipts_dir, attempt_id)
+            return "no_receipt"
+        return self._complete(record, receipt, stopped="fence" if signalled else True)
+
     def _settle(self, attempt_id: str) -> str:
         record = self._journal().find_by_attempt(attempt_id)
         if record is None or record.completion_token_digest is None:
@@ -134,30 +199,68 @@ class Settlement:
             quarantine_receipt(self._receipts_dir, record.attempt_id)
             return None
 
-    def _complete(self, record: JournalRecord, receipt: Receipt) -> str:
+    def _complete(
+        self, record: JournalRecord, receipt: Receipt, *, stopped: Literal["fence"] | bool = False
+    ) -> str:
+        """``stopped``: the attempt left the active set (a lease-loss stop): its fence is the journal's
+        and it is not made active again; ``"fence"`` when this worker's signal ended the command."""
         attempt_id = record.attempt_id
-        active = self._attempts.for_record(record)
+        if stopped:
+            fence, legacy_temp = journal_offer(record).fence, True
+        else:
+            active = self._attempts.for_record(record)
+            # Only a shim of an earlier version leaves a temp file: not one this process launched.
+            fence, legacy_temp = active.fence, active.pid is None or active.adopted
         # Every answer is final, a late one included (its lease expired, the attempt lost, or this
         # worker's session replaced since): the control plane holds the fact, so the receipt goes.
         # Why the host executor stopped it, if it did (its marker is written before its signal, so a
         # receipt the signal caused always finds it): a timeout ends the run timed_out, a fence lost.
         cause = None if self._deadlines is None else self._deadlines.fired(attempt_id)
-        result, _ = self._client.complete(
-            active.fence,
-            callback_sequence=receipt.callback_sequence,
-            callback_token=receipt.token,
-            exit_code=receipt.exit_code,
-            stop_cause=cause,
-        )
+        if cause is None and stopped == "fence":
+            cause = "fence"  # stopped for its lease: lost retry decides, never a failure of the command
+        try:
+            result, _ = self._client.complete(
+                fence,
+                callback_sequence=receipt.callback_sequence,
+                callback_token=receipt.token,
+                exit_code=receipt.exit_code,
+                stop_cause=cause,
+            )
+        except REFUSALS as exc:
+            return self._refused(record, exc, active=not stopped)
         if result == "recorded":
             log.info("late fact recorded", extra={"action": "worker.late_fact_recorded"})
         self._acknowledge(record)
         if self._deadlines is not None:
             self._deadlines.disarm(attempt_id)
-        # Only a shim of an earlier version leaves a temp file: not one this process launched (pid set).
-        delete_receipt(self._receipts_dir, attempt_id, legacy_temp=active.pid is None or active.adopted)
-        self._attempts.forget(attempt_id)
+        delete_receipt(self._receipts_dir, attempt_id, legacy_temp=legacy_temp)
+        if not stopped:
+            self._attempts.forget(attempt_id)
         return "completion_acknowledged"
+
+    def _refused(self, record: JournalRecord, exc: Ql3Error, *, active: bool) -> str:
+        """The control plane will never take this receipt: it goes (with the launch identity), the row
+        stays ``recovery_required`` (``completion_refused``) as the evidence, pruned like the others."""
+        reason = exc.details.get("reason") if isinstance(exc.details, dict) else None
+        log.warning(
+            "receipt refused by the control plane",
+            extra={"action": "worker.receipt_refused", "error": exc.code, "reason": reason},
+        )
+        journal = self._journal()
+        current = journal.get(record.offer_id)
+        if current is not None and current.state in ("started", "running_acknowledged"):
+            journal.advance(
+                current.offer_id,
+                expected_revision=current.revision,
+                to_state="recovery_required",
+                recovery_reason="completion_refused",
+            )
+        if self._deadlines is not None:
+            self._deadlines.disarm(record.attempt_id)
+        delete_receipt(self._receipts_dir, record.attempt_id)
+        if active:
+            self._attempts.forget(record.attempt_id)
+        return "refused"
 
     def _acknowledge(self, record: JournalRecord) -> None:
         """``completion_acknowledged`` and the record's deletion, in one commit: the control plane
@@ -218,8 +321,10 @@ class Settlement:
                 to_state="recovery_required",
                 recovery_reason="process_exited_without_receipt",
             )
-        # The process is gone and its reservation is still empty (looked at above): nothing fills it now.
+        # The process is gone and its reservation is still empty (looked at above): nothing fills it now,
+        # and its launch identity is no evidence of anything any more (the journal holds its handle).
         unreserve_receipt(self._receipts_dir, record.attempt_id)
+        delete_launch_identity(self._receipts_dir, record.attempt_id)
         self._attempts.forget(record.attempt_id)
         if not reported:
             # Nobody holds the outcome: the row stays (recovery_required, pruned by age) as the

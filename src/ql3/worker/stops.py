@@ -32,10 +32,14 @@ class LocalStops:
         self._controller = controller
         self._attempts = attempts
         self._journal = journal
+        # Called once a lease-loss stop has ended the process (attempt id, whether this worker signalled
+        # it): its receipt is settled then, not left for the next restart (Settlement.settle_stopped).
+        self.on_stopped: Callable[[str, bool], object] = lambda attempt_id, signalled: None
 
     def lease_lost(self, record: JournalRecord, active: ActiveAttempt) -> JournalRecord:
         """Stop the local process only on a full authority match; the old worker never writes lost."""
         reason: RecoveryReason = "lease_lost_local_execution_unverified"
+        signalled = False
         with self._attempts.lock:
             active.lease_lost = True
         if record.executor_handle is not None:
@@ -45,6 +49,7 @@ class LocalStops:
                 )
                 if outcome.status in _STOPPED:
                     reason = "lease_lost_local_execution_stopped"
+                    signalled = outcome.status == "termination_requested"
             except Exception as exc:  # the record stays as it was; the next maintain() pass tries again
                 log.warning(
                     "local stop after lease loss failed",
@@ -58,12 +63,15 @@ class LocalStops:
             return record
         if current.state in ("completion_acknowledged", "recovery_required"):
             return current
-        return journal.advance(
+        advanced = journal.advance(
             current.offer_id,
             expected_revision=current.revision,
             to_state="recovery_required",
             recovery_reason=reason,
         )
+        if reason == "lease_lost_local_execution_stopped":
+            self.on_stopped(record.attempt_id, signalled)
+        return advanced
 
     def stop_all(self) -> None:
         """The session is fenced: every lease it held is gone, so whatever still runs of it stops."""

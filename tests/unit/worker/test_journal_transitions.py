@@ -340,6 +340,7 @@ def test_started_needs_a_well_formed_handle_and_start_time(
         "lease_lost_local_execution_stopped",
         "lease_lost_local_execution_unverified",
         "process_exited_without_receipt",
+        "completion_refused",
     ],
 )
 def test_every_in_flight_state_can_become_recovery_required(
