@@ -380,7 +380,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
 def register(group: Parser, actions: Subparsers) -> None:
     """Adds the remote-worker flags to the ``worker`` group, its ``token`` actions and ``approve``."""
-    from ql3.cli.server import _label
+    from ql3.cli.server import _label, _project_user
 
     group.description = "Workers: inspect and drain them, or run this machine as a remote worker."
     group.epilog = WORKER_EPILOG
@@ -414,7 +414,32 @@ def register(group: Parser, actions: Subparsers) -> None:
     group.add_argument(
         "--ca", metavar="FILE", default=None, help="CA bundle that signs the server's certificate"
     )
-    group.add_argument()
+    group.add_argument(
+        "--run-as",
+        metavar="USER",
+        default=None,
+        help="run every task's command as USER (not root, not this worker's user; needs root and"
+        " setpriv): a task then cannot read the token file or --home, nor signal the worker",
+    )
+    group.add_argument(
+        "--project-run-as",
+        type=_project_user,
+        action="append",
+        metavar="PROJECT_ID=USER",
+        help="run the commands of the project with this id (ql3 project list --json) as USER instead of"
+        " the --run-as user (repeatable; the same rules as --run-as)",
+    )
+    group.add_argument(
+        "--allow-server-user",
+        action="store_true",
+        help="let --run-as or --project-run-as name this worker's own user (its tasks can then read the"
+        " worker credential; said at start-up)",
+    )
+    group.add_argument(
+        "--print-systemd-unit",
+        action="store_true",
+        help="print a systemd unit that runs this worker with these options, and exit (writes nothing)",
+    )
     tokens: Parser = actions.add_parser("token", help="worker credentials", description="Worker credentials.")
     token_actions = tokens.add_subparsers(dest="token_action", metavar="ACTION", required=True)
     create = add_command(
