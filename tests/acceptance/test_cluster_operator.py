@@ -96,9 +96,12 @@ def test_a_worker_restarted_with_other_slots_and_labels_registers_them(cluster: 
     with cluster.api(1) as api:
         add_task(api, "gpu-only", "true", require={"gpu": "yes"})
 
-    # When the worker is stopped and started again with more slots and a new label, same home
+    # When the worker is stopped and started again with more slots and a new label (approved by an
+    # admin first: a credential is bound to its worker's labels, docs/security.md), same home
     stop(worker.process)
     cluster.workers.remove(worker)
+    approved = cluster.cli("worker", "approve", "w1", "--label", "gpu=yes", replica=1)
+    assert approved.returncode == 0, approved.stderr
     restarted = cluster.start_worker(
         "w1",
         0,
