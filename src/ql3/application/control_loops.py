@@ -266,7 +266,8 @@ def _cron_loop(w: _Wiring) -> LifecycleRunner:
 
     def cron_cycle() -> bool:
         guard.new_cycle()
-        return len(scheduler.schedule_once().decisions) >= budgets.cron_page
+        report = scheduler.schedule_once()
+        return report.more or len(report.decisions) >= budgets.cron_page
 
     def cron_wait(backstop_s: float) -> bool:
         # Until the earliest occurrence (or a task change), on the clock the scheduler decides with.

@@ -112,6 +112,9 @@ class TaskSpecFields(Body):
     max_attempts: int | None = None
     retry_safe: bool | None = None
     misfire: Literal["skip", "fire_once"] | None = None
+    misfire_grace_ms: int | None = None
+    random_delay_ms: int | None = None
+    on_start: bool | None = None
 
 
 class TaskCreate(TaskSpecFields):
@@ -188,6 +191,9 @@ class TaskOut(BaseModel):
     retry_safe: bool
     executor: str
     misfire: str
+    misfire_grace_ms: int = 300_000
+    random_delay_ms: int = 0
+    on_start: bool = False
     next_fire_at_ms: int | None
     next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, from next_fire_at_ms
     # Shown only to roles that may edit the task or decide its approvals (docs/console.md).
