@@ -168,6 +168,21 @@ class PreferenceOut(BaseModel):
     weight: int
 
 
+class SkippedOccurrenceOut(BaseModel):
+    """Cron occurrences that did not become runs: one, or a range skipped together for one reason."""
+
+    occurrence_ms: int
+    last_occurrence_ms: int
+    occurrences: int
+    reason: str  # overlap | misfire | disabled | deleted
+    task_revision: int
+    recorded_at_ms: int
+
+
+class SkippedOccurrencePage(BaseModel):
+    items: list[SkippedOccurrenceOut]
+
+
 class TaskOut(BaseModel):
     id: str
     project_id: str
@@ -195,7 +210,9 @@ class TaskOut(BaseModel):
     random_delay_ms: int = 0
     on_start: bool = False
     next_fire_at_ms: int | None
-    next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, from next_fire_at_ms
+    next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, random delay included
+    # On a task's own page: its latest skipped cron occurrences, newest first (docs/cron.md).
+    skipped_occurrences: list[SkippedOccurrenceOut] = []
     # Shown only to roles that may edit the task or decide its approvals (docs/console.md).
     command_visible: bool = False
     command: str | None = None
