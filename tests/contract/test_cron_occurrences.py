@@ -274,3 +274,42 @@ def test_the_random_delay_spreads_a_busy_minute_and_never_rerolls() -> None:
     assert again == delays
     assert random_delay_ms("task-1", 1_800_000_060_000, 300_000) != delays[1]  # per occurrence
     assert random_delay_ms("task-1", 1_800_000_000_000, 0) == 0
+
+
+# -- 4. one write per page ----------------------------------------------------------------------------
+
+
+class _CountingDb:
+    """The harness database, counting the transactions asked of it."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+        self.writes = 0
+        self.reads = 0
+
+    def transaction(self, fn: Any, *, write: bool = True) -> Any:
+        if write:
+            self.writes += 1
+        else:
+            self.reads += 1
+        return self._db.transaction(fn, write=write)
+
+
+def test_a_busy_minute_is_admitted_in_one_write_per_page(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    for i in range(12):
+        seed_task(harness.db, project, name=f"t{i:02d}", cron=EVERY_MINUTE)
+    boundary = _to_next_boundary(harness)
+    counting = _CountingDb(harness.db)
+
+    first = CronScheduler(counting, page=8).schedule_once()  # type: ignore[arg-type]
+    second = CronScheduler(counting, page=8).schedule_once()  # type: ignore[arg-type]
+
+    assert (first.admitted, second.admitted) == (8, 4)
+    assert (counting.writes, counting.reads) == (2, 0)
+    rows = harness.db.raw("SELECT scheduled_for_ms FROM runs")
+    assert [r["scheduled_for_ms"] for r in rows] == [boundary] * 12
+    cursors = harness.db.raw("SELECT next_occurrence_ms, last_scheduled_at_ms FROM task_schedules")
+    assert {(r["next_occurrence_ms"], r["last_scheduled_at_ms"]) for r in cursors} == {
+        (boundary + MINUTE, boundary)
+    }

@@ -151,8 +151,8 @@ def test_a_due_schedule_that_fails_is_parked_and_the_other_is_admitted(
     harness.advance_clock(2 * MINUTE)
     real = cron._decide
 
-    def poisoned(tx: Any, item: Any) -> Any:
-        decided = real(tx, item)  # the bad task's run is written, then undone with its savepoint
+    def poisoned(tx: Any, item: Any, moves: Any) -> Any:
+        decided = real(tx, item, moves)  # the bad task's run is written, then undone with its savepoint
         if item.schedule.task_id == bad.id:
             raise Poison("boom")
         return decided

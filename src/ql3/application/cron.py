@@ -63,27 +63,44 @@ class CronScheduler:
         failed: list[tuple[str, Exception]] = []
         decided: list[str] = []
 
-        def page(tx: Transaction) -> list[Decision]:
+        def page(tx: Transaction, isolate: bool) -> list[Decision]:
             failed.clear()
             decided.clear()
             out: list[Decision] = []
+            moves: list[task_store.CursorMove] = []
             for item in task_store.lock_due_page(tx, now_ms=tx.now_ms(), limit=self._page):
                 task_id = item.schedule.task_id
-                try:
-                    out.append(_in_savepoint(tx, partial(_decide, item=item)))
-                except Exception as exc:
-                    if self._guard is None or is_transient(exc):
-                        raise
-                    failed.append((task_id, exc))
-                    continue
+                mine: list[task_store.CursorMove] = []  # queued only once the task's decision stands
+                decide = partial(_decide, item=item, moves=mine)
+                if not isolate:
+                    out.append(decide(tx))
+                else:
+                    try:
+                        out.append(_in_savepoint(tx, decide))
+                    except Exception as exc:
+                        if is_transient(exc):
+                            raise
+                        failed.append((task_id, exc))
+                        continue
+                moves.extend(mine)
                 decided.append(task_id)
+            task_store.move_schedules(tx, moves)
             return out
 
-        for decision in self._db.transaction(page):
+        try:
+            # The fast path: the whole page in one transaction, no savepoint per task.
+            decisions = self._db.transaction(partial(page, isolate=False))
+        except Exception as exc:
+            if self._guard is None or is_transient(exc):
+                raise
+            # One task failed and undid the page: again, each task in its own savepoint, so the bad
+            # one is parked and the others commit (a failed task's cursor move is never queued).
+            decisions = self._db.transaction(partial(page, isolate=True))
+        for decision in decisions:
             report.add(decision)
         if self._guard is not None:
-            for task_id, exc in failed:
-                self._guard.park_failure("schedule", task_id, exc)
+            for task_id, failure in failed:
+                self._guard.park_failure("schedule", task_id, failure)
                 report.parked += 1
                 report.decisions.append("parked")
             for task_id in decided:
@@ -126,7 +143,7 @@ def _in_savepoint(tx: Transaction, fn: Callable[[Transaction], Decision]) -> Dec
     return tx.savepoint(fn) if isinstance(tx, Savepoints) else fn(tx)
 
 
-def _decide(tx: Transaction, item: DueSchedule) -> Decision:
+def _decide(tx: Transaction, item: DueSchedule, moves: list[task_store.CursorMove]) -> Decision:
     """One task's due occurrences, with the cursor, task and spec read with the page."""
     task = item.task
     if task is None:  # deleted since the page was read: its schedule goes (delete_task records it)
@@ -134,4 +151,4 @@ def _decide(tx: Transaction, item: DueSchedule) -> Decision:
         return Decision()
     if item.spec is None:
         raise NotFound("task revision not found")
-    return decide_due(tx, item.schedule, task, build_spec(item.spec))
+    return decide_due(tx, item.schedule, task, build_spec(item.spec), moves)

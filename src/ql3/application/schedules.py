@@ -225,7 +225,13 @@ def admit(
     return "admitted" if created else "existing"
 
 
-def decide_due(tx: Transaction, schedule: TaskSchedule, task: Task, spec: TaskSpec) -> Decision:
+def decide_due(
+    tx: Transaction,
+    schedule: TaskSchedule,
+    task: Task,
+    spec: TaskSpec,
+    moves: list[task_store.CursorMove] | None = None,
+) -> Decision:
     """Decide every occurrence of the cursor due by now (at most ``MAX_STEPS``) and move the cursor past
     them, in the caller's transaction (which holds the schedule row).
 
@@ -233,6 +239,7 @@ def decide_due(tx: Transaction, schedule: TaskSchedule, task: Task, spec: TaskSp
     time, is on time and admitted (subject to the overlap policy); the older ones were missed and are
     recorded as skipped ``misfire``, except that ``misfire: fire_once`` admits the oldest missed one
     (once per outage: not again when an earlier decision already walked part of the same outage).
+    ``moves``: the cursor move is appended there, for the caller to write with its page's others.
     """
     decision = Decision()
     first = cursor_occurrence(schedule)
@@ -264,7 +271,18 @@ def decide_due(tx: Transaction, schedule: TaskSchedule, task: Task, spec: TaskSp
             decision.skipped[reason] = decision.skipped.get(reason, 0) + 1
         skips.decided(candidate, reason)
     skips.flush()
-    _move(tx, schedule, task, spec, next_occurrence_ms=occurrence, last_scheduled_at_ms=due[-1])
+    if moves is None:
+        _move(tx, schedule, task, spec, next_occurrence_ms=occurrence, last_scheduled_at_ms=due[-1])
+    else:
+        moves.append(
+            task_store.CursorMove(
+                task_id=task.id,
+                task_revision=task.revision,
+                next_occurrence_ms=occurrence,
+                next_fire_at_ms=due_at(task.id, occurrence, spec),
+                last_scheduled_at_ms=due[-1],
+            )
+        )
     return decision
 
 

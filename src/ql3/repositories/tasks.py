@@ -187,6 +187,36 @@ def write_schedule(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CursorMove:
+    """One cursor's new position, written with the others of its page by ``move_schedules``."""
+
+    task_id: str
+    task_revision: int
+    next_occurrence_ms: int
+    next_fire_at_ms: int
+    last_scheduled_at_ms: int
+
+
+def move_schedules(tx: Transaction, moves: list[CursorMove]) -> int:
+    """Move a page of cursors (their rows held by this transaction) in one statement."""
+    if not moves:
+        return 0
+    body = json.dumps(
+        [
+            {
+                "task_id": m.task_id,
+                "task_revision": m.task_revision,
+                "next_occurrence_ms": m.next_occurrence_ms,
+                "next_fire_at_ms": m.next_fire_at_ms,
+                "last_scheduled_at_ms": m.last_scheduled_at_ms,
+            }
+            for m in moves
+        ]
+    )
+    return tx.run("schedule_move_page", {"moves": body, "now": tx.now_ms()})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DueSchedule:
     """A due cursor read (and row-locked on PostgreSQL) with its task and the current revision's spec."""
 

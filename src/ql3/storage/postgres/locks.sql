@@ -54,3 +54,12 @@ WHERE s.next_fire_at_ms IS NOT NULL AND s.next_fire_at_ms <= :now
     AND k.next_retry_at_ms > :now)
 ORDER BY s.next_fire_at_ms, s.task_id LIMIT :limit
 FOR UPDATE OF s SKIP LOCKED
+
+-- name: schedule_move_page
+-- desc: Moves a page of cron cursors at once (a JSON array of task id, revision, occurrence, due and last decided).
+UPDATE task_schedules s SET task_revision = m.task_revision, next_occurrence_ms = m.next_occurrence_ms,
+  next_fire_at_ms = m.next_fire_at_ms, last_scheduled_at_ms = m.last_scheduled_at_ms,
+  state_version = s.state_version + 1, updated_at_ms = :now
+FROM jsonb_to_recordset(CAST(:moves AS jsonb)) AS m(task_id text, task_revision integer, next_occurrence_ms bigint,
+  next_fire_at_ms bigint, last_scheduled_at_ms bigint)
+WHERE s.task_id = m.task_id
