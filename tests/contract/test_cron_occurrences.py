@@ -313,3 +313,29 @@ def test_a_busy_minute_is_admitted_in_one_write_per_page(harness: Harness) -> No
     assert {(r["next_occurrence_ms"], r["last_scheduled_at_ms"]) for r in cursors} == {
         (boundary + MINUTE, boundary)
     }
+
+
+# -- 5. --on-start ------------------------------------------------------------------------------------
+
+
+def test_on_start_fires_once_per_start_and_not_again_after_a_crash(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    boot = seed_task(harness.db, project, name="boot", on_start=True)
+    seed_task(harness.db, project, name="plain")
+    seed_task(harness.db, project, name="off", on_start=True)
+    harness.db.transaction(lambda tx: tasks.set_enabled(tx, project.id, "off", False))
+    scheduler = CronScheduler(harness.db)
+
+    def start() -> int:
+        return scheduler.fire_on_start(scheduler.begin_start())
+
+    fired = [start()]  # the first start
+    fired += [start() for _ in range(3)]  # three crash restarts (no clean stop in between)
+    scheduler.clean_stop()
+    fired.append(start())  # a start after a clean stop
+    fired.append(scheduler.fire_on_start(scheduler.begin_start()))  # and a crash right after it
+
+    assert fired == [1, 0, 0, 0, 1, 0]
+    rows = harness.db.raw("SELECT task_id, trigger_type, idempotency_key FROM runs ORDER BY idempotency_key")
+    assert [(r["task_id"], r["trigger_type"]) for r in rows] == [(boot.id, "cron")] * 2
+    assert [r["idempotency_key"] for r in rows] == [f"ql3:cron:v2:{boot.id}:start:{n}" for n in (1, 2)]

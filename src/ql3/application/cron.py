@@ -107,6 +107,14 @@ class CronScheduler:
                 self._guard.recovered("schedule", task_id)
         return report
 
+    def begin_start(self) -> int:
+        """This server's start epoch (docs/cron.md): new after a clean stop, the same after a crash."""
+        return int(self._db.transaction(task_store.begin_start_epoch))
+
+    def clean_stop(self) -> None:
+        """This server stops cleanly: the next start opens a new epoch (``--on-start`` fires again)."""
+        self._db.transaction(task_store.stop_start_epoch)
+
     def fire_on_start(self, start_epoch: int) -> int:
         """One run per live enabled ``--on-start`` task for this server start epoch (idempotent: a
         second call, another replica or a restart after a crash in the same epoch creates none)."""

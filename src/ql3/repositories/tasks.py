@@ -327,7 +327,23 @@ def skip_totals(tx: Transaction) -> dict[str, int]:
 
 def on_start_task_ids(tx: Transaction, *, after: str, limit: int) -> list[str]:
     """Live enabled tasks whose current revision asks for a run at each server start, by id."""
-    return [str(row["id"]) for row in tx.all("cron_on_start_tasks", {"after": after, "limit": limit})]
+    # The spec is stored as compact JSON (insert_revision): the flag reads exactly so, and a string
+    # value cannot fake it (its quotes would be escaped).
+    params = {"after": after, "limit": limit, "pattern": '%"on_start":true%'}
+    return [str(row["id"]) for row in tx.all("cron_on_start_tasks", params)]
+
+
+def begin_start_epoch(tx: Transaction) -> int:
+    """Record a server start; the epoch it belongs to (unchanged after a crash, new after a clean stop)."""
+    tx.run("start_epoch_begin", {"now": tx.now_ms()})
+    row = tx.one("start_epoch_get")
+    assert row is not None  # written just now
+    return int(row["epoch"])
+
+
+def stop_start_epoch(tx: Transaction) -> None:
+    """Record a clean server stop."""
+    tx.run("start_epoch_stop", {"now": tx.now_ms()})
 
 
 def delete_schedule(tx: Transaction, task_id: str) -> None:

@@ -149,6 +149,10 @@ COLUMN cron_skips.last_occurrence_ms bigint null=NO default=None
 COLUMN cron_skips.occurrences integer null=NO default=None
 COLUMN cron_skips.reason text null=NO default=None
 COLUMN cron_skips.created_at_ms bigint null=NO default=None
+COLUMN cron_start_epoch.singleton integer null=NO default=None
+COLUMN cron_start_epoch.epoch integer null=NO default=None
+COLUMN cron_start_epoch.running integer null=NO default=None
+COLUMN cron_start_epoch.updated_at_ms bigint null=NO default=None
 COLUMN notification_channels.id text null=NO default=None
 COLUMN notification_channels.project_id text null=NO default=None
 COLUMN notification_channels.name text null=NO default=None
@@ -361,6 +365,7 @@ INDEX CREATE UNIQUE INDEX cancellation_dispatches_pkey ON public.cancellation_di
 INDEX CREATE INDEX cancellation_dispatches_project ON public.cancellation_dispatches USING btree (project_id, status)
 INDEX CREATE UNIQUE INDEX cron_skips_pkey ON public.cron_skips USING btree (task_id, occurrence_ms)
 INDEX CREATE INDEX cron_skips_project ON public.cron_skips USING btree (project_id, created_at_ms)
+INDEX CREATE UNIQUE INDEX cron_start_epoch_pkey ON public.cron_start_epoch USING btree (singleton)
 INDEX CREATE UNIQUE INDEX notification_channels_pkey ON public.notification_channels USING btree (id)
 INDEX CREATE UNIQUE INDEX notification_channels_project_id_name_key ON public.notification_channels USING btree (project_id, name)
 INDEX CREATE UNIQUE INDEX notification_outbox_channel_id_outcome_key_key ON public.notification_outbox USING btree (channel_id, outcome_key)
@@ -559,6 +564,10 @@ CONSTRAINT cron_skips.cron_skips_project_id_fkey FOREIGN KEY (project_id) REFERE
 CONSTRAINT cron_skips.cron_skips_reason_check CHECK ((reason = ANY (ARRAY['overlap'::text, 'misfire'::text, 'disabled'::text, 'deleted'::text])))
 CONSTRAINT cron_skips.cron_skips_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)
 CONSTRAINT cron_skips.cron_skips_task_revision_check CHECK ((task_revision >= 1))
+CONSTRAINT cron_start_epoch.cron_start_epoch_epoch_check CHECK ((epoch >= 1))
+CONSTRAINT cron_start_epoch.cron_start_epoch_pkey PRIMARY KEY (singleton)
+CONSTRAINT cron_start_epoch.cron_start_epoch_running_check CHECK ((running = ANY (ARRAY[0, 1])))
+CONSTRAINT cron_start_epoch.cron_start_epoch_singleton_check CHECK ((singleton = 1))
 CONSTRAINT notification_channels.notification_channels_check CHECK ((((kind = 'webhook'::text) AND (secret IS NOT NULL)) OR ((kind = 'apprise'::text) AND (secret IS NULL))))
 CONSTRAINT notification_channels.notification_channels_kind_check CHECK ((kind = ANY (ARRAY['webhook'::text, 'apprise'::text])))
 CONSTRAINT notification_channels.notification_channels_name_check CHECK (((length(name) >= 1) AND (length(name) <= 64)))

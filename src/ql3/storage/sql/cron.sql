@@ -66,5 +66,20 @@ SELECT reason, COALESCE(SUM(occurrences), 0) AS occurrences FROM cron_skips GROU
 -- desc: A page of live, enabled tasks whose current revision asks for a run at each server start, by id.
 SELECT t.id FROM tasks t JOIN task_revisions r ON r.task_id = t.id AND r.revision = t.revision
 WHERE t.deleted_at_ms IS NULL AND t.enabled = 1 AND t.id > :after
-  AND r.spec_json LIKE '%"on_start":true%'
+  AND r.spec_json LIKE :pattern
 ORDER BY t.id LIMIT :limit
+
+-- name: start_epoch_begin
+-- desc: A server start: a new epoch unless the last server did not stop cleanly (a crash keeps it).
+INSERT INTO cron_start_epoch (singleton, epoch, running, updated_at_ms) VALUES (1, 1, 1, :now)
+ON CONFLICT (singleton) DO UPDATE SET
+  epoch = CASE WHEN cron_start_epoch.running = 1 THEN cron_start_epoch.epoch ELSE cron_start_epoch.epoch + 1 END,
+  running = 1, updated_at_ms = excluded.updated_at_ms
+
+-- name: start_epoch_get
+-- desc: The current server start epoch and whether a server is marked running.
+SELECT epoch, running FROM cron_start_epoch WHERE singleton = 1
+
+-- name: start_epoch_stop
+-- desc: A clean server stop: the next start opens a new epoch.
+UPDATE cron_start_epoch SET running = 0, updated_at_ms = :now WHERE singleton = 1
