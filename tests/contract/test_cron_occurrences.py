@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ql3.application import schedules, tasks
+from ql3.application import notifications, schedules, tasks
 from ql3.application.cron import CronScheduler
 from ql3.domain.tasks import next_fire_ms, random_delay_ms
 from tests.support.builders import count, seed_project, seed_task
@@ -339,3 +339,40 @@ def test_on_start_fires_once_per_start_and_not_again_after_a_crash(harness: Harn
     rows = harness.db.raw("SELECT task_id, trigger_type, idempotency_key FROM runs ORDER BY idempotency_key")
     assert [(r["task_id"], r["trigger_type"]) for r in rows] == [(boot.id, "cron")] * 2
     assert [r["idempotency_key"] for r in rows] == [f"ql3:cron:v2:{boot.id}:start:{n}" for n in (1, 2)]
+
+
+# -- 5. a cron run late for a slot ----------------------------------------------------------------------
+
+
+def test_a_cron_run_waiting_past_the_lateness_bound_notifies_once(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    seed_task(harness.db, project, name="waits", cron=EVERY_MINUTE)
+    seed_task(harness.db, project, name="runs", cron=EVERY_MINUTE)
+    harness.db.transaction(
+        lambda tx: notifications.create_channel(
+            tx, project, name="hook", kind="webhook", url="https://example.invalid/h", secret="s" * 32
+        )
+    )
+    harness.db.transaction(
+        lambda tx: notifications.create_rule(tx, project, channel="hook", task=None, events=None)
+    )
+    _to_next_boundary(harness)
+    scheduler = CronScheduler(harness.db)
+    assert scheduler.schedule_once().admitted == 2
+    # "runs" got a slot: it is no longer queued
+    harness.db.raw(
+        "UPDATE runs SET status = 'dispatching' WHERE task_id = (SELECT id FROM tasks WHERE name = 'runs')"
+    )
+
+    early = scheduler.notify_late(120_000, None)
+    harness.advance_clock(60_000)
+    assert count(harness.db, "notification_outbox") == 0
+    harness.advance_clock(61_000)
+    late = scheduler.notify_late(120_000, early)
+    again = scheduler.notify_late(120_000, late)
+    fresh = scheduler.notify_late(120_000, None)  # a new server looks back: the outcome key dedupes
+
+    rows = harness.db.raw("SELECT event, payload_json FROM notification_outbox")
+    assert [r["event"] for r in rows] == ["cron_late"]
+    assert '"task":"waits"' in rows[0]["payload_json"] and '"waited_ms":121' in rows[0]["payload_json"]
+    assert again >= late and fresh >= late

@@ -264,6 +264,7 @@ def _cron_loop(w: _Wiring) -> LifecycleRunner:
     guard = ItemGuard(db, "cron")
     scheduler = CronScheduler(db, page=budgets.cron_page, guard=guard)
     started: list[int] = []
+    late_watermark: list[tuple[int, str]] = []
 
     def cron_cycle() -> bool:
         guard.new_cycle()
@@ -272,6 +273,11 @@ def _cron_loop(w: _Wiring) -> LifecycleRunner:
             scheduler.fire_on_start(epoch)
             started.append(epoch)
         report = scheduler.schedule_once()
+        # Cron runs still waiting for a slot past the lateness bound (at least every backstop).
+        watermark = scheduler.notify_late(
+            w.settings.cron_late_after_ms, late_watermark[0] if late_watermark else None
+        )
+        late_watermark[:] = [watermark]
         return report.more or len(report.decisions) >= budgets.cron_page
 
     def cron_wait(backstop_s: float) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Final
 
+from ql3.application import notifications
 from ql3.application.parking import ItemGuard, is_transient
 from ql3.application.schedules import Decision, admit, decide_due, start_key
 from ql3.domain.errors import NotFound, ValidationFailed
@@ -18,6 +19,8 @@ from ql3.repositories.tasks import DueSchedule
 
 HARD_PAGE: Final = 1024
 ON_START_PAGE: Final = 256
+LATE_PAGE: Final = 256
+LATE_LOOKBACK_MS: Final = 60 * 60 * 1000  # how far back a new server looks for late cron runs
 
 
 @dataclass(slots=True)
@@ -106,6 +109,29 @@ class CronScheduler:
             for task_id in decided:
                 self._guard.recovered("schedule", task_id)
         return report
+
+    def notify_late(self, late_after_ms: int, watermark: tuple[int, str] | None) -> tuple[int, str]:
+        """``cron_late`` notifications for cron runs still queued ``late_after_ms`` after they were
+        admitted. Each run is looked at once, as its wait crosses the bound: the caller keeps the
+        returned ``(created_at_ms, id)`` watermark (a new server looks an hour back; the outbox's
+        outcome key dedupes a second look). Bounded: a page a call."""
+
+        def unit(tx: Transaction) -> tuple[int, str]:
+            now = tx.now_ms()
+            through = now - late_after_ms
+            after = (through - LATE_LOOKBACK_MS, "") if watermark is None else watermark
+            found = task_store.late_cron_runs(tx, after=after, through_ms=through, limit=LATE_PAGE)
+            for row in found:
+                run_id, created = str(row["id"]), int(row["created_at_ms"])
+                notifications.on_cron_late(
+                    tx, run_id, str(row["project_id"]), str(row["task_id"]), now - created
+                )
+            if len(found) == LATE_PAGE:
+                return int(found[-1]["created_at_ms"]), str(found[-1]["id"])
+            return max(after, (through, "\uffff"))
+
+        result: tuple[int, str] = self._db.transaction(unit)
+        return result
 
     def begin_start(self) -> int:
         """This server's start epoch (docs/cron.md): new after a clean stop, the same after a crash."""

@@ -30,10 +30,18 @@ EVENTS: Final = (
     "cancellation_blocked",
     "approval_requested",
     "succeeded",
+    "cron_late",
     "test",
 )
 RULE_EVENTS: Final = frozenset(EVENTS) - {"test"}
-DEFAULT_EVENTS: Final = ("approval_requested", "cancellation_blocked", "failed", "lost", "timed_out")
+DEFAULT_EVENTS: Final = (
+    "approval_requested",
+    "cancellation_blocked",
+    "cron_late",
+    "failed",
+    "lost",
+    "timed_out",
+)
 RUN_STATUS_EVENTS: Final = frozenset({"failed", "timed_out", "lost", "succeeded"})
 MAX_CHANNELS_PER_PROJECT: Final = 32
 MAX_RULES_PER_PROJECT: Final = 64
@@ -145,5 +153,6 @@ def title_for(event: str, project: str, task: str | None) -> str:
         "succeeded": f"ql3: {subject} succeeded",
         "cancellation_blocked": f"ql3: cancelling a run of {subject} is blocked",
         "approval_requested": f"ql3: {subject} waits for an approval",
+        "cron_late": f"ql3: a cron run of {subject} is still waiting for a slot",
         "test": f"ql3: test notification for {subject}",
     }[event]

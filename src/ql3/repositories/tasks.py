@@ -346,6 +346,12 @@ def stop_start_epoch(tx: Transaction) -> None:
     tx.run("start_epoch_stop", {"now": tx.now_ms()})
 
 
+def late_cron_runs(tx: Transaction, *, after: tuple[int, str], through_ms: int, limit: int) -> list[Row]:
+    """Cron runs still queued created after the ``(created_at_ms, id)`` cursor up to ``through_ms``."""
+    params = {"after_ms": after[0], "after_id": after[1], "through_ms": through_ms, "limit": limit}
+    return tx.all("cron_late_runs", params)
+
+
 def delete_schedule(tx: Transaction, task_id: str) -> None:
     tx.run("schedule_delete", {"task_id": task_id})
 

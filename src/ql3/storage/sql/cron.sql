@@ -83,3 +83,10 @@ SELECT epoch, running FROM cron_start_epoch WHERE singleton = 1
 -- name: start_epoch_stop
 -- desc: A clean server stop: the next start opens a new epoch.
 UPDATE cron_start_epoch SET running = 0, updated_at_ms = :now WHERE singleton = 1
+
+-- name: cron_late_runs
+-- desc: Cron runs still queued, created after a (time, id) cursor up to a time, oldest first: waiting for a slot too long.
+SELECT id, project_id, task_id, created_at_ms FROM runs
+WHERE status = 'queued' AND created_at_ms <= :through_ms AND trigger_type = 'cron'
+  AND (created_at_ms > :after_ms OR (created_at_ms = :after_ms AND id > :after_id))
+ORDER BY created_at_ms, id LIMIT :limit
