@@ -116,22 +116,25 @@ class CronScheduler:
         returned ``(created_at_ms, id)`` watermark (a new server looks an hour back; the outbox's
         outcome key dedupes a second look). Bounded: a page a call."""
 
-        def unit(tx: Transaction) -> tuple[int, str]:
+        def unit(tx: Transaction, notify: bool) -> tuple[tuple[int, str], bool]:
             now = tx.now_ms()
             through = now - late_after_ms
             after = (through - LATE_LOOKBACK_MS, "") if watermark is None else watermark
             found = task_store.late_cron_runs(tx, after=after, through_ms=through, limit=LATE_PAGE)
-            for row in found:
+            for row in found if notify else ():
                 run_id, created = str(row["id"]), int(row["created_at_ms"])
                 notifications.on_cron_late(
                     tx, run_id, str(row["project_id"]), str(row["task_id"]), now - created
                 )
             if len(found) == LATE_PAGE:
-                return int(found[-1]["created_at_ms"]), str(found[-1]["id"])
-            return max(after, (through, "\uffff"))
+                return (int(found[-1]["created_at_ms"]), str(found[-1]["id"])), True
+            return max(after, (through, "\uffff")), bool(found)
 
-        result: tuple[int, str] = self._db.transaction(unit)
-        return result
+        # A read first: an idle cycle (no late run) writes nothing.
+        moved, any_late = self._db.transaction(partial(unit, notify=False), write=False)
+        if any_late:
+            moved, _ = self._db.transaction(partial(unit, notify=True))
+        return moved
 
     def begin_start(self) -> int:
         """This server's start epoch (docs/cron.md): new after a clean stop, the same after a crash."""
