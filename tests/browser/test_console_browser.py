@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -356,6 +357,23 @@ def test_a_viewer_sees_no_command_and_no_actions(console: Console, open_page: An
     assert "Hidden for your role" in page.inner_text("main")
     assert page.locator("main button").count() == 0
     assert "viewer" in page.inner_text("#whoami")
+
+
+def test_a_task_page_lists_its_skipped_occurrences(console: Console, open_page: Any) -> None:
+    task = _task(console, "skippy", "true", cron="* * * * *")
+    # A record as the scheduler writes it (tests/contract/test_cron_occurrences.py makes real ones).
+    with sqlite3.connect(console.server.home / "ql3.db") as conn:
+        conn.execute(
+            "INSERT INTO cron_skips (task_id, occurrence_ms, project_id, task_revision, last_occurrence_ms,"
+            " occurrences, reason, created_at_ms) VALUES (?, ?, ?, 1, ?, 3, 'misfire', ?)",
+            (task["id"], 1_800_000_000_000, task["project_id"], 1_800_000_120_000, 1_800_000_180_000),
+        )
+    page = open_page()
+    sign_in(page, console, console.owner, "#/tasks/skippy")
+
+    page.wait_for_selector("#skipped-occurrences")
+    text = page.inner_text("#skipped-occurrences")
+    assert "misfire" in text and "(3)" in text and "r1" in text
 
 
 @pytest.mark.parametrize("width", [390])

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from ql3.application import auth, cancellation, lease_expiry, notifications, retention, runs
+from ql3.application import auth, cancellation, cron, lease_expiry, notifications, retention, runs
 from ql3.application.control_loops import Adapters, control_loops
-from ql3.application.cron import CronScheduler
 from ql3.application.lifecycle import LifecycleRunner
 from ql3.application.retention import RetentionPruner
 from ql3.application.settings import PROFILES, ServeSettings
@@ -151,14 +150,15 @@ def test_a_due_schedule_that_fails_is_parked_and_the_other_is_admitted(
     bad = seed_task(harness.db, project, name="bad", cron="* * * * *")
     good = seed_task(harness.db, project, name="good", cron="* * * * *")
     harness.advance_clock(2 * MINUTE)
-    real = CronScheduler._decide
+    real = cron._decide
 
-    def poisoned(self: CronScheduler, tx: Any, task_id: str) -> str:
-        if task_id == bad.id:
+    def poisoned(tx: Any, item: Any, moves: Any) -> Any:
+        decided = real(tx, item, moves)  # the bad task's run is written, then undone with its savepoint
+        if item.schedule.task_id == bad.id:
             raise Poison("boom")
-        return real(self, tx, task_id)
+        return decided
 
-    monkeypatch.setattr(CronScheduler, "_decide", poisoned)
+    monkeypatch.setattr(cron, "_decide", poisoned)
 
     _cycle(_loops(harness)["cron"])
 

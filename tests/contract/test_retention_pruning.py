@@ -120,3 +120,22 @@ def test_a_policy_is_replaced_and_validated(harness: Any) -> None:
     _policy(harness.db, project, keep_days=None, runs_per_task=10)
     found = harness.db.transaction(lambda tx: retention.get_policy(tx, project))
     assert (found.keep_days, found.runs_per_task, found.version) == (None, 10, 2)
+
+
+def test_skipped_cron_occurrences_older_than_the_policy_go(harness: Any) -> None:
+    project = seed_project(harness.db)
+    task = seed_task(harness.db, project, "minutely", cron="* * * * *")
+    now = harness.now_ms()
+    for i, at in enumerate((now - 40 * DAY_MS, now - 35 * DAY_MS, now - DAY_MS)):
+        harness.db.raw(
+            "INSERT INTO cron_skips (task_id, occurrence_ms, project_id, task_revision, last_occurrence_ms,"
+            " occurrences, reason, created_at_ms) VALUES (?, ?, ?, 1, ?, 1, 'overlap', ?)",
+            (task.id, at, project.id, at, at + i),
+        )
+    _policy(harness.db, project, keep_days=30)
+
+    _drain(RetentionPruner(harness.db, None, page=4, max_pages=3))
+
+    assert [r["created_at_ms"] for r in harness.db.raw("SELECT created_at_ms FROM cron_skips")] == [
+        now - DAY_MS + 2
+    ]

@@ -130,7 +130,7 @@ def test_the_servers_own_keys_still_create_runs(harness: Harness) -> None:
     # ql3: keys are refused from callers (validate_idempotency_key), never from the scheduler itself
     project = seed_project(harness.db)
     task = seed_task(harness.db, project)
-    key = cron_key(task.id, task.revision, 60_000)
+    key = cron_key(task.id, 60_000)
 
     run, created = _create(harness.db, project, task, key, trigger_type="cron", scheduled_for_ms=60_000)
     again, created_again = _create(

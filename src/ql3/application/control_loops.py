@@ -263,17 +263,41 @@ def _cron_loop(w: _Wiring) -> LifecycleRunner:
     db, budgets = w.db, w.settings.budgets
     guard = ItemGuard(db, "cron")
     scheduler = CronScheduler(db, page=budgets.cron_page, guard=guard)
+    started: list[int] = []
+    late_watermark: list[tuple[int, str]] = []
 
     def cron_cycle() -> bool:
         guard.new_cycle()
-        return len(scheduler.schedule_once().decisions) >= budgets.cron_page
+        if not started:  # the first cycle of this server: its start epoch and the --on-start runs
+            epoch = scheduler.begin_start()
+            scheduler.fire_on_start(epoch)
+            started.append(epoch)
+        report = scheduler.schedule_once()
+        # Cron runs still waiting for a slot past the lateness bound (at least every backstop).
+        watermark = scheduler.notify_late(
+            w.settings.cron_late_after_ms, late_watermark[0] if late_watermark else None
+        )
+        late_watermark[:] = [watermark]
+        return report.more or len(report.decisions) >= budgets.cron_page
 
     def cron_wait(backstop_s: float) -> bool:
         # Until the earliest occurrence (or a task change), on the clock the scheduler decides with.
         earliest, now = db.transaction(lambda tx: (schedules.earliest_fire_at(tx), tx.now_ms()), write=False)
         return db.wait_for(channels.SCHEDULES, _delay_s(earliest, now, backstop_s))
 
-    return w.loop("cron", cron_cycle, channels.SCHEDULES, budgets.cron_backstop_s, cron_wait)
+    def clean_stop() -> None:
+        # Drained on a clean stop: the next start opens a new epoch (docs/cron.md, "--on-start").
+        if started:
+            scheduler.clean_stop()
+
+    return LifecycleRunner(
+        "cron",
+        cron_cycle,
+        wake=cron_wait,
+        backstop_s=budgets.cron_backstop_s,
+        interrupt=lambda: w.wakeups.notify(channels.SCHEDULES),
+        on_drained=clean_stop,
+    )
 
 
 def _notifications_loop(w: _Wiring) -> LifecycleRunner:

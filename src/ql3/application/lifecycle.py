@@ -76,6 +76,7 @@ class LifecycleRunner:
         drain_timeout_s: float = 10.0,
         interrupt: Callable[[], None] | None = None,
         stuck_after_s: float | None = None,
+        on_drained: Callable[[], None] | None = None,
     ) -> None:
         if not 0.01 <= backstop_s <= 3600 or not 1 <= burst <= 10_000 or not 0 < drain_timeout_s <= 600:
             raise ValidationFailed("invalid lifecycle cadence", loop=name)
@@ -91,6 +92,7 @@ class LifecycleRunner:
         self._drain_timeout_s = drain_timeout_s
         self._interrupt = interrupt
         self._stuck_after_s = stuck_after_s
+        self._on_drained = on_drained
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.diagnostics: collections.deque[Diagnostic] = collections.deque(maxlen=MAX_DIAGNOSTICS)
@@ -131,6 +133,18 @@ class LifecycleRunner:
             )
             return False
         self._thread = None
+        if self._on_drained is not None:
+            try:
+                self._on_drained()
+            except Exception as exc:  # e.g. the database already closed: logged, the stop goes on
+                log.warning(
+                    "loop drain hook failed",
+                    extra={
+                        "action": "lifecycle.drain_hook_failed",
+                        "loop": self.name,
+                        "error": type(exc).__name__,
+                    },
+                )
         return True
 
     def health(self, now_monotonic: float | None = None) -> LoopHealth:

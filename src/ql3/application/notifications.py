@@ -235,6 +235,18 @@ def on_cancellation_blocked(tx: Transaction, run: Run, dispatch_version: int) ->
     )
 
 
+def on_cron_late(tx: Transaction, run_id: str, project_id: str, task_id: str, waited_ms: int) -> None:
+    """A cron run still queued (waiting for a slot) past the lateness bound (docs/cron.md)."""
+    _enqueue(
+        tx,
+        project_id=project_id,
+        task_id=task_id,
+        event="cron_late",
+        outcome_key=f"cron_late:{run_id}",
+        facts={"run_id": run_id, "status": "queued", "trigger": "cron", "waited_ms": waited_ms},
+    )
+
+
 def on_approval_requested(tx: Transaction, project_id: str, task_id: str, approval_id: str) -> None:
     _enqueue(
         tx,

@@ -191,6 +191,24 @@ class ItemGuard:
             )
         return result
 
+    def park_failure(self, item_kind: str, item_key: str, exc: Exception) -> None:
+        """Park an item whose handling failed inside a batch the loop committed without it (a
+        savepoint undid its part); a transient error is the caller's to raise, never parked."""
+        if LOOP_OF_KIND.get(item_kind) != self.loop:
+            raise ValidationFailed("the item kind is not this loop's", field="item_kind")
+        self._park(item_kind, item_key, exc)
+
+    def recovered(self, item_kind: str, item_key: str) -> None:
+        """An item handled inside a committed batch: un-park it if it was parked."""
+        parked = self._load()
+        if (item_kind, item_key) in parked:
+            self._db.transaction(lambda tx: repo.unpark(tx, item_kind=item_kind, item_key=item_key))
+            del parked[(item_kind, item_key)]
+            log.info(
+                "parked item recovered",
+                extra={"action": "loop.item_unparked", "loop": self.loop, "kind": item_kind, "key": item_key},
+            )
+
     def _park(self, item_kind: str, item_key: str, exc: Exception) -> None:
         reason, error_type = reason_of(exc)
         row = self._db.transaction(

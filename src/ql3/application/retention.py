@@ -220,6 +220,15 @@ class RetentionPruner:
             if pages >= self._max_pages:
                 more = True
                 return False
+            if policy.keep_days is not None:
+                # Skipped cron occurrences (docs/cron.md) are kept as long as the project's runs.
+                before = self._db.transaction(lambda tx: tx.now_ms(), write=False) - policy.keep_days * DAY_MS
+                skips = self._db.transaction(
+                    lambda tx: repo.delete_cron_skips_page(
+                        tx, project_id=policy.project_id, before_ms=before, limit=self._page
+                    )
+                )
+                more = more or skips >= self._page
             if policy.log_bytes_per_run is not None and self._logs is not None:
                 n, cut, left = self._cap_logs(policy, cursor)
                 pages += 1

@@ -102,7 +102,7 @@ PROFILES: Final[Mapping[str, ProfileBudgets]] = {
         cancel_pages=cancel_rules.DEFAULT_PAGES,
         timeout_page=16,
         expiry_page=16,
-        cron_page=16,
+        cron_page=128,
         approvals_page=16,
         max_slots=MAX_SLOTS,
         default_slots_per_cpu=2,
@@ -127,7 +127,7 @@ PROFILES: Final[Mapping[str, ProfileBudgets]] = {
         cancel_pages=2,
         timeout_page=8,
         expiry_page=8,
-        cron_page=4,
+        cron_page=32,
         approvals_page=8,
         max_slots=16,
         default_slots_per_cpu=1,
@@ -208,7 +208,15 @@ FENCE_MARGIN = EnvVar(
     " (at least 500 ms plus about 1 % of the run lease, which an unset margin is raised to;"
     " docs/reliability.md)",
 )
-ENV_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE, LOG_CAP, FENCE_MARGIN)
+CRON_LATE = EnvVar(
+    name="QL3_CRON_LATE_AFTER_MS",
+    default=300_000,
+    low=1_000,
+    high=86_400_000,
+    help="a cron run still queued (waiting for a free slot) this long after it was admitted raises a"
+    " cron_late notification (docs/cron.md)",
+)
+ENV_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE, LOG_CAP, FENCE_MARGIN, CRON_LATE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,6 +235,7 @@ class ServeSettings:
     notify_lease_ms: int = NOTIFY_LEASE.default
     log_cap_bytes: int = LOG_CAP.default
     fence_margin_ms: int = FENCE_MARGIN.default
+    cron_late_after_ms: int = CRON_LATE.default
     fault: str | None = None  # QL3_FAULT: crash injection for the fault tests only
     # Where notifications may go besides global addresses (--notify-allow, docs/notifications.md).
     egress: EgressPolicy = field(default_factory=EgressPolicy)
@@ -280,9 +289,15 @@ def load_serve_settings(
         url = check_database_url(environ["QL3_DATABASE_URL"], "QL3_DATABASE_URL")
     else:
         url = f"sqlite:///{home / 'ql3.db'}"
-    run_lease_ms, cancel_lease_ms, action_lease_ms, notify_lease_ms, log_cap_bytes, fence_margin_ms = (
-        var.parse(environ) for var in ENV_VARS
-    )
+    (
+        run_lease_ms,
+        cancel_lease_ms,
+        action_lease_ms,
+        notify_lease_ms,
+        log_cap_bytes,
+        fence_margin_ms,
+        cron_late_after_ms,
+    ) = (var.parse(environ) for var in ENV_VARS)
     if not environ.get(FENCE_MARGIN.name, "").strip():
         # Unset: the default, raised to the floor a long run lease needs (never refused for it).
         fence_margin_ms = max(FENCE_MARGIN.default, time_model.min_fence_margin_ms(run_lease_ms))
@@ -317,5 +332,6 @@ def load_serve_settings(
         notify_lease_ms=notify_lease_ms,
         log_cap_bytes=log_cap_bytes,
         fence_margin_ms=fence_margin_ms,
+        cron_late_after_ms=cron_late_after_ms,
         fault=environ.get("QL3_FAULT") or None,
     )

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ql3.application import auth
-from ql3.application.schedules import next_fire_at, sync_schedule
+from ql3.application.schedules import drop_due, next_fire_at, settle_due, sync_schedule
 from ql3.domain.digests import TASK_CONTENT_DOMAIN, canonical_json, keyed_digest
 from ql3.domain.errors import Conflict, NameTaken, NotFound, ValidationFailed
 from ql3.domain.ids import is_id, new_id
@@ -90,6 +90,8 @@ def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, 
     spec = build_new_spec(merged)
     if spec == current.spec:  # by value: a revision made before keyed digests compares the same way
         return current
+    # The occurrences already due are decided under the revision they came due with (docs/cron.md).
+    settle_due(tx, current)
     new_revision = current.task.revision + 1
     _insert_revision(tx, current.task.id, new_revision, spec)
     _update(tx, current.task, replace(current.task, revision=new_revision))
@@ -105,6 +107,8 @@ def _update(tx: Transaction, current: Task, new: Task) -> None:
 
 def set_enabled(tx: Transaction, project_id: str, ref: str, enabled: bool) -> TaskView:
     task = find_task(tx, project_id, ref)
+    if task.enabled and not enabled:
+        settle_due(tx, view(tx, task))  # what came due while enabled is decided before the disable
     if task.enabled != enabled:
         _update(tx, task, replace(task, enabled=enabled))
     changed = view(tx, find_task(tx, project_id, task.id))
@@ -115,8 +119,8 @@ def set_enabled(tx: Transaction, project_id: str, ref: str, enabled: bool) -> Ta
 def delete_task(tx: Transaction, project_id: str, ref: str) -> Task:
     """Soft delete: runs keep their pinned revisions; the name becomes free again."""
     task = find_task(tx, project_id, ref)
+    drop_due(tx, task, "deleted")  # occurrences due and not yet admitted are recorded as skipped
     task_store.delete_task(tx, task.id)
-    task_store.delete_schedule(tx, task.id)
     return task
 
 

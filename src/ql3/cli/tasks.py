@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from ql3.cli import human, output
@@ -27,6 +28,22 @@ from ql3.cli.errors import EXIT_OK, UsageError
 from ql3.domain import cronexplain
 
 TASK_COLUMNS = ("NAME", "ID", "REV", "ENABLED", "CRON", "OVERLAP")
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def duration_ms(text: str, what: str) -> int:
+    """``90s``, ``5m``, ``1h``, ``250ms`` or bare seconds; ``--random-delay`` also takes ``0-300s``."""
+    spec = text.strip()
+    if what == "--random-delay" and spec.startswith("0-"):
+        spec = spec[2:]
+    found = _DURATION_RE.match(spec)
+    if found is None:
+        raise UsageError(f"{what} {text!r}: not a duration (250ms, 90s, 5m, 1h)")
+    value = round(float(found.group(1)) * _UNIT_MS[found.group(2) or "s"])
+    if value > 3_600_000:
+        raise UsageError(f"{what} {text!r}: at most 1h")
+    return value
 
 
 def _base(args: argparse.Namespace) -> str:
@@ -51,6 +68,12 @@ def _show(task: dict[str, Any], as_json: bool, utc: bool = False) -> None:
             ("next_fire", human.when(task.get("next_fire_at_ms"), utc)),
             ("overlap", task.get("overlap")),
             ("misfire", task.get("misfire")),
+            ("misfire_grace", human.duration(task.get("misfire_grace_ms"))),
+            (
+                "random_delay",
+                human.duration(task.get("random_delay_ms")) if task.get("random_delay_ms") else None,
+            ),
+            ("on_start", True if task.get("on_start") else None),
             ("approval", task.get("approval")),
             ("timeout", human.duration(task.get("timeout_ms"))),
             ("grace", human.duration(task.get("grace_ms"))),
@@ -62,6 +85,17 @@ def _show(task: dict[str, Any], as_json: bool, utc: bool = False) -> None:
         ],
         status_key=None,
     )
+    skipped = task.get("skipped_occurrences") or []
+    if skipped:
+        output.line("skipped occurrences (newest first):")
+        for skip in skipped:
+            output.line(f"  {_skip_text(skip, utc)}")
+
+
+def _skip_text(skip: dict[str, Any], utc: bool) -> str:
+    first, last, n = skip["occurrence_ms"], skip["last_occurrence_ms"], skip["occurrences"]
+    span = human.when(first, utc) if n == 1 else f"{human.when(first, utc)} .. {human.when(last, utc)} ({n})"
+    return f"{span}  {skip['reason']}"
 
 
 def _spec_options(parser: Parser, *, editing: bool) -> None:
@@ -101,7 +135,25 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
     parser.add_argument(
         "--misfire",
         choices=("skip", "fire_once"),
-        help="cron occurrences missed beyond the 5 min grace: skip them, or run the oldest once",
+        help="cron occurrences missed beyond the grace: skip them (each one recorded), or run the oldest"
+        " one once",
+    )
+    parser.add_argument(
+        "--misfire-grace",
+        metavar="DURATION",
+        help="how late a cron occurrence may still start (default 5m, at most 1h; 0: only on time)",
+    )
+    parser.add_argument(
+        "--random-delay",
+        metavar="DURATION",
+        help="delay each cron occurrence by a random 0..DURATION (e.g. 0-300s; at most 1h), seeded by task"
+        " and occurrence so a restart does not re-roll it",
+    )
+    parser.add_argument(
+        "--on-start",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also run the task once each time the server starts (not again after a crash restart)",
     )
     parser.add_argument(
         "--approval", choices=("required", "none"), help="require an approval before each run"
@@ -143,6 +195,12 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         if args.grace < 0:
             raise UsageError("--grace must not be negative")
         body["grace_ms"] = round(args.grace * 1000)
+    if args.misfire_grace is not None:
+        body["misfire_grace_ms"] = duration_ms(args.misfire_grace, "--misfire-grace")
+    if args.random_delay is not None:
+        body["random_delay_ms"] = duration_ms(args.random_delay, "--random-delay")
+    if args.on_start is not None:
+        body["on_start"] = args.on_start
     if args.require is not None:
         body["require"] = key_values(args.require, "--require")
     if args.prefer is not None:

@@ -38,7 +38,9 @@ class TaskRevision:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskSchedule:
-    """A task's cron cursor: the revision and expression it follows and its next due time."""
+    """A task's cron cursor (docs/cron.md): the expression it follows, the occurrence it waits for
+    (``next_occurrence_ms``) and when that occurrence is due (``next_fire_at_ms``: the occurrence plus
+    its random delay; None while the task is disabled, the cursor then kept for the skip record)."""
 
     task_id: str
     project_id: str
@@ -48,6 +50,7 @@ class TaskSchedule:
     last_scheduled_at_ms: int | None
     state_version: int
     updated_at_ms: int
+    next_occurrence_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

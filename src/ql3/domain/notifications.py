@@ -32,6 +32,7 @@ EVENTS: Final = (
     "approval_requested",
     "succeeded",
     "script",
+    "cron_late",
     "test",
 )
 RULE_EVENTS: Final = frozenset(EVENTS) - {"test"}
@@ -39,6 +40,7 @@ RULE_EVENTS: Final = frozenset(EVENTS) - {"test"}
 DEFAULT_EVENTS: Final = (
     "approval_requested",
     "cancellation_blocked",
+    "cron_late",
     "failed",
     "lost",
     "script",
@@ -163,6 +165,7 @@ def title_for(event: str, project: str, task: str | None, script_title: object =
         "succeeded": f"ql3: {subject} succeeded",
         "cancellation_blocked": f"ql3: cancelling a run of {subject} is blocked",
         "approval_requested": f"ql3: {subject} waits for an approval",
+        "cron_late": f"ql3: a cron run of {subject} is still waiting for a slot",
         "test": f"ql3: test notification for {subject}",
     }[event]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,10 @@ MAX_ENV_TOTAL_BYTES: Final = 256 * 1024
 MAX_TIMEOUT_MS: Final = 7 * 24 * 3600 * 1000
 MAX_GRACE_MS: Final = 5 * 60 * 1000
 DEFAULT_GRACE_MS: Final = 5000
+# Cron (docs/cron.md): how late an occurrence may still start, and the per-occurrence random delay.
+DEFAULT_MISFIRE_GRACE_MS: Final = 5 * 60 * 1000
+MAX_MISFIRE_GRACE_MS: Final = 60 * 60 * 1000
+MAX_RANDOM_DELAY_MS: Final = 60 * 60 * 1000
 MAX_CWD_BYTES: Final = 4096
 MAX_PLACEMENT_ENTRIES: Final = 16
 MAX_ATTEMPTS: Final = 16
@@ -59,6 +64,9 @@ class TaskSpec:
     retry_safe: bool = False
     executor: str = "local_process"
     misfire: Literal["skip", "fire_once"] = "skip"
+    misfire_grace_ms: int = DEFAULT_MISFIRE_GRACE_MS
+    random_delay_ms: int = 0
+    on_start: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
@@ -91,6 +99,15 @@ def next_fire_ms(expr: str, after_ms: int) -> int:
     it = CronSim(expr, start)
     nxt: datetime = next(it)
     return int(nxt.timestamp() * 1000)
+
+
+def random_delay_ms(task_id: str, occurrence_ms: int, max_delay_ms: int) -> int:
+    """The delay of one occurrence, uniform in ``[0, max_delay_ms]`` and seeded by the task and the
+    occurrence: a restart, another replica or a second look computes the same delay."""
+    if max_delay_ms <= 0:
+        return 0
+    seed = hashlib.sha256(f"ql3.cron.delay.v1:{task_id}:{occurrence_ms}".encode()).digest()
+    return int.from_bytes(seed[:8], "big") % (max_delay_ms + 1)
 
 
 def _text(value: object, what: str, max_bytes: int) -> str:
@@ -252,6 +269,11 @@ def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
         retry_safe=_bool(raw.get("retry_safe", False), "retry_safe"),
         executor=executor,
         misfire=misfire,
+        misfire_grace_ms=_int(
+            raw.get("misfire_grace_ms", DEFAULT_MISFIRE_GRACE_MS), "misfire_grace_ms", 0, MAX_MISFIRE_GRACE_MS
+        ),
+        random_delay_ms=_int(raw.get("random_delay_ms", 0), "random_delay_ms", 0, MAX_RANDOM_DELAY_MS),
+        on_start=_bool(raw.get("on_start", False), "on_start"),
     )
 
 
@@ -276,4 +298,7 @@ def public_spec(spec: TaskSpec) -> dict[str, Any]:
         "retry_safe": spec.retry_safe,
         "executor": spec.executor,
         "misfire": spec.misfire,
+        "misfire_grace_ms": spec.misfire_grace_ms,
+        "random_delay_ms": spec.random_delay_ms,
+        "on_start": spec.on_start,
     }

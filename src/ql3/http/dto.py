@@ -112,6 +112,9 @@ class TaskSpecFields(Body):
     max_attempts: int | None = None
     retry_safe: bool | None = None
     misfire: Literal["skip", "fire_once"] | None = None
+    misfire_grace_ms: int | None = None
+    random_delay_ms: int | None = None
+    on_start: bool | None = None
 
 
 class TaskCreate(TaskSpecFields):
@@ -165,6 +168,21 @@ class PreferenceOut(BaseModel):
     weight: int
 
 
+class SkippedOccurrenceOut(BaseModel):
+    """Cron occurrences that did not become runs: one, or a range skipped together for one reason."""
+
+    occurrence_ms: int
+    last_occurrence_ms: int
+    occurrences: int
+    reason: str  # overlap | misfire | disabled | deleted
+    task_revision: int
+    recorded_at_ms: int
+
+
+class SkippedOccurrencePage(BaseModel):
+    items: list[SkippedOccurrenceOut]
+
+
 class TaskOut(BaseModel):
     id: str
     project_id: str
@@ -188,8 +206,13 @@ class TaskOut(BaseModel):
     retry_safe: bool
     executor: str
     misfire: str
+    misfire_grace_ms: int = 300_000
+    random_delay_ms: int = 0
+    on_start: bool = False
     next_fire_at_ms: int | None
-    next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, from next_fire_at_ms
+    next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, random delay included
+    # On a task's own page: its latest skipped cron occurrences, newest first (docs/cron.md).
+    skipped_occurrences: list[SkippedOccurrenceOut] = []
     # Shown only to roles that may edit the task or decide its approvals (docs/console.md).
     command_visible: bool = False
     command: str | None = None

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.security.utils import get_authorization_scheme_param
 
-from ql3.application import auth, metrics, outcome_metrics, parking, workers
+from ql3.application import auth, metrics, outcome_metrics, parking, schedules, workers
 from ql3.application.dispatch_reasons import DispatchReasons
 from ql3.application.outcome_metrics import DurationHistogram
 from ql3.domain.errors import Unauthenticated
@@ -50,6 +50,14 @@ def _registry(db: Database, loops: Sequence[Any], reasons: DispatchReasons | Non
             for (loop_name, reason), n in sorted(db.transaction(parking.counts, write=False).items()):
                 parked.add_metric([loop_name, reason], n)
             yield parked
+            skipped = GaugeMetricFamily(
+                "ql3_cron_skipped_occurrences",
+                "cron occurrences that did not become runs, on record (100 records a task), by reason",
+                labels=["reason"],
+            )
+            for reason, n in db.transaction(schedules.skipped_totals, write=False).items():
+                skipped.add_metric([reason], n)
+            yield skipped
             cycles = CounterMetricFamily(
                 "ql3_loop_cycles", "cycles run by each control loop", labels=["loop"]
             )

@@ -171,3 +171,10 @@ def delete_runs(tx: Transaction, run_ids: list[str], attempt_ids: list[str]) -> 
 def delete_outbox_page(tx: Transaction, *, before_ms: int, limit: int) -> int:
     """At most ``limit`` delivered or dead notifications last updated before ``before_ms``."""
     return tx.run("retention_outbox_prune", {"before_ms": before_ms, "limit": limit})
+
+
+def delete_cron_skips_page(tx: Transaction, *, project_id: str, before_ms: int, limit: int) -> int:
+    """At most ``limit`` of the project's skipped-occurrence records written before ``before_ms``."""
+    return tx.run(
+        "retention_cron_skips_prune", {"project_id": project_id, "before_ms": before_ms, "limit": limit}
+    )

@@ -143,6 +143,7 @@ def schedule_from_row(row: Row) -> TaskSchedule:
         last_scheduled_at_ms=opt_int(row["last_scheduled_at_ms"]),
         state_version=int(row["state_version"]),
         updated_at_ms=int(row["updated_at_ms"]),
+        next_occurrence_ms=opt_int(row["next_occurrence_ms"]),
     )
 
 
@@ -157,54 +158,202 @@ def lock_schedule(tx: Transaction, task_id: str) -> TaskSchedule | None:
     return None if row is None else schedule_from_row(row)
 
 
-def upsert_schedule(
+def write_schedule(
     tx: Transaction,
     *,
     task_id: str,
     project_id: str,
     task_revision: int,
     cron_expr: str,
-    next_fire_at_ms: int,
+    next_occurrence_ms: int,
+    next_fire_at_ms: int | None,
+    last_scheduled_at_ms: int | None = None,
 ) -> None:
-    """Create the task's schedule or point it at a new revision, expression and next fire time."""
+    """Create or move the task's cron cursor: the occurrence it waits for and when that is due (None:
+    paused while the task is disabled). ``last_scheduled_at_ms`` None keeps the stored one."""
     tx.run(
-        "schedule_upsert",
+        "schedule_write",
         {
             "task_id": task_id,
             "project_id": project_id,
             "task_revision": task_revision,
             "cron_expr": cron_expr,
             "next_fire_at_ms": next_fire_at_ms,
-            "now": tx.now_ms(),
-        },
-    )
-
-
-def delete_schedule(tx: Transaction, task_id: str) -> None:
-    tx.run("schedule_delete", {"task_id": task_id})
-
-
-def advance_schedule(
-    tx: Transaction, schedule: TaskSchedule, *, next_fire_at_ms: int, last_scheduled_at_ms: int
-) -> bool:
-    """Move the cursor, compare-and-set on the state version ``schedule`` was read at."""
-    count = tx.run(
-        "schedule_advance",
-        {
-            "task_id": schedule.task_id,
-            "expected_version": schedule.state_version,
-            "next_fire_at_ms": next_fire_at_ms,
+            "next_occurrence_ms": next_occurrence_ms,
             "last_scheduled_at_ms": last_scheduled_at_ms,
             "now": tx.now_ms(),
         },
     )
-    return count == 1
 
 
-def due_schedule_task_ids(tx: Transaction, *, now_ms: int, limit: int) -> list[str]:
-    """Tasks whose next fire time is at or before ``now_ms``, earliest first."""
-    found = tx.all("schedule_due_page", {"now": now_ms, "limit": limit})
-    return [str(row["task_id"]) for row in found]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CursorMove:
+    """One cursor's new position, written with the others of its page by ``move_schedules``."""
+
+    task_id: str
+    task_revision: int
+    next_occurrence_ms: int
+    next_fire_at_ms: int
+    last_scheduled_at_ms: int
+
+
+def move_schedules(tx: Transaction, moves: list[CursorMove]) -> int:
+    """Move a page of cursors (their rows held by this transaction) in one statement."""
+    if not moves:
+        return 0
+    body = json.dumps(
+        [
+            {
+                "task_id": m.task_id,
+                "task_revision": m.task_revision,
+                "next_occurrence_ms": m.next_occurrence_ms,
+                "next_fire_at_ms": m.next_fire_at_ms,
+                "last_scheduled_at_ms": m.last_scheduled_at_ms,
+            }
+            for m in moves
+        ]
+    )
+    return tx.run("schedule_move_page", {"moves": body, "now": tx.now_ms()})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DueSchedule:
+    """A due cursor read (and row-locked on PostgreSQL) with its task and the current revision's spec."""
+
+    schedule: TaskSchedule
+    task: Task | None  # None when the task is deleted
+    spec: dict[str, Any] | None
+
+
+def lock_due_page(tx: Transaction, *, now_ms: int, limit: int) -> list[DueSchedule]:
+    """A page of due schedules, earliest first, each with its task row and current spec, in one read;
+    on PostgreSQL the schedule rows stay locked until the transaction ends and rows another admitter
+    holds are skipped."""
+    out: list[DueSchedule] = []
+    for row in tx.all("schedule_lock_due_page", {"now": now_ms, "limit": limit}):
+        task = None
+        if row["t__deleted_at_ms"] is None:
+            task = Task(
+                id=row["task_id"],
+                project_id=row["t__project_id"],
+                name=row["t__name"],
+                enabled=bool(row["t__enabled"]),
+                revision=int(row["t__revision"]),
+                created_at_ms=int(row["t__created_at_ms"]),
+                updated_at_ms=int(row["t__updated_at_ms"]),
+            )
+        spec = None if row["r__spec_json"] is None else json.loads(row["r__spec_json"])
+        out.append(DueSchedule(schedule=schedule_from_row(row), task=task, spec=spec))
+    return out
+
+
+# -- skipped cron occurrences -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CronSkip:
+    """Occurrences of a task that did not become runs: one, or a range skipped together for one reason."""
+
+    task_id: str
+    project_id: str
+    task_revision: int
+    occurrence_ms: int
+    last_occurrence_ms: int
+    occurrences: int
+    reason: str
+    created_at_ms: int
+
+
+def _skip_from_row(row: Row) -> CronSkip:
+    return CronSkip(
+        task_id=row["task_id"],
+        project_id=row["project_id"],
+        task_revision=int(row["task_revision"]),
+        occurrence_ms=int(row["occurrence_ms"]),
+        last_occurrence_ms=int(row["last_occurrence_ms"]),
+        occurrences=int(row["occurrences"]),
+        reason=str(row["reason"]),
+        created_at_ms=int(row["created_at_ms"]),
+    )
+
+
+def last_skip(tx: Transaction, task_id: str) -> CronSkip | None:
+    row = tx.one("cron_skip_last", {"task_id": task_id})
+    return None if row is None else _skip_from_row(row)
+
+
+def insert_skip(tx: Transaction, skip: CronSkip) -> None:
+    params = {
+        "task_id": skip.task_id,
+        "occurrence_ms": skip.occurrence_ms,
+        "project_id": skip.project_id,
+        "task_revision": skip.task_revision,
+        "last_occurrence_ms": skip.last_occurrence_ms,
+        "occurrences": skip.occurrences,
+        "reason": skip.reason,
+        "now": skip.created_at_ms,
+    }
+    tx.run("cron_skip_insert", params)
+
+
+def extend_skip(
+    tx: Transaction, last: CronSkip, *, last_occurrence_ms: int, occurrences: int, task_revision: int
+) -> None:
+    params = {
+        "task_id": last.task_id,
+        "occurrence_ms": last.occurrence_ms,
+        "last_occurrence_ms": last_occurrence_ms,
+        "occurrences": occurrences,
+        "task_revision": task_revision,
+        "now": tx.now_ms(),
+    }
+    tx.run("cron_skip_extend", params)
+
+
+def trim_skips(tx: Transaction, task_id: str, *, keep: int) -> None:
+    tx.run("cron_skip_trim", {"task_id": task_id, "keep": keep})
+
+
+def list_skips(tx: Transaction, task_id: str, *, before_ms: int, limit: int) -> list[CronSkip]:
+    """Newest first."""
+    found = tx.all("cron_skip_list", {"task_id": task_id, "before": before_ms, "limit": limit})
+    return [_skip_from_row(row) for row in found]
+
+
+def skip_totals(tx: Transaction) -> dict[str, int]:
+    """Skipped occurrences recorded, by reason."""
+    return {str(row["reason"]): int(row["occurrences"]) for row in tx.all("cron_skip_totals")}
+
+
+def on_start_task_ids(tx: Transaction, *, after: str, limit: int) -> list[str]:
+    """Live enabled tasks whose current revision asks for a run at each server start, by id."""
+    # The spec is stored as compact JSON (insert_revision): the flag reads exactly so, and a string
+    # value cannot fake it (its quotes would be escaped).
+    params = {"after": after, "limit": limit, "pattern": '%"on_start":true%'}
+    return [str(row["id"]) for row in tx.all("cron_on_start_tasks", params)]
+
+
+def begin_start_epoch(tx: Transaction) -> int:
+    """Record a server start; the epoch it belongs to (unchanged after a crash, new after a clean stop)."""
+    tx.run("start_epoch_begin", {"now": tx.now_ms()})
+    row = tx.one("start_epoch_get")
+    assert row is not None  # written just now
+    return int(row["epoch"])
+
+
+def stop_start_epoch(tx: Transaction) -> None:
+    """Record a clean server stop."""
+    tx.run("start_epoch_stop", {"now": tx.now_ms()})
+
+
+def late_cron_runs(tx: Transaction, *, after: tuple[int, str], through_ms: int, limit: int) -> list[Row]:
+    """Cron runs still queued created after the ``(created_at_ms, id)`` cursor up to ``through_ms``."""
+    params = {"after_ms": after[0], "after_id": after[1], "through_ms": through_ms, "limit": limit}
+    return tx.all("cron_late_runs", params)
+
+
+def delete_schedule(tx: Transaction, task_id: str) -> None:
+    tx.run("schedule_delete", {"task_id": task_id})
 
 
 def earliest_fire_at(tx: Transaction) -> int | None:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from ql3.application import auth, run_queries, runs, task_revisions, tasks, workers
+from ql3.application import auth, run_queries, runs, schedules, task_revisions, tasks, workers
 from ql3.domain.auth import role_allows
 from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.domain.ids import is_id
@@ -25,6 +25,8 @@ from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import (
     RunCreate,
     RunOut,
+    SkippedOccurrenceOut,
+    SkippedOccurrencePage,
     TaskCreate,
     TaskCreated,
     TaskEdit,
@@ -44,14 +46,18 @@ COMMAND_READERS = ("task.write", "approval.decide")
 NEXT_FIRES_SHOWN = 5
 
 
-def _next_fires(cron: str | None, first_ms: int | None) -> list[int]:
-    """The stored next fire and the few after it, as the scheduler will compute them."""
-    if cron is None or first_ms is None:
+SKIPPED_SHOWN = 10
+
+
+def _next_fires(task_id: str, spec: TaskSpec, first_occurrence_ms: int | None) -> list[int]:
+    """When the cursor's occurrence and the few after it are due, as the scheduler will compute them
+    (each with its seeded random delay)."""
+    if spec.cron is None or first_occurrence_ms is None:
         return []
-    fires = [first_ms]
+    occurrences = [first_occurrence_ms]
     for _ in range(NEXT_FIRES_SHOWN - 1):
-        fires.append(next_fire_ms(cron, fires[-1]))
-    return fires
+        occurrences.append(next_fire_ms(spec.cron, occurrences[-1]))
+    return [schedules.due_at(task_id, occurrence, spec) for occurrence in occurrences]
 
 
 def may_see_command(tx: Transaction, principal: Principal, project: Project) -> bool:
@@ -124,8 +130,35 @@ def show_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> Ta
         reveal = may_see_command(tx, principal, found)
         found_view = tasks.view(tx, tasks.find_task(tx, found.id, task))
         out = task_out(found_view, reveal=reveal)
-        out.next_fires_at_ms = _next_fires(found_view.spec.cron, found_view.next_fire_at_ms)
+        task_id = found_view.task.id
+        out.next_fires_at_ms = _next_fires(
+            task_id, found_view.spec, schedules.next_occurrence_at(tx, task_id)
+        )
+        out.skipped_occurrences = _skipped(tx, task_id, SKIPPED_SHOWN)
         return out
+
+    return db.transaction(unit, write=False)
+
+
+def _skipped(tx: Transaction, task_id: str, limit: int) -> list[SkippedOccurrenceOut]:
+    found = schedules.list_skipped(tx, task_id, limit=limit)
+    return [SkippedOccurrenceOut.model_validate(schedules.skipped_view(s)) for s in found]
+
+
+@router.get("/{task}/skipped", response_model=SkippedOccurrencePage)
+def list_skipped(
+    project: str,
+    task: str,
+    db: DbDep,
+    principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=schedules.MAX_SKIP_PAGE)] = 50,
+) -> SkippedOccurrencePage:
+    """The task's cron occurrences that did not become runs, newest first, with their reason
+    (``overlap``, ``misfire``, ``disabled``, ``deleted``); at most 100 records a task are kept."""
+
+    def unit(tx: Transaction) -> SkippedOccurrencePage:
+        found = auth.authorize(tx, principal, project, "task.read")
+        return SkippedOccurrencePage(items=_skipped(tx, tasks.find_task(tx, found.id, task).id, limit))
 
     return db.transaction(unit, write=False)
 

@@ -146,6 +146,18 @@ COLUMN cancellation_dispatches.last_result text null=YES default=None
 COLUMN cancellation_dispatches.last_dispatched_at_ms bigint null=YES default=None
 COLUMN cancellation_dispatches.created_at_ms bigint null=NO default=None
 COLUMN cancellation_dispatches.updated_at_ms bigint null=NO default=None
+COLUMN cron_skips.task_id text null=NO default=None
+COLUMN cron_skips.occurrence_ms bigint null=NO default=None
+COLUMN cron_skips.project_id text null=NO default=None
+COLUMN cron_skips.task_revision integer null=NO default=None
+COLUMN cron_skips.last_occurrence_ms bigint null=NO default=None
+COLUMN cron_skips.occurrences integer null=NO default=None
+COLUMN cron_skips.reason text null=NO default=None
+COLUMN cron_skips.created_at_ms bigint null=NO default=None
+COLUMN cron_start_epoch.singleton integer null=NO default=None
+COLUMN cron_start_epoch.epoch integer null=NO default=None
+COLUMN cron_start_epoch.running integer null=NO default=None
+COLUMN cron_start_epoch.updated_at_ms bigint null=NO default=None
 COLUMN notification_channels.id text null=NO default=None
 COLUMN notification_channels.project_id text null=NO default=None
 COLUMN notification_channels.name text null=NO default=None
@@ -309,6 +321,7 @@ COLUMN task_schedules.next_fire_at_ms bigint null=YES default=None
 COLUMN task_schedules.last_scheduled_at_ms bigint null=YES default=None
 COLUMN task_schedules.state_version integer null=NO default=None
 COLUMN task_schedules.updated_at_ms bigint null=NO default=None
+COLUMN task_schedules.next_occurrence_ms bigint null=YES default=None
 COLUMN tasks.id text null=NO default=None
 COLUMN tasks.project_id text null=NO default=None
 COLUMN tasks.name text null=NO default=None
@@ -370,6 +383,9 @@ INDEX CREATE INDEX cancellation_dispatches_blocked ON public.cancellation_dispat
 INDEX CREATE INDEX cancellation_dispatches_due ON public.cancellation_dispatches USING btree (status, next_attempt_at_ms, run_id)
 INDEX CREATE UNIQUE INDEX cancellation_dispatches_pkey ON public.cancellation_dispatches USING btree (run_id)
 INDEX CREATE INDEX cancellation_dispatches_project ON public.cancellation_dispatches USING btree (project_id, status)
+INDEX CREATE UNIQUE INDEX cron_skips_pkey ON public.cron_skips USING btree (task_id, occurrence_ms)
+INDEX CREATE INDEX cron_skips_project ON public.cron_skips USING btree (project_id, created_at_ms)
+INDEX CREATE UNIQUE INDEX cron_start_epoch_pkey ON public.cron_start_epoch USING btree (singleton)
 INDEX CREATE UNIQUE INDEX notification_channels_pkey ON public.notification_channels USING btree (id)
 INDEX CREATE UNIQUE INDEX notification_channels_project_id_name_key ON public.notification_channels USING btree (project_id, name)
 INDEX CREATE UNIQUE INDEX notification_outbox_channel_id_outcome_key_key ON public.notification_outbox USING btree (channel_id, outcome_key)
@@ -568,6 +584,17 @@ CONSTRAINT cancellation_dispatches.cancellation_dispatches_pkey PRIMARY KEY (run
 CONSTRAINT cancellation_dispatches.cancellation_dispatches_project_id_run_id_fkey FOREIGN KEY (project_id, run_id) REFERENCES runs(project_id, id)
 CONSTRAINT cancellation_dispatches.cancellation_dispatches_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'leased'::text, 'retry_wait'::text, 'dispatched'::text, 'blocked'::text])))
 CONSTRAINT cancellation_dispatches.cancellation_dispatches_version_check CHECK ((version >= 0))
+CONSTRAINT cron_skips.cron_skips_check CHECK ((last_occurrence_ms >= occurrence_ms))
+CONSTRAINT cron_skips.cron_skips_occurrences_check CHECK ((occurrences >= 1))
+CONSTRAINT cron_skips.cron_skips_pkey PRIMARY KEY (task_id, occurrence_ms)
+CONSTRAINT cron_skips.cron_skips_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT cron_skips.cron_skips_reason_check CHECK ((reason = ANY (ARRAY['overlap'::text, 'misfire'::text, 'disabled'::text, 'deleted'::text])))
+CONSTRAINT cron_skips.cron_skips_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)
+CONSTRAINT cron_skips.cron_skips_task_revision_check CHECK ((task_revision >= 1))
+CONSTRAINT cron_start_epoch.cron_start_epoch_epoch_check CHECK ((epoch >= 1))
+CONSTRAINT cron_start_epoch.cron_start_epoch_pkey PRIMARY KEY (singleton)
+CONSTRAINT cron_start_epoch.cron_start_epoch_running_check CHECK ((running = ANY (ARRAY[0, 1])))
+CONSTRAINT cron_start_epoch.cron_start_epoch_singleton_check CHECK ((singleton = 1))
 CONSTRAINT notification_channels.notification_channels_check CHECK ((((kind = 'webhook'::text) AND (secret IS NOT NULL)) OR ((kind = 'apprise'::text) AND (secret IS NULL))))
 CONSTRAINT notification_channels.notification_channels_kind_check CHECK ((kind = ANY (ARRAY['webhook'::text, 'apprise'::text])))
 CONSTRAINT notification_channels.notification_channels_name_check CHECK (((length(name) >= 1) AND (length(name) <= 64)))

@@ -58,3 +58,9 @@ ORDER BY a.finished_at_ms, a.id LIMIT :limit
 DELETE FROM notification_outbox WHERE id IN (
   SELECT id FROM notification_outbox WHERE due_at_ms IS NULL AND updated_at_ms < :before_ms
   ORDER BY updated_at_ms, id LIMIT :limit)
+
+-- name: retention_cron_skips_prune
+-- desc: Deletes a page of a project's skipped-occurrence records recorded before a time.
+DELETE FROM cron_skips WHERE (task_id, occurrence_ms) IN (
+  SELECT task_id, occurrence_ms FROM cron_skips WHERE project_id = :project_id AND created_at_ms < :before_ms
+  ORDER BY created_at_ms LIMIT :limit)

@@ -73,3 +73,27 @@ LEFT JOIN run_attempts a ON a.id = :attempt_id AND :run_id IS NOT NULL
 LEFT JOIN run_leases l ON l.attempt_id = :attempt_id
 LEFT JOIN workers w ON w.worker_id = :worker_id
 LEFT JOIN task_revisions v ON :with_revision = 1 AND v.task_id = r.task_id AND v.revision = r.task_revision
+
+-- name: schedule_lock_due_page
+-- desc: A page of due schedules with their tasks' rows, earliest first (BEGIN IMMEDIATE serialises admitters).
+SELECT s.*, t.name AS t__name, t.enabled AS t__enabled, t.revision AS t__revision, t.created_at_ms AS t__created_at_ms,
+  t.updated_at_ms AS t__updated_at_ms, t.deleted_at_ms AS t__deleted_at_ms, t.project_id AS t__project_id,
+  r.spec_json AS r__spec_json
+FROM task_schedules s JOIN tasks t ON t.id = s.task_id
+LEFT JOIN task_revisions r ON r.task_id = t.id AND r.revision = t.revision
+WHERE s.next_fire_at_ms IS NOT NULL AND s.next_fire_at_ms <= :now
+  AND NOT EXISTS (SELECT 1 FROM parked_items k WHERE k.item_kind = 'schedule' AND k.item_key = s.task_id
+    AND k.next_retry_at_ms > :now)
+ORDER BY s.next_fire_at_ms, s.task_id LIMIT :limit
+
+-- name: schedule_move_page
+-- desc: Moves a page of cron cursors at once (a JSON array of task id, revision, occurrence, due and last decided).
+UPDATE task_schedules SET task_revision = m.task_revision, next_occurrence_ms = m.next_occurrence_ms,
+  next_fire_at_ms = m.next_fire_at_ms, last_scheduled_at_ms = m.last_scheduled_at_ms,
+  state_version = state_version + 1, updated_at_ms = :now
+FROM (SELECT json_extract(value, '$.task_id') AS task_id, json_extract(value, '$.task_revision') AS task_revision,
+    json_extract(value, '$.next_occurrence_ms') AS next_occurrence_ms,
+    json_extract(value, '$.next_fire_at_ms') AS next_fire_at_ms,
+    json_extract(value, '$.last_scheduled_at_ms') AS last_scheduled_at_ms
+  FROM json_each(:moves)) AS m
+WHERE task_schedules.task_id = m.task_id
