@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import auth, tasks
+from ql3.application import auth
 from ql3.application.parking import UNEXPECTED, ItemGuard, Parked, is_transient
 from ql3.domain import leases as lease_rules
 from ql3.domain import notifications as rules
@@ -33,6 +33,7 @@ from ql3.ports.notifications import NotificationSender
 from ql3.ports.storage import Database, Transaction
 from ql3.repositories import notifications as repo
 from ql3.repositories import runs as run_store
+from ql3.repositories import tasks as task_store
 from ql3.repositories.notifications import ChannelView as ChannelView
 from ql3.repositories.notifications import Delivery as Delivery
 from ql3.repositories.notifications import OutboxMessage
@@ -359,7 +360,8 @@ def send_from_script(
     facts: dict[str, Any] = {"run_id": run.id, "title": title_text, "message": body_text, "link": link}
     if log is not None and log.lines > 0:
         # The task's env values and the run's own tokens never leave in an excerpt.
-        env = tasks.get_revision(tx, run.task_id, run.task_revision).spec.get("env") or {}
+        revision = task_store.get_revision(tx, run.task_id, run.task_revision)
+        env = (revision.spec.get("env") if revision is not None else None) or {}
         secrets = [str(v) for v in env.values()] + [token, f"{rules.NOTIFY_TOKEN_PREFIX}{attempt.id}.{token}"]
         facts["log"] = rules.log_excerpt(log.data, log.lines, secrets, whole=log.whole)
         facts = rules.fit_payload(facts, "log")
