@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
 from typing import Any
 
 from ql3.cli import human, output
@@ -23,7 +24,7 @@ from ql3.cli.common import (
     wants_utc,
 )
 from ql3.cli.errors import EXIT_OK, UsageError
-from ql3.domain import cronexplain
+from ql3.domain import cronexplain, timezones
 
 TASK_COLUMNS = ("NAME", "ID", "REV", "ENABLED", "CRON", "OVERLAP")
 
@@ -46,8 +47,9 @@ def _show(task: dict[str, Any], as_json: bool, utc: bool = False) -> None:
             ("id", task["id"]),
             ("revision", task["revision"]),
             ("enabled", task["enabled"]),
-            ("cron", f"{task['cron']} (UTC)" if task.get("cron") else None),
-            ("next_fire", human.when(task.get("next_fire_at_ms"), utc)),
+            ("cron", _cron_text(task)),
+            ("next_fire", _fire_text(task, task.get("next_fire_at_ms"), utc)),
+            *[("then", _fire_text(task, ms, utc)) for ms in task.get("next_fires_at_ms", [])[1:]],
             ("overlap", task.get("overlap")),
             ("misfire", task.get("misfire")),
             ("approval", task.get("approval")),
@@ -63,9 +65,38 @@ def _show(task: dict[str, Any], as_json: bool, utc: bool = False) -> None:
     )
 
 
+def _cron_text(task: dict[str, Any]) -> str | None:
+    """The fields and the zone they are read in: ``0 8 * * * (Asia/Shanghai)``."""
+    cron = task.get("cron")
+    if not cron:
+        return None
+    return f"{timezones.split_cron(cron)[1]} ({task.get('tz') or timezones.DEFAULT_ZONE})"
+
+
+def _fire_text(task: dict[str, Any], ms: object, utc: bool) -> str | None:
+    """A fire time in the viewer's zone (or UTC), and in the task's zone when that differs."""
+    if not isinstance(ms, int):
+        return None
+    shown = human.when(ms, utc)
+    zone_name = str(task.get("tz") or timezones.DEFAULT_ZONE)
+    own = datetime.fromtimestamp(ms / 1000, tz=timezones.zone(zone_name)).strftime(human.TIME_FORMAT)
+    if own == human.when(ms, utc, label=False):
+        return shown
+    return f"{shown} ({own} {zone_name})"
+
+
 def _spec_options(parser: Parser, *, editing: bool) -> None:
     parser.add_argument(
-        "--cron", metavar="EXPR", help="five-field cron expression in UTC: minute hour day month weekday"
+        "--cron",
+        metavar="EXPR",
+        help="cron expression: minute hour day month weekday, or six fields with seconds first (at"
+        " most every 10 s); read in --tz, a CRON_TZ=ZONE prefix or the project's zone (else UTC)",
+    )
+    parser.add_argument(
+        "--tz",
+        metavar="ZONE",
+        help="IANA time zone the cron is read in, e.g. Asia/Shanghai"
+        + ("; moves the current schedule too" if editing else " (default: the project's zone, else UTC)"),
     )
     parser.add_argument(
         "--cwd", metavar="DIR", help=f"absolute working directory (default: {DEFAULT_CWD_TEXT})"
@@ -132,6 +163,11 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         if reason is not None:  # the server says the same; checked here to name the option
             raise UsageError(f"--cron {args.cron!r}: {reason}", code="validation_failed")
         body["cron"] = args.cron
+    if args.tz is not None:
+        problem = timezones.zone_problem(args.tz)
+        if problem is not None:
+            raise UsageError(f"--tz: {problem}", code="validation_failed")
+        body["tz"] = args.tz
     if args.cwd is not None:
         body["cwd"] = args.cwd
     if args.env is not None:

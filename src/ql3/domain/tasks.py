@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final, Literal
 
 from cronsim import CronSim
 
-from ql3.domain import cronexplain
+from ql3.domain import cronexplain, timezones
 from ql3.domain.digests import canonical_json, domain_digest
 from ql3.domain.errors import RetrySafetyRequired, ValidationFailed
 
@@ -76,19 +76,28 @@ def validate_name(name: object, what: str = "name") -> str:
 
 
 def validate_cron(expr: object) -> str:
-    """Five-field cron in UTC; macros (``@daily``) are refused so the schedule is always explicit."""
+    """Five fields, or six with seconds first, in UTC or behind a ``CRON_TZ=ZONE`` prefix; macros
+    (``@daily``) are refused so the schedule is always explicit. Normalised to single spaces."""
     if not isinstance(expr, str) or len(expr) > 256:
         raise ValidationFailed("invalid cron expression", field="cron")
     reason = cronexplain.explain(expr)
     if reason is not None:
         raise ValidationFailed(f"invalid cron expression: {reason}", field="cron")
-    return " ".join(expr.split())
+    zone_name, body = timezones.split_cron(expr)
+    return timezones.join_cron(zone_name, body)
 
 
 def next_fire_ms(expr: str, after_ms: int) -> int:
-    """The first occurrence of ``expr`` strictly after ``after_ms`` (UTC)."""
-    start = datetime.fromtimestamp(after_ms / 1000, tz=UTC)
-    it = CronSim(expr, start)
+    """The first occurrence of ``expr`` strictly after ``after_ms``, evaluated as wall-clock time in
+    the expression's zone (UTC without a ``CRON_TZ=`` prefix). Daylight saving (docs/tasks.md), as
+    cronsim does it after Debian cron: a five-field schedule at fixed times (neither its minute nor its
+    hour field starts with ``*``) follows the wall clock: a time skipped by a forward jump fires once
+    at the first instant after the jump, a time repeated by a backward jump fires once (first pass).
+    Other schedules (``*/30 * * * *``, six fields) follow elapsed time: nothing fires in a skipped
+    hour, and a repeated hour fires in both passes."""
+    zone_name, body = timezones.split_cron(expr)
+    start = datetime.fromtimestamp(after_ms / 1000, tz=timezones.zone(zone_name or timezones.DEFAULT_ZONE))
+    it = CronSim(body, start)
     nxt: datetime = next(it)
     return int(nxt.timestamp() * 1000)
 
@@ -263,6 +272,7 @@ def public_spec(spec: TaskSpec) -> dict[str, Any]:
     """What management surfaces may show: never the command, cwd or env values."""
     return {
         "cron": spec.cron,
+        "tz": timezones.zone_of(spec.cron),
         "env_keys": sorted(spec.env),
         "has_cwd": spec.cwd is not None,
         "environment_policy": spec.environment_policy,

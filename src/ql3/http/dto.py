@@ -112,6 +112,8 @@ class TaskSpecFields(Body):
     max_attempts: int | None = None
     retry_safe: bool | None = None
     misfire: Literal["skip", "fire_once"] | None = None
+    # The zone the cron is evaluated in (an IANA name); stored as the cron's CRON_TZ= prefix.
+    tz: str | None = Field(default=None, json_schema_extra={"minLength": 1, "maxLength": 64})
 
 
 class TaskCreate(TaskSpecFields):
@@ -121,7 +123,7 @@ class TaskCreate(TaskSpecFields):
 
     def spec(self) -> dict[str, Any]:
         """The raw spec for ``build_spec``: only what the client sent, defaults left to the domain."""
-        return self.model_dump(exclude_unset=True, exclude_none=True, exclude={"name", "enabled"})
+        return self.model_dump(exclude_unset=True, exclude_none=True, exclude={"name", "enabled", "tz"})
 
 
 class TaskEdit(TaskSpecFields):
@@ -129,7 +131,7 @@ class TaskEdit(TaskSpecFields):
 
     def changes(self) -> dict[str, Any]:
         """Fields the client sent; an explicit null clears an optional field (cron, cwd, env...)."""
-        return self.model_dump(exclude_unset=True)
+        return self.model_dump(exclude_unset=True, exclude={"tz"})
 
 
 class RunCreate(Body):
@@ -175,6 +177,7 @@ class TaskOut(BaseModel):
     created_at_ms: int
     updated_at_ms: int
     cron: str | None
+    tz: str  # the zone the cron is evaluated in (UTC without a CRON_TZ= prefix)
     env_keys: list[str]
     has_cwd: bool
     environment_policy: str
@@ -190,6 +193,7 @@ class TaskOut(BaseModel):
     misfire: str
     next_fire_at_ms: int | None
     next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, from next_fire_at_ms
+    next_fires_local: list[str] = []  # the same instants as wall time in the task's zone (ISO 8601)
     # Shown only to roles that may edit the task or decide its approvals (docs/console.md).
     command_visible: bool = False
     command: str | None = None

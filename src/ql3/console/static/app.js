@@ -301,6 +301,13 @@
     return d.toLocaleString(lang === "zh" ? "zh-CN" : undefined, { hour12: false });
   }
 
+  // A fire's wall time in the task's own zone, when that is not what the viewer already sees.
+  function zoneTime(task, i) {
+    const local = (task.next_fires_local || [])[i];
+    if (!local || (utc && task.tz === "UTC")) return null;
+    return el("span", { class: "muted zone-time", text: " · " + local.slice(0, 16).replace("T", " ") + " " + task.tz });
+  }
+
   function relTime(ms) {
     const diff = ms - Date.now();
     const abs = Math.abs(diff);
@@ -775,9 +782,11 @@
         [t("cwd"), cwdView(task)],
         [t("env_keys"), task.env_keys.length ? el("code", { text: task.env_keys.join(", ") }) : t("none")],
         [t("revision"), "r" + task.revision],
-        [t("cron"), task.cron ? el("code", { text: task.cron }) : t("none")],
+        [t("cron"), task.cron ? el("span", {}, el("code", { text: task.cron.replace(/^CRON_TZ=\S+\s+/, "") }), " ",
+          el("span", { class: "muted", id: "task-tz", text: "(" + task.tz + ")" })) : t("none")],
         [t("next_fire"), (task.next_fires_at_ms || []).length
-          ? el("ol", { class: "timeline", id: "next-fires" }, task.next_fires_at_ms.map((ms) => el("li", {}, when(ms))))
+          ? el("ol", { class: "timeline", id: "next-fires" }, task.next_fires_at_ms.map((ms, i) => el("li", {}, when(ms),
+            zoneTime(task, i))))
           : task.next_fire_at_ms ? when(task.next_fire_at_ms) : null],
         [t("timeout"), seconds(task.timeout_ms)],
         [t("grace"), seconds(task.grace_ms)],

@@ -188,6 +188,9 @@ COLUMN principals.disabled_at_ms bigint null=YES default=None
 COLUMN principals.expires_at_ms bigint null=YES default=None
 COLUMN principals.token_issued_at_ms bigint null=YES default=None
 COLUMN principals.last_used_at_ms bigint null=YES default=None
+COLUMN project_settings.project_id text null=NO default=None
+COLUMN project_settings.default_tz text null=YES default=None
+COLUMN project_settings.updated_at_ms bigint null=NO default=None
 COLUMN projects.id text null=NO default=None
 COLUMN projects.name text null=NO default=None
 COLUMN projects.version bigint null=NO default=None
@@ -363,6 +366,7 @@ INDEX CREATE UNIQUE INDEX parked_items_pkey ON public.parked_items USING btree (
 INDEX CREATE INDEX parked_items_project ON public.parked_items USING btree (project_id, last_failed_at_ms) WHERE (project_id IS NOT NULL)
 INDEX CREATE UNIQUE INDEX principals_pkey ON public.principals USING btree (id)
 INDEX CREATE UNIQUE INDEX principals_token_digest_key ON public.principals USING btree (token_digest)
+INDEX CREATE UNIQUE INDEX project_settings_pkey ON public.project_settings USING btree (project_id)
 INDEX CREATE UNIQUE INDEX projects_name_key ON public.projects USING btree (name)
 INDEX CREATE UNIQUE INDEX projects_pkey ON public.projects USING btree (id)
 INDEX CREATE UNIQUE INDEX ql3_clock_pkey ON public.ql3_clock USING btree (singleton)
@@ -577,6 +581,9 @@ CONSTRAINT principals.principals_is_owner_check CHECK ((is_owner = ANY (ARRAY[0,
 CONSTRAINT principals.principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'service'::text, 'worker'::text])))
 CONSTRAINT principals.principals_pkey PRIMARY KEY (id)
 CONSTRAINT principals.principals_token_digest_key UNIQUE (token_digest)
+CONSTRAINT project_settings.project_settings_default_tz_check CHECK (((default_tz IS NULL) OR ((length(default_tz) >= 1) AND (length(default_tz) <= 64))))
+CONSTRAINT project_settings.project_settings_pkey PRIMARY KEY (project_id)
+CONSTRAINT project_settings.project_settings_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT projects.projects_name_key UNIQUE (name)
 CONSTRAINT projects.projects_pkey PRIMARY KEY (id)
 CONSTRAINT projects.projects_version_check CHECK ((version >= 1))

@@ -1,0 +1,56 @@
+"""A QingLong user's daily workflow through the CLI against one real server (issue 30): crons in the
+project's time zone, shown in the task's zone and the viewer's; bad zones exit 64 and change nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.server import Server
+
+pytestmark = pytest.mark.slow
+UTC_VIEWER = {"TZ": "UTC"}
+
+
+def test_a_project_zone_makes_a_migrated_cron_fire_in_that_zone(shared_server: Server) -> None:
+    # Given the project's zone set to China's, as a QingLong panel's
+    shared_server.cli_json("project", "set", "--tz", "Asia/Shanghai")
+
+    # When a migrated 08:00 cron is added
+    task = shared_server.cli_json("task", "add", "checkin", "--command", "true", "--cron", "0 8 * * *")
+    shown = shared_server.cli("task", "show", "checkin", env=UTC_VIEWER)
+    settings = shared_server.cli_json("project", "show")
+    shared_server.cli_json("project", "set", "--no-tz")
+
+    # Then it fires at 08:00 in Shanghai, shown in the viewer's zone (UTC here) and the task's
+    assert (task["cron"], task["tz"]) == ("CRON_TZ=Asia/Shanghai 0 8 * * *", "Asia/Shanghai")
+    assert settings == {"default_tz": "Asia/Shanghai"}
+    assert "0 8 * * * (Asia/Shanghai)" in shown.stdout
+    assert "00:00:00 UTC (" in shown.stdout and "08:00:00 Asia/Shanghai)" in shown.stdout
+
+
+def test_a_task_zone_and_six_fields_from_the_command_line(shared_server: Server) -> None:
+    task = shared_server.cli_json(
+        "task", "add", "sixfield", "--command", "true", "--cron", "30 0 8 * * *", "--tz", "Europe/Berlin"
+    )
+    moved = shared_server.cli_json("task", "edit", "sixfield", "--tz", "Asia/Tokyo")
+
+    assert task["cron"] == "CRON_TZ=Europe/Berlin 30 0 8 * * *"
+    assert (moved["cron"], moved["revision"]) == ("CRON_TZ=Asia/Tokyo 30 0 8 * * *", 2)
+
+
+def test_bad_zones_exit_64_and_change_nothing(shared_server: Server) -> None:
+    bad = [
+        ["task", "add", "badzone", "--command", "true", "--cron", "0 8 * * *", "--tz", "Mars/Olympus"],
+        ["task", "add", "badzone", "--command", "true", "--cron", "*/5 * * * * *"],
+        ["project", "set", "--tz", "../../etc/passwd"],
+        ["project", "set"],
+    ]
+
+    done = [shared_server.cli(*args) for args in bad]
+
+    assert [d.returncode for d in done] == [64] * len(bad), [d.stderr for d in done]
+    assert "unknown time zone 'Mars/Olympus'" in done[0].stderr
+    assert "every 10 s" in done[1].stderr
+    names = [t["name"] for t in shared_server.cli_json("task", "list")["items"]]
+    assert "badzone" not in names
+    assert shared_server.cli_json("project", "show")["default_tz"] is None
