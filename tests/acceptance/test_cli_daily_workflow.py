@@ -1,5 +1,6 @@
 """A QingLong user's daily workflow through the CLI against one real server (issue 30): crons in the
-project's time zone, shown in the task's zone and the viewer's; bad zones exit 64 and change nothing."""
+project's time zone, shown in the task's zone and the viewer's; task names in Chinese; durations such
+as 1h30m; bad input exits 64 and changes nothing."""
 
 from __future__ import annotations
 
@@ -38,8 +39,24 @@ def test_a_task_zone_and_six_fields_from_the_command_line(shared_server: Server)
     assert (moved["cron"], moved["revision"]) == ("CRON_TZ=Asia/Tokyo 30 0 8 * * *", 2)
 
 
-def test_bad_zones_exit_64_and_change_nothing(shared_server: Server) -> None:
+def test_a_chinese_name_with_durations_in_units(shared_server: Server) -> None:
+    added = shared_server.cli_json(
+        "task", "add", "京东 签到", "--command", "true", "--timeout", "1h30m", "--grace", "10s"
+    )
+    edited = shared_server.cli_json("task", "edit", "京东 签到", "--timeout", "10m")
+    shown = shared_server.cli("task", "show", "京东 签到")
+    recent = shared_server.cli_json("run", "list", "--since", "1h30m")
+
+    assert (added["name"], added["timeout_ms"], added["grace_ms"]) == ("京东 签到", 5_400_000, 10_000)
+    assert edited["timeout_ms"] == 600_000
+    assert "10m" in shown.stdout and "京东 签到" in shown.stdout
+    assert recent["items"] == []
+
+
+def test_bad_input_exits_64_and_changes_nothing(shared_server: Server) -> None:
     bad = [
+        ["task", "add", "badzone", "--command", "true", "--timeout", "90 minutes"],
+        ["task", "add", "bad/zone", "--command", "true"],
         ["task", "add", "badzone", "--command", "true", "--cron", "0 8 * * *", "--tz", "Mars/Olympus"],
         ["task", "add", "badzone", "--command", "true", "--cron", "*/5 * * * * *"],
         ["project", "set", "--tz", "../../etc/passwd"],
@@ -49,8 +66,10 @@ def test_bad_zones_exit_64_and_change_nothing(shared_server: Server) -> None:
     done = [shared_server.cli(*args) for args in bad]
 
     assert [d.returncode for d in done] == [64] * len(bad), [d.stderr for d in done]
-    assert "unknown time zone 'Mars/Olympus'" in done[0].stderr
-    assert "every 10 s" in done[1].stderr
+    assert "1h30m" in done[0].stderr
+    assert "without '/'" in done[1].stderr
+    assert "unknown time zone 'Mars/Olympus'" in done[2].stderr
+    assert "every 10 s" in done[3].stderr
     names = [t["name"] for t in shared_server.cli_json("task", "list")["items"]]
-    assert "badzone" not in names
+    assert "badzone" not in names and "bad/zone" not in names
     assert shared_server.cli_json("project", "show")["default_tz"] is None

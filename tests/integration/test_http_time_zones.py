@@ -12,11 +12,11 @@ SETTINGS = "/api/v1/projects/default/settings"
 def test_a_task_in_a_zone_shows_its_zone_and_wall_clock_fires(client: Any, owner: Any) -> None:
     created = client.post(
         TASKS,
-        json={"name": "morning", "command": "true", "cron": "0 8 * * *", "tz": "Asia/Shanghai"},
+        json={"name": "早报", "command": "true", "cron": "0 8 * * *", "tz": "Asia/Shanghai"},
         headers=owner,
     )
 
-    shown = client.get(f"{TASKS}/morning", headers=owner).json()
+    shown = client.get(f"{TASKS}/早报", headers=owner).json()
 
     assert created.status_code == 201, created.text
     assert (shown["cron"], shown["tz"]) == ("CRON_TZ=Asia/Shanghai 0 8 * * *", "Asia/Shanghai")

@@ -12,7 +12,7 @@ from ql3.domain.digests import TASK_CONTENT_DOMAIN, canonical_json, keyed_digest
 from ql3.domain.errors import Conflict, NameTaken, NotFound, ValidationFailed
 from ql3.domain.ids import is_id, new_id
 from ql3.domain.model import Task, TaskRevision
-from ql3.domain.tasks import TaskSpec, build_new_spec, build_spec, validate_name
+from ql3.domain.tasks import TaskSpec, build_new_spec, build_spec, validate_task_name
 from ql3.domain.timezones import join_cron, split_cron, validate_zone
 from ql3.ports.storage import Transaction
 from ql3.repositories import project_settings
@@ -98,7 +98,7 @@ def create_task(
 ) -> TaskView:
     """A new task at revision 1. Its cron is evaluated in ``tz``, its ``CRON_TZ=`` prefix, or the
     project's default zone, in that order (UTC when none is set)."""
-    validate_name(name)
+    validate_task_name(name)
     raw = dict(raw_spec)
     if raw.get("cron") is not None or tz is not None:
         raw["cron"] = zoned_cron(raw.get("cron"), tz, project_settings.get_default_zone(tx, project_id))

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from ql3.cli import human, output, watch
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json, wants_utc
+from ql3.cli.common import Parser, Subparsers, add_command, duration_s, project_flag, wants_json, wants_utc
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
 from ql3.domain import cancellation as rules
 from ql3.domain.errors import ValidationFailed
@@ -249,7 +249,11 @@ def register(subparsers: Subparsers) -> None:
         "--wait", action="store_true", help="wait until the run has stopped (see the exit status below)"
     )
     cancel.add_argument(
-        "--timeout-wait", type=float, default=None, metavar="S", help="with --wait: give up after S seconds"
+        "--timeout-wait",
+        type=duration_s,
+        default=None,
+        metavar="DURATION",
+        help="with --wait: give up after DURATION (30, 2m)",
     )
 
     add_command(
@@ -287,6 +291,10 @@ def register(subparsers: Subparsers) -> None:
         help="dispatch.lastResult from inspect: " + ", ".join(sorted(rules.BLOCKING_RESULTS)),
     )
     rearm.add_argument(
-        "--delay", type=float, required=True, metavar="S", help="seconds until the retry (1-86400)"
+        "--delay",
+        type=duration_s,
+        required=True,
+        metavar="DURATION",
+        help="time until the retry (1s-1d: 30, 5m, 1h)",
     )
     rearm.add_argument("--mutation-id", default=None, metavar="ID", help="repeat one to replay its receipt")

@@ -12,7 +12,7 @@ import time
 
 from ql3.cli import output
 from ql3.cli.client import ApiClient, seg
-from ql3.cli.common import Parser, Subparsers, add_command, project_flag, wants_json
+from ql3.cli.common import Parser, Subparsers, add_command, duration_s, project_flag, wants_json
 from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
 
 EPILOG = """\
@@ -186,4 +186,6 @@ def register(subparsers: Subparsers) -> None:
 
     test = add_command(actions, "test", cmd_test, "send a test message and wait for its delivery", proj)
     test.add_argument("channel", metavar="CHANNEL")
-    test.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (default 30)")
+    test.add_argument(
+        "--timeout", type=duration_s, default=30.0, metavar="DURATION", help="time to wait (default 30s)"
+    )

@@ -12,6 +12,7 @@ from ql3.cli.common import (
     Parser,
     Subparsers,
     add_command,
+    duration_s,
     key_values,
     next_page_hint,
     positive_int,
@@ -107,8 +108,12 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
         metavar="K=V",
         help="environment variable (repeatable)" + ("; replaces the whole mapping" if editing else ""),
     )
-    parser.add_argument("--timeout", type=float, metavar="S", help="timeout in seconds")
-    parser.add_argument("--grace", type=float, metavar="S", help="seconds between TERM and KILL (default 5)")
+    parser.add_argument(
+        "--timeout", type=duration_s, metavar="DURATION", help="timeout: seconds or 90s, 10m, 1h30m"
+    )
+    parser.add_argument(
+        "--grace", type=duration_s, metavar="DURATION", help="time between TERM and KILL (default 5s)"
+    )
     parser.add_argument(
         "--require",
         action="append",

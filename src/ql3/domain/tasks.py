@@ -15,6 +15,14 @@ from ql3.domain.digests import canonical_json, domain_digest
 from ql3.domain.errors import RetrySafetyRequired, ValidationFailed
 
 NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Task names (docs/tasks.md "Names"): any script, as QingLong users name their scripts in Chinese.
+MAX_TASK_NAME_CHARS: Final = 128
+TASK_NAME_RULE: Final = (
+    f"a task name is 1-{MAX_TASK_NAME_CHARS} printable characters in any script, without '/',"
+    " control characters or leading/trailing spaces, not starting with '-', and not '.' or '..'"
+)
+# The same rule as JSON Schema can state it (isprintable's other refusals are checked in code).
+TASK_NAME_RE: Final = re.compile(r"^(?![-\s])(?!\.{1,2}$)[^/\x00-\x1f\x7f]{1,128}(?<!\s)$")
 ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 LABEL_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 MAX_COMMAND_BYTES: Final = 128 * 1024
@@ -72,6 +80,18 @@ class TaskSpec:
 def validate_name(name: object, what: str = "name") -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise ValidationFailed(f"invalid {what}", field=what)
+    return name
+
+
+def validate_task_name(name: object) -> str:
+    """A task's name (``TASK_NAME_RULE``); the error states the rule."""
+    if (
+        not isinstance(name, str)
+        or not TASK_NAME_RE.fullmatch(name)
+        or not name.isprintable()
+        or len(name) > MAX_TASK_NAME_CHARS
+    ):
+        raise ValidationFailed(f"invalid name: {TASK_NAME_RULE}", field="name")
     return name
 
 

@@ -16,7 +16,7 @@ from ql3.application.run_queries import RunRow, trigger_of
 from ql3.application.tasks import TaskView
 from ql3.domain.ids import UUID_PATTERN
 from ql3.domain.model import Project, Run, RunEvent
-from ql3.domain.tasks import NAME_RE, public_spec
+from ql3.domain.tasks import MAX_TASK_NAME_CHARS, NAME_RE, TASK_NAME_RE, public_spec
 
 # -- requests -------------------------------------------------------------------------------------
 
@@ -24,6 +24,7 @@ from ql3.domain.tasks import NAME_RE, public_spec
 # so its 422s keep their ``details.field``). A rule JSON Schema cannot state (cron syntax...) is named
 # in the 422 description instead.
 NAME_SCHEMA: Final[dict[str, Any]] = {"pattern": NAME_RE.pattern}
+TASK_NAME_SCHEMA: Final[dict[str, Any]] = {"pattern": TASK_NAME_RE.pattern, "maxLength": MAX_TASK_NAME_CHARS}
 COMMAND_SCHEMA: Final[dict[str, Any]] = {"pattern": r"\S"}
 
 
@@ -117,7 +118,7 @@ class TaskSpecFields(Body):
 
 
 class TaskCreate(TaskSpecFields):
-    name: str = Field(json_schema_extra=NAME_SCHEMA)
+    name: str = Field(json_schema_extra=TASK_NAME_SCHEMA)
     command: str = Field(json_schema_extra=COMMAND_SCHEMA)
     enabled: bool = True
 

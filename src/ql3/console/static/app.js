@@ -50,7 +50,8 @@
       misfire: "Misfire", max_attempts: "Max attempts", none: "none", revisions: "Revisions", run_history: "Run history",
       first_revision: "first revision", no_change: "no change", save: "Save", create: "Create", cancel_edit: "Back",
       env_lines: "Env (KEY=VALUE per line)", env_keep: "Leave empty to keep the current env ({keys}); lines replace it.",
-      require: "Require labels (k=v, comma-separated)", timeout_s: "Timeout (s)", grace_s: "Grace (s)",
+      require: "Require labels (k=v, comma-separated)", timeout_s: "Timeout (90, 5m, 1h30m)", grace_s: "Grace (5s)",
+      bad_duration: "{field}: write seconds (90) or units such as 90s, 5m, 1h30m",
       delete_confirm: "Delete task {name}? Its runs stay.", deleted: "Task {name} deleted.",
       created_task: "Task {name} created.", published: "Revision {rev} published: {changes}.", unchanged: "Nothing changed.",
       run: "Run", task: "Task", status: "Status", trigger: "Trigger", attempt: "Attempt", created: "Created",
@@ -118,7 +119,8 @@
       misfire: "错过触发", max_attempts: "最大尝试次数", none: "无", revisions: "版本历史", run_history: "运行历史",
       first_revision: "首个版本", no_change: "无变化", save: "保存", create: "创建", cancel_edit: "返回",
       env_lines: "环境变量（每行 KEY=VALUE）", env_keep: "留空则保留当前环境变量（{keys}）；填写则整体替换。",
-      require: "要求标签（k=v，逗号分隔）", timeout_s: "超时（秒）", grace_s: "宽限期（秒）",
+      require: "要求标签（k=v，逗号分隔）", timeout_s: "超时（90、5m、1h30m）", grace_s: "宽限期（5s）",
+      bad_duration: "{field}：请写秒数（90）或 90s、5m、1h30m 这样的时长",
       delete_confirm: "删除任务 {name}？其运行记录会保留。", deleted: "任务 {name} 已删除。", created_task: "任务 {name} 已创建。",
       published: "已发布版本 {rev}：{changes}。", unchanged: "没有变化。",
       run: "运行", task: "任务", status: "状态", trigger: "触发方式", attempt: "尝试", created: "创建时间",
@@ -329,6 +331,34 @@
   function whenRel(ms) {
     if (typeof ms !== "number" || ms <= 0) return "";
     return el("time", { datetime: new Date(ms).toISOString(), title: absTime(ms), text: relTime(ms) });
+  }
+
+  // Durations as the CLI takes them (docs/tasks.md "Durations"): 90, 2.5, 90s, 5m, 1h30m, 2d, 500ms.
+  const DURATION_UNITS = { w: 604800e3, d: 86400e3, h: 3600e3, m: 60e3, s: 1e3, ms: 1 };
+  function parseDuration(text) {
+    const s = String(text).trim().replace(/([a-z])\s+/g, "$1");
+    if (/^\d+(\.\d+)?$/.test(s)) return Math.round(Number(s) * 1000);
+    const order = Object.keys(DURATION_UNITS), re = /(\d+(?:\.\d+)?)(ms|[wdhms])/y;
+    let total = 0, last = -1, m;
+    while ((m = re.exec(s)) !== null) {
+      const unit = order.indexOf(m[2]);
+      if (unit <= last) return NaN;
+      total += Number(m[1]) * DURATION_UNITS[m[2]];
+      last = unit;
+      if (re.lastIndex === s.length) return Math.round(total);
+    }
+    return NaN;
+  }
+
+  function durationInput(ms) {
+    if (typeof ms !== "number") return "";
+    if (ms % 1000) return String(ms / 1000);
+    const parts = [];
+    let rest = ms / 1000;
+    for (const [unit, size] of [["h", 3600], ["m", 60], ["s", 1]]) {
+      if (rest >= size) { parts.push(Math.floor(rest / size) + unit); rest %= size; }
+    }
+    return parts.join("") || "0";
   }
 
   function duration(ms) {
@@ -824,13 +854,13 @@
     const select = (name, options, value) => el("select", { name: name },
       options.map((o) => el("option", { value: o, text: lbl(kinds[name], o), selected: o === value })));
     const f = {
-      name: input("name", cloneRef && base ? base.name + "-copy" : "", { required: true, pattern: "[A-Za-z0-9][A-Za-z0-9._\\-]*", maxlength: 128 }),
+      name: input("name", cloneRef && base ? base.name + "-copy" : "", { required: true, pattern: "[^\\/\\-\\s][^\\/]*", maxlength: 128 }),
       command: el("textarea", { name: "command", rows: 3, required: true }),
       cron: input("cron", base ? base.cron : "", { placeholder: "0 3 * * *" }),
       cwd: input("cwd", base && base.command_visible ? base.cwd : "", { placeholder: "/srv/app" }),
       env: el("textarea", { name: "env", rows: 2, placeholder: editing ? t("env_keep", { keys: base.env_keys.join(", ") || t("none") }) : "KEY=VALUE" }),
-      timeout: input("timeout", base && base.timeout_ms ? base.timeout_ms / 1000 : "", { type: "number", min: 1, step: "any" }),
-      grace: input("grace", base ? base.grace_ms / 1000 : 5, { type: "number", min: 0, step: "any" }),
+      timeout: input("timeout", base && base.timeout_ms ? durationInput(base.timeout_ms) : "", { placeholder: "1h30m" }),
+      grace: input("grace", base ? durationInput(base.grace_ms) : "5s", { placeholder: "5s" }),
       max_attempts: input("max_attempts", base ? base.max_attempts : 1, { type: "number", min: 1, max: 100 }),
       require: input("require", base ? Object.entries(base.require).map(([k, v]) => k + "=" + v).join(",") : "", { placeholder: "zone=eu" }),
       overlap: select("overlap", ["allow", "skip", "cancel_previous"], base ? base.overlap : "allow"),
@@ -853,13 +883,17 @@
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       try {
-        const timeout = f.timeout.value.trim() ? Math.round(Number(f.timeout.value) * 1000) : null;
+        const timeout = f.timeout.value.trim() ? parseDuration(f.timeout.value) : null;
+        const grace = f.grace.value.trim() ? parseDuration(f.grace.value) : 0;
+        for (const [key, v] of [["timeout_s", timeout], ["grace_s", grace]]) {
+          if (Number.isNaN(v)) throw new Error(t("bad_duration", { field: t(key) }));
+        }
         const spec = {
           command: f.command.value,
           cron: f.cron.value.trim() || null,
           cwd: f.cwd.value.trim() || null,
           timeout_ms: timeout,
-          grace_ms: Math.round(Number(f.grace.value || 0) * 1000),
+          grace_ms: grace,
           max_attempts: Number(f.max_attempts.value || 1),
           require: parsePairs(f.require.value, ","),
           overlap: f.overlap.value, misfire: f.misfire.value, approval: f.approval.value,
