@@ -27,6 +27,7 @@ from typing import Final
 from ql3.application import lease_claims, leases, workers
 from ql3.application.dispatcher import build_plan, candidate_plan
 from ql3.application.tasks import get_revision
+from ql3.application.variables import SharedEnvironments
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, domain_digest
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
@@ -154,14 +155,18 @@ def _offer(lease: leases.Lease, req: PullRequest, spec: ExecutionSpec) -> Offer:
     )
 
 
-def _rebuild(tx: Transaction, lease: leases.Lease, req: PullRequest) -> Offer:
+def _rebuild(
+    tx: Transaction, lease: leases.Lease, req: PullRequest, shared: SharedEnvironments | None
+) -> Offer:
     """The identical offer of a live lease, for a retry whose first response was lost."""
     if (lease.worker_session_id, lease.worker_generation) != (req.session_id, req.generation):
         raise OfferConflict(reason="offer_session_mismatch")
     run = run_repo.get_run(tx, lease.run_id)
     if run is None:
         raise OfferConflict(reason="offer_run_missing")
-    spec, _ = build_plan(tx, lease.run_id, lease.attempt_id, run.project_id, run.task_id, run.task_revision)
+    spec, _ = build_plan(
+        tx, lease.run_id, lease.attempt_id, run.project_id, run.task_id, run.task_revision, shared
+    )
     return _offer(lease, req, spec)
 
 
@@ -177,8 +182,10 @@ class PullService:
         budget: PullBudget | None = None,
         counters: Callable[[tuple[str, ...]], dict[str, int]] | None = None,
         wait_past: Callable[[dict[str, int], float], bool] | None = None,
+        shared: SharedEnvironments | None = None,
     ) -> None:
         self._db = db
+        self._shared = shared  # the project variables put in offers (docs/variables.md)
         self.budget = budget or PullBudget()
         notifier = getattr(db, "notifier", None)
         self._counters = counters or (notifier.counters if notifier is not None else None)
@@ -252,7 +259,7 @@ class PullService:
             _check_session(tx, req)
             live = _find_live(tx, req.worker_id, digest)
             if live is not None:
-                return _rebuild(tx, live, req), None, "replayed", None
+                return _rebuild(tx, live, req, self._shared), None, "replayed", None
             if replay_only:
                 return None, None, "not_live", None
             snap = workers.snapshot_one(tx, worker_id=req.worker_id)
@@ -294,12 +301,12 @@ class PullService:
                 try:
                     task_spec = self._spec(cand.task_id, cand.task_revision)
                     placement = effective_placement("local_process", task_spec.require, task_spec.prefer)
+                    if not rank(placement, [snapshot]):
+                        reason = "no_match"
+                        continue
+                    spec = candidate_plan(task_spec, cand, cand.attempt_id, self._shared)
                 except Ql3Error:
                     reason = "plans_unavailable"
-                    continue
-                spec = candidate_plan(task_spec, cand, cand.attempt_id)
-                if not rank(placement, [snapshot]):
-                    reason = "no_match"
                     continue
                 outcome = self._db.transaction(
                     partial(self._claim, req=req, cand=cand, attempt_id=cand.attempt_id, digest=digest)
@@ -332,7 +339,7 @@ class PullService:
             return lease_claims.RunClaim(status="worker_unavailable")
         live = _find_live(tx, req.worker_id, digest)
         if live is not None:
-            return _rebuild(tx, live, req)
+            return _rebuild(tx, live, req, self._shared)
         return lease_claims.claim(
             tx,
             run_id=cand.run_id,

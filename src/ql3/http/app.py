@@ -25,7 +25,9 @@ from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHea
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
+from ql3.http.routes import variables as variable_routes
 from ql3.http.run_intake import StartRunFastPath
+from ql3.ports.secrets import SecretBox
 from ql3.ports.storage import Database
 
 log = logging.getLogger("ql3.http")
@@ -132,13 +134,15 @@ def create_app(
     logs_root: Path | None = None,
     extensions: Sequence[Extension] = (),
     schema_version: int | None = None,
+    secret_box: SecretBox | None = None,
 ) -> FastAPI:
     """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
 
     ``logs_root`` is the directory of the per-attempt log files this server can read (the embedded
     worker's); without it the logs route serves only logs shipped to the database by remote workers.
     ``schema_version``: the migration this binary expects; /readyz is 503 ``schema_mismatch`` while
-    the database's applied version differs (None: not checked).
+    the database's applied version differs (None: not checked). ``secret_box`` seals project
+    secrets (docs/variables.md); without one, secrets are refused (503 ``secrets_unavailable``).
     """
     components = tuple(lifecycle)
 
@@ -164,6 +168,7 @@ def create_app(
     )
     app.state.db = db
     app.state.logs_root = logs_root
+    app.state.secret_box = secret_box
     errors.install(app)
     # Starlette wraps later additions around earlier ones.
     app.add_middleware(StartRunFastPath, db=db)  # innermost: inside the cap, the 500 and the headers
@@ -212,6 +217,7 @@ def create_app(
         lookup.router,
         notification_routes.router,
         parking_routes.router,
+        variable_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     for extension in extensions:
