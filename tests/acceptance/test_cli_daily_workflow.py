@@ -73,3 +73,32 @@ def test_bad_input_exits_64_and_changes_nothing(shared_server: Server) -> None:
     names = [t["name"] for t in shared_server.cli_json("task", "list")["items"]]
     assert "badzone" not in names and "bad/zone" not in names
     assert shared_server.cli_json("project", "show")["default_tz"] is None
+
+
+def test_project_variables_and_a_secret_reach_a_run_and_the_secret_is_never_shown(
+    shared_server: Server,
+) -> None:
+    # Given a variable, a secret and a task whose own env overrides one of them
+    shared_server.cli_json("env", "set", "GREETING", "你好", "--note", "shown")
+    shared_server.cli_json("env", "set", "REGION", "project")
+    shared_server.cli_json("env", "set", "JD_COOKIE", "pt_key=s3cr3t;", "--secret")
+    shared_server.cli_json(
+        "task", "add", "签到", "--command", 'echo "$GREETING $REGION $JD_COOKIE"', "--env", "REGION=task"
+    )
+
+    # When it runs
+    run = shared_server.cli_json("run", "start", "签到", "--wait")
+    logs = shared_server.cli("run", "logs", run["id"])
+    listed = shared_server.cli("env", "list")
+    listed_json = shared_server.cli_json("env", "list")
+
+    # Then it saw the project's values under its own, and no listing shows the secret
+    assert run["status"] == "succeeded", run
+    assert "你好 task pt_key=s3cr3t;" in logs.stdout
+    assert "s3cr3t" not in listed.stdout and "(secret)" in listed.stdout
+    assert "s3cr3t" not in str(listed_json)
+    key = shared_server.home / "variables.key"
+    assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_size == 32
+    for stored in shared_server.home.glob("ql3.db*"):  # the database, its WAL: sealed only
+        assert b"s3cr3t" not in stored.read_bytes(), stored
+    assert "s3cr3t" not in shared_server.log_path.read_text(errors="replace")

@@ -105,7 +105,7 @@ def test_a_qinglong_export_imports_all_or_none(harness: Harness) -> None:
 
     imported = harness.db.transaction(lambda tx: variables.import_variables(tx, project, items, BOX))
     listed = harness.db.transaction(lambda tx: variables.list_variables(tx, project, reveal=True))
-    broken = items + [SetVariable(name="bad-name", value="x")]
+    broken = [*items, SetVariable(name="bad-name", value="x")]
     with pytest.raises(ValidationFailed):
         harness.db.transaction(lambda tx: variables.import_variables(tx, project, broken, BOX))
 
