@@ -22,7 +22,17 @@ from tests.support.waits import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "console-overview.png"
-PAGES = ("#/", "#/tasks", "#/runs", "#/approvals", "#/actions", "#/cancellations", "#/workers", "#/tokens")
+PAGES = (
+    "#/",
+    "#/tasks",
+    "#/variables",
+    "#/runs",
+    "#/approvals",
+    "#/actions",
+    "#/cancellations",
+    "#/workers",
+    "#/tokens",
+)
 RUN_STATUSES = (
     "created",
     "queued",

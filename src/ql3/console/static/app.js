@@ -31,7 +31,13 @@
   const I18N = {
     en: {
       menu: "Menu", nav_overview: "Overview", nav_tasks: "Tasks", nav_runs: "Runs", nav_approvals: "Approvals",
-      nav_workers: "Workers", nav_tokens: "Tokens", project: "Project", sign_out: "Sign out", keep: "Keep",
+      nav_workers: "Workers", nav_tokens: "Tokens", nav_variables: "Variables",
+      value: "Value", secret: "secret", hidden: "hidden",
+      no_variables: "No variables.", set_variable: "Save variable", secret_write_only: "Secret (write-only, encrypted)",
+      variables_help: "Every task of the project gets the enabled variables in its environment; a task's own value wins. A secret is never shown again.",
+      var_delete_confirm: "Delete variable {name}? Tasks no longer get it.", var_deleted: "Variable {name} deleted.",
+      var_saved: "Variable {name} saved.", import_variables: "Import", import_help: "KEY=VALUE lines or QingLong's env export (JSON)",
+      import_as_secrets: "Import as secrets", var_imported: "{n} variables imported.", project: "Project", sign_out: "Sign out", keep: "Keep",
       offline: "The server is unreachable; what you see may be stale.",
       sign_in: "Sign in", token: "Token", sign_in_hint: "Paste a bearer token. The owner's token is in $QL3_HOME/credentials; `ql3 token create` makes more.",
       signed_in_as: "Signed in as {name} ({role})", signed_in_role: "Signed in ({role})",
@@ -102,7 +108,13 @@
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
-      nav_workers: "工作节点", nav_tokens: "令牌", project: "项目", sign_out: "退出", keep: "保留",
+      nav_workers: "工作节点", nav_tokens: "令牌", nav_variables: "环境变量",
+      value: "值", secret: "密钥", hidden: "已隐藏",
+      no_variables: "没有环境变量。", set_variable: "保存变量", secret_write_only: "密钥（只写，加密保存）",
+      variables_help: "项目的每个任务都会在环境中获得已启用的变量；任务自己的值优先。密钥保存后不再显示。",
+      var_delete_confirm: "删除变量 {name}？任务将不再获得它。", var_deleted: "变量 {name} 已删除。",
+      var_saved: "变量 {name} 已保存。", import_variables: "导入", import_help: "KEY=VALUE 行或青龙导出的环境变量（JSON）",
+      import_as_secrets: "作为密钥导入", var_imported: "已导入 {n} 个变量。", project: "项目", sign_out: "退出", keep: "保留",
       offline: "无法连接服务器；页面内容可能已过时。",
       sign_in: "登录", token: "令牌", sign_in_hint: "粘贴访问令牌。所有者令牌在 $QL3_HOME/credentials；用 `ql3 token create` 创建更多。",
       signed_in_as: "已登录：{name}（{role}）", signed_in_role: "已登录（{role}）",
@@ -542,6 +554,7 @@
       cancellations: () => pageCancellations(view, mine),
       workers: () => pageWorkers(view, mine),
       tokens: () => pageTokens(view, mine),
+      variables: () => pageVariables(view, mine),
     };
     try {
       if (!me.role) await loadIdentity();
@@ -1728,6 +1741,74 @@
       } catch (e) { fail(e); }
     });
     put(view, el("h1", { text: t("nav_tokens") }), el("section", {}, form, shown), el("section", {}, holder));
+  }
+
+  // --- project variables and secrets (docs/variables.md) ----------------------------------------------
+  async function pageVariables(view, mine) {
+    const page = await get(pp("/variables"));
+    if (!current(mine)) return;
+    const editable = can("task.write");
+    const holder = el("div");
+    const redraw = async () => { const again = await get(pp("/variables")); if (current(mine)) draw(again.items); };
+    const draw = (items) => put(holder, table([t("name"), t("value"), t("state"), t("note"), t("updated"), t("actions")],
+      items.map((v) => ({
+        id: v.name,
+        cells: [
+          el("code", { text: v.name }),
+          v.secret ? badge("secret", t("secret")) : v.value === null ? el("span", { class: "muted", text: t("hidden") })
+            : el("code", { class: "value", text: v.value }),
+          v.enabled ? badge("enabled", t("enabled")) : badge("disabled", t("disabled")),
+          v.note, when(v.updated_at_ms),
+          editable ? btn(t("delete"), async () => {
+            if (!(await confirmAction(t("var_delete_confirm", { name: v.name }), t("delete")))) return;
+            try { await request("DELETE", pp("/variables/" + enc(v.name))); say(t("var_deleted", { name: v.name })); await redraw(); } catch (e) { fail(e); }
+          }, "danger") : "",
+        ],
+      })), t("no_variables"), t("nav_variables")));
+    draw(page.items);
+    const sections = [el("p", { class: "muted", text: t("variables_help") })];
+    if (editable) {
+      const f = {
+        name: el("input", { name: "var_name", required: true, maxlength: 128, pattern: "[A-Za-z_][A-Za-z0-9_]*", placeholder: "JD_COOKIE", autocomplete: "off" }),
+        value: el("textarea", { name: "var_value", rows: 2, autocomplete: "off", spellcheck: "false" }),
+        note: el("input", { name: "var_note", maxlength: 256 }),
+        secret: el("input", { type: "checkbox", name: "var_secret" }),
+        enabled: el("input", { type: "checkbox", name: "var_enabled", checked: true }),
+      };
+      const form = el("form", { class: "task", id: "variable-form", "aria-label": t("set_variable") },
+        el("label", {}, t("name"), f.name), el("label", {}, t("note"), f.note),
+        el("label", { class: "wide" }, t("value"), f.value),
+        el("label", { class: "check" }, f.secret, t("secret_write_only")),
+        el("label", { class: "check" }, f.enabled, t("enabled")),
+        el("p", { class: "actions wide" }, el("button", { type: "submit", class: "primary", text: t("set_variable") })));
+      form.addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        try {
+          const name = f.name.value.trim();
+          await request("PUT", pp("/variables/" + enc(name)), { value: f.value.value, secret: f.secret.checked, enabled: f.enabled.checked, note: f.note.value });
+          f.value.value = "";
+          say(t("var_saved", { name }));
+          await redraw();
+        } catch (e) { fail(e); }
+      });
+      const text = el("textarea", { name: "import_text", rows: 3, placeholder: "KEY=VALUE", spellcheck: "false" });
+      const secret = el("input", { type: "checkbox", name: "import_secret" });
+      const importer = el("form", { class: "task", id: "variable-import", "aria-label": t("import_variables") },
+        el("label", { class: "wide" }, t("import_help"), text),
+        el("label", { class: "check" }, secret, t("import_as_secrets")),
+        el("p", { class: "actions wide" }, el("button", { type: "submit", text: t("import_variables") })));
+      importer.addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        try {
+          const res = await post(pp("/variables/import"), { text: text.value, secret: secret.checked });
+          text.value = "";
+          say(t("var_imported", { n: res.body.imported }));
+          await redraw();
+        } catch (e) { fail(e); }
+      });
+      sections.push(form, importer);
+    }
+    put(view, el("h1", { text: t("nav_variables") }), el("section", {}, sections), el("section", {}, holder));
   }
 
   // --- chrome: language, time zone, menu, project, sign out ------------------------------------------
