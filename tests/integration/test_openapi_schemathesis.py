@@ -63,6 +63,10 @@ UNSTATABLE_RULES = (
     ("PATCH", f"{P}/tasks/{{task}}", "cron syntax, an absolute cwd, byte limits of UTF-8 text"),
     ("POST", f"{P}/tasks/{{task}}/runs", "rerun_of names an earlier run of this task"),
     ("POST", f"{P}/runs/{{run_id}}/cancellation/rearm", "the dispatch's current blocking result"),
+    ("PUT", f"{P}/settings", "a time zone this host knows"),
+    ("PUT", f"{P}/variables/{{name}}", "a variable name, NUL-free text within byte limits, the totals"),
+    ("DELETE", f"{P}/variables/{{name}}", "a variable name"),
+    ("POST", f"{P}/variables/import", "KEY=VALUE lines or a QingLong JSON export"),
 )
 
 
