@@ -57,8 +57,8 @@ def test_bad_input_gets_422_and_writes_nothing(vclient: Any, owner: Any, counts:
         vclient.put(f"{VARS}/1BAD", json={"value": "x"}, headers=owner),
         vclient.put(f"{VARS}/OK", json={"value": "x" * (64 * 1024 + 1)}, headers=owner),
         vclient.put(f"{VARS}/OK", json={"value": "x", "note": "bell\u0007"}, headers=owner),
-        vclient.post(f"{VARS}/import", json={"text": "A=1\nnot a line\n"}, headers=owner),
-        vclient.post(f"{VARS}/import", json={"text": '[{"name": "A", "value": 1}]'}, headers=owner),
+        vclient.post(VARS, json={"text": "A=1\nnot a line\n"}, headers=owner),
+        vclient.post(VARS, json={"text": '[{"name": "A", "value": 1}]'}, headers=owner),
     ]
 
     for resp in answers:
@@ -71,12 +71,12 @@ def test_bad_input_gets_422_and_writes_nothing(vclient: Any, owner: Any, counts:
 
 def test_import_takes_key_value_lines_and_a_qinglong_export(vclient: Any, owner: Any) -> None:
     lines = vclient.post(
-        f"{VARS}/import",
+        VARS,
         json={"text": "# comment\nexport A='1'\nB=\"two words\"\n", "secret": True},
         headers=owner,
     )
     qinglong = vclient.post(
-        f"{VARS}/import",
+        VARS,
         json={"text": '[{"name": "C", "value": "3", "remarks": "备注", "status": 1}]'},
         headers=owner,
     )

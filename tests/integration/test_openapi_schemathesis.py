@@ -66,7 +66,7 @@ UNSTATABLE_RULES = (
     ("PUT", f"{P}/settings", "a time zone this host knows"),
     ("PUT", f"{P}/variables/{{name}}", "a variable name, NUL-free text within byte limits, the totals"),
     ("DELETE", f"{P}/variables/{{name}}", "a variable name"),
-    ("POST", f"{P}/variables/import", "KEY=VALUE lines or a QingLong JSON export"),
+    ("POST", f"{P}/variables", "KEY=VALUE lines or a QingLong JSON export"),
 )
 
 

@@ -98,20 +98,20 @@ def preferences(values: list[str] | None) -> list[dict[str, Any]]:
     return out
 
 
-def seconds_to_ms(value: float | None, what: str) -> int | None:
-    if value is None:
-        return None
-    if value != value or value <= 0 or value > 10**9:  # NaN or out of range
-        raise UsageError(f"{what} must be a positive duration (90, 90s, 5m, 1h30m)")
-    return max(1, round(value * 1000))
-
-
 def duration_s(text: str) -> float:
     """An argparse type: seconds from ``90``, ``2.5``, ``90s``, ``5m``, ``1h30m``... (docs/tasks.md)."""
     try:
         return parse_duration_ms(text) / 1000
     except ValidationFailed as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("invalid duration ")) from None
+
+
+def duration_ms(text: str, what: str) -> int:
+    """Milliseconds from a duration option's text; a usage error (exit 64) naming the forms."""
+    try:
+        return parse_duration_ms(text)
+    except ValidationFailed as exc:
+        raise UsageError(f"{what} {str(exc).removeprefix('invalid duration ')}") from None
 
 
 def positive_int(text: str) -> int:

@@ -78,7 +78,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     except UnicodeDecodeError:
         raise UsageError(f"{args.file} is not UTF-8 text") from None
     with ApiClient.from_environment() as api:
-        _, result = api.call("POST", f"{_base(args)}/import", json={"text": text, "secret": args.secret})
+        _, result = api.call("POST", _base(args), json={"text": text, "secret": args.secret})
     if wants_json(args):
         output.emit_json(result)
     else:

@@ -12,14 +12,13 @@ from ql3.cli.common import (
     Parser,
     Subparsers,
     add_command,
-    duration_s,
+    duration_ms,
     key_values,
     next_page_hint,
     positive_int,
     preferences,
     project_flag,
     quiet_flag,
-    seconds_to_ms,
     wants_json,
     wants_quiet,
     wants_utc,
@@ -108,12 +107,8 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
         metavar="K=V",
         help="environment variable (repeatable)" + ("; replaces the whole mapping" if editing else ""),
     )
-    parser.add_argument(
-        "--timeout", type=duration_s, metavar="DURATION", help="timeout: seconds or 90s, 10m, 1h30m"
-    )
-    parser.add_argument(
-        "--grace", type=duration_s, metavar="DURATION", help="time between TERM and KILL (default 5s)"
-    )
+    parser.add_argument("--timeout", metavar="DURATION", help="timeout: seconds or 90s, 10m, 1h30m")
+    parser.add_argument("--grace", metavar="DURATION", help="time between TERM and KILL (default 5s)")
     parser.add_argument(
         "--require",
         action="append",
@@ -178,11 +173,12 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     if args.env is not None:
         body["env"] = key_values(args.env, "--env")
     if args.timeout is not None:
-        body["timeout_ms"] = seconds_to_ms(args.timeout, "--timeout")
+        timeout_ms = duration_ms(args.timeout, "--timeout")
+        if timeout_ms < 1:
+            raise UsageError("--timeout must be a positive duration (90, 90s, 5m, 1h30m)")
+        body["timeout_ms"] = timeout_ms
     if args.grace is not None:
-        if args.grace < 0:
-            raise UsageError("--grace must not be negative")
-        body["grace_ms"] = round(args.grace * 1000)
+        body["grace_ms"] = duration_ms(args.grace, "--grace")
     if args.require is not None:
         body["require"] = key_values(args.require, "--require")
     if args.prefer is not None:

@@ -1800,7 +1800,7 @@
       importer.addEventListener("submit", async (ev) => {
         ev.preventDefault();
         try {
-          const res = await post(pp("/variables/import"), { text: text.value, secret: secret.checked });
+          const res = await post(pp("/variables"), { text: text.value, secret: secret.checked });
           text.value = "";
           say(t("var_imported", { n: res.body.imported }));
           await redraw();

@@ -113,7 +113,7 @@ def delete_variable(project: str, name: str, db: DbDep, principal: PrincipalDep)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/import", response_model=ImportOut)
+@router.post("", response_model=ImportOut)
 def import_variables(
     project: str, body: VariableImport, db: DbDep, principal: PrincipalDep, box: BoxDep
 ) -> ImportOut:
