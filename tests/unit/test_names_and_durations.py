@@ -80,3 +80,12 @@ def test_the_cli_type_gives_seconds_and_a_usage_error() -> None:
     assert duration_s("1h30m") == 5400.0
     with pytest.raises(argparse.ArgumentTypeError, match="1h30m"):
         duration_s("soon")
+
+
+def test_secret_values_are_masked_longest_first_and_short_ones_are_left() -> None:
+    from ql3.domain.variables import mask, mask_bytes
+
+    secrets = ["pt_key=abc;", "abc", "on"]
+
+    assert mask("cookie pt_key=abc; then abc, on", secrets) == "cookie *** then ***, on"
+    assert mask_bytes("令牌 pt_key=abc;".encode(), secrets) == "令牌 ***".encode()

@@ -130,6 +130,14 @@ def remove_variable(tx: Transaction, project: Project, name: str) -> None:
         raise NotFound("variable not found")
 
 
+def secret_values(tx: Transaction, project_id: str, box: SecretBox | None) -> list[str]:
+    """The project's secret values, to mask them in the run logs this server serves; none without a
+    key (such a server cannot have stored any)."""
+    if box is None:
+        return []
+    return [v.value for v in _plain(tx, project_id, box) if v.secret]
+
+
 def project_environment(tx: Transaction, project_id: str, box: SecretBox | None) -> dict[str, str]:
     """The environment the project gives a run: its enabled variables, secrets opened."""
     return environment(_plain(tx, project_id, box))

@@ -149,3 +149,22 @@ def _parse_lines(text: str) -> list[Variable]:
         except ValidationFailed as exc:
             raise ValidationFailed(f"line {number}: {exc}", field="file") from None
     return out
+
+
+MASK: Final = "***"
+MIN_MASKED_CHARS: Final = 3  # shorter secrets would mask ordinary text ("1", "on")
+
+
+def mask(text: str, secrets: list[str]) -> str:
+    """``text`` with every occurrence of a secret value replaced by ``***`` (longest first, so a
+    secret that contains another is masked whole)."""
+    for value in sorted((v for v in secrets if len(v) >= MIN_MASKED_CHARS), key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text
+
+
+def mask_bytes(data: bytes, secrets: list[str]) -> bytes:
+    """``mask`` for raw log bytes (a secret's UTF-8 form)."""
+    for value in sorted((v for v in secrets if len(v) >= MIN_MASKED_CHARS), key=len, reverse=True):
+        data = data.replace(value.encode(), MASK.encode())
+    return data
