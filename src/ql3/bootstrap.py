@@ -23,6 +23,7 @@ from ql3.storage.notify import LocalNotifier
 if TYPE_CHECKING:
     from ql3.application.dispatcher import RunDispatcher
     from ql3.execution.launcher import LocalLauncher
+    from ql3.storage.secret_box import AesGcmBox
     from ql3.worker.agent import WorkerAgent
 
 
@@ -85,6 +86,14 @@ def lease_secret(home: Path) -> bytes:
     finally:
         os.close(fd)
     return path.read_bytes()
+
+
+def variables_box(home: Path) -> AesGcmBox:
+    """The sealer of project secrets, keyed by ``$QL3_HOME/variables.key`` (created 0600 on first use;
+    docs/variables.md). Every replica of a cluster needs the same key file."""
+    from ql3.storage.secret_box import AesGcmBox, load_or_create_key
+
+    return AesGcmBox(load_or_create_key(home))
 
 
 def fault_injector(armed: str | None) -> Callable[[str], None]:
@@ -240,6 +249,7 @@ def build_standalone_runtime(
 def _embedded_dispatcher(db: ManagedDatabase, settings: ServeSettings, wid: str) -> RunDispatcher:
     """The run dispatcher of ``ql3 serve`` with the settings' budgets, offering to worker ``wid``."""
     from ql3.application.dispatcher import HARD_CLAIMS, DispatchBudget, RunDispatcher
+    from ql3.application.variables import SharedEnvironments
 
     budgets = settings.budgets
     home = settings.home
@@ -260,6 +270,7 @@ def _embedded_dispatcher(db: ManagedDatabase, settings: ServeSettings, wid: str)
         # same clock that wrote them (the database's), never from this host's.
         incarnation_started_ms=db.transaction(lambda tx: tx.now_ms(), write=False),
         local_worker_id=wid,
+        shared=SharedEnvironments(db, variables_box(home)),
     )
 
 

@@ -41,7 +41,7 @@ def test_every_state_file_is_private_even_under_umask_022(tmp_path: Path) -> Non
         stop(server.process)
 
     # Then nothing under QL3_HOME is reachable by group or others
-    for name in ("ql3.db", "ql3.db-wal", "ql3.db-shm", "credentials", "lease.secret"):
+    for name in ("ql3.db", "ql3.db-wal", "ql3.db-shm", "credentials", "lease.secret", "variables.key"):
         assert name in modes, sorted(modes)
     assert any(name.startswith("worker/logs/") and name.endswith(".log") for name in modes), sorted(modes)
     exposed = {name: f"{mode:04o}" for name, mode in modes.items() if mode & 0o077}

@@ -26,6 +26,7 @@ DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "console-overview.png
 PAGES = (
     "#/",
     "#/tasks",
+    "#/variables",
     "#/runs",
     "#/approvals",
     "#/actions",

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from ql3.domain.tasks import TASK_NAME_RE
+
 TASKS = "/api/v1/projects/default/tasks"
 JSON = {"Content-Type": "application/json"}
 
@@ -104,7 +106,8 @@ def test_a_bad_rerun_of_is_refused_also_when_the_task_needs_approval(
 def test_the_document_states_the_rules_the_domain_enforces(client: Any) -> None:
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
 
-    assert schemas["TaskCreate"]["properties"]["name"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+    assert schemas["TaskCreate"]["properties"]["name"]["pattern"] == TASK_NAME_RE.pattern
+    assert schemas["TaskCreate"]["properties"]["name"]["maxLength"] == 128
     assert schemas["ProjectCreate"]["properties"]["name"]["pattern"]
     expires = schemas["TokenCreate"]["properties"]["expires_in_s"]["anyOf"][0]
     assert (expires["minimum"], expires["maximum"]) == (60, 10 * 366 * 86400)

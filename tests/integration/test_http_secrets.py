@@ -64,7 +64,7 @@ def test_no_response_or_log_line_carries_the_command_env_or_cwd(
     call("POST", TASKS, json={"name": "extra", **_planted(6), "shell": CANARY})
     call("POST", TASKS, json={"name": "typed", **_planted(7), "env": {"K": [CANARY]}})
     call("POST", TASKS, json={"name": "typed", **_planted(8), "timeout_ms": CANARY})
-    call("POST", TASKS, json={"name": CANARY + " bad", "command": "true"})
+    call("POST", TASKS, json={"name": CANARY + "/bad", "command": "true"})
     call("PATCH", f"{TASKS}/secretive", json={"cwd": f"relative/{CANARY}"})
     call("PATCH", f"{TASKS}/secretive", json={CANARY: 1})
     call(

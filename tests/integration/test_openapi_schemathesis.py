@@ -65,6 +65,10 @@ UNSTATABLE_RULES = (
     ("POST", f"{P}/runs/{{run_id}}/cancellation/rearm", "the dispatch's current blocking result"),
     ("POST", f"{P}/dependencies", "a PEP 508 requirement or an npm name and range"),
     ("DELETE", f"{P}/dependencies/{{kind}}/{{name}}", "a PEP 508 name or an npm name"),
+    ("PUT", f"{P}/settings", "a time zone this host knows"),
+    ("PUT", f"{P}/variables/{{name}}", "a variable name, NUL-free text within byte limits, the totals"),
+    ("DELETE", f"{P}/variables/{{name}}", "a variable name"),
+    ("POST", f"{P}/variables", "KEY=VALUE lines or a QingLong JSON export"),
 )
 
 

@@ -12,6 +12,7 @@ from typing import Any, Final
 from ql3.application import lease_claims, leases, workers
 from ql3.application.runs import latest_attempt
 from ql3.application.tasks import get_revision
+from ql3.application.variables import SharedEnvironments
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals
 from ql3.domain.errors import Ql3Error, ValidationFailed
@@ -115,9 +116,16 @@ def _task_spec(tx: Transaction, task_id: str, revision: int) -> TaskSpec:
 
 
 def build_plan(
-    tx: Transaction, run_id: str, attempt_id: str, project_id: str, task_id: str, revision: int
+    tx: Transaction,
+    run_id: str,
+    attempt_id: str,
+    project_id: str,
+    task_id: str,
+    revision: int,
+    shared: SharedEnvironments | None = None,
 ) -> tuple[ExecutionSpec, TaskSpec]:
-    """Materialise the pinned revision into the attempt's ExecutionSpec (memory only)."""
+    """Materialise the pinned revision into the attempt's ExecutionSpec (memory only), with the
+    project's variables read in ``tx`` when ``shared`` is given."""
     task_spec = _task_spec(tx, task_id, revision)
     spec = ExecutionSpec.for_attempt(
         task_spec,
@@ -126,12 +134,19 @@ def build_plan(
         project_id=project_id,
         task_id=task_id,
         task_revision=revision,
+        shared_environment=() if shared is None else shared.within(tx, project_id),
     )
     return spec, task_spec
 
 
-def candidate_plan(task_spec: TaskSpec, cand: QueuedCandidate, attempt_id: str) -> ExecutionSpec:
-    """The ExecutionSpec of a queued candidate's claimed attempt (the dispatcher's and the pull's)."""
+def candidate_plan(
+    task_spec: TaskSpec,
+    cand: QueuedCandidate,
+    attempt_id: str,
+    shared: Callable[[str], tuple[tuple[str, str], ...]] | None = None,
+) -> ExecutionSpec:
+    """The ExecutionSpec of a queued candidate's claimed attempt (the dispatcher's and the pull's),
+    with the project's variables (``shared``: cached, read outside any transaction)."""
     return ExecutionSpec.for_attempt(
         task_spec,
         run_id=cand.run_id,
@@ -139,6 +154,7 @@ def candidate_plan(task_spec: TaskSpec, cand: QueuedCandidate, attempt_id: str) 
         project_id=cand.project_id,
         task_id=cand.task_id,
         task_revision=cand.task_revision,
+        shared_environment=() if shared is None else shared(cand.project_id),
     )
 
 
@@ -153,9 +169,11 @@ class RunDispatcher:
         budget: DispatchBudget | None = None,
         incarnation_started_ms: int,
         local_worker_id: str | None = None,
+        shared: SharedEnvironments | None = None,
     ) -> None:
         """``local_worker_id``: the dispatcher of ``ql3 serve`` hands offers to its own embedded
-        worker, so with several servers on one database it places and recovers for that worker only."""
+        worker, so with several servers on one database it places and recovers for that worker only.
+        ``shared``: the project variables put in offers (docs/variables.md); None gives none."""
         if len(lease_secret) < 32:
             raise ValidationFailed("lease secret must be at least 32 bytes")
         self._db = db
@@ -164,6 +182,7 @@ class RunDispatcher:
         self._since = incarnation_started_ms
         self._recovered: set[str] = set()
         self._local_worker_id = local_worker_id
+        self._shared = shared
         self._specs: OrderedDict[tuple[str, int], TaskSpec] = OrderedDict()
         # Only leases acquired before this incarnation need recovery; once a full walk finds none
         # left, later walks could only find the same ones again.
@@ -265,7 +284,9 @@ class RunDispatcher:
         ):
             return None
         try:
-            spec, _ = build_plan(tx, run.id, attempt_id, run.project_id, run.task_id, run.task_revision)
+            spec, _ = build_plan(
+                tx, run.id, attempt_id, run.project_id, run.task_id, run.task_revision, self._shared
+            )
         except Ql3Error:
             # The pinned revision is missing or no longer builds the same identity: never guess.
             return "recovery_plans_unavailable"
@@ -461,7 +482,10 @@ class RunDispatcher:
         ranked = rank(placement, snapshot)
         if not ranked:
             return "no_match"
-        spec = candidate_plan(task_spec, cand, attempt_id)
+        try:
+            spec = candidate_plan(task_spec, cand, attempt_id, self._shared)
+        except Ql3Error:
+            return "plans_unavailable"
         worker, score = ranked[0]
         return _Planned(
             run_id=cand.run_id,

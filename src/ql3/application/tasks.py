@@ -12,8 +12,10 @@ from ql3.domain.digests import TASK_CONTENT_DOMAIN, canonical_json, keyed_digest
 from ql3.domain.errors import Conflict, NameTaken, NotFound, ValidationFailed
 from ql3.domain.ids import is_id, new_id
 from ql3.domain.model import Task, TaskRevision
-from ql3.domain.tasks import TaskSpec, build_new_spec, build_spec, validate_name
+from ql3.domain.tasks import TaskSpec, build_new_spec, build_spec, validate_task_name
+from ql3.domain.timezones import join_cron, split_cron, validate_zone
 from ql3.ports.storage import Transaction
+from ql3.repositories import project_settings
 from ql3.repositories import tasks as task_store
 
 MAX_TASK_PAGE: Final = 200
@@ -66,11 +68,41 @@ def _insert_revision(tx: Transaction, task_id: str, revision: int, spec: TaskSpe
     )
 
 
+def zoned_cron(cron: object, tz: str | None, fallback: str | None) -> object:
+    """The cron expression to store (docs/tasks.md "Time zones"): ``tz`` when given (it must agree
+    with a ``CRON_TZ=`` prefix in the same request), else the expression's own prefix, else
+    ``fallback`` (the project's default zone on create, the task's current zone on edit), else UTC."""
+    if tz is not None:
+        validate_zone(tz)
+    if cron is None:
+        if tz is not None:
+            raise ValidationFailed("tz needs a cron schedule", field="tz")
+        return None
+    if not isinstance(cron, str):
+        return cron  # build_spec refuses it with the cron field's own error
+    own, body = split_cron(cron)
+    if tz is not None and own is not None and own != tz:
+        raise ValidationFailed(f"the cron's CRON_TZ={own} and tz={tz} disagree", field="tz")
+    chosen = tz or own or fallback
+    return join_cron(chosen, body) if chosen else cron
+
+
 def create_task(
-    tx: Transaction, project_id: str, name: str, raw_spec: Mapping[str, Any], enabled: bool = True
+    tx: Transaction,
+    project_id: str,
+    name: str,
+    raw_spec: Mapping[str, Any],
+    enabled: bool = True,
+    *,
+    tz: str | None = None,
 ) -> TaskView:
-    validate_name(name)
-    spec = build_new_spec(raw_spec)
+    """A new task at revision 1. Its cron is evaluated in ``tz``, its ``CRON_TZ=`` prefix, or the
+    project's default zone, in that order (UTC when none is set)."""
+    validate_task_name(name)
+    raw = dict(raw_spec)
+    if raw.get("cron") is not None or tz is not None:
+        raw["cron"] = zoned_cron(raw.get("cron"), tz, project_settings.get_default_zone(tx, project_id))
+    spec = build_new_spec(raw)
     task_id = new_id()
     if not task_store.insert_task(tx, task_id=task_id, project_id=project_id, name=name, enabled=enabled):
         raise NameTaken()
@@ -80,13 +112,26 @@ def create_task(
     return replace(created, next_fire_at_ms=next_fire_at(tx, created.task.id))
 
 
-def edit_task(tx: Transaction, project_id: str, ref: str, changes: Mapping[str, Any]) -> TaskView:
-    """Publish a new revision from the current one plus ``changes``; history is never rewritten."""
-    if not changes:
+def edit_task(
+    tx: Transaction, project_id: str, ref: str, changes: Mapping[str, Any], *, tz: str | None = None
+) -> TaskView:
+    """Publish a new revision from the current one plus ``changes``; history is never rewritten. A
+    new cron without a zone keeps the task's zone (a task without a schedule gets the project's
+    default); ``tz`` moves the schedule, new or current, to that zone."""
+    if not changes and tz is None:
         raise ValidationFailed("nothing to change")
     current = view(tx, find_task(tx, project_id, ref))
     merged = current.spec.to_dict()
     merged.update(changes)
+    if "cron" in changes or tz is not None:
+        if current.spec.cron is not None:
+            fallback = split_cron(current.spec.cron)[0]
+        else:
+            fallback = project_settings.get_default_zone(tx, project_id)
+        cron = merged.get("cron")
+        if "cron" not in changes and isinstance(cron, str):
+            cron = split_cron(cron)[1]  # only the zone moves
+        merged["cron"] = zoned_cron(cron, tz, fallback)
     spec = build_new_spec(merged)
     if spec == current.spec:  # by value: a revision made before keyed digests compares the same way
         return current

@@ -14,6 +14,7 @@ from ql3.cli.common import (
     Parser,
     Subparsers,
     add_command,
+    duration_s,
     print_quiet_id,
     project_flag,
     quiet_flag,
@@ -267,7 +268,11 @@ def register(subparsers: Subparsers) -> None:
         "--wait", action="store_true", help="wait until the run has stopped (see the exit status below)"
     )
     cancel.add_argument(
-        "--timeout-wait", type=float, default=None, metavar="S", help="with --wait: give up after S seconds"
+        "--timeout-wait",
+        type=duration_s,
+        default=None,
+        metavar="DURATION",
+        help="with --wait: give up after DURATION (30, 2m)",
     )
 
     add_command(
@@ -306,6 +311,10 @@ def register(subparsers: Subparsers) -> None:
         help="dispatch.lastResult from inspect: " + ", ".join(sorted(rules.BLOCKING_RESULTS)),
     )
     rearm.add_argument(
-        "--delay", type=float, required=True, metavar="S", help="seconds until the retry (1-86400)"
+        "--delay",
+        type=duration_s,
+        required=True,
+        metavar="DURATION",
+        help="time until the retry (1s-1d: 30, 5m, 1h)",
     )
     rearm.add_argument("--mutation-id", default=None, metavar="ID", help="repeat one to replay its receipt")

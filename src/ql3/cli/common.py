@@ -9,6 +9,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ql3.cli.errors import EXIT_USAGE, UsageError
+from ql3.domain.durations import parse_duration_ms
+from ql3.domain.errors import ValidationFailed
 
 Handler = Callable[[argparse.Namespace], int]
 Subparsers = Any  # argparse's _SubParsersAction is private
@@ -105,12 +107,20 @@ def preferences(values: list[str] | None) -> list[dict[str, Any]]:
     return out
 
 
-def seconds_to_ms(value: float | None, what: str) -> int | None:
-    if value is None:
-        return None
-    if value != value or value <= 0 or value > 10**9:  # NaN or out of range
-        raise UsageError(f"{what} must be a positive number of seconds")
-    return max(1, round(value * 1000))
+def duration_s(text: str) -> float:
+    """An argparse type: seconds from ``90``, ``2.5``, ``90s``, ``5m``, ``1h30m``... (docs/tasks.md)."""
+    try:
+        return parse_duration_ms(text) / 1000
+    except ValidationFailed as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("invalid duration ")) from None
+
+
+def duration_ms(text: str, what: str) -> int:
+    """Milliseconds from a duration option's text; a usage error (exit 64) naming the forms."""
+    try:
+        return parse_duration_ms(text)
+    except ValidationFailed as exc:
+        raise UsageError(f"{what} {str(exc).removeprefix('invalid duration ')}") from None
 
 
 def positive_int(text: str) -> int:

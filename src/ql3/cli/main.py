@@ -17,6 +17,7 @@ from ql3.cli import (
     control,
     db,
     deps,
+    env,
     loops,
     notify,
     output,
@@ -87,6 +88,7 @@ examples:
   ql3 control --database-url postgresql://... --replica-id cp-a   # a cluster replica (docs/cluster.md)
   ql3 worker token create w1 > w1.token; ql3 worker --server URL --token-file w1.token
   ql3 token create --role viewer --name dashboard
+  ql3 env set JD_COOKIE - --secret < cookie.txt   # every task of the project gets it (docs/variables.md)
   ql3 token list; ql3 token revoke ID; ql3 whoami
   ql3 db status
   ql3 deps add python requests==2.32.*        # per-project dependencies (docs/dependencies.md)
@@ -121,6 +123,7 @@ def build_parser() -> Parser:
     completion.register(commands)
     notify.register(commands)
     deps.register(commands)
+    env.register(commands)
     return parser
 
 

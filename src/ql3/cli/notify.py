@@ -19,6 +19,7 @@ from ql3.cli.common import (
     Parser,
     Subparsers,
     add_command,
+    duration_s,
     print_quiet_id,
     project_flag,
     quiet_flag,
@@ -290,4 +291,6 @@ def register(subparsers: Subparsers) -> None:
 
     test = add_command(actions, "test", cmd_test, "send a test message and wait for its delivery", proj)
     test.add_argument("channel", metavar="CHANNEL")
-    test.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (default 30)")
+    test.add_argument(
+        "--timeout", type=duration_s, default=30.0, metavar="DURATION", help="time to wait (default 30s)"
+    )

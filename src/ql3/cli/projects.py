@@ -1,4 +1,4 @@
-"""``ql3 project``: list, create, retention show|set."""
+"""``ql3 project``: list, create, show, set (the default time zone), retention show|set."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from ql3.cli.common import (
     wants_json,
     wants_quiet,
 )
-from ql3.cli.errors import EXIT_OK
+from ql3.cli.errors import EXIT_OK, UsageError
+from ql3.domain import timezones
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -39,6 +40,34 @@ def cmd_create(args: argparse.Namespace) -> int:
         output.emit_json(project)
     elif not print_quiet_id(args, project["id"]):
         output.line(f"project {project['name']} created: id {project['id']}")
+    return EXIT_OK
+
+
+def _show_settings(args: argparse.Namespace, settings: dict[str, object]) -> None:
+    if wants_json(args):
+        output.emit_json(settings)
+        return
+    zone_name = settings.get("default_tz")
+    output.fields([("time zone", zone_name or f"{timezones.DEFAULT_ZONE} (none set)")], status_key=None)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, settings = api.call("GET", f"/projects/{seg(args.project)}/settings")
+    _show_settings(args, settings)
+    return EXIT_OK
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    if args.tz is None and not args.no_tz:
+        raise UsageError("nothing to change: give --tz ZONE or --no-tz")
+    if args.tz is not None and args.no_tz:
+        raise UsageError("--tz conflicts with --no-tz")
+    if args.tz is not None and (problem := timezones.zone_problem(args.tz)) is not None:
+        raise UsageError(f"--tz: {problem}", code="validation_failed")
+    with ApiClient.from_environment() as api:
+        _, settings = api.call("PUT", f"/projects/{seg(args.project)}/settings", json={"default_tz": args.tz})
+    _show_settings(args, settings)
     return EXIT_OK
 
 
@@ -77,6 +106,20 @@ def register(subparsers: Subparsers) -> None:
     create = add_command(actions, "create", cmd_create, "create a project (owner only)")
     create.add_argument("name", metavar="NAME")
     quiet_flag(create)
+    add_command(
+        actions, "show", cmd_show, "show the project's settings (its default time zone)", project_flag()
+    )
+    setter_tz = add_command(
+        actions,
+        "set",
+        cmd_set,
+        "change the project's settings (admin)",
+        project_flag(),
+        epilog="example: ql3 project set --tz Asia/Shanghai  (tasks created afterwards read their cron"
+        " in that zone; existing schedules keep theirs)",
+    )
+    setter_tz.add_argument("--tz", metavar="ZONE", help="default time zone of new cron schedules (IANA name)")
+    setter_tz.add_argument("--no-tz", action="store_true", help="back to UTC for new schedules")
     retention: Parser = actions.add_parser(
         "retention",
         help="how long runs and logs are kept",

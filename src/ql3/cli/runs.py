@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +15,7 @@ from ql3.cli.common import (
     Parser,
     Subparsers,
     add_command,
+    duration_s,
     next_page_hint,
     positive_int,
     print_quiet_id,
@@ -26,6 +26,8 @@ from ql3.cli.common import (
     wants_utc,
 )
 from ql3.cli.errors import EXIT_OK, CliError, UsageError
+from ql3.domain.durations import parse_duration_ms
+from ql3.domain.errors import ValidationFailed
 
 INTERRUPTED = 130
 
@@ -143,23 +145,23 @@ def _outcome(run: dict[str, Any]) -> None:
     output.note(f"run {run['id']} {run['status']}" + (f" ({', '.join(detail)})" if detail else ""))
 
 
-_AGO_RE = re.compile(r"^(\d{1,9})([smhdw])$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def _moment(text: str) -> int:
-    """``24h`` / ``30m`` / ``7d`` ago, an ISO 8601 time (UTC unless it has an offset) or epoch ms."""
+    """``24h`` / ``30m`` / ``1h30m`` / ``7d`` ago, an ISO 8601 time (UTC unless it has an offset) or
+    epoch ms."""
     if text.strip().isdigit():  # epoch ms, as the "more:" hint prints it
         return int(text.strip())
-    ago = _AGO_RE.match(text.strip())
-    if ago:
-        now_ms = int(datetime.now(tz=UTC).timestamp() * 1000)
-        return max(0, now_ms - int(ago.group(1)) * _UNIT_S[ago.group(2)] * 1000)
+    if text.strip()[-1:].isalpha():
+        try:
+            ago_ms = parse_duration_ms(text)
+        except ValidationFailed:
+            pass  # an ISO 8601 time ends in a letter too ("Z")
+        else:
+            return max(0, int(datetime.now(tz=UTC).timestamp() * 1000) - ago_ms)
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"not a duration ago (24h, 30m, 7d) or an ISO 8601 time: {text!r}"
+            f"not a duration ago (24h, 30m, 1h30m, 7d) or an ISO 8601 time: {text!r}"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
@@ -328,10 +330,10 @@ def register(subparsers: Subparsers) -> None:
     )
     start.add_argument(
         "--timeout-wait",
-        type=float,
+        type=duration_s,
         default=None,
-        metavar="S",
-        help="stop waiting after S seconds with exit status 5 (default: wait as long as the run takes)",
+        metavar="DURATION",
+        help="stop waiting after DURATION (30, 2m, 1h30m) with exit status 5 (default: as long as it takes)",
     )
 
     lst = add_command(actions, "list", cmd_list, "list runs, newest first (one page)", proj)

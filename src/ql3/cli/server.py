@@ -28,6 +28,7 @@ from ql3.bootstrap import (
     expected_schema_version,
     open_database,
     resolve_task_user,
+    variables_box,
 )
 from ql3.cli import logformat, output
 from ql3.cli.common import Parser, Subparsers, add_command, wants_json
@@ -304,6 +305,7 @@ def _serve(
             logs_root=logs_root,
             schema_version=expected_schema_version(prepared.db.dialect),
             egress=egress,
+            secret_box=variables_box(settings.home),
         )
         config = uvicorn.Config(
             app,

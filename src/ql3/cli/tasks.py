@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import re
+from datetime import datetime
 from typing import Any
 
 from ql3.cli import human, output
@@ -12,6 +12,7 @@ from ql3.cli.common import (
     Parser,
     Subparsers,
     add_command,
+    duration_ms,
     key_values,
     next_page_hint,
     positive_int,
@@ -19,28 +20,23 @@ from ql3.cli.common import (
     print_quiet_id,
     project_flag,
     quiet_flag,
-    seconds_to_ms,
     wants_json,
     wants_quiet,
     wants_utc,
 )
 from ql3.cli.errors import EXIT_OK, UsageError
-from ql3.domain import cronexplain
+from ql3.domain import cronexplain, timezones
 
 TASK_COLUMNS = ("NAME", "ID", "REV", "ENABLED", "CRON", "OVERLAP")
-_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 
-def duration_ms(text: str, what: str) -> int:
-    """``90s``, ``5m``, ``1h``, ``250ms`` or bare seconds; ``--random-delay`` also takes ``0-300s``."""
+def _cron_duration_ms(text: str, what: str) -> int:
+    """A cron setting's duration (``90s``, ``5m``, ``1h``, ``250ms``, bare seconds; ``--random-delay``
+    also takes ``0-300s``), at most an hour."""
     spec = text.strip()
     if what == "--random-delay" and spec.startswith("0-"):
         spec = spec[2:]
-    found = _DURATION_RE.match(spec)
-    if found is None:
-        raise UsageError(f"{what} {text!r}: not a duration (250ms, 90s, 5m, 1h)")
-    value = round(float(found.group(1)) * _UNIT_MS[found.group(2) or "s"])
+    value = duration_ms(spec, what)
     if value > 3_600_000:
         raise UsageError(f"{what} {text!r}: at most 1h")
     return value
@@ -64,8 +60,9 @@ def _show(task: dict[str, Any], as_json: bool, utc: bool = False) -> None:
             ("id", task["id"]),
             ("revision", task["revision"]),
             ("enabled", task["enabled"]),
-            ("cron", f"{task['cron']} (UTC)" if task.get("cron") else None),
-            ("next_fire", human.when(task.get("next_fire_at_ms"), utc)),
+            ("cron", _cron_text(task)),
+            ("next_fire", _fire_text(task, task.get("next_fire_at_ms"), utc)),
+            *[("then", _fire_text(task, ms, utc)) for ms in task.get("next_fires_at_ms", [])[1:]],
             ("overlap", task.get("overlap")),
             ("misfire", task.get("misfire")),
             ("misfire_grace", human.duration(task.get("misfire_grace_ms"))),
@@ -98,9 +95,38 @@ def _skip_text(skip: dict[str, Any], utc: bool) -> str:
     return f"{span}  {skip['reason']}"
 
 
+def _cron_text(task: dict[str, Any]) -> str | None:
+    """The fields and the zone they are read in: ``0 8 * * * (Asia/Shanghai)``."""
+    cron = task.get("cron")
+    if not cron:
+        return None
+    return f"{timezones.split_cron(cron)[1]} ({task.get('tz') or timezones.DEFAULT_ZONE})"
+
+
+def _fire_text(task: dict[str, Any], ms: object, utc: bool) -> str | None:
+    """A fire time in the viewer's zone (or UTC), and in the task's zone when that differs."""
+    if not isinstance(ms, int):
+        return None
+    shown = human.when(ms, utc)
+    zone_name = str(task.get("tz") or timezones.DEFAULT_ZONE)
+    own = datetime.fromtimestamp(ms / 1000, tz=timezones.zone(zone_name)).strftime(human.TIME_FORMAT)
+    if own == human.when(ms, utc, label=False):
+        return shown
+    return f"{shown} ({own} {zone_name})"
+
+
 def _spec_options(parser: Parser, *, editing: bool) -> None:
     parser.add_argument(
-        "--cron", metavar="EXPR", help="five-field cron expression in UTC: minute hour day month weekday"
+        "--cron",
+        metavar="EXPR",
+        help="cron expression: minute hour day month weekday, or six fields with seconds first (at"
+        " most every 10 s); read in --tz, a CRON_TZ=ZONE prefix or the project's zone (else UTC)",
+    )
+    parser.add_argument(
+        "--tz",
+        metavar="ZONE",
+        help="IANA time zone the cron is read in, e.g. Asia/Shanghai"
+        + ("; moves the current schedule too" if editing else " (default: the project's zone, else UTC)"),
     )
     parser.add_argument(
         "--cwd", metavar="DIR", help=f"absolute working directory (default: {DEFAULT_CWD_TEXT})"
@@ -111,8 +137,8 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
         metavar="K=V",
         help="environment variable (repeatable)" + ("; replaces the whole mapping" if editing else ""),
     )
-    parser.add_argument("--timeout", type=float, metavar="S", help="timeout in seconds")
-    parser.add_argument("--grace", type=float, metavar="S", help="seconds between TERM and KILL (default 5)")
+    parser.add_argument("--timeout", metavar="DURATION", help="timeout: seconds or 90s, 10m, 1h30m")
+    parser.add_argument("--grace", metavar="DURATION", help="time between TERM and KILL (default 5s)")
     parser.add_argument(
         "--require",
         action="append",
@@ -185,20 +211,26 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         if reason is not None:  # the server says the same; checked here to name the option
             raise UsageError(f"--cron {args.cron!r}: {reason}", code="validation_failed")
         body["cron"] = args.cron
+    if args.tz is not None:
+        problem = timezones.zone_problem(args.tz)
+        if problem is not None:
+            raise UsageError(f"--tz: {problem}", code="validation_failed")
+        body["tz"] = args.tz
     if args.cwd is not None:
         body["cwd"] = args.cwd
     if args.env is not None:
         body["env"] = key_values(args.env, "--env")
     if args.timeout is not None:
-        body["timeout_ms"] = seconds_to_ms(args.timeout, "--timeout")
+        timeout_ms = duration_ms(args.timeout, "--timeout")
+        if timeout_ms < 1:
+            raise UsageError("--timeout must be a positive duration (90, 90s, 5m, 1h30m)")
+        body["timeout_ms"] = timeout_ms
     if args.grace is not None:
-        if args.grace < 0:
-            raise UsageError("--grace must not be negative")
-        body["grace_ms"] = round(args.grace * 1000)
+        body["grace_ms"] = duration_ms(args.grace, "--grace")
     if args.misfire_grace is not None:
-        body["misfire_grace_ms"] = duration_ms(args.misfire_grace, "--misfire-grace")
+        body["misfire_grace_ms"] = _cron_duration_ms(args.misfire_grace, "--misfire-grace")
     if args.random_delay is not None:
-        body["random_delay_ms"] = duration_ms(args.random_delay, "--random-delay")
+        body["random_delay_ms"] = _cron_duration_ms(args.random_delay, "--random-delay")
     if args.on_start is not None:
         body["on_start"] = args.on_start
     if args.require is not None:

@@ -27,6 +27,7 @@ from typing import Final
 from ql3.application import lease_claims, leases, workers
 from ql3.application.dispatcher import build_plan, candidate_plan
 from ql3.application.tasks import get_revision
+from ql3.application.variables import SharedEnvironments
 from ql3.domain import leases as lease_rules
 from ql3.domain.digests import digest_equals, domain_digest
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error, ValidationFailed
@@ -157,14 +158,18 @@ def _offer(lease: leases.Lease, req: PullRequest, spec: ExecutionSpec) -> Offer:
     )
 
 
-def _rebuild(tx: Transaction, lease: leases.Lease, req: PullRequest) -> Offer:
+def _rebuild(
+    tx: Transaction, lease: leases.Lease, req: PullRequest, shared: SharedEnvironments | None
+) -> Offer:
     """The identical offer of a live lease, for a retry whose first response was lost."""
     if (lease.worker_session_id, lease.worker_generation) != (req.session_id, req.generation):
         raise OfferConflict(reason="offer_session_mismatch")
     run = run_repo.get_run(tx, lease.run_id)
     if run is None:
         raise OfferConflict(reason="offer_run_missing")
-    spec, _ = build_plan(tx, lease.run_id, lease.attempt_id, run.project_id, run.task_id, run.task_revision)
+    spec, _ = build_plan(
+        tx, lease.run_id, lease.attempt_id, run.project_id, run.task_id, run.task_revision, shared
+    )
     return _offer(lease, req, spec)
 
 
@@ -180,8 +185,10 @@ class PullService:
         budget: PullBudget | None = None,
         counters: Callable[[tuple[str, ...]], dict[str, int]] | None = None,
         wait_past: Callable[[dict[str, int], float], bool] | None = None,
+        shared: SharedEnvironments | None = None,
     ) -> None:
         self._db = db
+        self._shared = shared  # the project variables put in offers (docs/variables.md)
         self.budget = budget or PullBudget()
         notifier = getattr(db, "notifier", None)
         self._counters = counters or (notifier.counters if notifier is not None else None)
@@ -267,7 +274,11 @@ class PullService:
             _check_session(tx, req)
             live = _find_live(tx, req.worker_id, digest)
             if live is not None:
-                return PullResult(reason="replayed", offer=_rebuild(tx, live, req)), None, cursor
+                return (
+                    PullResult(reason="replayed", offer=_rebuild(tx, live, req, self._shared)),
+                    None,
+                    cursor,
+                )
             if replay_only:
                 return PullResult(reason="not_live"), None, cursor
             snap = workers.snapshot_one(tx, worker_id=req.worker_id)
@@ -314,12 +325,13 @@ class PullService:
             try:
                 task_spec = self._spec(tx, cand.task_id, cand.task_revision)
                 placement = effective_placement(cand.executor_type, task_spec.require, task_spec.prefer)
+                if not rank(placement, [snapshot]):
+                    reason, whole = "no_match", False
+                    continue
+                shared = None if self._shared is None else self._shared.in_transaction(tx)
+                spec = candidate_plan(task_spec, cand, cand.attempt_id, shared)
             except Ql3Error:
                 reason, whole = "plans_unavailable", False
-                continue
-            spec = candidate_plan(task_spec, cand, cand.attempt_id)
-            if not rank(placement, [snapshot]):
-                reason, whole = "no_match", False
                 continue
             outcome = self._claim(
                 tx, req=req, cand=cand, attempt_id=cand.attempt_id, digest=digest, locked=locked
@@ -363,7 +375,7 @@ class PullService:
                 return lease_claims.RunClaim(status="worker_unavailable")
             live = _find_live(tx, req.worker_id, digest)
             if live is not None:
-                return _rebuild(tx, live, req)
+                return _rebuild(tx, live, req, self._shared)
         return lease_claims.claim(
             tx,
             run_id=cand.run_id,

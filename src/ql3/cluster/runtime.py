@@ -86,6 +86,8 @@ def build_control_runtime(
     retention. Correct with any number of replicas: each step is a fenced, locked transaction."""
     from ql3.application.control_loops import Adapters, control_loops
     from ql3.application.gateway import InProcessControlPlane
+    from ql3.application.variables import SharedEnvironments
+    from ql3.bootstrap import variables_box
     from ql3.notify.senders import ChannelSender
 
     notifier = db.notifier
@@ -107,7 +109,9 @@ def build_control_runtime(
             local_worker_id=NO_LOCAL_WORKER,
         ),
     )
-    pull_service = PullService(db, budget=PullBudget(lease_ms=settings.run_lease_ms))
+    # Project variables travel in offers over the authenticated worker channel (docs/variables.md).
+    shared = SharedEnvironments(db, variables_box(settings.home))
+    pull_service = PullService(db, budget=PullBudget(lease_ms=settings.run_lease_ms), shared=shared)
     stop_watch = StopWatch(
         db, counters=notifier.counters, wait_past=notifier.wait_past, notify=notifier.notify
     )

@@ -153,3 +153,17 @@ class ConfigurationError(Ql3Error):
     """The configuration is invalid."""
 
     code = "configuration_error"
+
+
+class SecretUnreadable(Ql3Error):
+    """A stored secret cannot be opened with this server's key ($QL3_HOME/variables.key)."""
+
+    code = "secret_unreadable"
+    http_status = 500
+
+
+class SecretsUnavailable(Ql3Error):
+    """This server has no key for secrets: it cannot store or use them."""
+
+    code = "secrets_unavailable"
+    http_status = 503

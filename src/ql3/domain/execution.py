@@ -117,6 +117,10 @@ class ExecutionSpec:
     environment: tuple[tuple[str, str], ...] = field(repr=False)
     timeout_ms: int | None
     termination_grace_ms: int
+    # The project's variables (docs/variables.md), under the task's own environment at launch. Not
+    # part of the wire spec nor of its digest: an offer carries them beside the spec, so a rebuilt
+    # offer keeps its digest whatever changed since; never journaled.
+    shared_environment: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @staticmethod
     def for_attempt(
@@ -127,8 +131,10 @@ class ExecutionSpec:
         project_id: str,
         task_id: str,
         task_revision: int,
+        shared_environment: tuple[tuple[str, str], ...] = (),
     ) -> ExecutionSpec:
-        """The spec of one attempt of ``task`` (validated when it was built: nothing is checked again)."""
+        """The spec of one attempt of ``task`` (validated when it was built: nothing is checked again),
+        with the project's variables ``shared_environment``."""
         return ExecutionSpec(
             run_id=run_id,
             attempt_id=attempt_id,
@@ -141,11 +147,16 @@ class ExecutionSpec:
             environment=tuple(sorted(task.env.items())),
             timeout_ms=task.timeout_ms,
             termination_grace_ms=task.grace_ms,
+            shared_environment=shared_environment,
         )
 
     def environment_map(self) -> dict[str, str]:
-        """A fresh dictionary of the environment (the launcher's shape)."""
+        """A fresh dictionary of the task's own environment."""
         return dict(self.environment)
+
+    def launch_environment(self) -> dict[str, str]:
+        """What the command receives: the project's variables, then the task's own values over them."""
+        return dict(self.shared_environment) | dict(self.environment)
 
     def to_wire(self) -> dict[str, Any]:
         """The camelCase wire form in digest key order; optional fields are absent when unset."""

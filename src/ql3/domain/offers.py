@@ -11,6 +11,7 @@ from typing import Any, Final, Literal, TypedDict
 
 from ql3.domain.digests import canonical_json
 from ql3.domain.execution import ExecutionSpec, JournalSpec
+from ql3.domain.tasks import validate_env
 
 OFFER_ID_DOMAIN: Final = "qinglong-run-dispatch-offer-v1"
 LEASE_TOKEN_DOMAIN: Final = b"ql3.run-lease-token.v1"
@@ -77,19 +78,26 @@ def _fence_from_json(f: dict[str, Any]) -> LeaseFence:
     )
 
 
-def _offer_json(offer: Offer | JournaledOffer, spec: dict[str, Any], fence: LeaseFence) -> str:
-    """The one JSON layout of an offer, delivered (full spec) or journaled (trimmed spec)."""
-    return canonical_json(
-        {
-            "offerId": offer.offer_id,
-            "deliveryKind": offer.delivery_kind,
-            "fence": _fence_json(fence),
-            "leaseExpiresAtMs": offer.lease_expires_at_ms,
-            "spec": spec,
-            "specDigest": offer.spec_digest,
-            "placementScore": offer.placement_score,
-        }
-    )
+def _offer_json(
+    offer: Offer | JournaledOffer,
+    spec: dict[str, Any],
+    fence: LeaseFence,
+    shared: dict[str, str] | None = None,
+) -> str:
+    """The one JSON layout of an offer, delivered (full spec) or journaled (trimmed spec). A delivered
+    offer carries the project's variables beside its spec (``sharedEnvironment``, outside the digest)."""
+    body: dict[str, Any] = {
+        "offerId": offer.offer_id,
+        "deliveryKind": offer.delivery_kind,
+        "fence": _fence_json(fence),
+        "leaseExpiresAtMs": offer.lease_expires_at_ms,
+        "spec": spec,
+        "specDigest": offer.spec_digest,
+        "placementScore": offer.placement_score,
+    }
+    if shared:
+        body["sharedEnvironment"] = shared
+    return canonical_json(body)
 
 
 class _Envelope(TypedDict):
@@ -131,12 +139,17 @@ class Offer:
         return f"Offer(offer_id={self.offer_id[:12]}…, kind={self.delivery_kind})"
 
     def to_json(self) -> str:
-        return _offer_json(self, self.spec.to_wire(), self.fence)
+        return _offer_json(self, self.spec.to_wire(), self.fence, dict(self.spec.shared_environment))
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Offer:
-        """Parse a received offer; its spec is validated here (``ExecutionSpec.from_wire``)."""
-        return Offer(**_envelope_from_json(data), spec=ExecutionSpec.from_wire(data["spec"]))
+        """Parse a received offer; its spec and the project's variables are validated here
+        (``ExecutionSpec.from_wire``, ``validate_env``)."""
+        spec = ExecutionSpec.from_wire(data["spec"])
+        shared = validate_env(data.get("sharedEnvironment") or {}, "sharedEnvironment")
+        return Offer(
+            **_envelope_from_json(data), spec=replace(spec, shared_environment=tuple(shared.items()))
+        )
 
     def journaled(self) -> JournaledOffer:
         """The offer as the worker journal stores it: the spec without its secrets and the fence

@@ -6,16 +6,24 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final, Literal
 
 from cronsim import CronSim
 
-from ql3.domain import cronexplain
+from ql3.domain import cronexplain, timezones
 from ql3.domain.digests import canonical_json, domain_digest
 from ql3.domain.errors import RetrySafetyRequired, ValidationFailed
 
 NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Task names (docs/tasks.md "Names"): any script, as QingLong users name their scripts in Chinese.
+MAX_TASK_NAME_CHARS: Final = 128
+TASK_NAME_RULE: Final = (
+    f"a task name is 1-{MAX_TASK_NAME_CHARS} printable characters in any script, without '/',"
+    " control characters or leading/trailing spaces, not starting with '-', and not '.' or '..'"
+)
+# The same rule as JSON Schema can state it (isprintable's other refusals are checked in code).
+TASK_NAME_RE: Final = re.compile(r"^(?![-\s])(?!\.{1,2}$)[^/\x00-\x1f\x7f]{1,128}(?<!\s)$")
 ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 LABEL_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 MAX_COMMAND_BYTES: Final = 128 * 1024
@@ -83,20 +91,41 @@ def validate_name(name: object, what: str = "name") -> str:
     return name
 
 
+def validate_task_name(name: object) -> str:
+    """A task's name (``TASK_NAME_RULE``); the error states the rule."""
+    if (
+        not isinstance(name, str)
+        or not TASK_NAME_RE.fullmatch(name)
+        or not name.isprintable()
+        or len(name) > MAX_TASK_NAME_CHARS
+    ):
+        raise ValidationFailed(f"invalid name: {TASK_NAME_RULE}", field="name")
+    return name
+
+
 def validate_cron(expr: object) -> str:
-    """Five-field cron in UTC; macros (``@daily``) are refused so the schedule is always explicit."""
+    """Five fields, or six with seconds first, in UTC or behind a ``CRON_TZ=ZONE`` prefix; macros
+    (``@daily``) are refused so the schedule is always explicit. Normalised to single spaces."""
     if not isinstance(expr, str) or len(expr) > 256:
         raise ValidationFailed("invalid cron expression", field="cron")
     reason = cronexplain.explain(expr)
     if reason is not None:
         raise ValidationFailed(f"invalid cron expression: {reason}", field="cron")
-    return " ".join(expr.split())
+    zone_name, body = timezones.split_cron(expr)
+    return timezones.join_cron(zone_name, body)
 
 
 def next_fire_ms(expr: str, after_ms: int) -> int:
-    """The first occurrence of ``expr`` strictly after ``after_ms`` (UTC)."""
-    start = datetime.fromtimestamp(after_ms / 1000, tz=UTC)
-    it = CronSim(expr, start)
+    """The first occurrence of ``expr`` strictly after ``after_ms``, evaluated as wall-clock time in
+    the expression's zone (UTC without a ``CRON_TZ=`` prefix). Daylight saving (docs/tasks.md), as
+    cronsim does it after Debian cron: a five-field schedule at fixed times (neither its minute nor its
+    hour field starts with ``*``) follows the wall clock: a time skipped by a forward jump fires once
+    at the first instant after the jump, a time repeated by a backward jump fires once (first pass).
+    Other schedules (``*/30 * * * *``, six fields) follow elapsed time: nothing fires in a skipped
+    hour, and a repeated hour fires in both passes."""
+    zone_name, body = timezones.split_cron(expr)
+    start = datetime.fromtimestamp(after_ms / 1000, tz=timezones.zone(zone_name or timezones.DEFAULT_ZONE))
+    it = CronSim(body, start)
     nxt: datetime = next(it)
     return int(nxt.timestamp() * 1000)
 
@@ -285,6 +314,7 @@ def public_spec(spec: TaskSpec) -> dict[str, Any]:
     """What management surfaces may show: never the command, cwd or env values."""
     return {
         "cron": spec.cron,
+        "tz": timezones.zone_of(spec.cron),
         "env_keys": sorted(spec.env),
         "has_cwd": spec.cwd is not None,
         "environment_policy": spec.environment_policy,

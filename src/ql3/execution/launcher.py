@@ -46,9 +46,10 @@ from ql3.ports.execution import ArgvCommand, LaunchFailed, LaunchRejected, Launc
 ISOLATED_PATH = "/usr/local/bin:/usr/bin:/bin"
 MAX_ID_CHARS = 255
 MAX_ARGS = 4096
-MAX_ENV_ENTRIES = 256
+# A task's own env (256 entries, 256 KiB) plus its project's variables (128, 256 KiB; docs/variables.md).
+MAX_ENV_ENTRIES = 384
 MAX_ENV_VALUE_BYTES = 64 * 1024
-MAX_ENV_TOTAL_BYTES = 256 * 1024
+MAX_ENV_TOTAL_BYTES = 512 * 1024
 # The kernel caps every single argv/env string (MAX_ARG_STRLEN); the command travels in one of each.
 MAX_ARG_STRLEN = 32 * 4096
 SHIM_ENV_PREFIX = "QL3_SHIM_"

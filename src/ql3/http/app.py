@@ -27,7 +27,9 @@ from ql3.http.routes import actions, approvals, cancellation, lookup, projects, 
 from ql3.http.routes import dependencies as dependency_routes
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
+from ql3.http.routes import variables as variable_routes
 from ql3.http.run_intake import StartRunFastPath
+from ql3.ports.secrets import SecretBox
 from ql3.ports.storage import Database
 
 log = logging.getLogger("ql3.http")
@@ -135,6 +137,7 @@ def create_app(
     extensions: Sequence[Extension] = (),
     schema_version: int | None = None,
     egress: EgressPolicy | None = None,
+    secret_box: SecretBox | None = None,
 ) -> FastAPI:
     """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
 
@@ -142,7 +145,8 @@ def create_app(
     worker's); without it the logs route serves only logs shipped to the database by remote workers.
     ``schema_version``: the migration this binary expects; /readyz is 503 ``schema_mismatch`` while
     the database's applied version differs (None: not checked). ``egress``: the notification egress
-    policy new channels are checked against (default: nothing opened).
+    policy new channels are checked against (default: nothing opened). ``secret_box`` seals project
+    secrets (docs/variables.md); without one, secrets are refused (503 ``secrets_unavailable``).
     """
     components = tuple(lifecycle)
 
@@ -169,6 +173,7 @@ def create_app(
     app.state.db = db
     app.state.logs_root = logs_root
     app.state.egress = egress if egress is not None else EgressPolicy()
+    app.state.secret_box = secret_box
     errors.install(app)
     # Starlette wraps later additions around earlier ones.
     app.add_middleware(StartRunFastPath, db=db)  # innermost: inside the cap, the 500 and the headers
@@ -224,6 +229,7 @@ def create_app(
         notification_routes.script_router,
         parking_routes.router,
         dependency_routes.router,
+        variable_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     for extension in extensions:

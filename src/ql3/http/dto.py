@@ -16,7 +16,7 @@ from ql3.application.run_queries import RunRow, trigger_of
 from ql3.application.tasks import TaskView
 from ql3.domain.ids import UUID_PATTERN
 from ql3.domain.model import Project, Run, RunEvent
-from ql3.domain.tasks import NAME_RE, public_spec
+from ql3.domain.tasks import MAX_TASK_NAME_CHARS, NAME_RE, TASK_NAME_RE, public_spec
 
 # -- requests -------------------------------------------------------------------------------------
 
@@ -24,6 +24,7 @@ from ql3.domain.tasks import NAME_RE, public_spec
 # so its 422s keep their ``details.field``). A rule JSON Schema cannot state (cron syntax...) is named
 # in the 422 description instead.
 NAME_SCHEMA: Final[dict[str, Any]] = {"pattern": NAME_RE.pattern}
+TASK_NAME_SCHEMA: Final[dict[str, Any]] = {"pattern": TASK_NAME_RE.pattern, "maxLength": MAX_TASK_NAME_CHARS}
 COMMAND_SCHEMA: Final[dict[str, Any]] = {"pattern": r"\S"}
 
 
@@ -115,16 +116,18 @@ class TaskSpecFields(Body):
     misfire_grace_ms: int | None = None
     random_delay_ms: int | None = None
     on_start: bool | None = None
+    # The zone the cron is evaluated in (an IANA name); stored as the cron's CRON_TZ= prefix.
+    tz: str | None = Field(default=None, json_schema_extra={"minLength": 1, "maxLength": 64})
 
 
 class TaskCreate(TaskSpecFields):
-    name: str = Field(json_schema_extra=NAME_SCHEMA)
+    name: str = Field(json_schema_extra=TASK_NAME_SCHEMA)
     command: str = Field(json_schema_extra=COMMAND_SCHEMA)
     enabled: bool = True
 
     def spec(self) -> dict[str, Any]:
         """The raw spec for ``build_spec``: only what the client sent, defaults left to the domain."""
-        return self.model_dump(exclude_unset=True, exclude_none=True, exclude={"name", "enabled"})
+        return self.model_dump(exclude_unset=True, exclude_none=True, exclude={"name", "enabled", "tz"})
 
 
 class TaskEdit(TaskSpecFields):
@@ -132,7 +135,7 @@ class TaskEdit(TaskSpecFields):
 
     def changes(self) -> dict[str, Any]:
         """Fields the client sent; an explicit null clears an optional field (cron, cwd, env...)."""
-        return self.model_dump(exclude_unset=True)
+        return self.model_dump(exclude_unset=True, exclude={"tz"})
 
 
 class RunCreate(Body):
@@ -193,6 +196,7 @@ class TaskOut(BaseModel):
     created_at_ms: int
     updated_at_ms: int
     cron: str | None
+    tz: str  # the zone the cron is evaluated in (UTC without a CRON_TZ= prefix)
     env_keys: list[str]
     has_cwd: bool
     environment_policy: str
@@ -211,6 +215,7 @@ class TaskOut(BaseModel):
     on_start: bool = False
     next_fire_at_ms: int | None
     next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, random delay included
+    next_fires_local: list[str] = []  # the same instants as wall time in the task's zone (ISO 8601)
     # On a task's own page: its latest skipped cron occurrences, newest first (docs/cron.md).
     skipped_occurrences: list[SkippedOccurrenceOut] = []
     # Shown only to roles that may edit the task or decide its approvals (docs/console.md).

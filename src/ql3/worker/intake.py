@@ -276,7 +276,7 @@ class Intake(Generic[LaunchedT]):
             command=ShellCommand(command=spec.command),
             working_directory=spec.working_directory or self._ctx.config.default_cwd,
             environment_policy=spec.environment_policy,
-            environment=spec.environment_map(),
+            environment=spec.launch_environment(),
             callback_token=token,
             callback_sequence=CALLBACK_SEQUENCE,
             log_path=log_path_for(self._logs_dir, record.attempt_id),

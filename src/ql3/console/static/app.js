@@ -32,7 +32,13 @@
   const I18N = {
     en: {
       menu: "Menu", nav_overview: "Overview", nav_tasks: "Tasks", nav_runs: "Runs", nav_approvals: "Approvals",
-      nav_workers: "Workers", nav_tokens: "Tokens", project: "Project", sign_out: "Sign out", keep: "Keep",
+      nav_workers: "Workers", nav_tokens: "Tokens", nav_variables: "Variables",
+      value: "Value", secret: "secret", hidden: "hidden",
+      no_variables: "No variables.", set_variable: "Save variable", secret_write_only: "Secret (write-only, encrypted)",
+      variables_help: "Every task of the project gets the enabled variables in its environment; a task's own value wins. A secret is never shown again.",
+      var_delete_confirm: "Delete variable {name}? Tasks no longer get it.", var_deleted: "Variable {name} deleted.",
+      var_saved: "Variable {name} saved.", import_variables: "Import", import_help: "KEY=VALUE lines or QingLong's env export (JSON)",
+      import_as_secrets: "Import as secrets", var_imported: "{n} variables imported.", project: "Project", sign_out: "Sign out", keep: "Keep",
       nav_deps: "Dependencies", deps_kind: "Kind", deps_spec: "Requirement", deps_add: "Add and install",
       deps_none: "No dependencies.", deps_hint: "Python: a PEP 508 requirement (requests==2.32.*). Node: an npm name and an optional range (axios@^1.7). Each change installs the whole set in a run of the task ql3-deps.",
       deps_install_run: "Install run:", deps_unchanged: "Already in the set: nothing to install.", deps_install_again: "Install again",
@@ -57,7 +63,8 @@
       skipped: "Skipped occurrences", no_skipped: "No skipped occurrences.",
       first_revision: "first revision", no_change: "no change", save: "Save", create: "Create", cancel_edit: "Back",
       env_lines: "Env (KEY=VALUE per line)", env_keep: "Leave empty to keep the current env ({keys}); lines replace it.",
-      require: "Require labels (k=v, comma-separated)", timeout_s: "Timeout (s)", grace_s: "Grace (s)",
+      require: "Require labels (k=v, comma-separated)", timeout_s: "Timeout (90, 5m, 1h30m)", grace_s: "Grace (5s)",
+      bad_duration: "{field}: write seconds (90) or units such as 90s, 5m, 1h30m",
       delete_confirm: "Delete task {name}? Its runs stay.", deleted: "Task {name} deleted.",
       created_task: "Task {name} created.", published: "Revision {rev} published: {changes}.", unchanged: "Nothing changed.",
       run: "Run", task: "Task", status: "Status", trigger: "Trigger", attempt: "Attempt", created: "Created",
@@ -114,7 +121,13 @@
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
-      nav_workers: "工作节点", nav_tokens: "令牌", project: "项目", sign_out: "退出", keep: "保留",
+      nav_workers: "工作节点", nav_tokens: "令牌", nav_variables: "环境变量",
+      value: "值", secret: "密钥", hidden: "已隐藏",
+      no_variables: "没有环境变量。", set_variable: "保存变量", secret_write_only: "密钥（只写，加密保存）",
+      variables_help: "项目的每个任务都会在环境中获得已启用的变量；任务自己的值优先。密钥保存后不再显示。",
+      var_delete_confirm: "删除变量 {name}？任务将不再获得它。", var_deleted: "变量 {name} 已删除。",
+      var_saved: "变量 {name} 已保存。", import_variables: "导入", import_help: "KEY=VALUE 行或青龙导出的环境变量（JSON）",
+      import_as_secrets: "作为密钥导入", var_imported: "已导入 {n} 个变量。", project: "项目", sign_out: "退出", keep: "保留",
       nav_deps: "依赖", deps_kind: "类型", deps_spec: "依赖项", deps_add: "添加并安装",
       deps_none: "没有依赖。", deps_hint: "Python：PEP 508 依赖（requests==2.32.*）。Node：npm 包名和可选版本范围（axios@^1.7）。每次修改都由任务 ql3-deps 的一次运行安装全部依赖。",
       deps_install_run: "安装运行：", deps_unchanged: "已在依赖中，无需安装。", deps_install_again: "重新安装",
@@ -137,7 +150,8 @@
       skipped: "跳过的触发", no_skipped: "没有跳过的触发。",
       first_revision: "首个版本", no_change: "无变化", save: "保存", create: "创建", cancel_edit: "返回",
       env_lines: "环境变量（每行 KEY=VALUE）", env_keep: "留空则保留当前环境变量（{keys}）；填写则整体替换。",
-      require: "要求标签（k=v，逗号分隔）", timeout_s: "超时（秒）", grace_s: "宽限期（秒）",
+      require: "要求标签（k=v，逗号分隔）", timeout_s: "超时（90、5m、1h30m）", grace_s: "宽限期（5s）",
+      bad_duration: "{field}：请写秒数（90）或 90s、5m、1h30m 这样的时长",
       delete_confirm: "删除任务 {name}？其运行记录会保留。", deleted: "任务 {name} 已删除。", created_task: "任务 {name} 已创建。",
       published: "已发布版本 {rev}：{changes}。", unchanged: "没有变化。",
       run: "运行", task: "任务", status: "状态", trigger: "触发方式", attempt: "尝试", created: "创建时间",
@@ -338,6 +352,13 @@
     return d.toLocaleString(lang === "zh" ? "zh-CN" : undefined, { hour12: false });
   }
 
+  // A fire's wall time in the task's own zone, when that is not what the viewer already sees.
+  function zoneTime(task, i) {
+    const local = (task.next_fires_local || [])[i];
+    if (!local || (utc && task.tz === "UTC")) return null;
+    return el("span", { class: "muted zone-time", text: " · " + local.slice(0, 16).replace("T", " ") + " " + task.tz });
+  }
+
   function relTime(ms) {
     const diff = ms - Date.now();
     const abs = Math.abs(diff);
@@ -359,6 +380,34 @@
   function whenRel(ms) {
     if (typeof ms !== "number" || ms <= 0) return "";
     return el("time", { datetime: new Date(ms).toISOString(), title: absTime(ms), text: relTime(ms) });
+  }
+
+  // Durations as the CLI takes them (docs/tasks.md "Durations"): 90, 2.5, 90s, 5m, 1h30m, 2d, 500ms.
+  const DURATION_UNITS = { w: 604800e3, d: 86400e3, h: 3600e3, m: 60e3, s: 1e3, ms: 1 };
+  function parseDuration(text) {
+    const s = String(text).trim().replace(/([a-z])\s+/g, "$1");
+    if (/^\d+(\.\d+)?$/.test(s)) return Math.round(Number(s) * 1000);
+    const order = Object.keys(DURATION_UNITS), re = /(\d+(?:\.\d+)?)(ms|[wdhms])/y;
+    let total = 0, last = -1, m;
+    while ((m = re.exec(s)) !== null) {
+      const unit = order.indexOf(m[2]);
+      if (unit <= last) return NaN;
+      total += Number(m[1]) * DURATION_UNITS[m[2]];
+      last = unit;
+      if (re.lastIndex === s.length) return Math.round(total);
+    }
+    return NaN;
+  }
+
+  function durationInput(ms) {
+    if (typeof ms !== "number") return "";
+    if (ms % 1000) return String(ms / 1000);
+    const parts = [];
+    let rest = ms / 1000;
+    for (const [unit, size] of [["h", 3600], ["m", 60], ["s", 1]]) {
+      if (rest >= size) { parts.push(Math.floor(rest / size) + unit); rest %= size; }
+    }
+    return parts.join("") || "0";
   }
 
   function duration(ms) {
@@ -543,6 +592,7 @@
       workers: () => pageWorkers(view, mine),
       tokens: () => pageTokens(view, mine),
       deps: () => pageDeps(view, mine),
+      variables: () => pageVariables(view, mine),
     };
     try {
       if (!me.role) await loadIdentity();
@@ -813,9 +863,11 @@
         [t("cwd"), cwdView(task)],
         [t("env_keys"), task.env_keys.length ? el("code", { text: task.env_keys.join(", ") }) : t("none")],
         [t("revision"), "r" + task.revision],
-        [t("cron"), task.cron ? el("code", { text: task.cron }) : t("none")],
+        [t("cron"), task.cron ? el("span", {}, el("code", { text: task.cron.replace(/^CRON_TZ=\S+\s+/, "") }), " ",
+          el("span", { class: "muted", id: "task-tz", text: "(" + task.tz + ")" })) : t("none")],
         [t("next_fire"), (task.next_fires_at_ms || []).length
-          ? el("ol", { class: "timeline", id: "next-fires" }, task.next_fires_at_ms.map((ms) => el("li", {}, when(ms))))
+          ? el("ol", { class: "timeline", id: "next-fires" }, task.next_fires_at_ms.map((ms, i) => el("li", {}, when(ms),
+            zoneTime(task, i))))
           : task.next_fire_at_ms ? when(task.next_fire_at_ms) : null],
         [t("timeout"), seconds(task.timeout_ms)],
         [t("grace"), seconds(task.grace_ms)],
@@ -862,13 +914,13 @@
     const select = (name, options, value) => el("select", { name: name },
       options.map((o) => el("option", { value: o, text: lbl(kinds[name], o), selected: o === value })));
     const f = {
-      name: input("name", cloneRef && base ? base.name + "-copy" : "", { required: true, pattern: "[A-Za-z0-9][A-Za-z0-9._\\-]*", maxlength: 128 }),
+      name: input("name", cloneRef && base ? base.name + "-copy" : "", { required: true, pattern: "[^\\/\\-\\s][^\\/]*", maxlength: 128 }),
       command: el("textarea", { name: "command", rows: 3, required: true }),
       cron: input("cron", base ? base.cron : "", { placeholder: "0 3 * * *" }),
       cwd: input("cwd", base && base.command_visible ? base.cwd : "", { placeholder: "/srv/app" }),
       env: el("textarea", { name: "env", rows: 2, placeholder: editing ? t("env_keep", { keys: base.env_keys.join(", ") || t("none") }) : "KEY=VALUE" }),
-      timeout: input("timeout", base && base.timeout_ms ? base.timeout_ms / 1000 : "", { type: "number", min: 1, step: "any" }),
-      grace: input("grace", base ? base.grace_ms / 1000 : 5, { type: "number", min: 0, step: "any" }),
+      timeout: input("timeout", base && base.timeout_ms ? durationInput(base.timeout_ms) : "", { placeholder: "1h30m" }),
+      grace: input("grace", base ? durationInput(base.grace_ms) : "5s", { placeholder: "5s" }),
       max_attempts: input("max_attempts", base ? base.max_attempts : 1, { type: "number", min: 1, max: 100 }),
       require: input("require", base ? Object.entries(base.require).map(([k, v]) => k + "=" + v).join(",") : "", { placeholder: "zone=eu" }),
       overlap: select("overlap", ["allow", "skip", "cancel_previous"], base ? base.overlap : "allow"),
@@ -891,13 +943,17 @@
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       try {
-        const timeout = f.timeout.value.trim() ? Math.round(Number(f.timeout.value) * 1000) : null;
+        const timeout = f.timeout.value.trim() ? parseDuration(f.timeout.value) : null;
+        const grace = f.grace.value.trim() ? parseDuration(f.grace.value) : 0;
+        for (const [key, v] of [["timeout_s", timeout], ["grace_s", grace]]) {
+          if (Number.isNaN(v)) throw new Error(t("bad_duration", { field: t(key) }));
+        }
         const spec = {
           command: f.command.value,
           cron: f.cron.value.trim() || null,
           cwd: f.cwd.value.trim() || null,
           timeout_ms: timeout,
-          grace_ms: Math.round(Number(f.grace.value || 0) * 1000),
+          grace_ms: grace,
           max_attempts: Number(f.max_attempts.value || 1),
           require: parsePairs(f.require.value, ","),
           overlap: f.overlap.value, misfire: f.misfire.value, approval: f.approval.value,
@@ -1801,6 +1857,74 @@
     }
     parts.push(el("section", {}, holder));
     put(view, ...parts);
+  }
+
+  // --- project variables and secrets (docs/variables.md) ----------------------------------------------
+  async function pageVariables(view, mine) {
+    const page = await get(pp("/variables"));
+    if (!current(mine)) return;
+    const editable = can("task.write");
+    const holder = el("div");
+    const redraw = async () => { const again = await get(pp("/variables")); if (current(mine)) draw(again.items); };
+    const draw = (items) => put(holder, table([t("name"), t("value"), t("state"), t("note"), t("updated"), t("actions")],
+      items.map((v) => ({
+        id: v.name,
+        cells: [
+          el("code", { text: v.name }),
+          v.secret ? badge("secret", t("secret")) : v.value === null ? el("span", { class: "muted", text: t("hidden") })
+            : el("code", { class: "value", text: v.value }),
+          v.enabled ? badge("enabled", t("enabled")) : badge("disabled", t("disabled")),
+          v.note, when(v.updated_at_ms),
+          editable ? btn(t("delete"), async () => {
+            if (!(await confirmAction(t("var_delete_confirm", { name: v.name }), t("delete")))) return;
+            try { await request("DELETE", pp("/variables/" + enc(v.name))); say(t("var_deleted", { name: v.name })); await redraw(); } catch (e) { fail(e); }
+          }, "danger") : "",
+        ],
+      })), t("no_variables"), t("nav_variables")));
+    draw(page.items);
+    const sections = [el("p", { class: "muted", text: t("variables_help") })];
+    if (editable) {
+      const f = {
+        name: el("input", { name: "var_name", required: true, maxlength: 128, pattern: "[A-Za-z_][A-Za-z0-9_]*", placeholder: "JD_COOKIE", autocomplete: "off" }),
+        value: el("textarea", { name: "var_value", rows: 2, autocomplete: "off", spellcheck: "false" }),
+        note: el("input", { name: "var_note", maxlength: 256 }),
+        secret: el("input", { type: "checkbox", name: "var_secret" }),
+        enabled: el("input", { type: "checkbox", name: "var_enabled", checked: true }),
+      };
+      const form = el("form", { class: "task", id: "variable-form", "aria-label": t("set_variable") },
+        el("label", {}, t("name"), f.name), el("label", {}, t("note"), f.note),
+        el("label", { class: "wide" }, t("value"), f.value),
+        el("label", { class: "check" }, f.secret, t("secret_write_only")),
+        el("label", { class: "check" }, f.enabled, t("enabled")),
+        el("p", { class: "actions wide" }, el("button", { type: "submit", class: "primary", text: t("set_variable") })));
+      form.addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        try {
+          const name = f.name.value.trim();
+          await request("PUT", pp("/variables/" + enc(name)), { value: f.value.value, secret: f.secret.checked, enabled: f.enabled.checked, note: f.note.value });
+          f.value.value = "";
+          say(t("var_saved", { name }));
+          await redraw();
+        } catch (e) { fail(e); }
+      });
+      const text = el("textarea", { name: "import_text", rows: 3, placeholder: "KEY=VALUE", spellcheck: "false" });
+      const secret = el("input", { type: "checkbox", name: "import_secret" });
+      const importer = el("form", { class: "task", id: "variable-import", "aria-label": t("import_variables") },
+        el("label", { class: "wide" }, t("import_help"), text),
+        el("label", { class: "check" }, secret, t("import_as_secrets")),
+        el("p", { class: "actions wide" }, el("button", { type: "submit", text: t("import_variables") })));
+      importer.addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        try {
+          const res = await post(pp("/variables"), { text: text.value, secret: secret.checked });
+          text.value = "";
+          say(t("var_imported", { n: res.body.imported }));
+          await redraw();
+        } catch (e) { fail(e); }
+      });
+      sections.push(form, importer);
+    }
+    put(view, el("h1", { text: t("nav_variables") }), el("section", {}, sections), el("section", {}, holder));
   }
 
   // --- chrome: language, time zone, menu, project, sign out ------------------------------------------

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, status
+from pydantic import BaseModel, Field
 
-from ql3.application import auth
+from ql3.application import auth, project_settings
 from ql3.domain.errors import PermissionDenied
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import (
+    Body,
     ProjectCreate,
     ProjectOut,
     ProjectPage,
@@ -78,5 +80,37 @@ def create_token(project: str, body: TokenCreate, db: DbDep, principal: Principa
             issued_by=principal,
         )
         return token_out(issued)
+
+    return db.transaction(unit)
+
+
+class ProjectSettingsOut(BaseModel):
+    # The zone new cron schedules are written in when their task names none (null: UTC).
+    default_tz: str | None
+
+
+class ProjectSettingsIn(Body):
+    default_tz: str | None = Field(json_schema_extra={"minLength": 1, "maxLength": 64})
+
+
+@router.get("/{project}/settings", response_model=ProjectSettingsOut)
+def show_settings(project: str, db: DbDep, principal: PrincipalDep) -> ProjectSettingsOut:
+    def unit(tx: Transaction) -> ProjectSettingsOut:
+        found = auth.authorize(tx, principal, project, "task.read")
+        return ProjectSettingsOut(default_tz=project_settings.default_zone(tx, found))
+
+    return db.transaction(unit, write=False)
+
+
+@router.put("/{project}/settings", response_model=ProjectSettingsOut)
+def set_settings(
+    project: str, body: ProjectSettingsIn, db: DbDep, principal: PrincipalDep
+) -> ProjectSettingsOut:
+    """Replace the project's settings. ``default_tz`` applies to tasks created (or given their first
+    schedule) afterwards; existing schedules keep their zone (docs/tasks.md "Time zones")."""
+
+    def unit(tx: Transaction) -> ProjectSettingsOut:
+        found = auth.authorize(tx, principal, project, "project.admin")
+        return ProjectSettingsOut(default_tz=project_settings.set_default_zone(tx, found, body.default_tz))
 
     return db.transaction(unit)

@@ -12,15 +12,17 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ql3.application import attempt_logs, auth, lookup, run_queries, runs, tasks, workers
+from ql3.application import attempt_logs, auth, lookup, run_queries, runs, tasks, variables, workers
 from ql3.application.dispatch_reasons import DispatchReasons
 from ql3.domain.errors import NotFound
 from ql3.domain.ids import is_id
 from ql3.domain.model import Attempt, Run
 from ql3.domain.states import is_run_terminal
+from ql3.domain.variables import mask, mask_bytes
 from ql3.http import logs
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import DispatchReasonOut, EventPage, LogPage, RunOut, RunPage, event_out, run_row_out
+from ql3.http.routes.variables import BoxDep
 from ql3.ports.storage import Database, Transaction
 
 # The status filter as the OpenAPI document states it: known statuses, comma-separated.
@@ -173,16 +175,18 @@ def read_logs(
     db: DbDep,
     principal: PrincipalDep,
     logs_root: LogsRootDep,
+    box: BoxDep,
     offset: Annotated[int, Query(ge=0, le=2**62, description="the next_offset of the previous page")] = 0,
     max_bytes: Annotated[int, Query(ge=1, le=logs.MAX_LOG_PAGE)] = logs.DEFAULT_LOG_PAGE,
     attempt: Annotated[
         int | None, Query(ge=1, le=MAX_ATTEMPTS_LISTED, description="default: the latest attempt")
     ] = None,
 ) -> LogPage:
-    """A page of the attempt's output (UTF-8, invalid bytes replaced). Poll with ``offset=next_offset``;
+    """A page of the attempt's output (UTF-8, invalid bytes replaced; the project's secret values
+    masked as ``***`` within a page, docs/variables.md). Poll with ``offset=next_offset``;
     ``complete`` means the run is terminal and no more bytes follow."""
 
-    def unit(tx: Transaction) -> tuple[bool, Attempt | None, LogPage | None]:
+    def unit(tx: Transaction) -> tuple[bool, Attempt | None, LogPage | None, list[str]]:
         found = auth.authorize(tx, principal, project, "run.read")
         run = runs.get_run(tx, found.id, _run_id(run_id))
         terminal = is_run_terminal(run.status)
@@ -190,12 +194,12 @@ def read_logs(
         page = None
         if chosen is not None:
             page = _stored_page(tx, chosen, terminal, offset, max_bytes, local=logs_root is not None)
-        return terminal, chosen, page
+        return terminal, chosen, page, variables.secret_values(tx, found.id, box)
 
     # The status is read before the log: when the run was terminal then, the log was already whole.
-    terminal, chosen, stored = db.transaction(unit, write=False)
+    terminal, chosen, stored, secrets = db.transaction(unit, write=False)
     if stored is not None:
-        return stored
+        return stored.model_copy(update={"data": mask(stored.data, secrets)}) if secrets else stored
     if chosen is None:  # no attempt yet (queued, or cancelled before one): an empty log
         return LogPage(attempt=None, offset=offset, next_offset=offset, data="", eof=True, complete=terminal)
     if logs_root is None:  # not reached: without log files every attempt's log is the stored one
@@ -206,7 +210,7 @@ def read_logs(
         attempt=chosen.attempt,
         offset=offset,
         next_offset=next_offset,
-        data=text,
+        data=mask(text, secrets),
         eof=chunk.eof,  # a character still being written is held back, but nothing else follows yet
         complete=terminal and chunk.eof,  # a terminal run's last page is never held back
     )
@@ -255,18 +259,20 @@ def read_raw_log(
     db: DbDep,
     principal: PrincipalDep,
     logs_root: LogsRootDep,
+    box: BoxDep,
     attempt: Annotated[
         int | None, Query(ge=1, le=MAX_ATTEMPTS_LISTED, description="default: the latest attempt")
     ] = None,
 ) -> StreamingResponse:
-    """The attempt's whole log as written so far, as a ``text/plain`` download (bytes as written)."""
+    """The attempt's whole log as written so far, as a ``text/plain`` download (bytes as written, the
+    project's secret values masked as ``***`` within each 256 KiB page)."""
 
-    def unit(tx: Transaction) -> tuple[str, Attempt | None]:
+    def unit(tx: Transaction) -> tuple[str, Attempt | None, list[str]]:
         found = auth.authorize(tx, principal, project, "run.read")
         run = runs.get_run(tx, found.id, _run_id(run_id))
-        return run.id, lookup.attempt_of(tx, run.id, attempt)
+        return run.id, lookup.attempt_of(tx, run.id, attempt), variables.secret_values(tx, found.id, box)
 
-    found_id, chosen = db.transaction(unit, write=False)
+    found_id, chosen, secrets = db.transaction(unit, write=False)
     shipped = None
     if chosen is not None:
         attempt_id = chosen.id
@@ -275,6 +281,8 @@ def read_raw_log(
         body: Iterator[bytes] = _stored_body(db, shipped)  # None (nothing shipped yet): empty
     else:
         body = _file_body(logs_root, chosen)
+    if secrets:
+        body = (mask_bytes(page, secrets) for page in body)
     return StreamingResponse(
         body,
         media_type="text/plain; charset=utf-8",

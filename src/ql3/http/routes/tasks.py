@@ -20,6 +20,7 @@ from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.domain.ids import is_id
 from ql3.domain.model import Principal, Project
 from ql3.domain.tasks import TaskSpec, build_spec, next_fire_ms, public_spec
+from ql3.domain.timezones import local_iso
 from ql3.domain.workers import effective_placement
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import (
@@ -101,7 +102,7 @@ def list_tasks(
 def create_task(project: str, body: TaskCreate, db: DbDep, principal: PrincipalDep) -> TaskCreated:
     def unit(tx: Transaction) -> TaskCreated:
         found = auth.authorize(tx, principal, project, "task.write")
-        view = tasks.create_task(tx, found.id, body.name, body.spec(), enabled=body.enabled)
+        view = tasks.create_task(tx, found.id, body.name, body.spec(), enabled=body.enabled, tz=body.tz)
         return TaskCreated(
             **task_out(view, reveal=True).model_dump(), warnings=_placement_warnings(tx, view.spec)
         )
@@ -135,6 +136,7 @@ def show_task(project: str, task: str, db: DbDep, principal: PrincipalDep) -> Ta
             task_id, found_view.spec, schedules.next_occurrence_at(tx, task_id)
         )
         out.skipped_occurrences = _skipped(tx, task_id, SKIPPED_SHOWN)
+        out.next_fires_local = [local_iso(ms, out.tz) for ms in out.next_fires_at_ms]
         return out
 
     return db.transaction(unit, write=False)
@@ -194,7 +196,7 @@ def edit_task(project: str, task: str, body: TaskEdit, db: DbDep, principal: Pri
 
     def unit(tx: Transaction) -> TaskOut:
         found = auth.authorize(tx, principal, project, "task.write")
-        return task_out(tasks.edit_task(tx, found.id, task, body.changes()), reveal=True)
+        return task_out(tasks.edit_task(tx, found.id, task, body.changes(), tz=body.tz), reveal=True)
 
     return db.transaction(unit)
 

@@ -212,6 +212,17 @@ COLUMN project_dependencies.name text null=NO default=None
 COLUMN project_dependencies.spec text null=NO default=None
 COLUMN project_dependencies.created_at_ms bigint null=NO default=None
 COLUMN project_dependencies.updated_at_ms bigint null=NO default=None
+COLUMN project_settings.project_id text null=NO default=None
+COLUMN project_settings.default_tz text null=YES default=None
+COLUMN project_settings.updated_at_ms bigint null=NO default=None
+COLUMN project_variables.project_id text null=NO default=None
+COLUMN project_variables.name text null=NO default=None
+COLUMN project_variables.value text null=NO default=None
+COLUMN project_variables.secret boolean null=NO default=None
+COLUMN project_variables.enabled boolean null=NO default=None
+COLUMN project_variables.note text null=NO default=None
+COLUMN project_variables.created_at_ms bigint null=NO default=None
+COLUMN project_variables.updated_at_ms bigint null=NO default=None
 COLUMN projects.id text null=NO default=None
 COLUMN projects.name text null=NO default=None
 COLUMN projects.version bigint null=NO default=None
@@ -400,6 +411,8 @@ INDEX CREATE INDEX parked_items_project ON public.parked_items USING btree (proj
 INDEX CREATE UNIQUE INDEX principals_pkey ON public.principals USING btree (id)
 INDEX CREATE UNIQUE INDEX principals_token_digest_key ON public.principals USING btree (token_digest)
 INDEX CREATE UNIQUE INDEX project_dependencies_pkey ON public.project_dependencies USING btree (project_id, kind, name)
+INDEX CREATE UNIQUE INDEX project_settings_pkey ON public.project_settings USING btree (project_id)
+INDEX CREATE UNIQUE INDEX project_variables_pkey ON public.project_variables USING btree (project_id, name)
 INDEX CREATE UNIQUE INDEX projects_name_key ON public.projects USING btree (name)
 INDEX CREATE UNIQUE INDEX projects_pkey ON public.projects USING btree (id)
 INDEX CREATE UNIQUE INDEX ql3_clock_pkey ON public.ql3_clock USING btree (singleton)
@@ -637,6 +650,13 @@ CONSTRAINT project_dependencies.project_dependencies_name_check CHECK (((length(
 CONSTRAINT project_dependencies.project_dependencies_pkey PRIMARY KEY (project_id, kind, name)
 CONSTRAINT project_dependencies.project_dependencies_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT project_dependencies.project_dependencies_spec_check CHECK (((length(spec) >= 1) AND (length(spec) <= 200)))
+CONSTRAINT project_settings.project_settings_default_tz_check CHECK (((default_tz IS NULL) OR ((length(default_tz) >= 1) AND (length(default_tz) <= 64))))
+CONSTRAINT project_settings.project_settings_pkey PRIMARY KEY (project_id)
+CONSTRAINT project_settings.project_settings_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT project_variables.project_variables_name_check CHECK (((length(name) >= 1) AND (length(name) <= 128)))
+CONSTRAINT project_variables.project_variables_note_check CHECK ((length(note) <= 256))
+CONSTRAINT project_variables.project_variables_pkey PRIMARY KEY (project_id, name)
+CONSTRAINT project_variables.project_variables_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT projects.projects_name_key UNIQUE (name)
 CONSTRAINT projects.projects_pkey PRIMARY KEY (id)
 CONSTRAINT projects.projects_version_check CHECK ((version >= 1))
