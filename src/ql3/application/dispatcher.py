@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import lease_claims, leases, workers
+from ql3.application import lease_claims, leases, scripts, workers
 from ql3.application.runs import latest_attempt
 from ql3.application.tasks import get_revision
 from ql3.domain import leases as lease_rules
@@ -122,12 +122,31 @@ def build_plan(
         project_id=project_id,
         task_id=task_id,
         task_revision=revision,
+        script=None if task_spec.script is None else scripts.payload(tx, project_id, task_spec.script),
     )
     return spec, task_spec
 
 
-def candidate_plan(task_spec: TaskSpec, cand: QueuedCandidate, attempt_id: str) -> ExecutionSpec:
-    """The ExecutionSpec of a queued candidate's claimed attempt (the dispatcher's and the pull's)."""
+def candidate_plan(
+    task_spec: TaskSpec,
+    cand: QueuedCandidate,
+    attempt_id: str,
+    *,
+    db: Database | None = None,
+    tx: Transaction | None = None,
+) -> ExecutionSpec:
+    """The ExecutionSpec of a queued candidate's claimed attempt (the dispatcher's and the pull's).
+    A script task reads its script's current content (docs/scripts.md): in ``tx`` when the caller
+    holds one (never a second connection while one is held), else in one read of ``db``."""
+    script = None
+    if task_spec.script is not None:
+        read = partial(scripts.payload, project_id=cand.project_id, path=task_spec.script)
+        if tx is not None:
+            script = read(tx)
+        elif db is not None:
+            script = db.transaction(read, write=False)
+        else:
+            raise ValueError("a script task's plan needs the database")
     return ExecutionSpec.for_attempt(
         task_spec,
         run_id=cand.run_id,
@@ -135,6 +154,7 @@ def candidate_plan(task_spec: TaskSpec, cand: QueuedCandidate, attempt_id: str) 
         project_id=cand.project_id,
         task_id=cand.task_id,
         task_revision=cand.task_revision,
+        script=script,
     )
 
 
@@ -448,7 +468,10 @@ class RunDispatcher:
         ranked = rank(placement, snapshot)
         if not ranked:
             return "no_match"
-        spec = candidate_plan(task_spec, cand, attempt_id)
+        try:
+            spec = candidate_plan(task_spec, cand, attempt_id, db=self._db)
+        except Ql3Error:
+            return "plans_unavailable"
         worker, score = ranked[0]
         return _Planned(
             run_id=cand.run_id,

@@ -22,6 +22,7 @@ from ql3.cli import (
     projects,
     refs,
     runs,
+    scripts,
     server,
     tasks,
     tokens,
@@ -115,6 +116,7 @@ def build_parser() -> Parser:
     tokens.register(commands)
     whoami.register(commands)
     projects.register(commands)
+    scripts.register(commands)
     db.register(commands)
     completion.register(commands)
     notify.register(commands)

@@ -317,9 +317,13 @@ class PullService:
             except Ql3Error:
                 reason, whole = "plans_unavailable", False
                 continue
-            spec = candidate_plan(task_spec, cand, cand.attempt_id)
             if not rank(placement, [snapshot]):
                 reason, whole = "no_match", False
+                continue
+            try:  # a script task reads its script in this same transaction (docs/scripts.md)
+                spec = candidate_plan(task_spec, cand, cand.attempt_id, tx=tx)
+            except Ql3Error:
+                reason, whole = "plans_unavailable", False
                 continue
             outcome = self._claim(
                 tx, req=req, cand=cand, attempt_id=cand.attempt_id, digest=digest, locked=locked

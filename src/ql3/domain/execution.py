@@ -18,6 +18,7 @@ from typing import Any, Final, TypedDict
 
 from ql3.domain.digests import canonical_json, sha256_hex
 from ql3.domain.errors import ValidationFailed
+from ql3.domain.scripts import script_digest, validate_script_content, validate_script_path
 from ql3.domain.tasks import (
     DEFAULT_GRACE_MS,
     EnvironmentPolicy,
@@ -101,6 +102,35 @@ def _identity_to_wire(spec: ExecutionSpec | JournalSpec) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScriptPayload:
+    """The project script a run executes, as it was when the run was offered (docs/scripts.md): its
+    path, the sha256 of its content and the content itself. ``content`` is None when the script was
+    not found then; the worker refuses such a launch (``script_missing``)."""
+
+    path: str
+    digest: str
+    content: str | None = field(repr=False)
+
+    def to_wire(self) -> dict[str, Any]:
+        if self.content is None:
+            return {"path": self.path, "missing": True}
+        return {"path": self.path, "digest": self.digest, "content": self.content}
+
+    @staticmethod
+    def from_wire(raw: object) -> ScriptPayload:
+        """Validate a received script: its path, its size and that its content matches its digest."""
+        src = _mapping(raw)
+        path = validate_script_path(src.get("path"), "script.path")
+        if src.get("missing") is True:
+            return ScriptPayload(path=path, digest="", content=None)
+        content = validate_script_content(src.get("content"), "script.content")
+        digest = src.get("digest")
+        if not isinstance(digest, str) or script_digest(content) != digest:
+            raise ValidationFailed("the script's content does not match its digest", field="script.digest")
+        return ScriptPayload(path=path, digest=digest, content=content)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutionSpec:
     """One attempt's identity and the execution fields of its pinned revision. Immutable: the
     environment is a sorted tuple of pairs. The command, working directory and environment are
@@ -117,6 +147,7 @@ class ExecutionSpec:
     environment: tuple[tuple[str, str], ...] = field(repr=False)
     timeout_ms: int | None
     termination_grace_ms: int
+    script: ScriptPayload | None = None
 
     @staticmethod
     def for_attempt(
@@ -127,8 +158,10 @@ class ExecutionSpec:
         project_id: str,
         task_id: str,
         task_revision: int,
+        script: ScriptPayload | None = None,
     ) -> ExecutionSpec:
-        """The spec of one attempt of ``task`` (validated when it was built: nothing is checked again)."""
+        """The spec of one attempt of ``task`` (validated when it was built: nothing is checked again);
+        ``script`` is the task's script as read when the run is offered."""
         return ExecutionSpec(
             run_id=run_id,
             attempt_id=attempt_id,
@@ -141,6 +174,7 @@ class ExecutionSpec:
             environment=tuple(sorted(task.env.items())),
             timeout_ms=task.timeout_ms,
             termination_grace_ms=task.grace_ms,
+            script=script,
         )
 
     def environment_map(self) -> dict[str, str]:
@@ -158,6 +192,8 @@ class ExecutionSpec:
         if self.timeout_ms is not None:
             out["timeoutMs"] = self.timeout_ms
         out["terminationGraceMs"] = self.termination_grace_ms
+        if self.script is not None:
+            out["script"] = self.script.to_wire()
         return out
 
     def digest(self) -> str:
@@ -185,7 +221,9 @@ class ExecutionSpec:
         if not isinstance(cmd, Mapping) or cmd.get("kind") != "shell":
             raise ValidationFailed("invalid command", field="command")
         cwd = src.get("workingDirectory")
+        script = src.get("script")
         return ExecutionSpec(
+            script=None if script is None else ScriptPayload.from_wire(script),
             **_identity_from_wire(src),
             command=validate_command(cmd.get("command"), "command"),
             working_directory=None if cwd is None else validate_cwd(cwd, "workingDirectory"),

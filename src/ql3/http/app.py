@@ -25,6 +25,7 @@ from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHea
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
+from ql3.http.routes import scripts as script_routes
 from ql3.http.run_intake import StartRunFastPath
 from ql3.ports.storage import Database
 
@@ -212,6 +213,7 @@ def create_app(
         lookup.router,
         notification_routes.router,
         parking_routes.router,
+        script_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     for extension in extensions:

@@ -112,11 +112,18 @@ class TaskSpecFields(Body):
     max_attempts: int | None = None
     retry_safe: bool | None = None
     misfire: Literal["skip", "fire_once"] | None = None
+    script: str | None = Field(
+        default=None, max_length=255, description="a project script's path (docs/scripts.md)"
+    )
 
 
 class TaskCreate(TaskSpecFields):
     name: str = Field(json_schema_extra=NAME_SCHEMA)
-    command: str = Field(json_schema_extra=COMMAND_SCHEMA)
+    command: str | None = Field(
+        default=None,
+        json_schema_extra=COMMAND_SCHEMA,
+        description="required unless script is given (then the script's interpreter runs it)",
+    )
     enabled: bool = True
 
     def spec(self) -> dict[str, Any]:
@@ -188,6 +195,7 @@ class TaskOut(BaseModel):
     retry_safe: bool
     executor: str
     misfire: str
+    script: str | None = None
     next_fire_at_ms: int | None
     next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, from next_fire_at_ms
     # Shown only to roles that may edit the task or decide its approvals (docs/console.md).

@@ -1,0 +1,178 @@
+"""A project's scripts (docs/scripts.md): path rules, size limits, content digests, the default
+command for a script task, and the QingLong-style ``cron:`` header a subscription reads.
+
+Scripts live in the database, one immutable revision per change. A run of a task that names a script
+carries the script's content and digest in its offer (``ScriptPayload`` in ``domain/execution.py``):
+a remote worker needs nothing but the offer, and checks the digest before it writes the file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from ql3.domain.digests import sha256_hex
+from ql3.domain.errors import ValidationFailed
+
+MAX_SCRIPT_BYTES: Final = 128 * 1024  # fits a JSON body under the API's 256 KiB cap
+MAX_PATH_BYTES: Final = 255
+MAX_PATH_DEPTH: Final = 8
+MAX_SCRIPTS_PER_PROJECT: Final = 2000
+# One path segment: letters (any script), digits, dot, dash, underscore, plus and @; never ``.``/``..``.
+_SEGMENT_RE: Final = re.compile(r"[\w.@+-]{1,128}")
+INTERPRETERS: Final[dict[str, str]] = {
+    ".py": "python3",
+    ".js": "node",
+    ".mjs": "node",
+    ".cjs": "node",
+    ".sh": "bash",
+    ".ts": "ts-node",
+}
+
+
+def validate_script_path(value: object, what: str = "path") -> str:
+    """A relative POSIX path inside the project's scripts: no ``..``, no absolute path, no hidden or
+    empty segment, no backslash or control character, at most 8 segments and 255 bytes."""
+    if not isinstance(value, str) or not value:
+        raise ValidationFailed(f"invalid {what}: empty", field=what)
+    rule = (
+        "a relative path of letters, digits, '.', '_', '-', '+', '@' segments"
+        " (no '..', no leading '/' or '.')"
+    )
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ValidationFailed(f"invalid {what}: {rule}", field=what) from None
+    parts = value.split("/")
+    if size > MAX_PATH_BYTES or len(parts) > MAX_PATH_DEPTH:
+        raise ValidationFailed(f"invalid {what}: too long", field=what)
+    for part in parts:
+        if part in ("", ".", "..") or part.startswith(".") or _SEGMENT_RE.fullmatch(part) is None:
+            raise ValidationFailed(f"invalid {what}: {rule}", field=what)
+    return value
+
+
+def validate_script_content(value: object, what: str = "content") -> str:
+    """UTF-8 text without NUL, at most ``MAX_SCRIPT_BYTES``."""
+    if not isinstance(value, str):
+        raise ValidationFailed(f"invalid {what}", field=what)
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ValidationFailed(f"{what} is not valid text", field=what) from None
+    if size > MAX_SCRIPT_BYTES:
+        raise ValidationFailed(
+            f"{what} is too large: {size} bytes, the limit is {MAX_SCRIPT_BYTES}", field=what
+        )
+    if "\x00" in value:
+        raise ValidationFailed(f"{what} contains NUL (scripts are text)", field=what)
+    return value
+
+
+def script_digest(content: str) -> str:
+    """``sha256`` of the content's UTF-8 bytes, hex."""
+    return sha256_hex(content.encode())
+
+
+def default_command(path: str) -> str:
+    """The command a script task runs when none is given: the interpreter its suffix names, on the
+    file the worker wrote (``$QL3_SCRIPT``)."""
+    for suffix, interpreter in INTERPRETERS.items():
+        if path.endswith(suffix):
+            return f'{interpreter} "$QL3_SCRIPT"'
+    return '"$QL3_SCRIPT"'
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScriptHeader:
+    """What a QingLong-style header says: the cron expression and the title, each when present."""
+
+    cron: str | None
+    title: str | None
+
+
+# QingLong's forms: ``cron: 0 8 * * *``, ``cron "0 8 * * *" script-path=..., tag=Title``, and a title in
+# ``new Env('Title')`` or ``title: Title`` / ``name: Title``.
+_CRON_COLON_RE: Final = re.compile(r"^[\s#/*;'\"-]*cron\s*[:=]\s*['\"]?([^'\"\n]+?)['\"]?\s*$", re.I | re.M)
+_CRON_QUOTED_RE: Final = re.compile(r"^[\s#/*;-]*cron\s+['\"]([^'\"\n]+)['\"](.*)$", re.I | re.M)
+_TAG_RE: Final = re.compile(r"tag\s*=\s*([^,\n]+)")
+_ENV_TITLE_RE: Final = re.compile(r"new\s+Env\(\s*['\"]([^'\"\n]{1,120})['\"]")
+_TITLE_RE: Final = re.compile(
+    r"^[\s#/*;-]*(?:title|name)\s*[:=]\s*['\"]?([^'\"\n]{1,120}?)['\"]?\s*$", re.I | re.M
+)
+HEADER_BYTES: Final = 4096
+
+
+def parse_header(content: str) -> ScriptHeader:
+    """The ``cron:`` line and title in the first 4 KiB of a script (None for what is absent)."""
+    head = content[:HEADER_BYTES]
+    cron: str | None = None
+    title: str | None = None
+    quoted = _CRON_QUOTED_RE.search(head)
+    if quoted is not None:
+        cron = quoted.group(1).strip()
+        tag = _TAG_RE.search(quoted.group(2))
+        if tag is not None:
+            title = tag.group(1).strip()
+    else:
+        colon = _CRON_COLON_RE.search(head)
+        if colon is not None:
+            cron = colon.group(1).strip()
+    if title is None:
+        found = _ENV_TITLE_RE.search(head) or _TITLE_RE.search(head)
+        if found is not None:
+            title = found.group(1).strip()
+    return ScriptHeader(cron=cron or None, title=title or None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Script:
+    project_id: str
+    path: str
+    revision: int
+    digest: str
+    size_bytes: int
+    updated_at_ms: int
+    updated_by: str
+    content: str | None  # None in listings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScriptRevision:
+    project_id: str
+    path: str
+    revision: int
+    content: str | None  # None for a deletion, and in listings
+    digest: str | None  # None for a deletion
+    author: str
+    source: str
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Subscription:
+    id: str
+    project_id: str
+    name: str
+    repo_url: str
+    branch: str | None
+    path_glob: str | None
+    cron: str | None
+    deploy_key: str | None
+    next_sync_at_ms: int | None
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubscriptionSync:
+    id: str
+    subscription_id: str
+    project_id: str
+    trigger_type: str
+    status: str
+    commit_sha: str | None
+    summary: str | None
+    log: str
+    started_at_ms: int
+    ended_at_ms: int | None
