@@ -5,6 +5,8 @@ written; a subscription syncing a local bare git repository into scripts and tas
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -79,3 +81,90 @@ def test_bad_script_input_is_refused_and_writes_nothing(shared_server: Server, t
     assert (escaped.status_code, escaped.json()["error"]["code"]) == (422, "validation_failed")
     assert (too_big.status_code, too_big.json()["error"]["code"]) == (422, "validation_failed")
     assert server.cli_json("script", "list")["items"] == before
+
+
+def _git(*args: str, cwd: Path) -> None:
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "PATH": os.environ["PATH"],
+    }
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+def _bare_repository(root: Path) -> str:
+    """A QingLong-style repository: a shell script with a ``cron:`` header, a Python one without, a
+    symlink pointing out of the checkout (skipped)."""
+    work = root / "work"
+    work.mkdir()
+    _git("init", "-q", "-b", "main", cwd=work)
+    (work / "jobs").mkdir()
+    (work / "jobs" / "checkin.sh").write_text(
+        "#!/bin/sh\n# cron: 15 6 * * *\n# new Env('Check in')\necho checked-in\n"
+    )
+    (work / "util.py").write_text("print('helper')\n")
+    (work / "escape.sh").symlink_to("/etc/passwd")
+    _git("add", "-A", cwd=work)
+    _git("commit", "-q", "-m", "first", cwd=work)
+    _git("clone", "-q", "--bare", str(work), str(root / "repo.git"), cwd=root)
+    return f"file://{root / 'repo.git'}"
+
+
+def test_a_subscription_syncs_a_git_repository_into_scripts_and_tasks(
+    shared_server: Server, tmp_path: Path
+) -> None:
+    server = shared_server
+    url = _bare_repository(tmp_path)
+    key = tmp_path / "deploy_key"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n")
+
+    # a file:// remote needs no key; this one is kept to show it is never returned
+    added = server.cli(
+        "subscription",
+        "add",
+        "qinglong",
+        "--repo",
+        url,
+        "--branch",
+        "main",
+        "--deploy-key",
+        str(key),
+        "--sync",
+    )
+    assert added.returncode == 0, added.stderr
+    assert (
+        "$ git clone --depth 1" in added.stdout and "created task jobs_checkin.sh (Check in)" in added.stdout
+    )
+    assert "skipped escape.sh: a symbolic link" in added.stdout
+
+    listed = server.cli("subscription", "list", "--json")
+    assert (
+        "not-a-real-key" not in listed.stdout
+        and json.loads(listed.stdout)["items"][0]["has_credential"] is True
+    )
+    paths = [s["path"] for s in server.cli_json("script", "list")["items"]]
+    assert "jobs/checkin.sh" in paths and "util.py" in paths and "escape.sh" not in paths
+    task = server.cli_json("task", "show", "jobs_checkin.sh")
+    assert (task["cron"], task["script"], task["command"]) == (
+        "15 6 * * *",
+        "jobs/checkin.sh",
+        'bash "$QL3_SCRIPT"',
+    )
+    ran = server.cli("run", "start", "jobs_checkin.sh", "--follow")
+    assert ran.returncode == 0 and "checked-in" in ran.stdout, ran.stderr
+
+    # the log of the last sync is kept; an unreachable repository fails and changes nothing
+    assert "checked out" in server.cli("subscription", "log", "qinglong").stdout
+    before = server.cli_json("script", "list")["items"]
+    server.cli_json("subscription", "add", "gone", "--repo", f"file://{tmp_path / 'missing.git'}")
+    failed = server.cli("subscription", "sync", "gone")
+    assert failed.returncode == 1 and "sync failed" in failed.stderr
+    assert "does not appear to be a git repository" in failed.stdout or "fatal" in failed.stdout
+    assert server.cli_json("script", "list")["items"] == before
+
+    bad = server.cli("subscription", "add", "evil", "--repo", "ext::sh -c id")
+    assert bad.returncode != 0 and "invalid repository URL" in bad.stderr

@@ -18,7 +18,7 @@ from typing import Final
 
 from ql3.application import auth
 from ql3.application.settings import PROFILES, ServeSettings, SettingsError, load_serve_settings
-from ql3.bootstrap import expected_schema_version, open_database
+from ql3.bootstrap import expected_schema_version, git_fetcher, open_database
 from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command
 from ql3.cli.config import DEFAULT_LISTEN, Credentials, credentials_path, parse_listen, write_credentials_file
@@ -127,6 +127,7 @@ def _control(
             lifecycle=[runtime],
             extensions=[runtime.api],
             schema_version=expected_schema_version(db.dialect),
+            git=git_fetcher(),
         )
         config = uvicorn.Config(
             app,

@@ -24,6 +24,7 @@ from ql3.cli import (
     runs,
     scripts,
     server,
+    subscriptions,
     tasks,
     tokens,
     whoami,
@@ -117,6 +118,7 @@ def build_parser() -> Parser:
     whoami.register(commands)
     projects.register(commands)
     scripts.register(commands)
+    subscriptions.register(commands)
     db.register(commands)
     completion.register(commands)
     notify.register(commands)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from ql3.cli.client import ApiClient, seg
 from ql3.cli.common import Parser, Subparsers, add_command, project_flag, quiet_flag, wants_json, wants_quiet
 from ql3.cli.errors import EXIT_OK, UsageError
 from ql3.domain.errors import ValidationFailed
-from ql3.domain.scripts import MAX_SCRIPT_BYTES, validate_script_content, validate_script_path
+from ql3.domain.scripts import MAX_SCRIPT_BYTES, task_name_for, validate_script_content, validate_script_path
 
 
 def _base(args: argparse.Namespace) -> str:
@@ -148,15 +147,6 @@ def cmd_log(args: argparse.Namespace) -> int:
             ],
         )
     return EXIT_OK
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def task_name_for(path: str) -> str:
-    """The name of the task ``script run`` makes for a script no task names yet."""
-    name = _UNSAFE.sub("-", path.replace("/", "_")).strip("-._") or "script"
-    return name[:128]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from ql3.bootstrap import (
     TaskUsers,
     build_standalone_runtime,
     expected_schema_version,
+    git_fetcher,
     open_database,
     resolve_task_user,
 )
@@ -321,6 +322,7 @@ def _serve(
             lifecycle=[runtime],
             logs_root=logs_root,
             schema_version=expected_schema_version(prepared.db.dialect),
+            git=git_fetcher(),
         )
         config = uvicorn.Config(
             app,

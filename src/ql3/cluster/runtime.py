@@ -18,6 +18,7 @@ from ql3.cluster.auth_cache import WorkerAuthCache
 from ql3.cluster.pull import PullBudget, PullService
 from ql3.cluster.stops import NO_LOCAL_WORKER, StopWatch
 from ql3.ports import channels
+from ql3.vcs.git import GitCli
 
 # Each attached worker holds up to two long-polls (pull and stops), each in a worker thread of the
 # HTTP server for up to 20 s: the pool is sized so that 100 workers still leave room for the API.
@@ -97,7 +98,12 @@ def build_control_runtime(db: ManagedDatabase, settings: ServeSettings, *, repli
         # A replica has no worker and no log files: remote workers stop their own processes through
         # lease control, and ship their logs to the database (docs/cluster.md "Log shipping").
         adapters=Adapters(
-            sender=ChannelSender(), logs=None, signal=None, finish=None, local_worker_id=NO_LOCAL_WORKER
+            sender=ChannelSender(),
+            logs=None,
+            signal=None,
+            finish=None,
+            local_worker_id=NO_LOCAL_WORKER,
+            git=GitCli(),
         ),
     )
     pull_service = PullService(db, budget=PullBudget(lease_ms=settings.run_lease_ms))

@@ -84,6 +84,61 @@ def default_command(path: str) -> str:
     return '"$QL3_SCRIPT"'
 
 
+_UNSAFE_NAME_RE: Final = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def task_name_for(path: str) -> str:
+    """The name of the task made for a script (``ql3 script run``, a subscription's ``cron:`` header):
+    the path with ``/`` as ``_`` and any other character outside the name rule as ``-``."""
+    name = _UNSAFE_NAME_RE.sub("-", path.replace("/", "_")).strip("-._") or "script"
+    return name[:128]
+
+
+# A subscription's repository: https, http, ssh or file URLs, or scp-like ``user@host:path``. Never
+# git's ``ext::`` transport (it runs a command) nor a bare local path.
+_URL_RE: Final = re.compile(r"(?:(?:https?|ssh|file)://[^\s]+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+)")
+_BRANCH_RE: Final = re.compile(r"[A-Za-z0-9._/-]{1,255}")
+
+
+def validate_repo_url(value: object) -> str:
+    if not isinstance(value, str) or len(value) > 2048 or _URL_RE.fullmatch(value) is None:
+        raise ValidationFailed(
+            "invalid repository URL: use https://, http://, ssh://, file:// or user@host:path", field="repo"
+        )
+    return value
+
+
+def validate_branch(value: object) -> str:
+    if (
+        not isinstance(value, str)
+        or _BRANCH_RE.fullmatch(value) is None
+        or value.startswith(("-", "/"))
+        or ".." in value
+    ):
+        raise ValidationFailed("invalid branch name", field="branch")
+    return value
+
+
+def validate_glob(value: object) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= 255 or any(ord(c) < 32 for c in value):
+        raise ValidationFailed("invalid path pattern", field="path")
+    return value
+
+
+def validate_deploy_key(value: object) -> str:
+    """An SSH private key in OpenSSH or PEM form (checked for its armour only)."""
+    if (
+        not isinstance(value, str)
+        or len(value) > 16384
+        or "-----BEGIN " not in value
+        or "PRIVATE KEY-----" not in value
+    ):
+        raise ValidationFailed(
+            "invalid deploy key: an SSH private key (-----BEGIN ... PRIVATE KEY-----)", field="deploy_key"
+        )
+    return value
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScriptHeader:
     """What a QingLong-style header says: the cron expression and the title, each when present."""

@@ -26,8 +26,10 @@ from ql3.http.routes import actions, approvals, cancellation, lookup, projects, 
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
 from ql3.http.routes import scripts as script_routes
+from ql3.http.routes import subscriptions as subscription_routes
 from ql3.http.run_intake import StartRunFastPath
 from ql3.ports.storage import Database
+from ql3.ports.vcs import GitFetcher
 
 log = logging.getLogger("ql3.http")
 
@@ -133,6 +135,7 @@ def create_app(
     logs_root: Path | None = None,
     extensions: Sequence[Extension] = (),
     schema_version: int | None = None,
+    git: GitFetcher | None = None,
 ) -> FastAPI:
     """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
 
@@ -164,6 +167,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.db = db
+    app.state.git = git  # the subscriptions' fetcher (None: syncs on demand are refused)
     app.state.logs_root = logs_root
     errors.install(app)
     # Starlette wraps later additions around earlier ones.
@@ -214,6 +218,7 @@ def create_app(
         notification_routes.router,
         parking_routes.router,
         script_routes.router,
+        subscription_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     for extension in extensions:

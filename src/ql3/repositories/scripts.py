@@ -227,3 +227,8 @@ def upsert_subscription_file(tx: Transaction, subscription_id: str, path: str, t
 
 def delete_subscription_file(tx: Transaction, subscription_id: str, path: str) -> None:
     tx.run("subscription_file_delete", {"subscription_id": subscription_id, "path": path})
+
+
+def earliest_due(tx: Transaction) -> int | None:
+    row = tx.one("subscription_earliest", {})
+    return None if row is None or row["due"] is None else int(row["due"])

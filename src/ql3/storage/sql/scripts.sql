@@ -105,3 +105,7 @@ ON CONFLICT (subscription_id, path) DO UPDATE SET task_id = excluded.task_id
 -- name: subscription_file_delete
 -- desc: Forgets a path a subscription no longer has.
 DELETE FROM subscription_files WHERE subscription_id = :subscription_id AND path = :path
+
+-- name: subscription_earliest
+-- desc: The earliest scheduled sync time of any subscription, NULL when none is scheduled.
+SELECT min(next_sync_at_ms) AS due FROM subscriptions WHERE next_sync_at_ms IS NOT NULL
