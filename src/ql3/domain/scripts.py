@@ -16,11 +16,12 @@ from ql3.domain.digests import sha256_hex
 from ql3.domain.errors import ValidationFailed
 
 MAX_SCRIPT_BYTES: Final = 128 * 1024  # fits a JSON body under the API's 256 KiB cap
-MAX_PATH_BYTES: Final = 255
-MAX_PATH_DEPTH: Final = 8
+MAX_PATH_CHARS: Final = 255
 MAX_SCRIPTS_PER_PROJECT: Final = 2000
 # One path segment: letters (any script), digits, dot, dash, underscore, plus and @; never ``.``/``..``.
-_SEGMENT_RE: Final = re.compile(r"[\w.@+-]{1,128}")
+_SEGMENT_RE: Final = re.compile(r"[\w.@+-]+")
+# The same rule as one pattern, for the API document (``validate_script_path`` is what decides).
+PATH_PATTERN: Final = r"^[\w@+-][\w.@+-]*(?:/[\w@+-][\w.@+-]*)*$"
 INTERPRETERS: Final[dict[str, str]] = {
     ".py": "python3",
     ".js": "node",
@@ -33,19 +34,15 @@ INTERPRETERS: Final[dict[str, str]] = {
 
 def validate_script_path(value: object, what: str = "path") -> str:
     """A relative POSIX path inside the project's scripts: no ``..``, no absolute path, no hidden or
-    empty segment, no backslash or control character, at most 8 segments and 255 bytes."""
+    empty segment, no backslash or control character, at most 255 characters."""
     if not isinstance(value, str) or not value:
         raise ValidationFailed(f"invalid {what}: empty", field=what)
     rule = (
         "a relative path of letters, digits, '.', '_', '-', '+', '@' segments"
         " (no '..', no leading '/' or '.')"
     )
-    try:
-        size = len(value.encode())
-    except UnicodeEncodeError:
-        raise ValidationFailed(f"invalid {what}: {rule}", field=what) from None
     parts = value.split("/")
-    if size > MAX_PATH_BYTES or len(parts) > MAX_PATH_DEPTH:
+    if len(value) > MAX_PATH_CHARS:
         raise ValidationFailed(f"invalid {what}: too long", field=what)
     for part in parts:
         if part in ("", ".", "..") or part.startswith(".") or _SEGMENT_RE.fullmatch(part) is None:

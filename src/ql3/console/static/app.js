@@ -1851,7 +1851,7 @@
       } },
       el("h2", { text: t("new_subscription") }),
       input("sub-name", t("name"), { required: true, maxlength: 128 }),
-      input("sub-repo", t("repository"), { required: true, placeholder: "https://github.com/owner/scripts.git" }),
+      input("sub-repo", t("repository"), { required: true, placeholder: "git@host:owner/scripts.git" }),
       input("sub-branch", t("branch")), input("sub-path", t("path_glob"), { placeholder: "*.js" }),
       input("sub-cron", t("cron"), { placeholder: "0 */6 * * *" }),
       el("label", {}, t("deploy_key"), key),

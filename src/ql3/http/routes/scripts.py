@@ -6,19 +6,28 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Path, Query, Response, status
 from pydantic import BaseModel, Field
 
 from ql3.application import auth, scripts
 from ql3.domain.errors import PermissionDenied
 from ql3.domain.model import Principal, Project
-from ql3.domain.scripts import MAX_SCRIPT_BYTES, Script, ScriptRevision
+from ql3.domain.scripts import MAX_SCRIPT_BYTES, PATH_PATTERN, Script, ScriptRevision
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import Body
 from ql3.http.routes.tasks import may_see_command
 from ql3.ports.storage import Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}", tags=["scripts"])
+ScriptPath = Annotated[
+    str,
+    Path(
+        max_length=255,
+        pattern=PATH_PATTERN,
+        description="a relative path: segments of letters, digits, '.', '_', '-', '+', '@' "
+        "(no '..', no segment starting with '.')",
+    ),
+]
 
 
 class ScriptPut(Body):
@@ -111,7 +120,7 @@ def list_scripts(
 
 
 @router.get("/scripts/{path:path}", response_model=ScriptOut)
-def show_script(project: str, path: str, db: DbDep, principal: PrincipalDep) -> ScriptOut:
+def show_script(project: str, path: ScriptPath, db: DbDep, principal: PrincipalDep) -> ScriptOut:
     def unit(tx: Transaction) -> ScriptOut:
         found = _reader(tx, principal, project)
         return script_out(scripts.get_script(tx, found.id, path), content=True)
@@ -119,9 +128,13 @@ def show_script(project: str, path: str, db: DbDep, principal: PrincipalDep) -> 
     return db.transaction(unit, write=False)
 
 
-@router.put("/scripts/{path:path}", response_model=ScriptWritten)
+@router.put(
+    "/scripts/{path:path}",
+    response_model=ScriptWritten,
+    responses={201: {"model": ScriptWritten, "description": "the path was new"}},
+)
 def put_script(
-    project: str, path: str, body: ScriptPut, db: DbDep, principal: PrincipalDep, response: Response
+    project: str, path: ScriptPath, body: ScriptPut, db: DbDep, principal: PrincipalDep, response: Response
 ) -> ScriptWritten:
     """Create or change a script: a new revision authored by the caller (the same content again
     writes nothing: ``changed`` is false). 201 when the path was new."""
@@ -137,7 +150,7 @@ def put_script(
 
 
 @router.delete("/scripts/{path:path}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_script(project: str, path: str, db: DbDep, principal: PrincipalDep) -> Response:
+def delete_script(project: str, path: ScriptPath, db: DbDep, principal: PrincipalDep) -> Response:
     """Remove a script: its history stays (the deletion is a revision); tasks naming it fail to start."""
 
     def unit(tx: Transaction) -> None:
@@ -151,7 +164,7 @@ def delete_script(project: str, path: str, db: DbDep, principal: PrincipalDep) -
 @router.get("/script-history/{path:path}", response_model=ScriptRevisionPage)
 def script_history(
     project: str,
-    path: str,
+    path: ScriptPath,
     db: DbDep,
     principal: PrincipalDep,
     revision: Annotated[int | None, Query(ge=1, le=10**9)] = None,
