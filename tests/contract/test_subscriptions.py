@@ -136,3 +136,25 @@ def test_a_due_subscription_is_synced_once_by_the_schedule(harness: Harness) -> 
     assert syncer.sync_due() == 0  # its next time moved on
     done = harness.db.transaction(lambda tx: subscriptions.syncs(tx, project.id, "repo"), write=False)
     assert [(s.trigger_type, s.status) for s in done] == [("schedule", "succeeded")]
+
+
+def test_a_sync_that_fails_while_applying_changes_nothing(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = seed_project(harness.db)
+    sub = _add(harness, project.id)
+    repo = FakeRepo(files={"a.sh": "echo a\n", "b.sh": "# cron: 0 8 * * *\necho b\n"})
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValidationFailed("the task store refused")
+
+    monkeypatch.setattr(subscriptions.tasks, "create_task", broken)  # after a.sh and b.sh were written
+    failed = subscriptions.Syncer(harness.db, repo).sync(sub.id, "manual")
+
+    assert (failed.status, failed.commit_sha) == ("failed", "c0ffee")
+    assert "nothing applied: the task store refused" in (failed.summary or "")
+    assert (
+        count(harness.db, "scripts"),
+        count(harness.db, "script_revisions"),
+        count(harness.db, "tasks"),
+    ) == (0, 0, 0)
