@@ -148,7 +148,7 @@ def test_a_sync_that_fails_while_applying_changes_nothing(
     def broken(*args: object, **kwargs: object) -> None:
         raise ValidationFailed("the task store refused")
 
-    monkeypatch.setattr(subscriptions.tasks, "create_task", broken)  # after a.sh and b.sh were written
+    monkeypatch.setattr(tasks, "create_task", broken)  # after a.sh and b.sh were written
     failed = subscriptions.Syncer(harness.db, repo).sync(sub.id, "manual")
 
     assert (failed.status, failed.commit_sha) == ("failed", "c0ffee")
