@@ -119,14 +119,15 @@ class ScriptPayload:
     @staticmethod
     def from_wire(raw: object) -> ScriptPayload:
         """Validate a received script: its path, its size and that its content matches its digest."""
-        src = _mapping(raw)
-        path = validate_script_path(src.get("path"), "script.path")
-        if src.get("missing") is True:
+        if not isinstance(raw, Mapping):
+            raise ValidationFailed("invalid script", field="script")
+        path = validate_script_path(raw.get("path"), "script")
+        if raw.get("missing") is True:
             return ScriptPayload(path=path, digest="", content=None)
-        content = validate_script_content(src.get("content"), "script.content")
-        digest = src.get("digest")
+        content = validate_script_content(raw.get("content"), "script")
+        digest = raw.get("digest")
         if not isinstance(digest, str) or script_digest(content) != digest:
-            raise ValidationFailed("the script's content does not match its digest", field="script.digest")
+            raise ValidationFailed("the script's content does not match its digest", field="script")
         return ScriptPayload(path=path, digest=digest, content=content)
 
 
