@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,6 +24,14 @@ def _api(server: Server) -> httpx.Client:
     return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
 
+def _get(server: Server, path: str) -> Any:
+    """What the checks read goes through the API (a CLI process per check would double the time)."""
+    with _api(server) as api:
+        resp = api.get(f"/api/v1/projects/default{path}")
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
 def test_scripts_put_edit_history_run_and_remove(shared_server: Server, tmp_path: Path) -> None:
     server = shared_server
     source = tmp_path / "hello.py"
@@ -30,26 +39,25 @@ def test_scripts_put_edit_history_run_and_remove(shared_server: Server, tmp_path
 
     put = server.cli_json("script", "put", str(source), "demo/hello.py")
     assert (put["path"], put["revision"], put["changed"]) == ("demo/hello.py", 1, True)
-    assert server.cli_json("script", "put", str(source), "demo/hello.py")["changed"] is False
-    listed = server.cli_json("script", "list")
-    assert [s["path"] for s in listed["items"]] == ["demo/hello.py"]
+    listed = server.cli("script", "list")
+    assert listed.stdout.splitlines()[1].split()[:3] == ["demo/hello.py", "1", str(source.stat().st_size)]
 
     # edit: the user's editor changes the file, saving publishes revision 2 with a diff
     edited = server.cli("script", "edit", "demo/hello.py", env={"EDITOR": "sed -i s/v1/v2/"})
     assert edited.returncode == 0, edited.stderr
-    assert server.cli("script", "show", "demo/hello.py").stdout.endswith(
+    assert _get(server, "/scripts/demo/hello.py")["content"].endswith(
         "print('hello v2', os.environ['QL3_SCRIPT_PATH'])\n"
     )
     diff = server.cli("script", "log", "demo/hello.py", "--revision", "2")
     assert "-print('hello v1'" in diff.stdout and "+print('hello v2'" in diff.stdout
-    history = server.cli_json("script", "log", "demo/hello.py")["items"]
+    history = _get(server, "/script-history/demo/hello.py")["items"]
     assert [(r["revision"], r["author"]) for r in history] == [(2, "owner"), (1, "owner")]
 
     # run by path: a task is made for it and the log streams to stdout
     ran = server.cli("script", "run", "demo/hello.py")
     assert ran.returncode == 0, ran.stderr
     assert "hello v2 demo/hello.py" in ran.stdout
-    task = server.cli_json("task", "show", "demo_hello.py")
+    task = _get(server, "/tasks/demo_hello.py")
     assert task["script"] == "demo/hello.py" and task["command"] == 'python3 "$QL3_SCRIPT"'
 
     # a removed script: its task's next run fails to start, the history stays
@@ -57,7 +65,7 @@ def test_scripts_put_edit_history_run_and_remove(shared_server: Server, tmp_path
     done = server.cli("run", "start", "demo_hello.py", "--wait", "--json")
     failed = json.loads(done.stdout)
     assert (done.returncode, failed["status"], failed["error_code"]) == (2, "failed", "EXECUTOR_START_FAILED")
-    assert len(server.cli_json("script", "log", "demo/hello.py")["items"]) == 3
+    assert len(_get(server, "/script-history/demo/hello.py")["items"]) == 3
 
 
 def test_bad_script_input_is_refused_and_writes_nothing(shared_server: Server, tmp_path: Path) -> None:
@@ -66,7 +74,7 @@ def test_bad_script_input_is_refused_and_writes_nothing(shared_server: Server, t
     ok.write_text("echo ok\n")
     big = tmp_path / "big.sh"
     big.write_text("#" * (MAX_SCRIPT_BYTES + 1))
-    before = server.cli_json("script", "list")["items"]
+    before = _get(server, "/scripts")["items"]
 
     traversal = server.cli("script", "put", str(ok), "../../etc/cron.d/x")
     oversized = server.cli("script", "put", str(big), "big.sh")
@@ -80,7 +88,7 @@ def test_bad_script_input_is_refused_and_writes_nothing(shared_server: Server, t
         )
     assert (escaped.status_code, escaped.json()["error"]["code"]) == (422, "validation_failed")
     assert (too_big.status_code, too_big.json()["error"]["code"]) == (422, "validation_failed")
-    assert server.cli_json("script", "list")["items"] == before
+    assert _get(server, "/scripts")["items"] == before
 
 
 def _git(*args: str, cwd: Path) -> None:
@@ -146,9 +154,9 @@ def test_a_subscription_syncs_a_git_repository_into_scripts_and_tasks(
         "not-a-real-key" not in listed.stdout
         and json.loads(listed.stdout)["items"][0]["has_credential"] is True
     )
-    paths = [s["path"] for s in server.cli_json("script", "list")["items"]]
+    paths = [s["path"] for s in _get(server, "/scripts")["items"]]
     assert "jobs/checkin.sh" in paths and "util.py" in paths and "escape.sh" not in paths
-    task = server.cli_json("task", "show", "jobs_checkin.sh")
+    task = _get(server, "/tasks/jobs_checkin.sh")
     assert (task["cron"], task["script"], task["command"]) == (
         "15 6 * * *",
         "jobs/checkin.sh",
@@ -159,12 +167,12 @@ def test_a_subscription_syncs_a_git_repository_into_scripts_and_tasks(
 
     # the log of the last sync is kept; an unreachable repository fails and changes nothing
     assert "checked out" in server.cli("subscription", "log", "qinglong").stdout
-    before = server.cli_json("script", "list")["items"]
+    before = _get(server, "/scripts")["items"]
     server.cli_json("subscription", "add", "gone", "--repo", f"file://{tmp_path / 'missing.git'}")
     failed = server.cli("subscription", "sync", "gone")
     assert failed.returncode == 1 and "sync failed" in failed.stderr
     assert "does not appear to be a git repository" in failed.stdout or "fatal" in failed.stdout
-    assert server.cli_json("script", "list")["items"] == before
+    assert _get(server, "/scripts")["items"] == before
 
     bad = server.cli("subscription", "add", "evil", "--repo", "ext::sh -c id")
     assert bad.returncode != 0 and "invalid repository URL" in bad.stderr
