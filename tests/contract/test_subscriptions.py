@@ -82,28 +82,35 @@ def test_a_sync_makes_updates_and_disables_tasks_from_cron_headers(harness: Harn
     ]
 
 
-def test_a_failed_fetch_changes_nothing_but_its_record(harness: Harness) -> None:
+def test_a_failed_fetch_or_apply_changes_nothing_but_its_record(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     project = seed_project(harness.db)
     sub = _add(harness, project.id, token="s3cret-token-value")
-    repo = FakeRepo(files={"a.py": SIGN}, ok=False)
+    repo = FakeRepo(files={"a.sh": "echo a\n", "b.sh": SIGN}, ok=False)
+    syncer = subscriptions.Syncer(harness.db, repo)
 
-    failed = subscriptions.Syncer(harness.db, repo).sync(sub.id, "manual")
-
+    # an unreachable remote: git's output is the record, nothing else is written
+    failed = syncer.sync(sub.id, "manual")
     assert (failed.status, failed.summary) == ("failed", "the fetch failed")
     assert "could not read" in failed.log
     assert repo.seen == [GitCredentials(token="s3cret-token-value")]
-    assert (
-        count(harness.db, "scripts"),
-        count(harness.db, "tasks"),
-        count(harness.db, "subscription_files"),
-    ) == (
-        0,
-        0,
-        0,
-    )
+
+    # a failure while applying, after a.sh and b.sh were written in the sync's transaction
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValidationFailed("the task store refused")
+
+    repo.ok = True
+    monkeypatch.setattr(tasks, "create_task", broken)
+    undone = syncer.sync(sub.id, "manual")
+    assert (undone.status, undone.commit_sha) == ("failed", "c0ffee")
+    assert "nothing applied: the task store refused" in (undone.summary or "")
+    tables = ("scripts", "script_revisions", "tasks", "subscription_files")
+    assert [count(harness.db, table) for table in tables] == [0, 0, 0, 0]
+    assert count(harness.db, "subscription_syncs") == 2
 
 
-def test_bad_subscriptions_are_refused_with_nothing_written(harness: Harness) -> None:
+def test_bad_subscriptions_are_refused_and_a_due_one_is_synced_once(harness: Harness) -> None:
     project = seed_project(harness.db)
     bad: list[dict[str, object]] = [
         {"repo_url": "ext::sh -c touch% /tmp/pwned"},
@@ -117,15 +124,11 @@ def test_bad_subscriptions_are_refused_with_nothing_written(harness: Harness) ->
     for fields in bad:
         with pytest.raises(ValidationFailed):
             _add(harness, project.id, **fields)
-    _add(harness, project.id)
+    assert count(harness.db, "subscriptions") == 0
+
+    sub = _add(harness, project.id, cron="*/5 * * * *")
     with pytest.raises(NameTaken):
         _add(harness, project.id)
-    assert count(harness.db, "subscriptions") == 1
-
-
-def test_a_due_subscription_is_synced_once_by_the_schedule(harness: Harness) -> None:
-    project = seed_project(harness.db)
-    sub = _add(harness, project.id, cron="*/5 * * * *")
     repo = FakeRepo(files={"a.sh": "echo a\n"})
     syncer = subscriptions.Syncer(harness.db, repo)
     assert syncer.sync_due() == 0  # not due yet
@@ -136,25 +139,3 @@ def test_a_due_subscription_is_synced_once_by_the_schedule(harness: Harness) -> 
     assert syncer.sync_due() == 0  # its next time moved on
     done = harness.db.transaction(lambda tx: subscriptions.syncs(tx, project.id, "repo"), write=False)
     assert [(s.trigger_type, s.status) for s in done] == [("schedule", "succeeded")]
-
-
-def test_a_sync_that_fails_while_applying_changes_nothing(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    project = seed_project(harness.db)
-    sub = _add(harness, project.id)
-    repo = FakeRepo(files={"a.sh": "echo a\n", "b.sh": "# cron: 0 8 * * *\necho b\n"})
-
-    def broken(*args: object, **kwargs: object) -> None:
-        raise ValidationFailed("the task store refused")
-
-    monkeypatch.setattr(tasks, "create_task", broken)  # after a.sh and b.sh were written
-    failed = subscriptions.Syncer(harness.db, repo).sync(sub.id, "manual")
-
-    assert (failed.status, failed.commit_sha) == ("failed", "c0ffee")
-    assert "nothing applied: the task store refused" in (failed.summary or "")
-    assert (
-        count(harness.db, "scripts"),
-        count(harness.db, "script_revisions"),
-        count(harness.db, "tasks"),
-    ) == (0, 0, 0)
