@@ -252,20 +252,21 @@ class LocalLauncher:
         cross the wire)."""
         if script.content is None:
             raise LaunchRejected("script_missing")
+        if user is not None:
+            # $QL3_HOME is 0700, so a task user could not read the file: refused plainly rather than
+            # failing inside the command (docs/scripts.md, "Limits").
+            raise LaunchRejected("script_needs_server_user")
         if script_digest(script.content) != script.digest or not _DIGEST_RE.fullmatch(script.digest):
             raise LaunchRejected("script_digest")
         folder = os.path.join(home, "scripts", script.digest)
         target = os.path.join(folder, os.path.basename(script.path))
         try:
             if not os.path.exists(target):
-                os.makedirs(folder, mode=0o711 if user is not None else 0o700, exist_ok=True)
+                os.makedirs(folder, mode=0o700, exist_ok=True)
                 tmp = f"{target}.{os.getpid()}.tmp"
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
                 with os.fdopen(fd, "w", encoding="utf-8") as out:
                     out.write(script.content)
-                if user is not None:
-                    os.chmod(os.path.join(home, "scripts"), 0o711)
-                    os.chown(tmp, user.uid, user.gid)
                 os.rename(tmp, target)
         except OSError as exc:
             raise LaunchFailed("script_unwritable") from exc

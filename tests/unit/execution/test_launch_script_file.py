@@ -12,6 +12,7 @@ import pytest
 from ql3.domain.execution import ScriptPayload
 from ql3.domain.scripts import script_digest
 from ql3.execution.launcher import LocalLauncher
+from ql3.execution.run_as import TaskUser
 from ql3.ports.execution import LaunchRejected
 
 CONTENT = "echo from a script\n"
@@ -41,3 +42,11 @@ def test_a_mismatched_or_missing_script_is_refused(
         LocalLauncher()._write_script(payload, str(tmp_path), None)
     assert refused.value.reason == reason
     assert not (tmp_path / "scripts").exists()
+
+
+def test_a_script_is_refused_where_commands_run_as_a_task_user(tmp_path: Path) -> None:
+    user = TaskUser(name="nobody", uid=65534, gid=65534, home="/nonexistent", setpriv="/usr/bin/setpriv")
+    payload = ScriptPayload(path="a.sh", digest=script_digest(CONTENT), content=CONTENT)
+    with pytest.raises(LaunchRejected) as refused:
+        LocalLauncher()._write_script(payload, str(tmp_path), user)
+    assert refused.value.reason == "script_needs_server_user"
