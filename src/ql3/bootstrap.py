@@ -17,8 +17,10 @@ from ql3.execution.run_as import TaskUsers as TaskUsers
 from ql3.execution.run_as import resolve_task_user as resolve_task_user
 from ql3.ports import channels
 from ql3.ports.storage import Database
+from ql3.ports.vcs import GitFetcher
 from ql3.storage.migrations import MigrationState, chain
 from ql3.storage.notify import LocalNotifier
+from ql3.vcs.git import GitCli
 
 if TYPE_CHECKING:
     from ql3.application.dispatcher import RunDispatcher
@@ -238,6 +240,7 @@ def build_standalone_runtime(
                 signal=partial(finish_stop, stopper),
                 finish=partial(finish_stop, stopper),
                 local_worker_id=wid,
+                git=GitCli(),
             ),
         ),
     ]
@@ -315,3 +318,8 @@ def _embedded_worker(
         # frozen, and its own worker renews before its expiry scanner runs, so only timeouts are kept.
         local_fence=not settings.database_url.startswith("sqlite:"),
     )
+
+
+def git_fetcher() -> GitFetcher:
+    """The subscriptions' fetcher: the ``git`` command (docs/scripts.md)."""
+    return GitCli()

@@ -52,7 +52,13 @@ CHECKS = (
 )
 P = "/api/v1/projects/{project}"
 # Left out: a generated channel URL could send a message to an arbitrary host (module docstring).
-EXCLUDED = (("POST", f"{P}/notifications/channels"), ("POST", f"{P}/notifications/channels/{{name}}/test"))
+# So is a subscription: its sync would clone from a generated URL.
+EXCLUDED = (
+    ("POST", f"{P}/notifications/channels"),
+    ("POST", f"{P}/notifications/channels/{{name}}/test"),
+    ("POST", f"{P}/subscriptions"),
+    ("POST", f"{P}/subscriptions/{{name}}/syncs"),
+)
 # Operations with a rule the document names in its 422 description but JSON Schema cannot state.
 UNSTATABLE_RULES = (
     ("GET", f"{P}/runs", "a cursor this server issued"),
@@ -69,6 +75,7 @@ UNSTATABLE_RULES = (
     ("PUT", f"{P}/variables/{{name}}", "a variable name, NUL-free text within byte limits, the totals"),
     ("DELETE", f"{P}/variables/{{name}}", "a variable name"),
     ("POST", f"{P}/variables", "KEY=VALUE lines or a QingLong JSON export"),
+    ("PUT", f"{P}/scripts/{{path}}", "byte limits of UTF-8 text, no NUL"),
 )
 
 

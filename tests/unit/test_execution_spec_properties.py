@@ -115,6 +115,10 @@ INVALID: dict[str, st.SearchStrategy[Any]] = {
     | st.integers(min_value=MAX_GRACE_MS + 1)
     | st.floats(allow_nan=False)
     | st.text(),
+    "script": st.integers()
+    | st.text()
+    | st.just({"path": "../x.sh", "missing": True})
+    | st.just({"path": "a.sh", "content": "echo a", "digest": "0" * 64}),
 }
 WIRE_KEYS = frozenset(INVALID)
 _json_scalars = st.none() | st.booleans() | st.integers() | st.text(st.characters(), max_size=8)

@@ -21,6 +21,7 @@ ALLOWED = {
     "http": {"domain", "ports", "application", "http", "console"},
     "console": {"domain", "console"},
     "notify": {"domain", "ports", "notify"},
+    "vcs": {"domain", "ports", "vcs"},  # the git command behind ports/vcs.py (subscriptions)
     # Cluster mode (docs/cluster.md): the worker API (an HTTP edge), its HTTP client (a worker-side
     # ControlPlane adapter) and the runtimes wiring both; like bootstrap, it composes the layers. The
     # pull service reads workers, leases and the queue through their repositories like a use case.
@@ -35,6 +36,7 @@ ALLOWED = {
         "bootstrap",
         "cluster",
         "notify",
+        "vcs",
     },
     "cli": {"domain", "ports", "application", "cli", "http", "bootstrap", "worker", "console", "cluster"},
 }

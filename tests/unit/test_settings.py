@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ql3.application.control_loops import SUBSCRIPTIONS_BACKSTOP_S
 from ql3.application.settings import PROFILES, ServeSettings, SettingsError, load_serve_settings
 from ql3.bootstrap import build_standalone_runtime
 from ql3.storage.sqlite.adapter import SqliteDatabase
@@ -129,6 +130,7 @@ def test_the_runtime_is_built_with_the_profile_s_budgets(tmp_path: Path, profile
             "cron": budgets.cron_backstop_s,
             "notifications": budgets.notify_backstop_s,
             "retention": budgets.retention_backstop_s,
+            "subscriptions": SUBSCRIPTIONS_BACKSTOP_S,  # a constant: scheduled syncs are minutes apart
         }
     finally:
         db.close()

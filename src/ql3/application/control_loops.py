@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Final, Protocol
 
-from ql3.application import approvals, cancellation, lease_expiry, notifications, retention, schedules
+from ql3.application import (
+    approvals,
+    cancellation,
+    lease_expiry,
+    notifications,
+    retention,
+    schedules,
+    subscriptions,
+)
 from ql3.application.approved_action_handlers import RunCreateHandler
 from ql3.application.approved_action_recovery import RecoveryResolver
 from ql3.application.approved_action_runner import ApprovedActionDispatcher
@@ -28,10 +36,13 @@ from ql3.ports import channels
 from ql3.ports.logs import LogFiles
 from ql3.ports.notifications import NotificationSender
 from ql3.ports.storage import Database
+from ql3.ports.vcs import GitFetcher
 
 # One cancellation cycle waits out the TERM -> KILL grace of every stop it sends, so a busy cycle may
 # legitimately last minutes; only a longer silence counts as stuck.
 CANCELLATION_STUCK_AFTER_S: Final = 300.0
+# Scheduled syncs are minutes apart at most; a commit on ``subscriptions`` re-plans sooner.
+SUBSCRIPTIONS_BACKSTOP_S: Final = 60.0
 
 
 class Wakeups(Protocol):
@@ -52,6 +63,7 @@ class Adapters:
     signal: SignalFn | None
     finish: SignalFn | None
     local_worker_id: str
+    git: GitFetcher | None = None  # the subscription loop's fetcher (docs/scripts.md); None: no loop
 
 
 LoopFactory = Callable[..., LifecycleRunner]
@@ -132,6 +144,7 @@ def control_loops(
         _cron_loop(w),
         _notifications_loop(w),
         _retention_loop(w),
+        *([] if adapters.git is None else [_subscriptions_loop(w, adapters.git)]),
     ]
 
 
@@ -339,4 +352,27 @@ def _retention_loop(w: _Wiring) -> LifecycleRunner:
         retention_cycle,
         channels.RETENTION,
         w.settings.budgets.retention_backstop_s,
+    )
+
+
+def _subscriptions_loop(w: _Wiring, git: GitFetcher) -> LifecycleRunner:
+    """Subscriptions whose scheduled sync is due are fetched and applied (docs/scripts.md); the loop
+    sleeps until the earliest one. A sync's git may take up to its timeout: the loop is stuck only
+    past that."""
+    syncer = subscriptions.Syncer(w.db, git)
+
+    def subscriptions_cycle() -> bool:
+        return syncer.sync_due() >= subscriptions.DUE_PAGE
+
+    def subscriptions_wait(backstop_s: float) -> bool:
+        earliest, now = syncer.earliest_due()
+        return w.db.wait_for(channels.SUBSCRIPTIONS, _delay_s(earliest, now, backstop_s))
+
+    return w.loop(
+        "subscriptions",
+        subscriptions_cycle,
+        channels.SUBSCRIPTIONS,
+        SUBSCRIPTIONS_BACKSTOP_S,
+        subscriptions_wait,
+        stuck_after_s=subscriptions.DUE_PAGE * subscriptions.FETCH_TIMEOUT_S + 60,
     )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import lease_claims, leases, workers
+from ql3.application import lease_claims, leases, scripts, workers
 from ql3.application.runs import latest_attempt
 from ql3.application.tasks import get_revision
 from ql3.application.variables import SharedEnvironments
@@ -135,6 +135,7 @@ def build_plan(
         task_id=task_id,
         task_revision=revision,
         shared_environment=() if shared is None else shared.within(tx, project_id),
+        script=None if task_spec.script is None else scripts.payload(tx, project_id, task_spec.script),
     )
     return spec, task_spec
 
@@ -144,9 +145,23 @@ def candidate_plan(
     cand: QueuedCandidate,
     attempt_id: str,
     shared: Callable[[str], tuple[tuple[str, str], ...]] | None = None,
+    *,
+    db: Database | None = None,
+    tx: Transaction | None = None,
 ) -> ExecutionSpec:
     """The ExecutionSpec of a queued candidate's claimed attempt (the dispatcher's and the pull's),
-    with the project's variables (``shared``: cached, read outside any transaction)."""
+    with the project's variables (``shared``: cached). A script task reads its script's current
+    content (docs/scripts.md): in ``tx`` when the caller holds one (never a second connection while
+    one is held), else in one read of ``db``."""
+    script = None
+    if task_spec.script is not None:
+        read = partial(scripts.payload, project_id=cand.project_id, path=task_spec.script)
+        if tx is not None:
+            script = read(tx)
+        elif db is not None:
+            script = db.transaction(read, write=False)
+        else:
+            raise ValueError("a script task's plan needs the database")
     return ExecutionSpec.for_attempt(
         task_spec,
         run_id=cand.run_id,
@@ -155,6 +170,7 @@ def candidate_plan(
         task_id=cand.task_id,
         task_revision=cand.task_revision,
         shared_environment=() if shared is None else shared(cand.project_id),
+        script=script,
     )
 
 
@@ -483,7 +499,7 @@ class RunDispatcher:
         if not ranked:
             return "no_match"
         try:
-            spec = candidate_plan(task_spec, cand, attempt_id, self._shared)
+            spec = candidate_plan(task_spec, cand, attempt_id, self._shared, db=self._db)
         except Ql3Error:
             return "plans_unavailable"
         worker, score = ranked[0]

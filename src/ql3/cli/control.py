@@ -18,7 +18,7 @@ from typing import Final
 
 from ql3.application import auth
 from ql3.application.settings import ENV_VARS, PROFILES, ServeSettings, SettingsError, load_serve_settings
-from ql3.bootstrap import egress_policy, expected_schema_version, open_database, variables_box
+from ql3.bootstrap import egress_policy, expected_schema_version, git_fetcher, open_database, variables_box
 from ql3.cli import logformat, output
 from ql3.cli.common import Subparsers, add_command
 from ql3.cli.config import DEFAULT_LISTEN, Credentials, credentials_path, parse_listen, write_credentials_file
@@ -168,6 +168,7 @@ def _control(
             schema_version=expected_schema_version(db.dialect),
             egress=egress,
             secret_box=variables_box(settings.home),
+            git=git_fetcher(),
         )
         config = uvicorn.Config(
             app,

@@ -24,7 +24,9 @@ from ql3.cli import (
     projects,
     refs,
     runs,
+    scripts,
     server,
+    subscriptions,
     tasks,
     tokens,
     whoami,
@@ -119,6 +121,8 @@ def build_parser() -> Parser:
     tokens.register(commands)
     whoami.register(commands)
     projects.register(commands)
+    scripts.register(commands)
+    subscriptions.register(commands)
     db.register(commands)
     completion.register(commands)
     notify.register(commands)

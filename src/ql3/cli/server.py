@@ -26,6 +26,7 @@ from ql3.bootstrap import (
     build_standalone_runtime,
     egress_policy,
     expected_schema_version,
+    git_fetcher,
     open_database,
     resolve_task_user,
     variables_box,
@@ -306,6 +307,7 @@ def _serve(
             schema_version=expected_schema_version(prepared.db.dialect),
             egress=egress,
             secret_box=variables_box(settings.home),
+            git=git_fetcher(),
         )
         config = uvicorn.Config(
             app,

@@ -137,6 +137,9 @@ def _spec_options(parser: Parser, *, editing: bool) -> None:
         metavar="K=V",
         help="environment variable (repeatable)" + ("; replaces the whole mapping" if editing else ""),
     )
+    parser.add_argument(
+        "--script", metavar="PATH", help="run this project script (ql3 script list); the file is $QL3_SCRIPT"
+    )
     parser.add_argument("--timeout", metavar="DURATION", help="timeout: seconds or 90s, 10m, 1h30m")
     parser.add_argument("--grace", metavar="DURATION", help="time between TERM and KILL (default 5s)")
     parser.add_argument(
@@ -237,6 +240,8 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         body["require"] = key_values(args.require, "--require")
     if args.prefer is not None:
         body["prefer"] = preferences(args.prefer)
+    if args.script is not None:
+        body["script"] = args.script
     for name in ("overlap", "misfire", "approval", "max_attempts", "retry_safe", "environment_policy"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
@@ -244,7 +249,11 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    body = {"name": args.name, "command": args.command, **_spec(args)}
+    if args.command is None and args.script is None:
+        raise UsageError("give --command CMD or --script PATH (or both)")
+    body = {"name": args.name, **_spec(args)}
+    if args.command is not None:
+        body["command"] = args.command
     if body.get("max_attempts", 1) > 1 and not body.get("retry_safe"):
         raise UsageError(
             "--max-attempts above 1 needs --retry-safe: declare that the command is safe to run again",
@@ -359,7 +368,11 @@ def register(subparsers: Subparsers) -> None:
     add = add_command(actions, "add", cmd_add, "define a task", proj)
     add.add_argument("name", metavar="NAME")
     quiet_flag(add)
-    add.add_argument("--command", required=True, metavar="CMD", help="shell command to run")
+    add.add_argument(
+        "--command",
+        metavar="CMD",
+        help="shell command to run (with --script, default: its interpreter on $QL3_SCRIPT)",
+    )
     _spec_options(add, editing=False)
     add.add_argument("--disabled", action="store_true", help="create the task disabled")
 

@@ -329,7 +329,8 @@ class PullService:
                     reason, whole = "no_match", False
                     continue
                 shared = None if self._shared is None else self._shared.in_transaction(tx)
-                spec = candidate_plan(task_spec, cand, cand.attempt_id, shared)
+                # a script task reads its script in this same transaction (docs/scripts.md)
+                spec = candidate_plan(task_spec, cand, cand.attempt_id, shared, tx=tx)
             except Ql3Error:
                 reason, whole = "plans_unavailable", False
                 continue

@@ -19,6 +19,7 @@ from ql3.cluster.pull import PullBudget, PullService
 from ql3.cluster.stops import NO_LOCAL_WORKER, StopWatch
 from ql3.domain.egress import EgressPolicy
 from ql3.ports import channels
+from ql3.vcs.git import GitCli
 
 # Each attached worker holds up to two long-polls (pull and stops), each in a worker thread of the
 # HTTP server for up to 20 s: the pool is sized so that 100 workers still leave room for the API.
@@ -107,6 +108,7 @@ def build_control_runtime(
             signal=None,
             finish=None,
             local_worker_id=NO_LOCAL_WORKER,
+            git=GitCli(),
         ),
     )
     # Project variables travel in offers over the authenticated worker channel (docs/variables.md).

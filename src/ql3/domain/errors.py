@@ -120,6 +120,13 @@ class FenceConflict(Conflict):
     code = "fence_conflict"
 
 
+class SyncUnavailable(Ql3Error):
+    """This server has no git fetcher, so it cannot sync subscriptions."""
+
+    code = "sync_unavailable"
+    http_status = 503
+
+
 class StorageBusy(Ql3Error):
     """The database is busy; retry shortly."""
 

@@ -18,6 +18,7 @@ from typing import Any, Final, TypedDict
 
 from ql3.domain.digests import canonical_json, sha256_hex
 from ql3.domain.errors import ValidationFailed
+from ql3.domain.scripts import script_digest, validate_script_content, validate_script_path
 from ql3.domain.tasks import (
     DEFAULT_GRACE_MS,
     EnvironmentPolicy,
@@ -101,6 +102,36 @@ def _identity_to_wire(spec: ExecutionSpec | JournalSpec) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScriptPayload:
+    """The project script a run executes, as it was when the run was offered (docs/scripts.md): its
+    path, the sha256 of its content and the content itself. ``content`` is None when the script was
+    not found then; the worker refuses such a launch (``script_missing``)."""
+
+    path: str
+    digest: str
+    content: str | None = field(repr=False)
+
+    def to_wire(self) -> dict[str, Any]:
+        if self.content is None:
+            return {"path": self.path, "missing": True}
+        return {"path": self.path, "digest": self.digest, "content": self.content}
+
+    @staticmethod
+    def from_wire(raw: object) -> ScriptPayload:
+        """Validate a received script: its path, its size and that its content matches its digest."""
+        if not isinstance(raw, Mapping):
+            raise ValidationFailed("invalid script", field="script")
+        path = validate_script_path(raw.get("path"), "script")
+        if raw.get("missing") is True:
+            return ScriptPayload(path=path, digest="", content=None)
+        content = validate_script_content(raw.get("content"), "script")
+        digest = raw.get("digest")
+        if not isinstance(digest, str) or script_digest(content) != digest:
+            raise ValidationFailed("the script's content does not match its digest", field="script")
+        return ScriptPayload(path=path, digest=digest, content=content)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutionSpec:
     """One attempt's identity and the execution fields of its pinned revision. Immutable: the
     environment is a sorted tuple of pairs. The command, working directory and environment are
@@ -117,6 +148,7 @@ class ExecutionSpec:
     environment: tuple[tuple[str, str], ...] = field(repr=False)
     timeout_ms: int | None
     termination_grace_ms: int
+    script: ScriptPayload | None = None
     # The project's variables (docs/variables.md), under the task's own environment at launch. Not
     # part of the wire spec nor of its digest: an offer carries them beside the spec, so a rebuilt
     # offer keeps its digest whatever changed since; never journaled.
@@ -132,9 +164,11 @@ class ExecutionSpec:
         task_id: str,
         task_revision: int,
         shared_environment: tuple[tuple[str, str], ...] = (),
+        script: ScriptPayload | None = None,
     ) -> ExecutionSpec:
         """The spec of one attempt of ``task`` (validated when it was built: nothing is checked again),
-        with the project's variables ``shared_environment``."""
+        with the project's variables ``shared_environment``; ``script`` is the task's script as read
+        when the run is offered."""
         return ExecutionSpec(
             run_id=run_id,
             attempt_id=attempt_id,
@@ -148,6 +182,7 @@ class ExecutionSpec:
             timeout_ms=task.timeout_ms,
             termination_grace_ms=task.grace_ms,
             shared_environment=shared_environment,
+            script=script,
         )
 
     def environment_map(self) -> dict[str, str]:
@@ -169,6 +204,8 @@ class ExecutionSpec:
         if self.timeout_ms is not None:
             out["timeoutMs"] = self.timeout_ms
         out["terminationGraceMs"] = self.termination_grace_ms
+        if self.script is not None:
+            out["script"] = self.script.to_wire()
         return out
 
     def digest(self) -> str:
@@ -196,7 +233,9 @@ class ExecutionSpec:
         if not isinstance(cmd, Mapping) or cmd.get("kind") != "shell":
             raise ValidationFailed("invalid command", field="command")
         cwd = src.get("workingDirectory")
+        script = src.get("script")
         return ExecutionSpec(
+            script=None if script is None else ScriptPayload.from_wire(script),
             **_identity_from_wire(src),
             command=validate_command(cmd.get("command"), "command"),
             working_directory=None if cwd is None else validate_cwd(cwd, "workingDirectory"),

@@ -14,6 +14,7 @@ from cronsim import CronSim
 from ql3.domain import cronexplain, timezones
 from ql3.domain.digests import canonical_json, domain_digest
 from ql3.domain.errors import RetrySafetyRequired, ValidationFailed
+from ql3.domain.scripts import default_command, validate_script_path
 
 NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Task names (docs/tasks.md "Names"): any script, as QingLong users name their scripts in Chinese.
@@ -75,9 +76,14 @@ class TaskSpec:
     misfire_grace_ms: int = DEFAULT_MISFIRE_GRACE_MS
     random_delay_ms: int = 0
     on_start: bool = False
+    # The project script the task runs (docs/scripts.md); absent from the dict when unset, so the
+    # revisions written before scripts keep their digests.
+    script: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
+        if body["script"] is None:
+            del body["script"]
         body["prefer"] = [{"labels": dict(p.labels), "weight": p.weight} for p in self.prefer]
         return body
 
@@ -234,7 +240,11 @@ def validate_grace_ms(value: object, what: str = "grace_ms") -> int:
 def build_new_spec(raw: Mapping[str, Any]) -> TaskSpec:
     """``build_spec`` plus the rules a new revision must meet: retries (``max_attempts`` above 1)
     need the owner's explicit ``retry_safe`` declaration. Stored revisions are read with
-    ``build_spec``, so a revision written before the rule still loads (and is never retried)."""
+    ``build_spec``, so a revision written before the rule still loads (and is never retried).
+    A script task given no command gets its script's default one (``default_command``)."""
+    script = raw.get("script")
+    if raw.get("command") is None and isinstance(script, str):
+        raw = {**raw, "command": default_command(validate_script_path(script, "script"))}
     spec = build_spec(raw)
     if spec.max_attempts > 1 and not spec.retry_safe:
         raise RetrySafetyRequired(field="retry_safe")
@@ -282,7 +292,9 @@ def build_spec(raw: Mapping[str, Any]) -> TaskSpec:
     executor = raw.get("executor", "local_process")
     if executor != "local_process":
         raise ValidationFailed("unsupported executor", field="executor")
+    script = raw.get("script")
     return TaskSpec(
+        script=None if script is None else validate_script_path(script, "script"),
         command=command,
         cron=validate_cron(cron) if cron is not None else None,
         cwd=cwd,
@@ -331,4 +343,5 @@ def public_spec(spec: TaskSpec) -> dict[str, Any]:
         "misfire_grace_ms": spec.misfire_grace_ms,
         "random_delay_ms": spec.random_delay_ms,
         "on_start": spec.on_start,
+        "script": spec.script,
     }

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ql3.domain.execution import ScriptPayload
 from ql3.domain.notifications import notify_token
+from ql3.domain.scripts import script_digest
 from ql3.execution.identity import CaptureFailed, ProcessHandle, capture, read_boot_id
 from ql3.execution.logs import MAX_LOG_CAP_BYTES, create_log, enforce_log_cap
 from ql3.execution.receipts import (
@@ -55,6 +57,7 @@ MAX_ARG_STRLEN = 32 * 4096
 SHIM_ENV_PREFIX = "QL3_SHIM_"
 DEPENDENCIES_DIR = ".ql3-deps"
 HELPERS_DIR = str(resources.files("ql3.execution.helpers"))
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 # The server's own configuration never reaches a task, whatever its environment policy.
 SERVER_ONLY_VARS = frozenset({"QL3_HOME", "QL3_DATABASE_URL", "QL3_TOKEN", "QL3_URL"})
 _COMMAND_VAR = "QL3_SHIM_COMMAND"
@@ -123,6 +126,8 @@ class LocalLauncher:
         identity = f"{receipt_dir}/{request.attempt_id}.launch"
         user = self._users.for_project(request.project_id)
         env = self._child_environment(request, user)
+        if request.script is not None:
+            env.update(self._write_script(request.script, os.path.dirname(receipt_dir), user))
         env.update(self._shim_variables(request, receipt_dir, receipt, identity, head, user))
         argv = [self._shell, "-c", self._script, "sh"]
         if isinstance(request.command, ArgvCommand):
@@ -252,6 +257,33 @@ class LocalLauncher:
             "QL3_SHIM_IDENTITY": identity,
             "QL3_SHIM_AS": user.command_prefix() if user is not None else "",
         }
+
+    def _write_script(self, script: ScriptPayload, home: str, user: TaskUser | None) -> dict[str, str]:
+        """Write the offer's script under ``scripts/<digest>/`` (once per content: a file whose name is
+        its digest never changes) and return the variables that name it. Refuses a missing script and
+        content that does not match its digest (checked again here: the embedded worker's offer did not
+        cross the wire)."""
+        if script.content is None:
+            raise LaunchRejected("script_missing")
+        if user is not None:
+            # $QL3_HOME is 0700, so a task user could not read the file: refused plainly rather than
+            # failing inside the command (docs/scripts.md, "Limits").
+            raise LaunchRejected("script_needs_server_user")
+        if script_digest(script.content) != script.digest or not _DIGEST_RE.fullmatch(script.digest):
+            raise LaunchRejected("script_digest")
+        folder = os.path.join(home, "scripts", script.digest)
+        target = os.path.join(folder, os.path.basename(script.path))
+        try:
+            if not os.path.exists(target):
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+                tmp = f"{target}.{os.getpid()}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    out.write(script.content)
+                os.rename(tmp, target)
+        except OSError as exc:
+            raise LaunchFailed("script_unwritable") from exc
+        return {"QL3_SCRIPT": target, "QL3_SCRIPT_PATH": script.path}
 
     def _ensure_dir(self, path: str) -> None:
         if path not in self._known_dirs:

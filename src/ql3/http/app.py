@@ -27,10 +27,13 @@ from ql3.http.routes import actions, approvals, cancellation, lookup, projects, 
 from ql3.http.routes import dependencies as dependency_routes
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
+from ql3.http.routes import scripts as script_routes
+from ql3.http.routes import subscriptions as subscription_routes
 from ql3.http.routes import variables as variable_routes
 from ql3.http.run_intake import StartRunFastPath
 from ql3.ports.secrets import SecretBox
 from ql3.ports.storage import Database
+from ql3.ports.vcs import GitFetcher
 
 log = logging.getLogger("ql3.http")
 
@@ -138,6 +141,7 @@ def create_app(
     schema_version: int | None = None,
     egress: EgressPolicy | None = None,
     secret_box: SecretBox | None = None,
+    git: GitFetcher | None = None,
 ) -> FastAPI:
     """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
 
@@ -171,6 +175,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.db = db
+    app.state.git = git  # the subscriptions' fetcher (None: syncs on demand are refused)
     app.state.logs_root = logs_root
     app.state.egress = egress if egress is not None else EgressPolicy()
     app.state.secret_box = secret_box
@@ -230,6 +235,8 @@ def create_app(
         parking_routes.router,
         dependency_routes.router,
         variable_routes.router,
+        script_routes.router,
+        subscription_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     for extension in extensions:

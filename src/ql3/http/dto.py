@@ -119,10 +119,18 @@ class TaskSpecFields(Body):
     # The zone the cron is evaluated in (an IANA name); stored as the cron's CRON_TZ= prefix.
     tz: str | None = Field(default=None, json_schema_extra={"minLength": 1, "maxLength": 64})
 
+    script: str | None = Field(
+        default=None, max_length=255, description="a project script's path (docs/scripts.md)"
+    )
+
 
 class TaskCreate(TaskSpecFields):
     name: str = Field(json_schema_extra=TASK_NAME_SCHEMA)
-    command: str = Field(json_schema_extra=COMMAND_SCHEMA)
+    command: str | None = Field(
+        default=None,
+        json_schema_extra=COMMAND_SCHEMA,
+        description="required unless script is given (then the script's interpreter runs it)",
+    )
     enabled: bool = True
 
     def spec(self) -> dict[str, Any]:
@@ -213,6 +221,7 @@ class TaskOut(BaseModel):
     misfire_grace_ms: int = 300_000
     random_delay_ms: int = 0
     on_start: bool = False
+    script: str | None = None
     next_fire_at_ms: int | None
     next_fires_at_ms: list[int] = []  # on a task's own page: the next few fires, random delay included
     next_fires_local: list[str] = []  # the same instants as wall time in the task's zone (ISO 8601)

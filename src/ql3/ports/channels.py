@@ -31,6 +31,8 @@ RETRIES: Final = "retries"
 NOTIFICATIONS: Final = "notifications"
 # A retention policy changed: the pruning loop.
 RETENTION: Final = "retention"
+# A subscription was added or removed: the subscription loop re-plans its next scheduled sync.
+SUBSCRIPTIONS: Final = "subscriptions"
 # The embedded worker's maintenance loop. No commit notifies it (the worker's timers run on its
 # backstop); the loop's own stop interrupts its wait.
 MAINTAIN: Final = "maintain"
@@ -45,6 +47,7 @@ ALL: Final = (
     RETRIES,
     NOTIFICATIONS,
     RETENTION,
+    SUBSCRIPTIONS,
     MAINTAIN,
 )
 # What a replica relays from other replicas' commits (PostgreSQL LISTEN/NOTIFY, channel ``ql3_<name>``).

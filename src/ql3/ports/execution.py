@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
 from ql3.domain.errors import Ql3Error
+from ql3.domain.execution import ScriptPayload
 from ql3.domain.journal import AcceptResult, JournalOffer, JournalRecord, JournalState, RecoveryReason
 
 
@@ -67,6 +68,9 @@ class LaunchRequest:
     log_cap_bytes: int
     started_at_ms: int
     project_id: str | None = None  # picks the project's task user (TaskUsers)
+    # The project script the command runs (docs/scripts.md): written to a file named by its digest,
+    # whose path the command gets as ``$QL3_SCRIPT``.
+    script: ScriptPayload | None = field(default=None, repr=False)
 
 
 class ProcessIdentity(Protocol):

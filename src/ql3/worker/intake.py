@@ -284,6 +284,7 @@ class Intake(Generic[LaunchedT]):
             log_cap_bytes=self._ctx.config.log_cap_bytes,
             started_at_ms=self._ctx.clock(),
             project_id=spec.project_id,
+            script=spec.script,
         )
 
     def _start_failed(self, record: JournalRecord, offer: Offer, exc: Ql3Error) -> JournalRecord:

@@ -43,6 +43,14 @@
       deps_none: "No dependencies.", deps_hint: "Python: a PEP 508 requirement (requests==2.32.*). Node: an npm name and an optional range (axios@^1.7). Each change installs the whole set in a run of the task ql3-deps.",
       deps_install_run: "Install run:", deps_unchanged: "Already in the set: nothing to install.", deps_install_again: "Install again",
       deps_remove_confirm: "Remove {name}? The remaining set is installed again.", remove: "Remove",
+      nav_scripts: "Scripts", nav_subscriptions: "Subscriptions", path: "Path", bytes: "Bytes", by: "By",
+      no_scripts: "No script yet.", new_script: "New script", content: "Content", history: "History",
+      source: "Source", show_diff: "Diff", rev_deleted: "Deleted",
+      script_saved: "Saved as revision {rev}.", script_unchanged: "Nothing changed.", script_delete_confirm: "Delete script {path}? Its history stays; tasks running it will fail to start.",
+      sync_of: "Sync {status}", last_sync: "Last sync", never_synced: "Not synced yet.", sync_now: "Sync now", syncing: "Syncing…",
+      subscription_delete_confirm: "Remove subscription {name}? Its scripts and tasks stay.", subscription_added: "Subscription {name} added.",
+      new_subscription: "New subscription", repository: "Repository", branch: "Branch", path_glob: "Files (glob)",
+      deploy_key: "Deploy key", no_subscriptions: "No subscription yet.", yes: "yes", no: "no", add: "Add",
       offline: "The server is unreachable; what you see may be stale.",
       sign_in: "Sign in", token: "Token", sign_in_hint: "Paste a bearer token. The owner's token is in $QL3_HOME/credentials; `ql3 token create` makes more.",
       signed_in_as: "Signed in as {name} ({role})", signed_in_role: "Signed in ({role})",
@@ -132,6 +140,14 @@
       deps_none: "没有依赖。", deps_hint: "Python：PEP 508 依赖（requests==2.32.*）。Node：npm 包名和可选版本范围（axios@^1.7）。每次修改都由任务 ql3-deps 的一次运行安装全部依赖。",
       deps_install_run: "安装运行：", deps_unchanged: "已在依赖中，无需安装。", deps_install_again: "重新安装",
       deps_remove_confirm: "删除 {name}？其余依赖将重新安装。", remove: "删除",
+      nav_scripts: "脚本", nav_subscriptions: "订阅", path: "路径", bytes: "字节", by: "修改者",
+      no_scripts: "还没有脚本。", new_script: "新建脚本", content: "内容", history: "历史",
+      source: "来源", show_diff: "差异", rev_deleted: "已删除",
+      script_saved: "已保存为版本 {rev}。", script_unchanged: "没有变化。", script_delete_confirm: "删除脚本 {path}？历史会保留；运行它的任务将无法启动。",
+      sync_of: "同步{status}", last_sync: "上次同步", never_synced: "尚未同步。", sync_now: "立即同步", syncing: "同步中…",
+      subscription_delete_confirm: "删除订阅 {name}？它的脚本和任务会保留。", subscription_added: "已添加订阅 {name}。",
+      new_subscription: "新建订阅", repository: "仓库", branch: "分支", path_glob: "文件（通配）",
+      deploy_key: "部署密钥", no_subscriptions: "还没有订阅。", yes: "是", no: "否", add: "添加",
       offline: "无法连接服务器；页面内容可能已过时。",
       sign_in: "登录", token: "令牌", sign_in_hint: "粘贴访问令牌。所有者令牌在 $QL3_HOME/credentials；用 `ql3 token create` 创建更多。",
       signed_in_as: "已登录：{name}（{role}）", signed_in_role: "已登录（{role}）",
@@ -217,8 +233,10 @@
         no_workers: "no worker was online", no_capacity: "every worker was full",
         scan_budget_exhausted: "the scan budget ended before the rest of the queue",
         recovery_budget_exhausted: "the cycle spent its budget recovering earlier claims" },
+      sync: { running: "running", succeeded: "succeeded", failed: "failed (nothing changed)" },
     },
     zh: {
+      sync: { running: "进行中", succeeded: "成功", failed: "失败（未做任何更改）" },
       status: { created: "已创建", queued: "排队中", dispatching: "分派中", running: "运行中", waiting_approval: "等待审批",
         retry_wait: "等待重试", lost: "失联", succeeded: "成功", failed: "失败", cancelled: "已取消", timed_out: "超时",
         claimed: "已领取", starting: "启动中" },
@@ -593,6 +611,8 @@
       tokens: () => pageTokens(view, mine),
       deps: () => pageDeps(view, mine),
       variables: () => pageVariables(view, mine),
+      scripts: () => parts[1] ? pageScript(view, mine, parts[1], params) : pageScripts(view, mine),
+      subscriptions: () => pageSubscriptions(view, mine),
     };
     try {
       if (!me.role) await loadIdentity();
@@ -1755,6 +1775,217 @@
     put(view, el("h1", { text: t("nav_workers") }), el("section", {},
       table([t("worker"), t("status"), t("slots"), t("labels"), t("executors"), t("heartbeat"), t("actions")], rows, t("no_workers"), t("nav_workers"))));
     setRefresh(() => pageWorkers(view, mine));
+  }
+
+  // --- scripts --------------------------------------------------------------------------------------
+  // The editor: a textarea over a coloured copy of its text (same font, same wrapping), with a line
+  // number gutter. Colouring is a small tokenizer (comments, strings, numbers, keywords): no build step.
+  const KEYWORDS = new Set(("and as async await break case catch class const continue def del elif else except export " +
+    "false finally for from function if import in is lambda let new none not null or pass raise return self switch " +
+    "this throw true try var while with yield fi then do done esac echo local True False None").split(" "));
+  const TOKEN_RE = /(#[^\n]*|\/\/[^\n]*|\/\*[\s\S]*?\*\/|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'|`(?:\\.|[^`\\])*`|\b\d+(?:\.\d+)?\b|\b[A-Za-z_]\w*\b)/g;
+
+  function colour(text) {
+    const out = [];
+    let last = 0;
+    for (const m of text.matchAll(TOKEN_RE)) {
+      const tok = m[0];
+      let cls = null;
+      if (tok[0] === "#" || tok.startsWith("//") || tok.startsWith("/*")) cls = "tk-comment";
+      else if (tok[0] === "\"" || tok[0] === "'" || tok[0] === "`") cls = "tk-string";
+      else if (/^\d/.test(tok)) cls = "tk-number";
+      else if (KEYWORDS.has(tok)) cls = "tk-keyword";
+      if (!cls) continue;
+      if (m.index > last) out.push(text.slice(last, m.index));
+      out.push(el("span", { class: cls, text: tok }));
+      last = m.index + tok.length;
+    }
+    out.push(text.slice(last) + "\n");
+    return out;
+  }
+
+  function codeEditor(text, readOnly) {
+    const gutter = el("pre", { class: "gutter", "aria-hidden": "true" });
+    const shade = el("pre", { class: "shade", "aria-hidden": "true" });
+    const area = el("textarea", { id: "script-content", class: "code", spellcheck: "false", wrap: "off",
+      "aria-label": t("content"), readonly: readOnly || null, autocapitalize: "off", autocomplete: "off" });
+    area.value = text;
+    function paint() {
+      const lines = area.value.split("\n").length;
+      gutter.textContent = Array.from({ length: lines }, (_, i) => String(i + 1)).join("\n");
+      put(shade, colour(area.value));
+      shade.scrollTop = area.scrollTop; shade.scrollLeft = area.scrollLeft; gutter.scrollTop = area.scrollTop;
+    }
+    area.addEventListener("input", paint);
+    area.addEventListener("scroll", () => {
+      shade.scrollTop = area.scrollTop; shade.scrollLeft = area.scrollLeft; gutter.scrollTop = area.scrollTop;
+    });
+    area.addEventListener("keydown", (ev) => {
+      if (ev.key !== "Tab" || readOnly) return;
+      ev.preventDefault();
+      area.setRangeText("    ", area.selectionStart, area.selectionEnd, "end");
+      paint();
+    });
+    paint();
+    return { node: el("div", { class: "editor" }, gutter, el("div", { class: "code-wrap" }, shade, area)), area: area };
+  }
+
+  function diffView(text) {
+    return el("pre", { class: "diff" }, text.split("\n").map((line) => el("span", {
+      class: line.startsWith("+") && !line.startsWith("+++") ? "add" : line.startsWith("-") && !line.startsWith("---") ? "del" : null,
+      text: line + "\n" })));
+  }
+
+  async function pageScripts(view, mine) {
+    const page = await get(pp("/scripts?limit=500"));
+    if (!current(mine)) return;
+    const rows = page.items.map((s) => ({
+      id: s.path,
+      cells: [link("#/scripts/" + enc(s.path), s.path), "r" + s.revision, String(s.size_bytes), s.updated_by, when(s.updated_at_ms)],
+    }));
+    let form = null;
+    if (can("task.write")) {
+      const path = el("input", { id: "new-script-path", required: true, maxlength: 255, placeholder: "jobs/sign.py" });
+      form = el("form", { class: "inline", onsubmit: (ev) => {
+        ev.preventDefault();
+        if (path.value.trim()) go("#/scripts/" + enc(path.value.trim()) + "?new=1");
+      } }, el("label", {}, t("path"), " ", path), el("button", { type: "submit", class: "primary", text: t("new_script") }));
+    }
+    put(view, el("h1", { text: t("nav_scripts") }),
+      form ? el("section", {}, form) : null,
+      el("section", {}, table([t("path"), t("revision"), t("bytes"), t("by"), t("updated")], rows, t("no_scripts"), t("nav_scripts"))));
+    setRefresh(() => pageScripts(view, mine));
+  }
+
+  async function runScript(path) {
+    // The task that names the script, or a new one for it (no schedule); then its live run page.
+    const tasks = await get(pp("/tasks?limit=200"));
+    let task = tasks.items.find((x) => x.script === path);
+    if (!task) {
+      const name = path.replace(/\//g, "_").replace(/[^A-Za-z0-9._-]+/g, "-").replace(/^[-._]+|[-._]+$/g, "").slice(0, 128) || "script";
+      task = (await post(pp("/tasks"), { name: name, script: path })).body;
+    }
+    await startRun(task);
+  }
+
+  async function pageScript(view, mine, path, params) {
+    const fresh = params.get("new") === "1";
+    let script = null;
+    try {
+      script = await get(pp("/scripts/" + enc(path)));
+    } catch (e) {
+      if (!(fresh && e instanceof ApiError && e.status === 404)) throw e;
+    }
+    if (!current(mine)) return;
+    const writable = can("task.write");
+    const editor = codeEditor(script ? script.content : "", !writable);
+    const history = el("div", { id: "script-history" });
+    const diffBox = el("div", { id: "script-diff" });
+    async function showHistory() {
+      if (!script) return;
+      const revs = await get(pp("/script-history/" + enc(path)));
+      put(history, table([t("revision"), t("by"), t("source"), t("updated"), ""], revs.items.map((r) => ({
+        id: String(r.revision),
+        cells: ["r" + r.revision, r.author, r.source, when(r.created_at_ms),
+          btn(r.deleted ? t("rev_deleted") : t("show_diff"), async () => {
+            try {
+              const one = await get(pp("/script-history/" + enc(path) + "?revision=" + r.revision));
+              put(diffBox, el("h3", { text: "r" + r.revision }), diffView(one.items[0].diff || ""));
+            } catch (e) { fail(e); }
+          })],
+      })), t("no_scripts"), t("history")));
+    }
+    const actions = writable ? el("p", { class: "actions" },
+      btn(t("save"), async () => {
+        try {
+          const res = await request("PUT", pp("/scripts/" + enc(path)), { content: editor.area.value });
+          say(res.body.changed ? t("script_saved", { rev: res.body.revision }) : t("script_unchanged"));
+          script = await get(pp("/scripts/" + enc(path)));
+          if (fresh) { go("#/scripts/" + enc(path)); return; }
+          await showHistory();
+        } catch (e) { fail(e); }
+      }, "primary", { id: "script-save" }),
+      script ? btn(t("run_now"), async () => {
+        try { await runScript(path); } catch (e) { fail(e); }
+      }, null, { id: "script-run" }) : null,
+      script ? btn(t("delete"), async () => {
+        if (!(await confirmAction(t("script_delete_confirm", { path: path }), t("delete")))) return;
+        try {
+          await request("DELETE", pp("/scripts/" + enc(path)));
+          go("#/scripts");
+        } catch (e) { fail(e); }
+      }, "danger", { id: "script-delete" }) : null) : null;
+    put(view, el("h1", { text: path }),
+      script ? fields([[t("revision"), "r" + script.revision], [t("by"), script.updated_by], [t("updated"), when(script.updated_at_ms)],
+        ["sha256", el("code", { text: script.digest.slice(0, 16) + "…" })]]) : el("p", { class: "muted", text: t("new_script") }),
+      el("section", {}, editor.node, actions),
+      script ? el("section", { "aria-labelledby": "script-h" }, el("h2", { id: "script-h", text: t("history") }), history, diffBox) : null);
+    await showHistory();
+  }
+
+  // --- subscriptions --------------------------------------------------------------------------------
+  async function pageSubscriptions(view, mine) {
+    const page = await get(pp("/subscriptions"));
+    if (!current(mine)) return;
+    const admin = can("project.admin");
+    const logBox = el("div", { id: "sync-log" });
+    function showSync(s) {
+      put(logBox, el("h2", { text: t("sync_of", { status: lbl("sync", s.status) }) }),
+        el("p", {}, s.summary || ""), el("pre", { class: "log", text: s.log }));
+    }
+    const rows = page.items.map((s) => ({
+      id: s.name,
+      cells: [s.name, el("code", { text: s.repo }), s.branch || t("none"), s.path || t("none"), s.cron || t("none"),
+        s.has_credential ? t("yes") : t("no"),
+        el("span", { class: "actions" },
+          btn(t("last_sync"), async () => {
+            try {
+              const syncs = await get(pp("/subscriptions/" + enc(s.name) + "/syncs"));
+              if (syncs.items.length) showSync(syncs.items[0]); else say(t("never_synced"));
+            } catch (e) { fail(e); }
+          }),
+          admin ? btn(t("sync_now"), async (ev) => {
+            ev.target.disabled = true;
+            say(t("syncing"));
+            try {
+              const res = await post(pp("/subscriptions/" + enc(s.name) + "/syncs"));
+              showSync(res.body);
+              say(t("sync_of", { status: lbl("sync", res.body.status) }), res.body.status !== "succeeded");
+            } catch (e) { fail(e); } finally { ev.target.disabled = false; }
+          }, "primary") : null,
+          admin ? btn(t("delete"), async () => {
+            if (!(await confirmAction(t("subscription_delete_confirm", { name: s.name }), t("delete")))) return;
+            try { await request("DELETE", pp("/subscriptions/" + enc(s.name))); await pageSubscriptions(view, mine); } catch (e) { fail(e); }
+          }, "danger") : null)],
+    }));
+    let form = null;
+    if (admin) {
+      const input = (id, label, extra) => el("label", {}, label, " ", el("input", Object.assign({ id: id }, extra || {})));
+      const key = el("textarea", { id: "sub-key", rows: 3, placeholder: "-----BEGIN OPENSSH PRIVATE KEY-----" });
+      form = el("form", { class: "stack", onsubmit: async (ev) => {
+        ev.preventDefault();
+        const val = (id) => $(id).value.trim() || null;
+        const body = { name: val("sub-name"), repo: val("sub-repo"), branch: val("sub-branch"), path: val("sub-path"),
+          cron: val("sub-cron"), deploy_key: key.value.trim() ? key.value : null };
+        try {
+          await post(pp("/subscriptions"), body);
+          say(t("subscription_added", { name: body.name }));
+          await pageSubscriptions(view, mine);
+        } catch (e) { fail(e); }
+      } },
+      el("h2", { text: t("new_subscription") }),
+      input("sub-name", t("name"), { required: true, maxlength: 128 }),
+      input("sub-repo", t("repository"), { required: true, placeholder: "git@host:owner/scripts.git" }),
+      input("sub-branch", t("branch")), input("sub-path", t("path_glob"), { placeholder: "*.js" }),
+      input("sub-cron", t("cron"), { placeholder: "0 */6 * * *" }),
+      el("label", {}, t("deploy_key"), key),
+      el("button", { type: "submit", class: "primary", text: t("add") }));
+    }
+    put(view, el("h1", { text: t("nav_subscriptions") }),
+      el("section", {}, table([t("name"), t("repository"), t("branch"), t("path_glob"), t("cron"), t("deploy_key"), t("actions")], rows,
+        t("no_subscriptions"), t("nav_subscriptions"))),
+      el("section", { "aria-live": "polite" }, logBox),
+      form ? el("section", {}, form) : null);
   }
 
   // --- tokens ---------------------------------------------------------------------------------------

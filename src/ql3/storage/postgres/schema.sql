@@ -316,9 +316,47 @@ COLUMN runs.error_code text null=YES default=None
 COLUMN runs.exit_code integer null=YES default=None
 COLUMN runs.updated_at_ms bigint null=NO default=None
 COLUMN runs.request_digest text null=YES default=None
+COLUMN script_revisions.project_id text null=NO default=None
+COLUMN script_revisions.path text null=NO default=None
+COLUMN script_revisions.revision integer null=NO default=None
+COLUMN script_revisions.content text null=YES default=None
+COLUMN script_revisions.digest text null=YES default=None
+COLUMN script_revisions.author text null=NO default=None
+COLUMN script_revisions.source text null=NO default=None
+COLUMN script_revisions.created_at_ms bigint null=NO default=None
+COLUMN scripts.project_id text null=NO default=None
+COLUMN scripts.path text null=NO default=None
+COLUMN scripts.revision integer null=NO default=None
+COLUMN scripts.digest text null=NO default=None
+COLUMN scripts.size_bytes integer null=NO default=None
+COLUMN scripts.updated_at_ms bigint null=NO default=None
+COLUMN scripts.updated_by text null=NO default=None
 COLUMN server_keys.name text null=NO default=None
 COLUMN server_keys.key_hex text null=NO default=None
 COLUMN server_keys.created_at_ms bigint null=NO default=None
+COLUMN subscription_files.subscription_id text null=NO default=None
+COLUMN subscription_files.path text null=NO default=None
+COLUMN subscription_files.task_id text null=YES default=None
+COLUMN subscription_syncs.id text null=NO default=None
+COLUMN subscription_syncs.subscription_id text null=NO default=None
+COLUMN subscription_syncs.project_id text null=NO default=None
+COLUMN subscription_syncs.trigger_type text null=NO default=None
+COLUMN subscription_syncs.status text null=NO default=None
+COLUMN subscription_syncs.commit_sha text null=YES default=None
+COLUMN subscription_syncs.summary text null=YES default=None
+COLUMN subscription_syncs.log text null=NO default=None
+COLUMN subscription_syncs.started_at_ms bigint null=NO default=None
+COLUMN subscription_syncs.ended_at_ms bigint null=YES default=None
+COLUMN subscriptions.id text null=NO default=None
+COLUMN subscriptions.project_id text null=NO default=None
+COLUMN subscriptions.name text null=NO default=None
+COLUMN subscriptions.repo_url text null=NO default=None
+COLUMN subscriptions.branch text null=YES default=None
+COLUMN subscriptions.path_glob text null=YES default=None
+COLUMN subscriptions.cron text null=YES default=None
+COLUMN subscriptions.deploy_key text null=YES default=None
+COLUMN subscriptions.next_sync_at_ms bigint null=YES default=None
+COLUMN subscriptions.created_at_ms bigint null=NO default=None
 COLUMN task_revisions.task_id text null=NO default=None
 COLUMN task_revisions.revision integer null=NO default=None
 COLUMN task_revisions.spec_json text null=NO default=None
@@ -441,7 +479,15 @@ INDEX CREATE UNIQUE INDEX runs_project_id_id_key ON public.runs USING btree (pro
 INDEX CREATE INDEX runs_status ON public.runs USING btree (status, created_at_ms)
 INDEX CREATE INDEX runs_task_created ON public.runs USING btree (task_id, created_at_ms)
 INDEX CREATE INDEX runs_task_outcome ON public.runs USING btree (task_id, status, finished_at_ms)
+INDEX CREATE UNIQUE INDEX script_revisions_pkey ON public.script_revisions USING btree (project_id, path, revision)
+INDEX CREATE UNIQUE INDEX scripts_pkey ON public.scripts USING btree (project_id, path)
 INDEX CREATE UNIQUE INDEX server_keys_pkey ON public.server_keys USING btree (name)
+INDEX CREATE UNIQUE INDEX subscription_files_pkey ON public.subscription_files USING btree (subscription_id, path)
+INDEX CREATE INDEX subscription_syncs_by_subscription ON public.subscription_syncs USING btree (subscription_id, started_at_ms)
+INDEX CREATE UNIQUE INDEX subscription_syncs_pkey ON public.subscription_syncs USING btree (id)
+INDEX CREATE INDEX subscriptions_due ON public.subscriptions USING btree (next_sync_at_ms) WHERE (next_sync_at_ms IS NOT NULL)
+INDEX CREATE UNIQUE INDEX subscriptions_pkey ON public.subscriptions USING btree (id)
+INDEX CREATE UNIQUE INDEX subscriptions_project_id_name_key ON public.subscriptions USING btree (project_id, name)
 INDEX CREATE UNIQUE INDEX task_revisions_pkey ON public.task_revisions USING btree (task_id, revision)
 INDEX CREATE INDEX task_schedules_due ON public.task_schedules USING btree (next_fire_at_ms, task_id) WHERE (next_fire_at_ms IS NOT NULL)
 INDEX CREATE UNIQUE INDEX task_schedules_pkey ON public.task_schedules USING btree (task_id)
@@ -708,8 +754,45 @@ CONSTRAINT runs.runs_request_digest_check CHECK (((request_digest IS NULL) OR (r
 CONSTRAINT runs.runs_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)
 CONSTRAINT runs.runs_task_id_task_revision_fkey FOREIGN KEY (task_id, task_revision) REFERENCES task_revisions(task_id, revision)
 CONSTRAINT runs.runs_version_check CHECK ((version >= 0))
+CONSTRAINT script_revisions.script_revisions_author_check CHECK (((length(author) >= 1) AND (length(author) <= 200)))
+CONSTRAINT script_revisions.script_revisions_check CHECK (((content IS NULL) = (digest IS NULL)))
+CONSTRAINT script_revisions.script_revisions_content_check CHECK (((content IS NULL) OR (length(content) <= 262144)))
+CONSTRAINT script_revisions.script_revisions_digest_check CHECK (((digest IS NULL) OR (length(digest) = 64)))
+CONSTRAINT script_revisions.script_revisions_path_check CHECK (((length(path) >= 1) AND (length(path) <= 255)))
+CONSTRAINT script_revisions.script_revisions_pkey PRIMARY KEY (project_id, path, revision)
+CONSTRAINT script_revisions.script_revisions_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT script_revisions.script_revisions_revision_check CHECK ((revision >= 1))
+CONSTRAINT script_revisions.script_revisions_source_check CHECK (((length(source) >= 1) AND (length(source) <= 100)))
+CONSTRAINT scripts.scripts_digest_check CHECK ((length(digest) = 64))
+CONSTRAINT scripts.scripts_path_check CHECK (((length(path) >= 1) AND (length(path) <= 255)))
+CONSTRAINT scripts.scripts_pkey PRIMARY KEY (project_id, path)
+CONSTRAINT scripts.scripts_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT scripts.scripts_revision_check CHECK ((revision >= 1))
+CONSTRAINT scripts.scripts_size_bytes_check CHECK (((size_bytes >= 0) AND (size_bytes <= 262144)))
+CONSTRAINT scripts.scripts_updated_by_check CHECK (((length(updated_by) >= 1) AND (length(updated_by) <= 200)))
 CONSTRAINT server_keys.server_keys_key_hex_check CHECK ((length(key_hex) >= 64))
 CONSTRAINT server_keys.server_keys_pkey PRIMARY KEY (name)
+CONSTRAINT subscription_files.subscription_files_path_check CHECK (((length(path) >= 1) AND (length(path) <= 255)))
+CONSTRAINT subscription_files.subscription_files_pkey PRIMARY KEY (subscription_id, path)
+CONSTRAINT subscription_files.subscription_files_subscription_id_fkey FOREIGN KEY (subscription_id) REFERENCES subscriptions(id) ON DELETE CASCADE
+CONSTRAINT subscription_files.subscription_files_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)
+CONSTRAINT subscription_syncs.subscription_syncs_commit_sha_check CHECK (((commit_sha IS NULL) OR ((length(commit_sha) >= 1) AND (length(commit_sha) <= 64))))
+CONSTRAINT subscription_syncs.subscription_syncs_log_check CHECK ((length(log) <= 65536))
+CONSTRAINT subscription_syncs.subscription_syncs_pkey PRIMARY KEY (id)
+CONSTRAINT subscription_syncs.subscription_syncs_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT subscription_syncs.subscription_syncs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text])))
+CONSTRAINT subscription_syncs.subscription_syncs_subscription_id_fkey FOREIGN KEY (subscription_id) REFERENCES subscriptions(id) ON DELETE CASCADE
+CONSTRAINT subscription_syncs.subscription_syncs_summary_check CHECK (((summary IS NULL) OR (length(summary) <= 2000)))
+CONSTRAINT subscription_syncs.subscription_syncs_trigger_type_check CHECK ((trigger_type = ANY (ARRAY['manual'::text, 'schedule'::text])))
+CONSTRAINT subscriptions.subscriptions_branch_check CHECK (((branch IS NULL) OR ((length(branch) >= 1) AND (length(branch) <= 255))))
+CONSTRAINT subscriptions.subscriptions_cron_check CHECK (((cron IS NULL) OR ((length(cron) >= 1) AND (length(cron) <= 256))))
+CONSTRAINT subscriptions.subscriptions_deploy_key_check CHECK (((deploy_key IS NULL) OR ((length(deploy_key) >= 1) AND (length(deploy_key) <= 16384))))
+CONSTRAINT subscriptions.subscriptions_name_check CHECK (((length(name) >= 1) AND (length(name) <= 128)))
+CONSTRAINT subscriptions.subscriptions_path_glob_check CHECK (((path_glob IS NULL) OR ((length(path_glob) >= 1) AND (length(path_glob) <= 255))))
+CONSTRAINT subscriptions.subscriptions_pkey PRIMARY KEY (id)
+CONSTRAINT subscriptions.subscriptions_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
+CONSTRAINT subscriptions.subscriptions_project_id_name_key UNIQUE (project_id, name)
+CONSTRAINT subscriptions.subscriptions_repo_url_check CHECK (((length(repo_url) >= 1) AND (length(repo_url) <= 2048)))
 CONSTRAINT task_revisions.task_revisions_pkey PRIMARY KEY (task_id, revision)
 CONSTRAINT task_revisions.task_revisions_revision_check CHECK ((revision >= 1))
 CONSTRAINT task_revisions.task_revisions_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks(id)

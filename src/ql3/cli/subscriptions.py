@@ -1,0 +1,170 @@
+"""``ql3 subscription``: add, list, sync, log, rm (docs/scripts.md "Subscriptions")."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ql3.cli import output
+from ql3.cli.client import ApiClient, seg
+from ql3.cli.common import Parser, Subparsers, add_command, project_flag, quiet_flag, wants_json, wants_quiet
+from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
+from ql3.domain import cronexplain
+
+MAX_SECRET_FILE_BYTES = 16384
+
+
+def _base(args: argparse.Namespace) -> str:
+    return f"/projects/{seg(args.project)}/subscriptions"
+
+
+def _secret_file(name: str, flag: str) -> str:
+    """A credential read from a file (never from the command line, where ps shows it)."""
+    try:
+        with open(name, "rb") as src:
+            raw = src.read(MAX_SECRET_FILE_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot read {name}: {exc.strerror}") from None
+    if len(raw) > MAX_SECRET_FILE_BYTES:
+        raise UsageError(f"{flag}: {name} is larger than {MAX_SECRET_FILE_BYTES} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{flag}: {name} is not text") from None
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    if args.cron is not None:
+        reason = cronexplain.explain(args.cron)
+        if reason is not None:
+            raise UsageError(f"--cron {args.cron!r}: {reason}", code="validation_failed")
+    if args.deploy_key is not None and args.token_file is not None:
+        raise UsageError("give --deploy-key or --token-file, not both")
+    body: dict[str, Any] = {"name": args.name, "repo": args.repo}
+    for key in ("branch", "path", "cron"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    if args.deploy_key is not None:
+        body["deploy_key"] = _secret_file(args.deploy_key, "--deploy-key")
+    if args.token_file is not None:
+        body["token"] = _secret_file(args.token_file, "--token-file").strip()
+    with ApiClient.from_environment() as api:
+        _, sub = api.call("POST", _base(args), json=body)
+        if args.sync:
+            return _sync(api, args, sub["name"], quiet_header=wants_json(args))
+    if wants_json(args):
+        output.emit_json(sub)
+    else:
+        output.line(f"subscription {sub['name']} added: sync it with ql3 subscription sync {sub['name']}")
+    return EXIT_OK
+
+
+def _sync(api: ApiClient, args: argparse.Namespace, name: str, *, quiet_header: bool = False) -> int:
+    _, done = api.call("POST", f"{_base(args)}/{seg(name)}/syncs")
+    if wants_json(args):
+        output.emit_json(done)
+    else:
+        sys.stdout.write(done["log"])
+        output.note(f"sync {done['status']}: {done['summary'] or ''}")
+    return EXIT_OK if done["status"] == "succeeded" else EXIT_ERROR
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    """Sync now: print git's output and what changed; exit 1 when the sync failed (it changed nothing)."""
+    with ApiClient.from_environment() as api:
+        return _sync(api, args, args.name)
+
+
+def _row(sub: dict[str, Any]) -> tuple[object, ...]:
+    dash = "-"
+    return (
+        sub["name"],
+        sub["repo"],
+        sub["branch"] or dash,
+        sub["path"] or dash,
+        sub["cron"] or dash,
+        sub["has_credential"],
+    )
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        _, page = api.call("GET", _base(args))
+    if wants_json(args):
+        output.emit_json(page)
+    elif wants_quiet(args):
+        output.ids_only(str(s["name"]) for s in page["items"])
+    else:
+        output.table(
+            ("NAME", "REPO", "BRANCH", "PATH", "CRON", "KEY"),
+            [
+                (
+                    s["name"],
+                    s["repo"],
+                    s["branch"] or "-",
+                    s["path"] or "-",
+                    s["cron"] or "-",
+                    s["has_credential"],
+                )
+                for s in page["items"]
+            ],
+        )
+    return EXIT_OK
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    """The latest sync's log (``--all``: every kept sync, newest first)."""
+    with ApiClient.from_environment() as api:
+        _, page = api.call("GET", f"{_base(args)}/{seg(args.name)}/syncs")
+    items = page["items"] if args.all else page["items"][:1]
+    if wants_json(args):
+        output.emit_json({"items": items})
+        return EXIT_OK
+    if not items:
+        output.note(f"subscription {args.name} has not synced yet")
+    for item in items:
+        output.line(f"== sync {item['id']} ({item['trigger']}): {item['status']} {item['summary'] or ''}")
+        sys.stdout.write(item["log"])
+    return EXIT_OK
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    with ApiClient.from_environment() as api:
+        api.call("DELETE", f"{_base(args)}/{seg(args.name)}")
+    output.line(f"subscription {args.name} removed (its scripts and tasks stay)")
+    return EXIT_OK
+
+
+def register(subparsers: Subparsers) -> None:
+    group: Parser = subparsers.add_parser(
+        "subscription",
+        help="git repositories synced into the project's scripts",
+        description="Subscriptions: a git repository synced into the project's scripts; scripts with a "
+        "'cron:' header line become tasks.",
+    )
+    actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
+    proj = project_flag()
+    add = add_command(actions, "add", cmd_add, "subscribe to a git repository", proj)
+    add.add_argument("name", metavar="NAME")
+    add.add_argument(
+        "--repo", required=True, metavar="URL", help="https://, ssh://, file:// or user@host:path"
+    )
+    add.add_argument("--branch", metavar="B", help="default: the repository's default branch")
+    add.add_argument(
+        "--path", metavar="GLOB", help="the files to take (default: *.py *.js *.mjs *.cjs *.sh *.ts)"
+    )
+    add.add_argument("--cron", metavar="EXPR", help="sync on this schedule (five fields, UTC)")
+    add.add_argument(
+        "--deploy-key", metavar="FILE", help="SSH private key for a private repository (kept secret)"
+    )
+    add.add_argument("--token-file", metavar="FILE", help="file holding an HTTPS token (kept secret)")
+    add.add_argument("--sync", action="store_true", help="sync once right away")
+    quiet_flag(add_command(actions, "list", cmd_list, "the project's subscriptions", proj))
+    sync = add_command(actions, "sync", cmd_sync, "sync now and print git's output", proj)
+    sync.add_argument("name", metavar="NAME")
+    log = add_command(actions, "log", cmd_log, "the latest sync's output", proj)
+    log.add_argument("name", metavar="NAME")
+    log.add_argument("--all", action="store_true", help="every kept sync, newest first")
+    rm = add_command(actions, "rm", cmd_rm, "remove a subscription (its scripts and tasks stay)", proj)
+    rm.add_argument("name", metavar="NAME")

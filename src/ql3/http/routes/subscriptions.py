@@ -1,0 +1,159 @@
+"""Subscriptions (docs/scripts.md "Subscriptions"): a git repository synced into a project's scripts.
+Adding, removing and syncing need ``project.admin``; reading needs ``task.read``. A deploy key or token
+is write-only: no response carries it (``has_credential`` says whether one is kept)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response, status
+from pydantic import BaseModel, Field
+
+from ql3.application import auth, subscriptions
+from ql3.domain.errors import SyncUnavailable
+from ql3.domain.scripts import Subscription, SubscriptionSync
+from ql3.http.auth import DbDep, PrincipalDep
+from ql3.http.dto import Body
+from ql3.ports.storage import Transaction
+from ql3.ports.vcs import GitFetcher
+
+router = APIRouter(prefix="/api/v1/projects/{project}/subscriptions", tags=["subscriptions"])
+ADMIN = "project.admin"
+
+
+class SubscriptionCreate(Body):
+    name: str = Field(max_length=128)
+    repo: str = Field(max_length=2048, description="https://, http://, ssh://, file:// or user@host:path")
+    branch: str | None = Field(default=None, max_length=255)
+    path: str | None = Field(default=None, max_length=255, description="a glob of the files to take")
+    cron: str | None = Field(default=None, max_length=256, description="when to sync (UTC)")
+    deploy_key: str | None = Field(default=None, max_length=16384, description="SSH private key; write-only")
+    token: str | None = Field(default=None, max_length=4096, description="HTTPS token; write-only")
+
+
+class SubscriptionOut(BaseModel):
+    id: str
+    name: str
+    repo: str
+    branch: str | None
+    path: str | None
+    cron: str | None
+    has_credential: bool
+    next_sync_at_ms: int | None
+    created_at_ms: int
+
+
+class SubscriptionPage(BaseModel):
+    items: list[SubscriptionOut]
+
+
+class SyncOut(BaseModel):
+    id: str
+    trigger: str
+    status: str
+    commit: str | None
+    summary: str | None
+    log: str
+    started_at_ms: int
+    ended_at_ms: int | None
+
+
+class SyncPage(BaseModel):
+    items: list[SyncOut]
+
+
+def subscription_out(sub: Subscription) -> SubscriptionOut:
+    return SubscriptionOut(
+        id=sub.id,
+        name=sub.name,
+        repo=sub.repo_url,
+        branch=sub.branch,
+        path=sub.path_glob,
+        cron=sub.cron,
+        has_credential=sub.deploy_key is not None,
+        next_sync_at_ms=sub.next_sync_at_ms,
+        created_at_ms=sub.created_at_ms,
+    )
+
+
+def sync_out(found: SubscriptionSync) -> SyncOut:
+    return SyncOut(
+        id=found.id,
+        trigger=found.trigger_type,
+        status=found.status,
+        commit=found.commit_sha,
+        summary=found.summary,
+        log=found.log,
+        started_at_ms=found.started_at_ms,
+        ended_at_ms=found.ended_at_ms,
+    )
+
+
+@router.get("", response_model=SubscriptionPage)
+def list_subscriptions(project: str, db: DbDep, principal: PrincipalDep) -> SubscriptionPage:
+    def unit(tx: Transaction) -> SubscriptionPage:
+        found = auth.authorize(tx, principal, project, "task.read")
+        return SubscriptionPage(
+            items=[subscription_out(s) for s in subscriptions.list_subscriptions(tx, found.id)]
+        )
+
+    return db.transaction(unit, write=False)
+
+
+@router.post("", response_model=SubscriptionOut, status_code=status.HTTP_201_CREATED)
+def add_subscription(
+    project: str, body: SubscriptionCreate, db: DbDep, principal: PrincipalDep
+) -> SubscriptionOut:
+    """Add a subscription (validated before anything is written); sync it with ``POST .../syncs``."""
+
+    def unit(tx: Transaction) -> SubscriptionOut:
+        found = auth.authorize(tx, principal, project, ADMIN)
+        new = subscriptions.NewSubscription(
+            name=body.name,
+            repo_url=body.repo,
+            branch=body.branch,
+            path_glob=body.path,
+            cron=body.cron,
+            deploy_key=body.deploy_key,
+            token=body.token,
+        )
+        return subscription_out(subscriptions.add(tx, found.id, new))
+
+    return db.transaction(unit)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def remove_subscription(project: str, name: str, db: DbDep, principal: PrincipalDep) -> Response:
+    """Remove a subscription and its sync history; the scripts and tasks it made stay."""
+
+    def unit(tx: Transaction) -> None:
+        found = auth.authorize(tx, principal, project, ADMIN)
+        subscriptions.remove(tx, found.id, name)
+
+    db.transaction(unit)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("/{name}/syncs", response_model=SyncPage)
+def list_syncs(project: str, name: str, db: DbDep, principal: PrincipalDep) -> SyncPage:
+    """The latest syncs, newest first, each with git's output and what it changed."""
+
+    def unit(tx: Transaction) -> SyncPage:
+        found = auth.authorize(tx, principal, project, "task.read")
+        return SyncPage(items=[sync_out(s) for s in subscriptions.syncs(tx, found.id, name)])
+
+    return db.transaction(unit, write=False)
+
+
+@router.post("/{name}/syncs", response_model=SyncOut, status_code=status.HTTP_201_CREATED)
+def sync_now(project: str, name: str, request: Request, db: DbDep, principal: PrincipalDep) -> SyncOut:
+    """Sync now and answer when it has ended (at most the fetch timeout): a failed sync is a 201 too,
+    with ``status: failed`` and git's output in its log; it changed nothing."""
+    fetcher: GitFetcher | None = request.app.state.git
+    if fetcher is None:
+        raise SyncUnavailable("this server does not sync subscriptions")
+
+    def unit(tx: Transaction) -> str:
+        found = auth.authorize(tx, principal, project, ADMIN)
+        return subscriptions.find(tx, found.id, name).id
+
+    subscription_id = db.transaction(unit, write=False)
+    return sync_out(subscriptions.Syncer(db, fetcher).sync(subscription_id, "manual"))

@@ -1,0 +1,1 @@
+"""Version-control adapters: the ``git`` command behind ``ports/vcs.py``."""

@@ -1,0 +1,141 @@
+"""Subscriptions on both databases (docs/scripts.md "Subscriptions"): a sync writes the repository's
+scripts and makes tasks from their ``cron:`` headers, a later sync updates them and disables (never
+deletes) the task of a script that left; a failed fetch changes nothing but its own record; bad
+input is refused with nothing written; a due subscription is synced once by the schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ql3.application import scripts, subscriptions, tasks
+from ql3.domain.errors import NameTaken, ValidationFailed
+from ql3.domain.scripts import Subscription
+from ql3.ports.vcs import FetchResult, GitCredentials
+from tests.support.builders import count, seed_project
+from tests.support.databases import Harness
+
+
+@dataclass
+class FakeRepo:
+    """A fetcher serving an in-memory tree; ``ok=False`` fails the fetch like an unreachable remote."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    ok: bool = True
+    seen: list[GitCredentials] = field(default_factory=list)
+
+    def fetch(
+        self, *, url: str, branch: str | None, credentials: GitCredentials, dest: Path, timeout_s: float
+    ) -> FetchResult:
+        self.seen.append(credentials)
+        if not self.ok:
+            return FetchResult(ok=False, commit=None, log=f"fatal: could not read from {url}\n")
+        for rel, text in self.files.items():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_text(text)
+        return FetchResult(ok=True, commit="c0ffee", log="$ git clone\n")
+
+
+SIGN = "# cron: 0 8 * * *\n# new Env('Daily sign')\nprint('sign')\n"
+
+
+def _add(harness: Harness, project_id: str, **fields: object) -> Subscription:
+    new = subscriptions.NewSubscription(**{"name": "repo", "repo_url": "file:///srv/repo.git", **fields})  # type: ignore[arg-type]
+    sub: Subscription = harness.db.transaction(lambda tx: subscriptions.add(tx, project_id, new))
+    return sub
+
+
+def _tasks(harness: Harness, project_id: str) -> dict[str, tuple[bool, str | None, str | None]]:
+    views = harness.db.transaction(lambda tx: tasks.list_tasks(tx, project_id), write=False)
+    return {v.task.name: (v.task.enabled, v.spec.cron, v.spec.script) for v in views}
+
+
+def test_a_sync_makes_updates_and_disables_tasks_from_cron_headers(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    sub = _add(harness, project.id)
+    repo = FakeRepo(files={"jobs/sign.py": SIGN, "lib/util.py": "X = 1\n", "README.md": "docs"})
+    syncer = subscriptions.Syncer(harness.db, repo)
+
+    first = syncer.sync(sub.id, "manual")
+    assert (first.status, first.commit_sha) == ("succeeded", "c0ffee"), first.log
+    assert "created task jobs_sign.py (Daily sign): cron 0 8 * * *" in first.log
+    listed = harness.db.transaction(lambda tx: scripts.list_scripts(tx, project.id), write=False)
+    assert [(s.path, s.updated_by) for s in listed] == [
+        ("jobs/sign.py", "subscription:repo"),
+        ("lib/util.py", "subscription:repo"),
+    ]
+    assert _tasks(harness, project.id) == {"jobs_sign.py": (True, "0 8 * * *", "jobs/sign.py")}
+
+    repo.files["jobs/sign.py"] = SIGN.replace("0 8", "30 9")
+    second = syncer.sync(sub.id, "manual")
+    assert "updated task jobs_sign.py" in second.log
+    assert _tasks(harness, project.id)["jobs_sign.py"] == (True, "30 9 * * *", "jobs/sign.py")
+
+    del repo.files["jobs/sign.py"]
+    third = syncer.sync(sub.id, "manual")
+    assert "removed jobs/sign.py" in third.log and "disabled task jobs_sign.py" in third.log
+    assert _tasks(harness, project.id) == {"jobs_sign.py": (False, "30 9 * * *", "jobs/sign.py")}
+    assert [s.path for s in harness.db.transaction(lambda tx: scripts.list_scripts(tx, project.id))] == [
+        "lib/util.py"
+    ]
+
+
+def test_a_failed_fetch_or_apply_changes_nothing_but_its_record(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = seed_project(harness.db)
+    sub = _add(harness, project.id, token="s3cret-token-value")
+    repo = FakeRepo(files={"a.sh": "echo a\n", "b.sh": SIGN}, ok=False)
+    syncer = subscriptions.Syncer(harness.db, repo)
+
+    # an unreachable remote: git's output is the record, nothing else is written
+    failed = syncer.sync(sub.id, "manual")
+    assert (failed.status, failed.summary) == ("failed", "the fetch failed")
+    assert "could not read" in failed.log
+    assert repo.seen == [GitCredentials(token="s3cret-token-value")]
+
+    # a failure while applying, after a.sh and b.sh were written in the sync's transaction
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValidationFailed("the task store refused")
+
+    repo.ok = True
+    monkeypatch.setattr(tasks, "create_task", broken)
+    undone = syncer.sync(sub.id, "manual")
+    assert (undone.status, undone.commit_sha) == ("failed", "c0ffee")
+    assert "nothing applied: the task store refused" in (undone.summary or "")
+    tables = ("scripts", "script_revisions", "tasks", "subscription_files")
+    assert [count(harness.db, table) for table in tables] == [0, 0, 0, 0]
+    assert count(harness.db, "subscription_syncs") == 2
+
+
+def test_bad_subscriptions_are_refused_and_a_due_one_is_synced_once(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    bad: list[dict[str, object]] = [
+        {"repo_url": "ext::sh -c touch% /tmp/pwned"},
+        {"repo_url": "/srv/local/path"},
+        {"branch": "--upload-pack=evil"},
+        {"cron": "not a cron"},
+        {"deploy_key": "not a key"},
+        {"name": "bad/name"},
+        {"deploy_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n", "token": "tokentoken"},
+    ]
+    for fields in bad:
+        with pytest.raises(ValidationFailed):
+            _add(harness, project.id, **fields)
+    assert count(harness.db, "subscriptions") == 0
+
+    sub = _add(harness, project.id, cron="*/5 * * * *")
+    with pytest.raises(NameTaken):
+        _add(harness, project.id)
+    repo = FakeRepo(files={"a.sh": "echo a\n"})
+    syncer = subscriptions.Syncer(harness.db, repo)
+    assert syncer.sync_due() == 0  # not due yet
+
+    assert sub.next_sync_at_ms is not None
+    harness.advance_clock(sub.next_sync_at_ms - harness.now_ms() + 1)
+    assert syncer.sync_due() == 1
+    assert syncer.sync_due() == 0  # its next time moved on
+    done = harness.db.transaction(lambda tx: subscriptions.syncs(tx, project.id, "repo"), write=False)
+    assert [(s.trigger_type, s.status) for s in done] == [("schedule", "succeeded")]
