@@ -49,7 +49,11 @@ CHECKS = (
     "allow_header_conformance",
     "missing_required_header",
     "ignored_auth",
+    # ours (tests/support/schemathesis_checks.py): strict JSON and honest idempotency keys
+    "duplicate_keys_refused",
+    "idempotency_keys_are_honest",
 )
+ROOT = Path(__file__).resolve().parents[2]
 P = "/api/v1/projects/{project}"
 # Left out: a generated channel URL could send a message to an arbitrary host (module docstring).
 # So is a subscription: its sync would clone from a generated URL.
@@ -218,8 +222,13 @@ def test_the_live_openapi_document_holds_under_schemathesis(server: Server, tmp_
         "--request-timeout",
         "20",
     ]
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "tests.support.schemathesis_checks",
+        "PYTHONPATH": str(ROOT),
+    }
     done = subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, env=env
     )
     report = done.stdout + done.stderr
     print(report[-4000:])  # the summary, shown by pytest -rP
