@@ -38,6 +38,7 @@ def test_readyz_reports_ready_with_each_loop_s_age(serve: Server) -> None:
         "cancellation",
         "approved-actions",
         "cron",
+        "subscriptions",
     }
     assert all(not loop["stuck"] and loop["age_s"] is not None for loop in body["loops"].values())
 
