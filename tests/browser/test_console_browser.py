@@ -233,7 +233,8 @@ def test_a_second_user_approves_and_the_requester_cannot(console: Console, open_
 def test_a_blocked_action_says_it_is_final_and_offers_to_ask_again(console: Console, open_page: Any) -> None:
     # Given an approved run.create action (approved through the API)
     _task(console, "gated-again", "true", approval="required")
-    requested = console.api("POST", "/tasks/gated-again/runs", json={})
+    # (requested by the operator: the approver's token was issued by the owner, docs/security.md)
+    requested = console.api("POST", "/tasks/gated-again/runs", token=console.operator, json={})
     assert requested.status_code == 202, requested.text
     approval_id = requested.json()["approval"]["id"]
     decided = console.api(
