@@ -76,6 +76,7 @@ def _principal(tx: Any, name: str) -> dict[str, Any]:
         "token_digest": new_id(),
         "now": tx.now_ms(),
         "expires_at_ms": None,
+        "issued_by": None,
     }
 
 

@@ -129,7 +129,7 @@ def test_a_savepoint_undoes_only_what_ran_inside_it(harness: Harness) -> None:
 
 
 def test_a_failed_statement_inside_a_savepoint_leaves_the_unit_usable(harness: Harness) -> None:
-    row = {"kind": "user", "is_owner": 0, "token_digest": "d" * 64, "expires_at_ms": None}
+    row = {"kind": "user", "is_owner": 0, "token_digest": "d" * 64, "expires_at_ms": None, "issued_by": None}
 
     def unit(tx: Transaction) -> bool:
         assert isinstance(tx, Savepoints)

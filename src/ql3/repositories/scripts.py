@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ql3.domain.scripts import Script, ScriptRevision, Subscription, SubscriptionSync
+from ql3.domain.scripts import MAX_SCRIPTS_PER_PROJECT, Script, ScriptRevision, Subscription, SubscriptionSync
 from ql3.ports.storage import Row, Transaction
 
 
@@ -217,7 +217,9 @@ def list_syncs(tx: Transaction, subscription_id: str, *, limit: int) -> list[Sub
 
 def subscription_files(tx: Transaction, subscription_id: str) -> dict[str, str | None]:
     """The paths the subscription wrote, each with the task its header made (None: no task)."""
-    rows = tx.all("subscription_file_list", {"subscription_id": subscription_id})
+    rows = tx.all(
+        "subscription_file_list", {"subscription_id": subscription_id, "limit": MAX_SCRIPTS_PER_PROJECT}
+    )
     return {row["path"]: row["task_id"] for row in rows}
 
 

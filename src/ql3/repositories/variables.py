@@ -21,7 +21,7 @@ class StoredVariable:
 
 def list_variables(tx: Transaction, project_id: str) -> list[StoredVariable]:
     """The project's variables by name (the project cap bounds the read)."""
-    rows = tx.all("variable_list", {"project_id": project_id})
+    rows = tx.all("variable_list", {"project_id": project_id, "limit": MAX_VARIABLES})
     return [
         StoredVariable(
             name=row["name"],

@@ -96,6 +96,7 @@ FROM subscription_syncs WHERE subscription_id = :subscription_id ORDER BY starte
 -- name: subscription_file_list
 -- desc: The paths a subscription wrote and the task each one's header made, if any.
 SELECT subscription_id, path, task_id FROM subscription_files WHERE subscription_id = :subscription_id ORDER BY path
+LIMIT :limit
 
 -- name: subscription_file_upsert
 -- desc: Records that a subscription owns a path (and the task made from its header).

@@ -4,6 +4,7 @@
 -- desc: A project's variables by name (at most the project cap), sealed secrets included.
 SELECT name, value, secret, enabled, note, updated_at_ms FROM project_variables
 WHERE project_id = :project_id ORDER BY name
+LIMIT :limit
 
 -- name: variable_upsert
 -- desc: Creates or replaces one variable of a project.
