@@ -22,6 +22,9 @@ import pytest
 
 from tests.support.server import Server, start_server, stop
 
+# One server for the module, its tests in order on one worker.
+pytestmark = pytest.mark.xdist_group("deps")
+
 NPM_PACKAGE = {
     "package/package.json": b'{"name":"ql3demo-js","version":"1.0.0","main":"index.js"}',
     "package/index.js": b'module.exports = { value: "from-the-tarball" };\n',

@@ -361,7 +361,7 @@ FORGED: dict[str, tuple[str, dict[str, tuple[type[Exception], dict[str, Any]]]]]
     ),
     "callback_digest_gone": (
         "UPDATE run_attempts SET callback_token_hash = NULL WHERE id = '{attempt}'",
-        {"complete": (FenceConflict, {"reason": "callback_token_mismatch"})},
+        {"complete": (FenceConflict, {"reason": "running_ack_missing"})},
     ),
 }
 

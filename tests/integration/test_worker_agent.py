@@ -236,7 +236,8 @@ def test_a_process_that_exits_after_its_session_was_replaced_keeps_its_journal_r
         kept = agent.journal.get(offer.offer_id)
         assert kept is not None and kept.recovery_reason == "process_exited_without_receipt"
         assert env.run_status(offer.fence.run_id) == "running"
-        assert agent.settle(offer.fence.attempt_id) == "fenced"
+        # (the exit watcher's own settle may still be finishing: "settling" until it has)
+        wait_for(lambda: agent.settle(offer.fence.attempt_id) == "fenced")
         assert agent.journal.get(offer.offer_id) is not None
     finally:
         agent.stop()

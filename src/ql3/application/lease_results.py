@@ -315,9 +315,10 @@ def complete(
             raise Conflict("the result function answered out of turn", status=answer.answer)
     held = _run_and_attempt(tx, fence)
     run, attempt = held.run, held.attempt
-    if attempt.callback_token_hash is None or not digest_equals(
-        attempt.callback_token_hash, sha256_hex(callback_token)
-    ):
+    if attempt.callback_token_hash is None:
+        # No running ACK on record yet (its commit is still on its way): not a refusal, ask again.
+        raise FenceConflict(reason="running_ack_missing")
+    if not digest_equals(attempt.callback_token_hash, sha256_hex(callback_token)):
         raise FenceConflict(reason="callback_token_mismatch")
     if stop_cause == "timeout" and attempt.deadline_at_ms is None:
         raise ValidationFailed("a timeout stop needs an attempt with a deadline", reason="no_deadline")

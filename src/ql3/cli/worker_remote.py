@@ -213,8 +213,8 @@ def cmd_remote_worker(args: argparse.Namespace) -> int:
         sys.stdout.write(systemd_unit(args, home, labels))
         return EXIT_OK
     require_private_worker_home(home)
-    task_users = worker_task_users(args)
     require_free_space([home])  # its journal, receipts and logs: exit 74 with one line when full
+    task_users = worker_task_users(args)
     private_umask()
     logformat.configure(sys.stderr)
     import logging

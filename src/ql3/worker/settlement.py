@@ -23,7 +23,7 @@ from ql3.execution.receipts import (
     read_receipt,
     unreserve_receipt,
 )
-from ql3.ports.control_plane import ControlPlane
+from ql3.ports.control_plane import ControlPlane, ControlPlaneUnreachable
 from ql3.ports.execution import HostDeadlines, Journal, ProcessController
 from ql3.worker.attempts import CALLBACK_SEQUENCE, ActiveAttempts, journal_offer
 
@@ -227,6 +227,10 @@ class Settlement:
                 stop_cause=cause,
             )
         except REFUSALS as exc:
+            if exc.details.get("reason") == "running_ack_missing":
+                # Not a refusal: the running ACK is not on record yet. The receipt stays and the
+                # attempt stays active; the next maintenance pass settles it again.
+                raise ControlPlaneUnreachable(reason="running_ack_missing") from exc
             return self._refused(record, exc, active=not stopped)
         if result == "recorded":
             log.info("late fact recorded", extra={"action": "worker.late_fact_recorded"})
