@@ -115,15 +115,20 @@ def _crash_under_load(tmp_path: Path, database_url: str | None) -> None:
         run_ids: list[str] = []
         pending_at_kill: list[int] = []
         producer = _Producer(server)
+        kills_due = 0
         try:
             for i in range(RUNS):
                 run_ids.append(producer.submit(f"load-{i}"))
-                if i + 1 in KILL_AFTER:
+                kills_due += i + 1 in KILL_AFTER
+                if kills_due:
+                    # killed once runs are waiting (a fast server may have started all it was given)
                     started = sum(1 for words in _ledger_lines(ledger) if words[0] == "S")
-                    pending_at_kill.append(len(run_ids) - started)
-                    server.kill9()
-                    server.start()
-                    producer.reconnect()
+                    if len(run_ids) - started > 0:
+                        kills_due -= 1
+                        pending_at_kill.append(len(run_ids) - started)
+                        server.kill9()
+                        server.start()
+                        producer.reconnect()
         finally:
             producer.close()
         assert len(set(run_ids)) == RUNS
