@@ -32,7 +32,7 @@ from ql3.domain.offers import LeaseFence
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import Body
 from ql3.http.errors import status_for
-from ql3.ports.control_plane import MAX_BATCH_STEPS, LeaseCall, LeaseInfo, SessionInfo
+from ql3.ports.control_plane import MAX_BATCH_STEPS, LeaseCall, LeaseInfo, LeaseStep, SessionInfo
 from ql3.ports.storage import Transaction
 
 router = APIRouter(tags=["worker"])
@@ -391,16 +391,7 @@ def control(body: FenceOnly, worker_id: WorkerDep, db: DbDep, request: Request) 
 
 
 class StepIn(Body):
-    step: Literal[
-        "ack_starting",
-        "ack_running",
-        "ack_start_failure",
-        "renew",
-        "complete",
-        "report_lost",
-        "lease_status",
-        "append_log",
-    ]
+    step: LeaseStep
     body: dict[str, Any]
 
 

@@ -142,25 +142,32 @@ class StrictJson:
         ):
             await self.app(scope, receive, send)
             return
-        messages: deque[Message] = deque()
-        body = bytearray()
-        while True:  # bounded by the body size cap around this guard
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
-        if body and has_duplicate_key(bytes(body)):
+        _, body, replayed = await buffer_body(receive)
+        if body and has_duplicate_key(body):
             code, text = DUPLICATE_KEY
             await _send_json(send, 422, error_body(code, text))
             return
-
-        async def replayed() -> Message:
-            return messages.popleft() if messages else await receive()
-
         await self.app(scope, replayed, send)
+
+
+async def buffer_body(receive: Receive) -> tuple[deque[Message], bytes, Receive]:
+    """A request's messages read up to the end of its body (bounded by the body size cap the caller
+    sits behind), the body, and a ``receive`` that hands the read messages on first."""
+    messages: deque[Message] = deque()
+    body = bytearray()
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+
+    async def replayed() -> Message:
+        return messages.popleft() if messages else await receive()
+
+    return messages, bytes(body), replayed
 
 
 class CatchAll:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Final
 
 from pydantic import TypeAdapter, ValidationError
@@ -39,13 +39,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ql3.domain.digests import API_TOKEN_DOMAIN, token_digest
 from ql3.domain.errors import Ql3Error
 from ql3.http import errors
 from ql3.http.auth import bearer, principal_in, refuse_unless_management_caller
 from ql3.http.dto import RunCreate, RunOut
+from ql3.http.limits import buffer_body
 from ql3.http.routes.approvals import ApprovalRequested
 from ql3.http.routes.tasks import start_run_in
 from ql3.ports.storage import Database, Transaction
@@ -94,22 +95,10 @@ class StartRunFastPath:
         if target is None:
             await self.app(scope, receive, send)
             return
-        messages: deque[Message] = deque()
-        body = bytearray()
-        while True:  # bounded by the body size cap around this middleware
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
-
-        async def replayed() -> Message:
-            return messages.popleft() if messages else await receive()
-
+        # bounded by the body size cap around this middleware
+        messages, body, replayed = await buffer_body(receive)
         complete = messages[-1]["type"] == "http.request"
-        request = run_create_of(Headers(scope=scope), bytes(body)) if complete else None
+        request = run_create_of(Headers(scope=scope), body) if complete else None
         credentials = await bearer(Request(scope)) if request is not None else None
         if request is None or credentials is None:
             await self.app(scope, replayed, send)
