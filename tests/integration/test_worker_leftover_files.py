@@ -14,6 +14,7 @@ import pytest
 from ql3.application import tasks, workers
 from ql3.domain.ids import new_id
 from ql3.domain.workers import parse_capabilities
+from ql3.execution.identity import ProcessHandle
 from ql3.worker.agent import WorkerAgent
 from tests.support.waits import wait_for
 from tests.support.worker_agent import Env
@@ -53,6 +54,18 @@ def _replace_the_session(world: Env, agent: WorkerAgent) -> None:
     )
     agent._maintenance.last_renewal_ms = 0
     agent.maintain()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (not reaped yet) has exited
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
 
 
 def _files(agent: WorkerAgent) -> list[str]:
@@ -138,5 +151,41 @@ def test_a_refused_receipt_is_not_kept_and_the_slot_is_freed(env: Env, tmp_path:
         record = agent.journal.get(offer_id)
         assert record is not None and record.state == "recovery_required"
         assert record.recovery_reason == "completion_refused"
+    finally:
+        agent.stop()
+
+
+def test_a_receipt_sent_before_the_running_ack_is_on_record_is_kept_and_settled_later(
+    env: Env, tmp_path: Path
+) -> None:
+    # Given a running command whose running ACK the control plane does not hold yet (as while its
+    # commit is still on its way)
+    go = tmp_path / "go"
+    agent, offer_id, attempt_id = _running(env, f"while [ ! -e {go} ]; do sleep 0.02; done", tmp_path)
+    try:
+        held = env.db.raw("SELECT callback_token_hash FROM run_attempts WHERE id = ?", (attempt_id,))
+        env.db.raw("UPDATE run_attempts SET callback_token_hash = NULL WHERE id = ?", (attempt_id,))
+
+        # When the command ends and its receipt is sent (answered running_ack_missing)
+        record = agent.journal.get(offer_id)
+        assert record is not None and record.executor_handle is not None
+        leader = ProcessHandle.decode(record.executor_handle).pid
+        go.touch()
+        wait_for(lambda: not _alive(leader), what="the command's group leader to exit")
+        agent.maintain()
+
+        # Then the receipt and the attempt stay (not a refusal), and once the ACK is on record the next
+        # maintenance pass settles the run with the command's own exit code
+        assert agent.active_count == 1 and _files(agent) != []
+        record = agent.journal.get(offer_id)
+        assert record is not None and record.recovery_reason != "completion_refused"
+        env.db.raw(
+            "UPDATE run_attempts SET callback_token_hash = ? WHERE id = ?",
+            (held[0]["callback_token_hash"], attempt_id),
+        )
+        wait_for(lambda: (agent.maintain(), agent.active_count == 0)[1], what="the attempt to settle")
+        run_id = env.db.raw("SELECT run_id FROM run_attempts WHERE id = ?", (attempt_id,))[0]["run_id"]
+        assert env.run_status(run_id) == "succeeded"
+        assert _files(agent) == []
     finally:
         agent.stop()
