@@ -22,8 +22,8 @@ import pytest
 
 from tests.support.server import Server, start_server, stop
 
-# One server for the module, its tests in order on one worker.
-pytestmark = pytest.mark.xdist_group("deps")
+# One server per xdist worker for the module; each test sets up what it needs, so their order and the
+# worker each runs on do not matter.
 
 NPM_PACKAGE = {
     "package/package.json": b'{"name":"ql3demo-js","version":"1.0.0","main":"index.js"}',
@@ -162,20 +162,28 @@ def test_a_python_dependency_is_installed_by_a_run_and_tasks_import_it(
     assert "from-the-wheel" in ran.stdout
 
 
+def _python_set_installed(server: Server) -> None:
+    """The project's set holds the wheel's package, installed (a no-op when it already does)."""
+    added = server.cli("deps", "add", "python", "ql3demo==1.*", "--follow")
+    assert added.returncode == 0, added.stdout + added.stderr
+
+
 def test_a_failed_install_keeps_the_installed_set(deps_server: tuple[Server, Path]) -> None:
     server, user_home = deps_server
+    _python_set_installed(server)
     # Not in the local wheel directory: pip fails, and the set already installed stays in place.
     failed = server.cli("deps", "add", "python", "surely-not-here-ql3==9.9", "--follow")
-
-    assert failed.returncode == 2, failed.stdout + failed.stderr
-    assert "No matching distribution found for surely-not-here-ql3" in failed.stdout
-    project_dir = next((user_home / ".ql3-deps").iterdir())
-    builds = sorted(p.name for p in project_dir.iterdir() if p.name.startswith("build-"))
-    assert len(builds) == 1, builds  # the failed build was removed
-    # current still names the set installed before, whose package is in place.
-    assert builds == [os.readlink(project_dir / "current")]
-    assert list((project_dir / "current" / "venv").glob("lib/python*/site-packages/ql3demo.py"))
-    assert server.cli("deps", "rm", "python", "surely-not-here-ql3").returncode == 0
+    try:
+        assert failed.returncode == 2, failed.stdout + failed.stderr
+        assert "No matching distribution found for surely-not-here-ql3" in failed.stdout
+        project_dir = next((user_home / ".ql3-deps").iterdir())
+        builds = sorted(p.name for p in project_dir.iterdir() if p.name.startswith("build-"))
+        assert len(builds) == 1, builds  # the failed build was removed
+        # current still names the set installed before, whose package is in place.
+        assert builds == [os.readlink(project_dir / "current")]
+        assert list((project_dir / "current" / "venv").glob("lib/python*/site-packages/ql3demo.py"))
+    finally:
+        assert server.cli("deps", "rm", "python", "surely-not-here-ql3").returncode == 0
 
 
 def test_a_node_dependency_from_a_local_registry_is_required_by_a_task(
@@ -186,6 +194,7 @@ def test_a_node_dependency_from_a_local_registry_is_required_by_a_task(
             pytest.fail("npm is needed under CI to install node dependencies")
         pytest.skip("npm is not installed")
     server, _ = deps_server
+    _python_set_installed(server)
 
     added = server.cli("deps", "add", "node", "ql3demo-js@^1.0", "--follow")
 

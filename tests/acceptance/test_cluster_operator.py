@@ -25,7 +25,7 @@ from tests.support.databases import pg_admin_dsn
 from tests.support.server import stop
 from tests.support.waits import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.xdist_group("cluster-operator")]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from tests.support.cluster import Cluster, add_task, wait_terminal
 from tests.support.databases import PgDatabase
 from tests.support.server import CLI, base_env, stop
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.xdist_group("remote-run-as")]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 TASK_USER = "ql3-task-test"
 BETA = "/api/v1/projects/beta"
 

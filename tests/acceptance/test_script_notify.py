@@ -21,9 +21,6 @@ import pytest
 from tests.support.server import CLI, Server, start_server, stop
 from tests.support.waits import wait_for
 
-# One server for the module, its tests in order on one worker.
-pytestmark = pytest.mark.xdist_group("script-notify")
-
 SECRET = "acceptance-webhook-secret-0123456789"
 # The receiver listens on 127.0.0.1, which the egress policy refuses by default: the server opens it
 # as an operator would (--notify-allow, docs/notifications.md "Egress policy").

@@ -14,9 +14,6 @@ from tests.support import server as serving
 from tests.support.console import START_TIMEOUT_S, Console, sign_in
 from tests.support.server import start_server, stop
 
-# One server for the module, its tests in order on one worker.
-pytestmark = pytest.mark.xdist_group("browser")
-
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
