@@ -215,3 +215,42 @@ def test_a_worker_without_run_as_warns_and_bad_run_as_flags_exit_64(
         stop(process)
     text = log_path.read_text()
     assert "warning: tasks run as this worker's own user" in text and "--run-as USER" in text, text
+
+
+def test_a_script_task_on_a_remote_worker_runs_as_the_task_user_from_a_file_it_cannot_change(
+    task_user: str, open_base: Path, pg_database: PgDatabase
+) -> None:
+    cluster = Cluster(base=open_base, db_url=pg_database.url)
+    script = (
+        "echo uid=$(id -u)\n"
+        'echo x >> "$QL3_SCRIPT" 2>/dev/null && echo WROTE-SCRIPT || echo DENIED write\n'
+        'touch "$(dirname "$QL3_SCRIPT")/other" 2>/dev/null && echo WROTE-DIR || echo DENIED dir\n'
+        'echo "at $QL3_SCRIPT"; echo END-OF-PROBE\n'
+    )
+    try:
+        cluster.start_replica("cp-a")
+        with cluster.api() as api:
+            # Given a script shipped in the offer to a remote worker whose tasks run as the task user
+            worker = cluster.start_worker("w1", 0, "--run-as", task_user)
+            put = api.put("/api/v1/projects/default/scripts/jobs/probe.sh", json={"content": script})
+            assert put.status_code == 201, put.text
+            made = api.post(
+                "/api/v1/projects/default/tasks",
+                json={"name": "probe", "script": "jobs/probe.sh", "cwd": "/tmp"},
+            )
+            assert made.status_code == 201, made.text
+
+            # When it runs
+            run_id = api.post("/api/v1/projects/default/tasks/probe/runs", json={}).json()["id"]
+            status = wait_terminal(api, [run_id])[run_id]
+            log = _log(cluster, run_id, "END-OF-PROBE")
+    finally:
+        cluster.stop_all()
+
+    # Then it ran as the task user, outside the worker's home, and could change neither file nor folder
+    assert status == "succeeded", log
+    assert f"uid={pwd.getpwnam(task_user).pw_uid}" in log
+    assert "WROTE" not in log and log.count("DENIED ") == 2, log
+    at = next(line for line in log.splitlines() if line.startswith("at "))[3:]
+    assert at.endswith("/probe.sh") and not at.startswith(str(worker.home)), at
+    assert Path(at).read_text() == script

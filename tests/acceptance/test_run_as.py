@@ -226,3 +226,54 @@ def test_the_servers_own_user_is_allowed_for_a_project_only_explicitly(
 
     assert run["status"] == "succeeded" and f"uid={own.pw_uid}" in log
     assert "warning: tasks of project default run as this server's own user" in server.log()
+
+
+def test_a_script_task_runs_as_the_task_user_and_cannot_change_its_script(
+    task_user: str, open_parent: Path
+) -> None:
+    server = start_server(open_parent / "home", "--run-as", task_user)
+    try:
+        home = server.home
+        # Given a shell script (run by bash) and a file with a shebang and no known suffix (executed itself)
+        probe = open_parent / "probe.sh"
+        probe.write_text(
+            "echo uid=$(id -u) script=$QL3_SCRIPT_PATH\n"
+            'echo x >> "$QL3_SCRIPT" 2>/dev/null && echo WROTE-SCRIPT || echo DENIED write\n'
+            'touch "$(dirname "$QL3_SCRIPT")/other" 2>/dev/null && echo WROTE-DIR || echo DENIED dir\n'
+            'ls "$(dirname "$(dirname "$(dirname "$QL3_SCRIPT")")")" >/dev/null 2>&1 && echo LISTED '
+            "|| echo DENIED listing\n"
+            'chmod 777 "$QL3_SCRIPT" 2>/dev/null && echo CHMODDED || echo DENIED chmod\n'
+            f"ls '{home}' >/dev/null 2>&1 && echo LISTED-HOME || echo DENIED home\n"
+            'echo "at $QL3_SCRIPT"\n'
+        )
+        tool = open_parent / "tool"
+        tool.write_text("#!/bin/sh\necho tool-ran-as=$(id -u)\n")
+        for source, path in ((probe, "jobs/probe.sh"), (tool, "jobs/tool")):
+            put = server.cli("script", "put", str(source), path)
+            assert put.returncode == 0, put.stderr
+        server.cli_json("task", "add", "probe", "--script", "jobs/probe.sh", "--cwd", "/tmp")
+        server.cli_json("task", "add", "tool", "--script", "jobs/tool", "--cwd", "/tmp")
+
+        # When both run on a server whose tasks run as the task user
+        runs = {}
+        for name in ("probe", "tool"):
+            done = server.cli("run", "start", name, "--wait", "--json")
+            run = json.loads(done.stdout)
+            logs = server.cli("run", "logs", str(run["id"]))
+            runs[name] = (run["status"], logs.stdout)
+        stored = sorted(p for p in Path(tempfile.gettempdir()).glob("ql3-scripts-0-*/*/*/probe.sh"))
+    finally:
+        stop(server.process)
+
+    # Then each ran as the task user, from a file it could read and execute but neither change nor
+    # replace, outside the server's home, which it still cannot list
+    uid = pwd.getpwnam(task_user).pw_uid
+    status, log = runs["probe"]
+    assert status == "succeeded", log
+    assert f"uid={uid} script=jobs/probe.sh" in log
+    assert "WROTE" not in log and "LISTED" not in log and "CHMODDED" not in log, log
+    assert log.count("DENIED ") == 5, log
+    at = next(line for line in log.splitlines() if line.startswith("at "))[3:]
+    assert not at.startswith(str(home)) and Path(at) in stored
+    assert Path(at).read_text() == probe.read_text()
+    assert runs["tool"][0] == "succeeded" and f"tool-ran-as={uid}" in runs["tool"][1], runs["tool"]

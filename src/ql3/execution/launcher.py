@@ -13,14 +13,18 @@ and its receipt is still published.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import pwd
 import re
 import select
 import signal
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -112,6 +116,7 @@ class LocalLauncher:
         self._home = _home_directory()
         self._sigdef = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
         self._known_dirs: set[str] = set()
+        self._scripts_roots: dict[str, str] = {}
         # The command inherits our umask; the shim tightens it only for its own files and restores it.
         self._umask = f"{_current_umask():04o}"
 
@@ -259,36 +264,146 @@ class LocalLauncher:
         }
 
     def _write_script(self, script: ScriptPayload, home: str, user: TaskUser | None) -> dict[str, str]:
-        """Write the offer's script under ``scripts/<digest>/`` (once per content: a file whose name is
-        its digest never changes) and return the variables that name it. Refuses a missing script and
-        content that does not match its digest (checked again here: the embedded worker's offer did not
-        cross the wire)."""
+        """Write the offer's script once per content (a file named by its digest never changes) and
+        return the variables that name it. Refuses a missing script and content that does not match
+        its digest (checked again here: the embedded worker's offer did not cross the wire).
+
+        Without a task user the file goes under ``<home>/scripts/<digest>/`` (0600). With one, the
+        task user cannot enter ``home`` (0700), so it goes under the task scripts root
+        (``task_scripts_root``): root-owned directories the task user may traverse but not list or
+        write, and a file owned by the worker's user, group the task user's, 0750 (docs/scripts.md)."""
         if script.content is None:
             raise LaunchRejected("script_missing")
-        if user is not None:
-            # $QL3_HOME is 0700, so a task user could not read the file: refused plainly rather than
-            # failing inside the command (docs/scripts.md, "Limits").
-            raise LaunchRejected("script_needs_server_user")
-        if script_digest(script.content) != script.digest or not _DIGEST_RE.fullmatch(script.digest):
+        if not _DIGEST_RE.fullmatch(script.digest) or script_digest(script.content) != script.digest:
             raise LaunchRejected("script_digest")
-        folder = os.path.join(home, "scripts", script.digest)
-        target = os.path.join(folder, os.path.basename(script.path))
+        name = os.path.basename(script.path)
         try:
-            if not os.path.exists(target):
-                os.makedirs(folder, mode=0o700, exist_ok=True)
-                tmp = f"{target}.{os.getpid()}.tmp"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(script.content)
-                os.rename(tmp, target)
+            if user is None:
+                folder = os.path.join(home, "scripts", script.digest)
+                target = os.path.join(folder, name)
+                if not os.path.exists(target):
+                    os.makedirs(folder, mode=0o700, exist_ok=True)
+                    tmp = f"{target}.{os.getpid()}.tmp"
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                    with os.fdopen(fd, "w", encoding="utf-8") as out:
+                        out.write(script.content)
+                    os.rename(tmp, target)
+            else:
+                target = _write_task_user_script(
+                    self._task_scripts_root(home), user, script.digest, name, script.content
+                )
         except OSError as exc:
             raise LaunchFailed("script_unwritable") from exc
         return {"QL3_SCRIPT": target, "QL3_SCRIPT_PATH": script.path}
+
+    def _task_scripts_root(self, home: str) -> str:
+        """``task_scripts_root(home)``, or, when another user made that path first (the temporary
+        directory is everyone's), a fresh one of this process's own (``mkdtemp``), kept for its life."""
+        root = self._scripts_roots.get(home)
+        if root is None:
+            root = task_scripts_root(home)
+            try:
+                _owned_dir(root, 0o711, -1)
+            except OSError:
+                root = tempfile.mkdtemp(prefix=f"ql3-scripts-{os.geteuid()}-")
+            self._scripts_roots[home] = root
+        return root
 
     def _ensure_dir(self, path: str) -> None:
         if path not in self._known_dirs:
             os.makedirs(path, mode=0o700, exist_ok=True)
             self._known_dirs.add(path)
+
+
+TASK_SCRIPT_MODE = 0o750
+MAX_TASK_SCRIPT_BYTES = 256 * 1024
+_TASK_DIR_MODE = 0o710
+
+
+def task_scripts_root(home: str) -> str:
+    """Where scripts for task users go on this host: a directory of the temporary directory named by
+    the worker's uid and home (one per worker home, kept across restarts), root-owned 0711 (the task
+    user may traverse it, not list it). ``_owned_dir`` refuses one that someone else made."""
+    tag = hashlib.sha256(os.path.abspath(home).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"ql3-scripts-{os.geteuid()}-{tag}")
+
+
+def _owned_dir(path: str, mode: int, gid: int) -> None:
+    """``path`` is a real directory of ours (never a link followed) with exactly ``mode`` and group
+    ``gid``, created if missing; ``OSError`` if it is anything else (another user's, a symlink)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise PermissionError(errno.EPERM, "not owned by the worker's user", path)
+        if st.st_gid != gid and gid >= 0:
+            os.fchown(fd, -1, gid)
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _holds(target: str, digest: str, gid: int) -> bool:
+    """``target`` is our regular file, group ``gid``, mode ``TASK_SCRIPT_MODE``, one link, and its
+    content matches ``digest``: checked before every launch that uses it."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # missing, or a link (O_NOFOLLOW): rewritten
+        return False
+    try:
+        st = os.fstat(fd)
+        if not (
+            stat.S_ISREG(st.st_mode)
+            and st.st_uid == os.geteuid()
+            and st.st_gid == gid
+            and stat.S_IMODE(st.st_mode) == TASK_SCRIPT_MODE
+            and st.st_nlink == 1
+            and st.st_size <= MAX_TASK_SCRIPT_BYTES
+        ):
+            return False
+        data = os.read(fd, MAX_TASK_SCRIPT_BYTES + 1)
+    finally:
+        os.close(fd)
+    return hashlib.sha256(data).hexdigest() == digest
+
+
+def _write_task_user_script(root: str, user: TaskUser, digest: str, name: str, content: str) -> str:
+    """The script for ``user`` at ``root/<uid>/<digest>/<name>``: root 0711 (ours), the user's
+    directory and the digest's 0710 with the user's group, the file 0750 with the user's group and our
+    owner. The task user reads and executes it; it can neither write it nor any directory above it, so
+    the content it runs is the one whose digest was checked. A file that is not exactly that (changed,
+    another mode or owner, a link) is replaced."""
+    _owned_dir(root, 0o711, -1)
+    folder = os.path.join(root, str(user.uid))
+    _owned_dir(folder, _TASK_DIR_MODE, user.gid)
+    folder = os.path.join(folder, digest)
+    _owned_dir(folder, _TASK_DIR_MODE, user.gid)
+    target = os.path.join(folder, name)
+    if _holds(target, digest, user.gid):
+        return target
+    tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchown(fd, -1, user.gid)
+        os.fchmod(fd, TASK_SCRIPT_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            fd = -1
+            out.write(content)
+        os.rename(tmp, target)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if not _holds(target, digest, user.gid):
+        raise PermissionError(errno.EPERM, "the script file does not hold its content", target)
+    return target
 
 
 def dependencies_dir(home: str, project_id: str | None) -> str:
