@@ -146,3 +146,33 @@ def test_ql3_notify_outside_a_run_is_a_usage_error(served: tuple[Server, Receive
     server, _ = served
     done = server.cli("notify", "hello", "world")
     assert done.returncode == 64 and "only inside a ql3 run" in done.stderr
+
+
+def test_a_failing_runs_message_masks_the_projects_secrets_in_its_excerpt_and_text(
+    served: tuple[Server, Receiver],
+) -> None:
+    server, receiver = served
+    # Given a project secret (3 characters are enough to be masked) and a task env value
+    for name, value in (("DB_PASS", "s3cr3t-db-pass-7781"), ("PIN", "K9z")):
+        done = server.cli("env", "set", name, value, "--secret")
+        assert done.returncode == 0, done.stderr
+    cli = " ".join(shlex.quote(part) for part in CLI)
+    command = (
+        'echo "connecting with $DB_PASS and pin $PIN"; echo "region $REGION_KEY"; '
+        f'{cli} notify --log 3 "job failed $PIN" "pass was $DB_PASS"; exit 3'
+    )
+    made = server.cli("task", "add", "leaky", "--command", command, "--env", "REGION_KEY=eu-north-key")
+    assert made.returncode == 0, made.stderr
+
+    # When the run prints them, sends a message with its last lines, and fails
+    ran = server.cli("--json", "run", "start", "leaky", "--wait")
+    run = json.loads(ran.stdout)
+
+    # Then the webhook's message carries the excerpt and the text with every secret masked
+    assert run["status"] == "failed", run
+    _, payload = _delivered(receiver, "job failed ***")
+    assert payload["message"] == "pass was ***"
+    assert payload["log"] == "connecting with *** and pin ***\nregion ***"
+    raw = json.dumps(payload)
+    for value in ("s3cr3t-db-pass-7781", "K9z", "eu-north-key"):
+        assert value not in raw

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 import pytest
 
-from ql3.application import lease_results, notifications
+from ql3.application import lease_results, notifications, variables
 from ql3.application.notifications import AttemptNotRunning, NotifyCredentialInvalid, NotifyLimitReached
+from ql3.application.variables import SetVariable
 from ql3.domain import notifications as rules
 from ql3.domain.egress import EgressPolicy
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.offers import LeaseFence
+from ql3.storage.secret_box import AesGcmBox
 from tests.support.databases import Harness
 from tests.support.execution_builders import dispatcher, queued, register, start
 
@@ -171,3 +174,50 @@ def test_a_log_excerpt_keeps_the_last_lines_with_env_values_and_tokens_masked(ha
     payload = json.loads(_outbox(harness)[0]["payload_json"])
     assert payload["log"] == "key=***\ntoken ***\nline 4"
     assert payload["link"] is None
+
+
+def test_the_projects_secrets_are_masked_in_a_messages_text_and_excerpt(harness: Harness) -> None:
+    register(harness.db, lease_ms=600_000)
+    project, _, _ = queued(harness.db)
+    box = AesGcmBox(os.urandom(32))
+    for item in (
+        SetVariable(name="DB_PASS", value="pg-pass-0042", secret=True),
+        SetVariable(name="PIN", value="K9z", secret=True),
+        SetVariable(name="REGION", value="shanghai"),  # a plain variable is not masked
+    ):
+        harness.db.transaction(lambda tx, item=item: variables.set_variable(tx, project, item, box))
+    harness.db.transaction(
+        lambda tx: notifications.create_channel(
+            tx,
+            project,
+            name="hook",
+            kind="webhook",
+            url="https://example.invalid/h",
+            secret=SECRET,
+            egress=EgressPolicy(),
+        )
+    )
+    harness.db.transaction(
+        lambda tx: notifications.create_rule(tx, project, channel="hook", task=None, events=None)
+    )
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None
+    start(harness.db, offer, token=TOKEN)
+    credential = rules.notify_token(offer.fence.attempt_id, TOKEN)
+    log = b"login pg-pass-0042 in shanghai\npin K9z\n"
+
+    harness.db.transaction(
+        lambda tx: notifications.send_from_script(
+            tx,
+            credential,
+            "pin K9z",
+            "pass pg-pass-0042",
+            None,
+            notifications.LogTail(data=log, whole=True, lines=5),
+            box,
+        )
+    )
+
+    payload = json.loads(_outbox(harness)[0]["payload_json"])
+    assert payload["log"] == "login *** in shanghai\npin ***"
+    assert (payload["title"], payload["message"]) == ("pin ***", "pass ***")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import auth
+from ql3.application import auth, variables
 from ql3.application.parking import UNEXPECTED, ItemGuard, Parked, is_transient
 from ql3.domain import leases as lease_rules
 from ql3.domain import notifications as rules
@@ -28,8 +28,10 @@ from ql3.domain.ids import new_id
 from ql3.domain.model import Project, Run, Task
 from ql3.domain.notifications import ChannelTarget, DeliveryFailed, DeliveryStatus, Message
 from ql3.domain.tasks import validate_name
+from ql3.domain.variables import mask, mask_bytes
 from ql3.ports import channels
 from ql3.ports.notifications import NotificationSender
+from ql3.ports.secrets import SecretBox
 from ql3.ports.storage import Database, Transaction
 from ql3.repositories import notifications as repo
 from ql3.repositories import runs as run_store
@@ -326,6 +328,7 @@ def send_from_script(
     body: object,
     console_url: str | None,
     log: LogTail | None = None,
+    box: SecretBox | None = None,
 ) -> ScriptSent:
     """A message from a running task (``ql3 notify``, notify.py, sendNotify.js) to its project's channels.
 
@@ -333,6 +336,10 @@ def send_from_script(
     (``rules.notify_token``): valid only while that attempt runs, checked against the callback token's
     digest stored at the running ACK, so it ends with the attempt; neither the callback token nor any
     other credential reaches the task (docs/notifications.md "From a script").
+
+    The project's secret values (opened with ``box``) are masked in the title, the body and the log
+    excerpt, the task's own env values in the excerpt too: a message is a way out of the server like
+    any other (docs/variables.md "Secrets").
     """
     parsed = rules.parse_notify_token(credential)
     if parsed is None:
@@ -353,17 +360,21 @@ def send_from_script(
     run = run_store.get_run(tx, attempt.run_id)
     if run is None:
         raise NotifyCredentialInvalid()
+    tokens = [token, f"{rules.NOTIFY_TOKEN_PREFIX}{attempt.id}.{token}"]
+    hidden = variables.secret_values(tx, run.project_id, box) + tokens
+    title_text, body_text = mask(title_text, hidden), mask(body_text, hidden)
     prefix = f"script:{attempt.id}:"
     if repo.count_outcomes(tx, run.project_id, prefix) >= rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT:
         raise NotifyLimitReached(limit=rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT)
     link = None if console_url is None else f"{console_url.rstrip('/')}/#/runs/{run.id}"
     facts: dict[str, Any] = {"run_id": run.id, "title": title_text, "message": body_text, "link": link}
     if log is not None and log.lines > 0:
-        # The task's env values and the run's own tokens never leave in an excerpt.
+        # The project's secrets, the task's env values and the run's own tokens never leave in an
+        # excerpt (the secrets first: they are masked from 3 characters, env values from 4).
         revision = task_store.get_revision(tx, run.task_id, run.task_revision)
         env = (revision.spec.get("env") if revision is not None else None) or {}
-        secrets = [str(v) for v in env.values()] + [token, f"{rules.NOTIFY_TOKEN_PREFIX}{attempt.id}.{token}"]
-        facts["log"] = rules.log_excerpt(log.data, log.lines, secrets, whole=log.whole)
+        data = mask_bytes(log.data, hidden)
+        facts["log"] = rules.log_excerpt(data, log.lines, [str(v) for v in env.values()], whole=log.whole)
         facts = rules.fit_payload(facts, "log")
     facts = rules.fit_payload(facts, "message")
     ids = _enqueue(

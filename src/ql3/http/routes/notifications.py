@@ -314,7 +314,9 @@ def notify_from_script(
     tail = _log_tail(request, db, token, body.log_lines)
 
     def unit(tx: Transaction) -> ScriptMessageOut:
-        sent = notifications.send_from_script(tx, token, body.title, body.body, console_url, tail)
+        sent = notifications.send_from_script(
+            tx, token, body.title, body.body, console_url, tail, request.app.state.secret_box
+        )
         return ScriptMessageOut(run_id=sent.run_id, deliveries=sent.deliveries)
 
     return db.transaction(unit)
