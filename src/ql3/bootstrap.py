@@ -241,6 +241,7 @@ def build_standalone_runtime(
                 finish=partial(finish_stop, stopper),
                 local_worker_id=wid,
                 git=GitCli(),
+                box=variables_box(home),
             ),
         ),
     ]

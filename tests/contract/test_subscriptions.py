@@ -5,15 +5,17 @@ input is refused with nothing written; a due subscription is synced once by the 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from ql3.application import scripts, subscriptions, tasks
-from ql3.domain.errors import NameTaken, ValidationFailed
+from ql3.application import scripts, subscription_credentials, subscriptions, tasks
+from ql3.domain.errors import NameTaken, SecretsUnavailable, ValidationFailed
 from ql3.domain.scripts import Subscription
 from ql3.ports.vcs import FetchResult, GitCredentials
+from ql3.storage.secret_box import AesGcmBox
 from tests.support.builders import count, seed_project
 from tests.support.databases import Harness
 
@@ -38,12 +40,14 @@ class FakeRepo:
         return FetchResult(ok=True, commit="c0ffee", log="$ git clone\n")
 
 
+BOX = AesGcmBox(os.urandom(32))
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
 SIGN = "# cron: 0 8 * * *\n# new Env('Daily sign')\nprint('sign')\n"
 
 
 def _add(harness: Harness, project_id: str, **fields: object) -> Subscription:
     new = subscriptions.NewSubscription(**{"name": "repo", "repo_url": "file:///srv/repo.git", **fields})  # type: ignore[arg-type]
-    sub: Subscription = harness.db.transaction(lambda tx: subscriptions.add(tx, project_id, new))
+    sub: Subscription = harness.db.transaction(lambda tx: subscriptions.add(tx, project_id, new, BOX))
     return sub
 
 
@@ -88,7 +92,7 @@ def test_a_failed_fetch_or_apply_changes_nothing_but_its_record(
     project = seed_project(harness.db)
     sub = _add(harness, project.id, token="s3cret-token-value")
     repo = FakeRepo(files={"a.sh": "echo a\n", "b.sh": SIGN}, ok=False)
-    syncer = subscriptions.Syncer(harness.db, repo)
+    syncer = subscriptions.Syncer(harness.db, repo, box=BOX)
 
     # an unreachable remote: git's output is the record, nothing else is written
     failed = syncer.sync(sub.id, "manual")
@@ -139,3 +143,80 @@ def test_bad_subscriptions_are_refused_and_a_due_one_is_synced_once(harness: Har
     assert syncer.sync_due() == 0  # its next time moved on
     done = harness.db.transaction(lambda tx: subscriptions.syncs(tx, project.id, "repo"), write=False)
     assert [(s.trigger_type, s.status) for s in done] == [("schedule", "succeeded")]
+
+
+def _stored(harness: Harness) -> dict[str, str | None]:
+    return {r["name"]: r["deploy_key"] for r in harness.db.raw("SELECT name, deploy_key FROM subscriptions")}
+
+
+def test_a_credential_is_sealed_at_rest_and_opened_only_for_the_fetch(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    with_key = _add(harness, project.id, name="keyed", deploy_key=KEY)
+    with_token = _add(harness, project.id, name="tokened", token="s3cret-token-value")
+    _add(harness, project.id, name="open")
+
+    # the database holds neither value, nor their plaintext forms
+    stored = _stored(harness)
+    assert stored["open"] is None
+    for name in ("keyed", "tokened"):
+        value = stored[name]
+        assert value is not None and value.startswith("aesgcm1:"), value
+        assert "PRIVATE KEY" not in value and "s3cret-token-value" not in value and "ssh:" not in value
+    assert with_key.deploy_key != KEY and with_token.deploy_key == stored["tokened"]
+
+    # the fetch gets each in the clear
+    repo = FakeRepo(files={"a.sh": "echo a\n"})
+    syncer = subscriptions.Syncer(harness.db, repo, box=BOX)
+    assert syncer.sync(with_key.id, "manual").status == "succeeded"
+    assert syncer.sync(with_token.id, "manual").status == "succeeded"
+    assert repo.seen == [GitCredentials(deploy_key=KEY), GitCredentials(token="s3cret-token-value")]
+
+    # another key, no key, or a sealed value moved to another subscription's row: the sync fails
+    # (naming no value) and changes nothing
+    for other in (AesGcmBox(os.urandom(32)), None):
+        failed = subscriptions.Syncer(harness.db, repo, box=other).sync(with_token.id, "manual")
+        assert failed.status == "failed" and "credential" in (failed.summary or ""), failed
+    harness.db.raw("UPDATE subscriptions SET deploy_key = ? WHERE name = 'open'", (stored["tokened"],))
+    moved = next(
+        s
+        for s in harness.db.transaction(lambda tx: subscriptions.list_subscriptions(tx, project.id))
+        if s.name == "open"
+    )
+    assert subscriptions.Syncer(harness.db, repo, box=BOX).sync(moved.id, "manual").status == "failed"
+    assert len(repo.seen) == 2
+
+    # a server without the key keeps no credential
+    with pytest.raises(SecretsUnavailable):
+        new = subscriptions.NewSubscription(
+            name="nokey", repo_url="file:///srv/r.git", token="s3cret-token-2"
+        )
+        harness.db.transaction(lambda tx: subscriptions.add(tx, project.id, new, None))
+    assert "nokey" not in _stored(harness)
+
+
+def test_plaintext_credentials_of_an_older_version_are_sealed_once(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    keyed = _add(harness, project.id, name="keyed", deploy_key=KEY)
+    tokened = _add(harness, project.id, name="tokened", token="s3cret-token-value")
+    sealed_before = _stored(harness)["keyed"]
+    # as an older version stored them
+    harness.db.raw("UPDATE subscriptions SET deploy_key = ? WHERE name = 'keyed'", ("ssh:" + KEY,))
+    harness.db.raw(
+        "UPDATE subscriptions SET deploy_key = ? WHERE name = 'tokened'", ("token:s3cret-token-value",)
+    )
+    repo = FakeRepo(files={"a.sh": "echo a\n"})
+    # (still read meanwhile)
+    assert subscriptions.Syncer(harness.db, repo, box=BOX).sync(tokened.id, "manual").status == "succeeded"
+
+    assert subscription_credentials.seal_stored(harness.db, BOX) == 2
+    assert subscription_credentials.seal_stored(harness.db, BOX) == 0
+
+    stored = _stored(harness)
+    for name in ("keyed", "tokened"):
+        value = stored[name]
+        assert value is not None and value.startswith("aesgcm1:") and value != sealed_before
+        assert "PRIVATE KEY" not in value and "s3cret-token-value" not in value
+    syncer = subscriptions.Syncer(harness.db, repo, box=BOX)
+    assert syncer.sync(keyed.id, "manual").status == "succeeded"
+    assert syncer.sync(tokened.id, "manual").status == "succeeded"
+    assert repo.seen[1:] == [GitCredentials(deploy_key=KEY), GitCredentials(token="s3cret-token-value")]

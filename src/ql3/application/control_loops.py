@@ -21,6 +21,7 @@ from ql3.application import (
     notifications,
     retention,
     schedules,
+    subscription_credentials,
     subscriptions,
 )
 from ql3.application.approved_action_handlers import RunCreateHandler
@@ -35,6 +36,7 @@ from ql3.domain.errors import Conflict
 from ql3.ports import channels
 from ql3.ports.logs import LogFiles
 from ql3.ports.notifications import NotificationSender
+from ql3.ports.secrets import SecretBox
 from ql3.ports.storage import Database
 from ql3.ports.vcs import GitFetcher
 
@@ -64,6 +66,7 @@ class Adapters:
     finish: SignalFn | None
     local_worker_id: str
     git: GitFetcher | None = None  # the subscription loop's fetcher (docs/scripts.md); None: no loop
+    box: SecretBox | None = None  # opens subscription credentials (the project secrets' key)
 
 
 LoopFactory = Callable[..., LifecycleRunner]
@@ -359,9 +362,13 @@ def _subscriptions_loop(w: _Wiring, git: GitFetcher) -> LifecycleRunner:
     """Subscriptions whose scheduled sync is due are fetched and applied (docs/scripts.md); the loop
     sleeps until the earliest one. A sync's git may take up to its timeout: the loop is stuck only
     past that."""
-    syncer = subscriptions.Syncer(w.db, git)
+    syncer = subscriptions.Syncer(w.db, git, box=w.adapters.box)
+    sealed = [False]
 
     def subscriptions_cycle() -> bool:
+        if not sealed[0]:  # credentials an older version stored in plaintext, sealed once per process
+            subscription_credentials.seal_stored(w.db, w.adapters.box)
+            sealed[0] = True
         return syncer.sync_due() >= subscriptions.DUE_PAGE
 
     def subscriptions_wait(backstop_s: float) -> bool:

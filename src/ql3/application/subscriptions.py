@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from ql3.application import scripts, tasks
+from ql3.application import subscription_credentials as credentials
 from ql3.domain.errors import NameTaken, NotFound, Ql3Error, ValidationFailed
 from ql3.domain.ids import new_id
 from ql3.domain.scripts import (
@@ -34,6 +35,7 @@ from ql3.domain.scripts import (
 )
 from ql3.domain.tasks import next_fire_ms, validate_cron, validate_name
 from ql3.ports import channels
+from ql3.ports.secrets import SecretBox
 from ql3.ports.storage import Database, Transaction
 from ql3.ports.vcs import GitCredentials, GitFetcher
 from ql3.repositories import scripts as store
@@ -62,8 +64,9 @@ def _author(sub: Subscription) -> str:
     return f"subscription:{sub.name}"
 
 
-def add(tx: Transaction, project_id: str, new: NewSubscription) -> Subscription:
-    """Validated before anything is written; the credential is kept and never shown again."""
+def add(tx: Transaction, project_id: str, new: NewSubscription, box: SecretBox | None = None) -> Subscription:
+    """Validated before anything is written; the credential is kept sealed with ``box`` (the project
+    secrets' key) and never shown again."""
     validate_name(new.name)
     url = validate_repo_url(new.repo_url)
     branch = None if new.branch is None else validate_branch(new.branch)
@@ -78,15 +81,16 @@ def add(tx: Transaction, project_id: str, new: NewSubscription) -> Subscription:
         if not MIN_TOKEN_CHARS <= len(new.token) <= 4096 or any(c.isspace() for c in new.token):
             raise ValidationFailed("invalid token", field="token")
         secret = "token:" + new.token
+    sub_id = new_id()
     sub = Subscription(
-        id=new_id(),
+        id=sub_id,
         project_id=project_id,
         name=new.name,
         repo_url=url,
         branch=branch,
         path_glob=glob,
         cron=cron,
-        deploy_key=secret,
+        deploy_key=None if secret is None else credentials.seal(box, project_id, sub_id, secret),
         next_sync_at_ms=None if cron is None else next_fire_ms(cron, tx.now_ms()),
         created_at_ms=tx.now_ms(),
     )
@@ -121,8 +125,9 @@ def syncs(tx: Transaction, project_id: str, name: str) -> list[SubscriptionSync]
     return store.list_syncs(tx, find(tx, project_id, name).id, limit=MAX_SYNCS_SHOWN)
 
 
-def credentials_of(sub: Subscription) -> GitCredentials:
-    secret = sub.deploy_key
+def credentials_of(sub: Subscription, box: SecretBox | None = None) -> GitCredentials:
+    """The fetch's credential, opened with ``box`` (``subscription_credentials``)."""
+    secret = credentials.plain_credential(sub, box)
     if secret is None:
         return GitCredentials()
     if secret.startswith("ssh:"):
@@ -264,8 +269,16 @@ def _capped(text: str) -> str:
 class Syncer:
     """Runs one sync of a subscription: fetch, then one transaction for everything it changes."""
 
-    def __init__(self, db: Database, fetcher: GitFetcher, *, timeout_s: float = FETCH_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        db: Database,
+        fetcher: GitFetcher,
+        *,
+        box: SecretBox | None = None,
+        timeout_s: float = FETCH_TIMEOUT_S,
+    ) -> None:
         self._db = db
+        self._box = box
         self._fetcher = fetcher
         self._timeout_s = timeout_s
 
@@ -287,7 +300,7 @@ class Syncer:
                 fetched = self._fetcher.fetch(
                     url=sub.repo_url,
                     branch=sub.branch,
-                    credentials=credentials_of(sub),
+                    credentials=credentials_of(sub, self._box),
                     dest=dest,
                     timeout_s=self._timeout_s,
                 )

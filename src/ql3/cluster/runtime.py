@@ -109,6 +109,7 @@ def build_control_runtime(
             finish=None,
             local_worker_id=NO_LOCAL_WORKER,
             git=GitCli(),
+            box=variables_box(settings.home),
         ),
     )
     # Project variables travel in offers over the authenticated worker channel (docs/variables.md).

@@ -18,6 +18,8 @@ from ql3.domain.errors import ValidationFailed
 MAX_SCRIPT_BYTES: Final = 128 * 1024  # fits a JSON body under the API's 256 KiB cap
 MAX_PATH_CHARS: Final = 255
 MAX_SCRIPTS_PER_PROJECT: Final = 2000
+# sealed (AES-GCM, base64) it still fits the subscriptions column's 16384 characters
+MAX_DEPLOY_KEY_CHARS: Final = 12000
 # One path segment: letters (any script), digits, dot, dash, underscore, plus and @; never ``.``/``..``.
 _SEGMENT_RE: Final = re.compile(r"[\w.@+-]+")
 # The same rule as one pattern, for the API document (``validate_script_path`` is what decides).
@@ -126,7 +128,7 @@ def validate_deploy_key(value: object) -> str:
     """An SSH private key in OpenSSH or PEM form (checked for its armour only)."""
     if (
         not isinstance(value, str)
-        or len(value) > 16384
+        or len(value) > MAX_DEPLOY_KEY_CHARS
         or "-----BEGIN " not in value
         or "PRIVATE KEY-----" not in value
     ):

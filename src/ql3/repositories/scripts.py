@@ -185,6 +185,19 @@ def set_next_sync(tx: Transaction, subscription_id: str, *, expected: int, next_
     return tx.run("subscription_set_next", params) == 1
 
 
+def plaintext_credentials(tx: Transaction, *, limit: int) -> list[tuple[str, str, str, str]]:
+    """(id, project id, name, stored text) of subscriptions whose credential is not sealed yet."""
+    rows = tx.all("subscription_plaintext_credentials", {"limit": limit})
+    return [(r["id"], r["project_id"], r["name"], r["deploy_key"]) for r in rows]
+
+
+def replace_credential(
+    tx: Transaction, subscription_id: str, *, expected: str, credential: str | None
+) -> bool:
+    params = {"id": subscription_id, "expected": expected, "credential": credential}
+    return tx.run("subscription_replace_credential", params) == 1
+
+
 def insert_sync(tx: Transaction, *, sync_id: str, sub: Subscription, trigger_type: str) -> None:
     params = {
         "id": sync_id,

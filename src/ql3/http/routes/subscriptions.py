@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from ql3.application import auth, subscriptions
 from ql3.domain.errors import SyncUnavailable
-from ql3.domain.scripts import Subscription, SubscriptionSync
+from ql3.domain.scripts import MAX_DEPLOY_KEY_CHARS, Subscription, SubscriptionSync
 from ql3.http.auth import DbDep, PrincipalDep
 from ql3.http.dto import Body
 from ql3.ports.storage import Transaction
@@ -25,7 +25,9 @@ class SubscriptionCreate(Body):
     branch: str | None = Field(default=None, max_length=255)
     path: str | None = Field(default=None, max_length=255, description="a glob of the files to take")
     cron: str | None = Field(default=None, max_length=256, description="when to sync (UTC)")
-    deploy_key: str | None = Field(default=None, max_length=16384, description="SSH private key; write-only")
+    deploy_key: str | None = Field(
+        default=None, max_length=MAX_DEPLOY_KEY_CHARS, description="SSH private key; write-only"
+    )
     token: str | None = Field(default=None, max_length=4096, description="HTTPS token; write-only")
 
 
@@ -100,7 +102,7 @@ def list_subscriptions(project: str, db: DbDep, principal: PrincipalDep) -> Subs
 
 @router.post("", response_model=SubscriptionOut, status_code=status.HTTP_201_CREATED)
 def add_subscription(
-    project: str, body: SubscriptionCreate, db: DbDep, principal: PrincipalDep
+    project: str, body: SubscriptionCreate, request: Request, db: DbDep, principal: PrincipalDep
 ) -> SubscriptionOut:
     """Add a subscription (validated before anything is written); sync it with ``POST .../syncs``."""
 
@@ -115,7 +117,7 @@ def add_subscription(
             deploy_key=body.deploy_key,
             token=body.token,
         )
-        return subscription_out(subscriptions.add(tx, found.id, new))
+        return subscription_out(subscriptions.add(tx, found.id, new, request.app.state.secret_box))
 
     return db.transaction(unit)
 
@@ -156,4 +158,5 @@ def sync_now(project: str, name: str, request: Request, db: DbDep, principal: Pr
         return subscriptions.find(tx, found.id, name).id
 
     subscription_id = db.transaction(unit, write=False)
-    return sync_out(subscriptions.Syncer(db, fetcher).sync(subscription_id, "manual"))
+    syncer = subscriptions.Syncer(db, fetcher, box=request.app.state.secret_box)
+    return sync_out(syncer.sync(subscription_id, "manual"))

@@ -78,6 +78,16 @@ ORDER BY next_sync_at_ms, id LIMIT :limit
 UPDATE subscriptions SET next_sync_at_ms = :next_sync_at_ms
 WHERE id = :id AND next_sync_at_ms = :expected
 
+-- name: subscription_plaintext_credentials
+-- desc: Subscriptions whose credential is still stored in plaintext (an older version's ssh:/token: form), to seal them.
+SELECT id, project_id, name, deploy_key FROM subscriptions
+WHERE substr(deploy_key, 1, 4) = 'ssh:' OR substr(deploy_key, 1, 6) = 'token:'
+ORDER BY id LIMIT :limit
+
+-- name: subscription_replace_credential
+-- desc: Replaces a subscription's stored credential (compare-and-set on the text read).
+UPDATE subscriptions SET deploy_key = :credential WHERE id = :id AND deploy_key = :expected
+
 -- name: subscription_sync_insert
 -- desc: A sync in state running.
 INSERT INTO subscription_syncs (id, subscription_id, project_id, trigger_type, status, log, started_at_ms)
