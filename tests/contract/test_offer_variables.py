@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from ql3.application import variables
+from ql3.application import lease_expiry, variables
 from ql3.application.dispatcher import DispatchBudget, RunDispatcher
 from ql3.application.variables import SetVariable, SharedEnvironments
 from ql3.cluster.pull import PullService
@@ -17,7 +17,7 @@ from ql3.domain.offers import Offer
 from ql3.storage.secret_box import AesGcmBox
 from tests.support.builders import seed_project
 from tests.support.databases import Harness
-from tests.support.execution_builders import SECRET, queued, register, request
+from tests.support.execution_builders import SECRET, queued, register, request, start
 
 BOX = AesGcmBox(os.urandom(32))
 
@@ -74,3 +74,47 @@ def test_a_replayed_pull_offer_keeps_its_digest_after_a_variable_changes(harness
     assert again.offer.offer_id == first.offer_id
     assert again.offer.spec_digest == first.spec_digest
     assert dict(again.offer.spec.shared_environment)["JD_COOKIE"] == "pt_key=secret;"
+
+
+def _set_region(harness: Harness, value: str) -> None:
+    project = seed_project(harness.db)
+    harness.db.transaction(
+        lambda tx: variables.set_variable(tx, project, SetVariable(name="REGION", value=value), BOX)
+    )
+
+
+def test_an_attempt_gets_the_values_of_its_dispatch_and_a_retry_the_current_ones(harness: Harness) -> None:
+    # Given a retry-safe run queued, and a variable edited while it waits
+    register(harness.db, lease_ms=600_000)
+    _vars(harness)
+    queued(harness.db, max_attempts=2, retry_safe=True)
+    _set_region(harness, "edited-while-queued")
+    shared = SharedEnvironments(harness.db, BOX, ttl_s=0)
+
+    def dispatch() -> Offer:
+        d = RunDispatcher(
+            harness.db, lease_secret=SECRET, budget=DispatchBudget(), incarnation_started_ms=0, shared=shared
+        )
+        offer = d.dispatch_once().offer
+        assert offer is not None
+        return offer
+
+    # When it is dispatched, the edit has reached it
+    first = dispatch()
+    assert dict(first.spec.shared_environment)["REGION"] == "edited-while-queued"
+
+    # And when it runs, the variable changes again and the attempt is lost, its retry (a new attempt)
+    # takes the value current at its own dispatch
+    start(harness.db, first)
+    _set_region(harness, "edited-while-running")
+    harness.advance_clock(30_001)
+    harness.db.transaction(lambda tx: lease_expiry.expire_lease(tx, first.fence.attempt_id))
+    harness.advance_clock(3_600_000)
+    assert harness.db.transaction(lambda tx: lease_expiry.admit_retry(tx, first.fence.run_id)) is not None
+    register(harness.db, lease_ms=600_000)
+    retry = dispatch()
+    assert retry.fence.run_id == first.fence.run_id and retry.fence.attempt_id != first.fence.attempt_id
+    assert dict(retry.spec.shared_environment) == {
+        "JD_COOKIE": "pt_key=secret;",
+        "REGION": "edited-while-running",
+    }
