@@ -254,3 +254,4 @@ def test_a_script_task_on_a_remote_worker_runs_as_the_task_user_from_a_file_it_c
     at = next(line for line in log.splitlines() if line.startswith("at "))[3:]
     assert at.endswith("/probe.sh") and not at.startswith(str(worker.home)), at
     assert Path(at).read_text() == script
+    shutil.rmtree(Path(at).parents[2], ignore_errors=True)  # the host's temporary directory

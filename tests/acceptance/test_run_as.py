@@ -277,3 +277,4 @@ def test_a_script_task_runs_as_the_task_user_and_cannot_change_its_script(
     assert not at.startswith(str(home)) and Path(at) in stored
     assert Path(at).read_text() == probe.read_text()
     assert runs["tool"][0] == "succeeded" and f"tool-ran-as={uid}" in runs["tool"][1], runs["tool"]
+    shutil.rmtree(Path(at).parents[2], ignore_errors=True)  # the host's temporary directory

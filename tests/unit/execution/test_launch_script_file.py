@@ -5,7 +5,9 @@ it goes where that user may read and execute it but not change it (docs/scripts.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,14 @@ def test_a_mismatched_or_missing_script_is_refused(
 
 
 NOBODY = TaskUser(name="nobody", uid=65534, gid=65534, home="/nonexistent", setpriv="/usr/bin/setpriv")
+
+
+@pytest.fixture(autouse=True)
+def _remove_task_script_roots(tmp_path: Path) -> Iterator[None]:
+    """The task-user roots live in the host's temporary directory, named after the home used."""
+    yield
+    for home in (tmp_path, tmp_path / "home"):
+        shutil.rmtree(task_scripts_root(str(home)), ignore_errors=True)
 
 
 def _needs_root() -> None:
