@@ -156,9 +156,9 @@ def register(subparsers: Subparsers) -> None:
     )
     add.add_argument("--cron", metavar="EXPR", help="sync on this schedule (five fields, UTC)")
     add.add_argument(
-        "--deploy-key", metavar="FILE", help="SSH private key for a private repository (kept secret)"
+        "--deploy-key", metavar="FILE", help="SSH private key of a private repository (encrypted at rest)"
     )
-    add.add_argument("--token-file", metavar="FILE", help="file holding an HTTPS token (kept secret)")
+    add.add_argument("--token-file", metavar="FILE", help="file holding an HTTPS token (encrypted at rest)")
     add.add_argument("--sync", action="store_true", help="sync once right away")
     quiet_flag(add_command(actions, "list", cmd_list, "the project's subscriptions", proj))
     sync = add_command(actions, "sync", cmd_sync, "sync now and print git's output", proj)

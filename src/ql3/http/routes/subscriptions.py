@@ -104,7 +104,9 @@ def list_subscriptions(project: str, db: DbDep, principal: PrincipalDep) -> Subs
 def add_subscription(
     project: str, body: SubscriptionCreate, request: Request, db: DbDep, principal: PrincipalDep
 ) -> SubscriptionOut:
-    """Add a subscription (validated before anything is written); sync it with ``POST .../syncs``."""
+    """Add a subscription (validated before anything is written); sync it with ``POST .../syncs``. A
+    deploy key or token is write-only and encrypted at rest with the server's secrets key: 503
+    ``secrets_unavailable`` on a server without one."""
 
     def unit(tx: Transaction) -> SubscriptionOut:
         found = auth.authorize(tx, principal, project, ADMIN)
