@@ -19,9 +19,9 @@ LINES = 200_000
 FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do"
 # line 3 and line 150000 carry the marker; the last line says it is the last
 COMMAND = (
-    "awk 'BEGIN { for (i = 1; i <= %d; i++) "
-    '{ printf "line %%06d %%s%%s\\n", i, (i == 3 || i == 150000) ? "MARKER-alpha " : "", "%s" } '
-    'print "the last line of the long log" }\'' % (LINES, FILLER)
+    f"awk 'BEGIN {{ for (i = 1; i <= {LINES}; i++) "
+    f'{{ printf "line %06d %s%s\\n", i, (i == 3 || i == 150000) ? "MARKER-alpha " : "", "{FILLER}" }} '
+    'print "the last line of the long log" }\''
 )
 
 

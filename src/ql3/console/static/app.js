@@ -1330,7 +1330,11 @@
         if (stick) pre.scrollTop = pre.scrollHeight;
       },
       // the next (dir 1) or previous (dir -1) match of the search text in the whole log
-      find: (dir) => guarded(async () => {
+      find: (dir) => {
+        if (ui.search.value) ui.reading(); // at once: the follow must not move the view while the search runs
+        return view.findNow(dir);
+      },
+      findNow: (dir) => guarded(async () => {
         const q = ui.search.value;
         if (!q) return;
         if (q !== st.query) { st.query = q; st.match = null; }
