@@ -1,4 +1,4 @@
-"""Ranged reads and the search of a shipped log (docs/api.md "Run logs") through the API on SQLite and
+"""Ranged reads and the search of a shipped log (docs/console.md "The run log") through the API on SQLite and
 PostgreSQL: the end of the log in one read, pages backwards that rebuild it exactly, the search over
 every chunk with its cursor, and bad input refused."""
 

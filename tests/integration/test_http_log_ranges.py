@@ -1,4 +1,4 @@
-"""Ranged reads and the search of a local log file (``ql3 serve``, docs/api.md "Run logs"): the end in
+"""Ranged reads and the search of a local log file (``ql3 serve``, docs/console.md "The run log"): the end in
 one read, pages backwards that chain exactly, a bounded search with its cursor over a log larger than
 one request's scan, secret values never found, completeness, and access as for the log itself."""
 

@@ -1,4 +1,4 @@
-"""Ranged reads and bounded search over an attempt's log (docs/api.md "Run logs"), the same rules for a
+"""Ranged reads and bounded search over an attempt's log (docs/console.md "The run log"), the same rules for a
 local log file and a shipped log (application/attempt_logs.py): the caller supplies the log's length
 and a reader of byte ranges; nothing here touches a file or the database.
 

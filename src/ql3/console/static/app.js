@@ -1176,7 +1176,7 @@
     setTimeout(() => URL.revokeObjectURL(url), 10000);
   }
 
-  // --- the run page's log view (docs/console.md "Run page"): it opens at the end of the log with one
+  // --- the run page's log view (docs/console.md "The run log"): it opens at the end of the log with one
   // ranged read, loads earlier pages as it is scrolled up (later ones as it is scrolled down), jumps to
   // the start or the end with one read, and finds text with the server's search over the whole log,
   // loading the region around each match. At most LOG_WINDOW characters are kept; live tailing appends
