@@ -74,9 +74,10 @@ def needle_of(query: str) -> bytes:
     """The query's bytes as matched (ASCII letters folded); refused when empty or too long."""
     if not query or len(query) > MAX_QUERY_CHARS:
         raise ValidationFailed(f"the search text must be 1-{MAX_QUERY_CHARS} characters", field="q")
-    if any(ch in query for ch in "\r\n"):
-        raise ValidationFailed("the search text must be on one line", field="q")
-    return query.encode("utf-8", errors="strict").lower()
+    try:
+        return query.encode("utf-8", errors="strict").lower()
+    except UnicodeEncodeError as exc:  # a lone surrogate
+        raise ValidationFailed("the search text is not valid Unicode", field="q") from exc
 
 
 def _secret_spans(data: bytes, secrets: Sequence[bytes]) -> list[tuple[int, int]]:
