@@ -86,6 +86,17 @@ def test_follow_on_another_replica_shows_every_line_live_and_the_quota_marker(
             assert status_at_first_line and status_at_first_line[0] not in TERMINAL
             assert status == "succeeded"
 
+            # And the second replica serves the shipped log from its end and searches all of it
+            whole = "".join(f"line {i}\n" for i in range(1, LINES + 1))
+            with cluster.api(1) as other:
+                tail = other.get(f"{P}/runs/{run_id}/logs", params={"from_end": 20}).json()
+                before = other.get(f"{P}/runs/{run_id}/logs", params={"before": tail["offset"]}).json()
+                found = other.get(f"{P}/runs/{run_id}/logs/search", params={"q": "LINE 17"}).json()
+            assert tail["data"] == whole[tail["offset"] :] and tail["data"].endswith("line 40\n")
+            assert (tail["size"], tail["complete"]) == (len(whole), True)
+            assert before["data"] + tail["data"] == whole
+            assert [m["offset"] for m in found["matches"]] == [whole.index("line 17")]
+
             # Given a task that writes far past the 4 KiB quota
             add_task(api, "flood", "head -c 20000 /dev/zero | tr '\\0' x; echo; echo after")
             [flood_id] = start_runs(api, "flood", 1)
@@ -98,6 +109,11 @@ def test_follow_on_another_replica_shows_every_line_live_and_the_quota_marker(
             assert out == "x" * CAP + f"\n[ql3: log truncated at {CAP} bytes]\n"
             stored = cluster.cli("run", "logs", flood_id, replica=0)
             assert stored.returncode == 0 and stored.stdout == out
+            with cluster.api(1) as other:
+                end = other.get(f"{P}/runs/{flood_id}/logs", params={"from_end": 100}).json()
+                marker = other.get(f"{P}/runs/{flood_id}/logs/search", params={"q": "log truncated"}).json()
+            assert end["data"].endswith(f"[ql3: log truncated at {CAP} bytes]\n") and end["size"] == len(out)
+            assert [m["offset"] for m in marker["matches"]] == [out.index("log truncated")]
     finally:
         cluster.stop_all()
     # And the shipped chunks hold exactly the quota

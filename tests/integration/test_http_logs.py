@@ -90,6 +90,7 @@ def test_a_run_without_a_log_yet_reads_as_empty(logs_client: Any, owner: Any, st
         "data": "",
         "eof": True,
         "complete": False,
+        "size": 0,
     }
 
 

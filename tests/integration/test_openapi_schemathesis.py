@@ -80,6 +80,8 @@ UNSTATABLE_RULES = (
     ("DELETE", f"{P}/variables/{{name}}", "a variable name"),
     ("POST", f"{P}/variables", "KEY=VALUE lines or a QingLong JSON export"),
     ("PUT", f"{P}/scripts/{{path}}", "byte limits of UTF-8 text, no NUL"),
+    ("GET", f"{P}/runs/{{run_id}}/logs", "offset, before and from_end exclude each other"),
+    ("GET", f"{P}/runs/{{run_id}}/logs/search", "after and before exclude each other"),
 )
 
 

@@ -308,7 +308,8 @@ class EventPage(BaseModel):
 
 
 class LogPage(BaseModel):
-    """One page of an attempt's log; ask again with ``offset=next_offset``."""
+    """One page of an attempt's log, the bytes [offset, next_offset); ask again with
+    ``offset=next_offset`` (forwards) or ``before=offset`` (backwards)."""
 
     attempt: int | None
     offset: int
@@ -316,6 +317,23 @@ class LogPage(BaseModel):
     data: str
     eof: bool
     complete: bool
+    size: int  # the log's length in bytes when the page was read
+
+
+class LogMatch(BaseModel):
+    offset: int  # the byte offset where the match starts
+    length: int  # its length in bytes
+
+
+class LogSearchPage(BaseModel):
+    """Matches of a search of an attempt's log; ``next_cursor`` (not null) is where to go on from,
+    as ``after`` (forwards) or ``before`` (backwards): the scan stopped at its bound or its limit."""
+
+    attempt: int | None
+    matches: list[LogMatch]
+    next_cursor: int | None
+    scanned_bytes: int
+    size: int
 
 
 class WorkerOut(BaseModel):

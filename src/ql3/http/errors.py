@@ -53,8 +53,9 @@ API_ERROR_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
         "description": "validation_failed: a parameter or the body breaks a rule this document states"
         " (types, enums, lengths, ranges, patterns; unknown body fields are refused), or one it cannot"
         " state: a cron expression's syntax, a cursor this server did not issue, text that is not"
-        " valid Unicode (lone surrogates). `details.field` names the field when it is known."
-        " `duplicate_key`: the JSON body names one key twice in an object.",
+        " valid Unicode (lone surrogates), parameters that exclude each other (a log read's offset,"
+        " before and from_end; a log search's after and before). `details.field` names the field when"
+        " it is known. `duplicate_key`: the JSON body names one key twice in an object.",
     },
 }
 

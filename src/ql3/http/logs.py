@@ -33,6 +33,7 @@ class LogChunk:
     data: bytes
     next_offset: int
     eof: bool  # nothing followed ``next_offset`` when the file was read
+    size: int  # the log's length when it was read
 
 
 def read_chunk(root: Path, artifact_id: str, offset: int, max_bytes: int) -> LogChunk:
@@ -44,7 +45,7 @@ def read_chunk(root: Path, artifact_id: str, offset: int, max_bytes: int) -> Log
     try:
         fd = os.open(root / f"{artifact_id}.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        return LogChunk(data=b"", next_offset=offset, eof=True)
+        return LogChunk(data=b"", next_offset=offset, eof=True, size=0)
     except OSError as exc:
         raise LogsUnavailable() from exc
     try:
@@ -58,7 +59,7 @@ def read_chunk(root: Path, artifact_id: str, offset: int, max_bytes: int) -> Log
     finally:
         os.close(fd)
     end = offset + len(data)
-    return LogChunk(data=data, next_offset=end, eof=end >= size)
+    return LogChunk(data=data, next_offset=end, eof=end >= size, size=size)
 
 
 def read_tail(root: Path, artifact_id: str, max_bytes: int) -> tuple[bytes, bool]:
@@ -77,6 +78,33 @@ def read_tail(root: Path, artifact_id: str, max_bytes: int) -> tuple[bytes, bool
             raise LogsUnavailable()
         start = max(0, st.st_size - max_bytes)
         return os.pread(fd, st.st_size - start, start), start == 0
+    except OSError as exc:
+        raise LogsUnavailable() from exc
+    finally:
+        os.close(fd)
+
+
+MAX_SPAN_READ: Final = 2 * 1024 * 1024  # one read of a search scan (application/log_ranges.py)
+
+
+def read_span(root: Path, artifact_id: str, offset: int, count: int) -> tuple[bytes, int]:
+    """Up to ``count`` bytes from ``offset`` and the file's size when read (a missing log: empty, 0)."""
+    if not is_id(artifact_id):
+        raise LogsUnavailable()
+    if offset < 0 or not 0 <= count <= MAX_SPAN_READ:
+        raise ValueError("log span out of range")
+    try:
+        fd = os.open(root / f"{artifact_id}.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return b"", 0
+    except OSError as exc:
+        raise LogsUnavailable() from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LogsUnavailable()
+        data = os.pread(fd, count, offset) if count and offset < st.st_size else b""
+        return data, max(st.st_size, offset + len(data))
     except OSError as exc:
         raise LogsUnavailable() from exc
     finally:

@@ -126,6 +126,12 @@
       blocked_next_run: "To run {task} after all, start it again: that asks for a new approval, and an approver decides.",
       blocked_next: "To do it after all, request a new approval for it; an approver decides.",
       start_again: "Start {task} again",
+      jump_start: "Jump to start",
+      log_searching: "Searching the whole log…",
+      log_no_match: "No match in the log",
+      log_no_more: "No further match",
+      log_match_at: "match at {at} of {size}",
+      log_range: "showing {from}–{to} of {size}",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -218,6 +224,12 @@
       blocked_next_run: "如仍要运行 {task}，请重新启动它：这会请求新的审批，由审批人决定。",
       blocked_next: "如仍要执行，请为它请求新的审批；由审批人决定。",
       start_again: "重新启动 {task}",
+      jump_start: "跳到开头",
+      log_searching: "正在搜索整个日志…",
+      log_no_match: "日志中没有匹配项",
+      log_no_more: "没有更多匹配项",
+      log_match_at: "匹配位于 {at} / {size}",
+      log_range: "显示 {from}–{to} / {size}",
     },
   };
   // Labels for the values the API returns (statuses, event types, triggers, results...). The value
@@ -1153,30 +1165,6 @@
     plain() { return this.segments.map((s) => s.text).join(""); }
   }
 
-  function renderSegments(pre, log, term) {
-    const frag = document.createDocumentFragment();
-    const needle = term ? term.toLowerCase() : "";
-    let count = 0;
-    for (const seg of log.segments) {
-      const span = el("span", { class: seg.cls || null });
-      if (!needle) span.textContent = seg.text;
-      else {
-        const lower = seg.text.toLowerCase();
-        let at = 0;
-        for (let i = lower.indexOf(needle); i >= 0; i = lower.indexOf(needle, i + needle.length)) {
-          span.append(seg.text.slice(at, i), el("mark", { text: seg.text.slice(i, i + needle.length) }));
-          at = i + needle.length;
-          count++;
-        }
-        span.append(seg.text.slice(at));
-      }
-      frag.append(span);
-    }
-    put(pre, frag);
-    if (log.segments.length === 0) pre.textContent = t("log_empty");
-    return count;
-  }
-
   async function downloadLog(run) {
     const resp = await request("GET", pp("/runs/" + enc(run.id) + "/logs/raw"), null, true);
     const blob = await resp.blob();
@@ -1186,6 +1174,215 @@
     a.click();
     a.remove();
     setTimeout(() => URL.revokeObjectURL(url), 10000);
+  }
+
+  // --- the run page's log view (docs/console.md "The run log"): it opens at the end of the log with one
+  // ranged read, loads earlier pages as it is scrolled up (later ones as it is scrolled down), jumps to
+  // the start or the end with one read, and finds text with the server's search over the whole log,
+  // loading the region around each match. At most LOG_WINDOW characters are kept; live tailing appends
+  // while the view holds the end of the log.
+  const LOG_RANGE = 262144; // bytes of one ranged read (the API's largest page)
+  const LOG_WINDOW = MAX_LOG_CHARS; // characters kept in view (AnsiLog never trims below this)
+  const LOG_SEARCH_CALLS = 32; // search requests one step makes at most (each scans at most 8 MiB)
+  const LOG_EDGE_PX = 48; // how near the top or bottom a scroll loads the next page
+
+  function byteSize(n) {
+    if (n < 1024) return n + " B";
+    if (n < 1048576) return (n / 1024).toFixed(1) + " KiB";
+    return (n / 1048576).toFixed(1) + " MiB";
+  }
+
+  function logView(runId, mine, pre, ui) {
+    const base = pp("/runs/" + enc(runId) + "/logs");
+    const st = { pages: [], lo: 0, hi: 0, size: 0, atEnd: false, complete: false, attempt: null, busy: false,
+      query: "", match: null, matchLen: 0 };
+    const att = () => (st.attempt ? "&attempt=" + st.attempt : "");
+    const read = async (params) => {
+      const page = await get(base + "?" + params + att());
+      if (st.attempt === null && page.attempt !== null) st.attempt = page.attempt;
+      st.size = Math.max(page.size, page.next_offset);
+      return page;
+    };
+    const chars = () => st.pages.reduce((n, p) => n + p.text.length, 0);
+    const reset = (page) => {
+      st.pages = [{ off: page.offset, end: page.next_offset, text: page.data }];
+      st.lo = page.offset; st.hi = page.next_offset; st.atEnd = page.eof; st.complete = page.complete;
+    };
+    const nearBottom = () => pre.scrollHeight - pre.scrollTop - pre.clientHeight < LOG_EDGE_PX;
+    const render = () => {
+      const raw = st.pages.map((p) => p.text).join("");
+      const log = new AnsiLog();
+      log.write(raw, st.complete);
+      const needle = ui.search.value ? ui.search.value.toLowerCase() : "";
+      // the loaded match the server found: its place in the text as shown (escapes stripped)
+      let want = -1;
+      if (st.match !== null && st.match >= st.lo && st.match < st.hi) {
+        const before = raw.slice(0, utf8Index(raw, st.match - st.lo));
+        want = before.replace(ESCAPES, "").length;
+      }
+      const frag = document.createDocumentFragment();
+      let count = 0, pos = 0, best = null, bestGap = Infinity;
+      for (const seg of log.segments) {
+        const span = el("span", { class: seg.cls || null });
+        if (!needle) span.textContent = seg.text;
+        else {
+          const lower = seg.text.toLowerCase();
+          let at = 0;
+          for (let i = lower.indexOf(needle); i >= 0; i = lower.indexOf(needle, i + needle.length)) {
+            const mark = el("mark", { text: seg.text.slice(i, i + needle.length) });
+            span.append(seg.text.slice(at, i), mark);
+            if (want >= 0 && Math.abs(pos + i - want) < bestGap) { best = mark; bestGap = Math.abs(pos + i - want); }
+            at = i + needle.length;
+            count++;
+          }
+          span.append(seg.text.slice(at));
+        }
+        pos += seg.text.length;
+        frag.append(span);
+      }
+      put(pre, frag);
+      if (!log.segments.length) pre.textContent = st.lo > 0 || !st.atEnd ? "" : t("log_empty");
+      if (best) best.classList.add("current");
+      ui.matchInfo.textContent = needle ? t("matches", { n: count }) + (st.match !== null ? " · " + t("log_match_at",
+        { at: byteSize(st.match), size: byteSize(st.size) }) : "") : "";
+      ui.range.textContent = st.size ? t("log_range", { from: byteSize(st.lo), to: byteSize(st.hi), size: byteSize(st.size) }) : "";
+      return best;
+    };
+    const trimFront = () => { // live tailing or reading on: drop the oldest pages past the window
+      let dropped = false;
+      while (st.pages.length > 1 && chars() > LOG_WINDOW) { st.pages.shift(); dropped = true; }
+      if (st.pages.length) st.lo = st.pages[0].off;
+      return dropped;
+    };
+    const append = (page) => {
+      if (page.data) st.pages.push({ off: page.offset, end: page.next_offset, text: page.data });
+      st.hi = page.next_offset; st.atEnd = page.eof; st.complete = page.complete;
+    };
+    const guarded = async (work) => {
+      if (st.busy) return;
+      st.busy = true;
+      try { await work(); } catch (e) { fail(e); } finally { st.busy = false; }
+    };
+    const view = {
+      state: st,
+      redraw: () => render(),
+      // open at the end: one read of the last LOG_RANGE bytes
+      toEnd: () => guarded(async () => {
+        const page = await read("from_end=" + LOG_RANGE);
+        if (!current(mine)) return;
+        st.match = null;
+        reset(page);
+        render();
+        pre.scrollTop = pre.scrollHeight;
+        if (st.lo > 0 && pre.scrollHeight <= pre.clientHeight) await view.earlierNow();
+      }),
+      toStart: () => guarded(async () => {
+        const page = await read("offset=0&max_bytes=" + LOG_RANGE);
+        if (!current(mine)) return;
+        st.match = null;
+        reset(page);
+        render();
+        pre.scrollTop = 0;
+      }),
+      earlierNow: async () => {
+        if (st.lo <= 0) return;
+        const page = await read("before=" + st.lo + "&max_bytes=" + LOG_RANGE);
+        if (!current(mine) || page.next_offset > st.lo || page.offset >= st.lo) return;
+        const height = pre.scrollHeight, top = pre.scrollTop;
+        st.pages.unshift({ off: page.offset, end: page.next_offset, text: page.data });
+        st.lo = page.offset;
+        while (st.pages.length > 1 && chars() > LOG_WINDOW) { st.pages.pop(); st.atEnd = false; st.complete = false; }
+        st.hi = st.pages[st.pages.length - 1].end;
+        render();
+        pre.scrollTop = top + (pre.scrollHeight - height); // the lines in view stay in view
+      },
+      earlier: () => guarded(() => view.earlierNow()),
+      later: () => guarded(async () => {
+        if (st.atEnd) return;
+        const page = await read("offset=" + st.hi + "&max_bytes=" + LOG_RANGE);
+        if (!current(mine)) return;
+        append(page);
+        const height = (render(), pre.scrollHeight), top = pre.scrollTop;
+        if (trimFront()) { render(); pre.scrollTop = top - (height - pre.scrollHeight); }
+      }),
+      // live tailing (the poll loop): follow the end while the view holds it
+      tail: async (follow) => {
+        if (st.busy) return;
+        if (!st.atEnd) { // reading elsewhere: only learn whether the log is whole yet
+          const page = await read("from_end=1");
+          if (current(mine)) st.complete = page.complete;
+          return;
+        }
+        const stick = follow && nearBottom();
+        let grew = false;
+        for (let i = 0; i < 16; i++) { // bounded catch-up per poll: 16 pages of 64 KiB
+          const page = await read("offset=" + st.hi + "&max_bytes=" + LOG_PAGE);
+          if (!current(mine) || !st.atEnd) return;
+          if (page.data) grew = true;
+          const was = st.complete;
+          append(page);
+          if (page.eof) { if (was !== st.complete) grew = true; break; }
+        }
+        if (!grew && st.pages.length) return;
+        const top = pre.scrollTop, height = pre.scrollHeight;
+        render();
+        if (trimFront()) { render(); if (!stick) pre.scrollTop = top - (height - pre.scrollHeight); }
+        if (stick) pre.scrollTop = pre.scrollHeight;
+      },
+      // the next (dir 1) or previous (dir -1) match of the search text in the whole log
+      find: (dir) => {
+        if (ui.search.value) ui.reading(); // at once: the follow must not move the view while the search runs
+        return view.findNow(dir);
+      },
+      findNow: (dir) => guarded(async () => {
+        const q = ui.search.value;
+        if (!q) return;
+        if (q !== st.query) { st.query = q; st.match = null; }
+        let cursor = dir > 0 ? (st.match === null ? 0 : st.match + 1) : (st.match === null ? st.size : st.match);
+        ui.matchInfo.textContent = t("log_searching");
+        for (let i = 0; i < LOG_SEARCH_CALLS; i++) {
+          const res = await get(base + "/search?q=" + encodeURIComponent(q) + (dir > 0 ? "&after=" : "&before=") + cursor + "&limit=1" + att());
+          if (!current(mine) || ui.search.value !== q) return;
+          st.size = Math.max(st.size, res.size);
+          if (res.matches.length) { await showMatch(res.matches[0].offset, res.matches[0].length); return; }
+          if (res.next_cursor === null) break;
+          cursor = res.next_cursor;
+        }
+        ui.matchInfo.textContent = t(st.match === null ? "log_no_match" : "log_no_more");
+      }),
+    };
+    const showMatch = async (at, length) => {
+      st.match = at; st.matchLen = length;
+      ui.reading();
+      if (!(at >= st.lo && at + length <= st.hi)) {
+        // load the region around the match: the page that ends half a read past it
+        const page = await read("before=" + (at + length + LOG_RANGE / 2) + "&max_bytes=" + LOG_RANGE);
+        if (!current(mine)) return;
+        reset(page);
+      }
+      const mark = render();
+      if (mark) mark.scrollIntoView({ block: "center" });
+    };
+    pre.addEventListener("scroll", () => {
+      if (st.busy) return;
+      if (pre.scrollTop < LOG_EDGE_PX && st.lo > 0) view.earlier();
+      else if (!st.atEnd && nearBottom()) view.later();
+    });
+    return view;
+  }
+
+  // The index in `text` of the character at UTF-8 byte `bytes` of it.
+  function utf8Index(text, bytes) {
+    let b = 0;
+    for (let i = 0; i < text.length; i++) {
+      if (b >= bytes) return i;
+      const c = text.charCodeAt(i);
+      if (c < 0x80) b += 1;
+      else if (c < 0x800) b += 2;
+      else if (c >= 0xd800 && c <= 0xdbff) { b += 4; i++; }
+      else b += 3;
+    }
+    return text.length;
   }
 
   function eventLine(ev) {
@@ -1238,35 +1435,25 @@
       cancelBox.hidden = false;
     };
     const search = el("input", { type: "search", placeholder: t("search"), "aria-label": t("search"), id: "log-search" });
-    const matchInfo = el("span", { class: "muted", id: "log-matches" });
+    const matchInfo = el("span", { class: "muted", id: "log-matches", "aria-live": "polite" });
     const followState = el("span", { class: "muted", id: "log-follow" });
-    const log = new AnsiLog();
-    const follow = { offset: 0, attempt: null, complete: false, paused: false, timer: null, current: -1, eventsAfter: 0 };
+    const logRange = el("span", { class: "muted", id: "log-range" });
+    const follow = { complete: false, paused: false, timer: null, eventsAfter: 0 };
+    let lv = null;
     const pauseBtn = btn(t("pause"), () => {
       follow.paused = !follow.paused;
       pauseBtn.textContent = follow.paused ? t("resume") : t("pause");
       pauseBtn.setAttribute("aria-pressed", String(follow.paused));
-      if (!follow.paused) pre.scrollTop = pre.scrollHeight;
+      if (!follow.paused) { if (lv.state.atEnd) pre.scrollTop = pre.scrollHeight; else lv.toEnd(); }
     }, "toggle", { "aria-pressed": "false", id: "log-pause" });
-    const jump = btn(t("jump_end"), () => { pre.scrollTop = pre.scrollHeight; }, null, { id: "log-end" });
-    const step = (dir) => {
-      const marks = pre.querySelectorAll("mark");
-      if (!marks.length) return;
-      if (follow.current >= 0 && marks[follow.current]) marks[follow.current].classList.remove("current");
-      follow.current = (follow.current + dir + marks.length) % marks.length;
-      marks[follow.current].classList.add("current");
-      marks[follow.current].scrollIntoView({ block: "nearest" });
-      if (!follow.paused) pauseBtn.click(); // reading a match: stop the view from jumping to the end
-    };
-    const redraw = () => {
-      const n = renderSegments(pre, log, search.value);
-      matchInfo.textContent = search.value ? t("matches", { n: n }) : "";
-      follow.current = -1;
-      if (!follow.paused && !search.value) pre.scrollTop = pre.scrollHeight;
-    };
-    search.addEventListener("input", redraw);
-    const logBar = el("div", { class: "logbar" }, search, matchInfo, btn(t("prev"), () => step(-1)), btn(t("next"), () => step(1)),
-      pauseBtn, jump, btn(t("download"), () => downloadLog(run).catch(fail), null, { id: "log-download" }), followState);
+    // reading a match: stop the view from jumping to the end
+    lv = logView(runId, mine, pre, { search: search, matchInfo: matchInfo, range: logRange, reading: () => { if (!follow.paused) pauseBtn.click(); } });
+    search.addEventListener("input", () => lv.redraw());
+    search.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); lv.find(e.shiftKey ? -1 : 1); } });
+    const logBar = el("div", { class: "logbar" }, search, matchInfo, btn(t("prev"), () => lv.find(-1), null, { id: "log-prev" }),
+      btn(t("next"), () => lv.find(1), null, { id: "log-next" }), pauseBtn,
+      btn(t("jump_start"), () => lv.toStart(), null, { id: "log-start" }), btn(t("jump_end"), () => lv.toEnd(), null, { id: "log-end" }),
+      btn(t("download"), () => downloadLog(run).catch(fail), null, { id: "log-download" }), followState, logRange);
 
     const drawFacts = () => {
       put(title, t("run") + " " + short(run.id) + " ", vbadge("status", run.status));
@@ -1311,19 +1498,8 @@
     };
 
     const pollLog = async () => {
-      for (let i = 0; i < 16; i++) { // bounded catch-up per poll: 16 pages of 64 KiB
-        const q = "?offset=" + follow.offset + "&max_bytes=" + LOG_PAGE + (follow.attempt ? "&attempt=" + follow.attempt : "");
-        const page = await get(pp("/runs/" + enc(run.id) + "/logs" + q));
-        if (!current(mine)) return;
-        if (follow.attempt === null && page.attempt !== null) follow.attempt = page.attempt;
-        const grew = page.data.length > 0;
-        if (grew) log.write(page.data, page.complete);
-        follow.offset = page.next_offset;
-        follow.complete = page.complete;
-        if (grew) redraw();
-        if (page.eof) break;
-      }
-      if (!log.segments.length) redraw();
+      await lv.tail(!follow.paused);
+      follow.complete = lv.state.complete;
       followState.textContent = follow.complete ? t("log_done") : t("following");
     };
 
@@ -1361,7 +1537,9 @@
       el("section", { "aria-labelledby": "log-title" }, el("h2", { id: "log-title", text: t("log") }), logBar, pre),
       el("section", { "aria-labelledby": "timeline-title" }, el("h2", { id: "timeline-title", text: t("timeline") }), timeline));
     await pollEvents();
-    await pollLog();
+    await lv.toEnd(); // tail-first: one ranged read of the end of the log
+    follow.complete = lv.state.complete;
+    followState.textContent = follow.complete ? t("log_done") : t("following");
     if (current(mine) && (!follow.complete || !TERMINAL.has(run.status))) {
       follow.complete = false; // a log read whole before the run's facts caught up: read both again
       follow.timer = setTimeout(loop, LOG_POLL_MS);

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -12,16 +12,36 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ql3.application import attempt_logs, auth, lookup, run_queries, runs, tasks, variables, workers
+from ql3.application import (
+    attempt_logs,
+    auth,
+    log_ranges,
+    lookup,
+    run_queries,
+    runs,
+    tasks,
+    variables,
+    workers,
+)
 from ql3.application.dispatch_reasons import DispatchReasons
-from ql3.domain.errors import NotFound
+from ql3.domain.errors import NotFound, ValidationFailed
 from ql3.domain.ids import is_id
 from ql3.domain.model import Attempt, Run
 from ql3.domain.states import is_run_terminal
 from ql3.domain.variables import mask, mask_bytes
 from ql3.http import logs
 from ql3.http.auth import DbDep, PrincipalDep
-from ql3.http.dto import DispatchReasonOut, EventPage, LogPage, RunOut, RunPage, event_out, run_row_out
+from ql3.http.dto import (
+    DispatchReasonOut,
+    EventPage,
+    LogMatch,
+    LogPage,
+    LogSearchPage,
+    RunOut,
+    RunPage,
+    event_out,
+    run_row_out,
+)
 from ql3.http.routes.variables import BoxDep
 from ql3.ports.storage import Database, Transaction
 
@@ -168,6 +188,43 @@ def list_events(
     return db.transaction(unit, write=False)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Want:
+    """Which bytes a log read asks for: forwards from ``offset``, or the ``max_bytes`` before
+    ``before``, or the last ``from_end`` bytes (exactly one is set)."""
+
+    offset: int | None
+    before: int | None
+    from_end: int | None
+
+    def span(self, size: int, max_bytes: int) -> log_ranges.Span:
+        if self.from_end is not None:
+            return log_ranges.tail_span(size, self.from_end)
+        if self.before is not None:
+            return log_ranges.before_span(size, self.before, max_bytes)
+        raise AssertionError("a forward read has no span")
+
+
+def _want(offset: int | None, before: int | None, from_end: int | None) -> _Want:
+    given = [
+        name
+        for name, value in (("offset", offset), ("before", before), ("from_end", from_end))
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise ValidationFailed("give one of offset, before and from_end", field=given[1])
+    forward = (offset or 0) if given in ([], ["offset"]) else None
+    return _Want(offset=forward, before=before, from_end=from_end)
+
+
+def _aligned(start: int, data: bytes, size: int) -> tuple[int, logs.LogChunk]:
+    """A ranged read's bytes from where a line (or a character) starts, as a chunk."""
+    skip = log_ranges.align_start(data, start)
+    start, data = start + skip, data[skip:]
+    end = start + len(data)
+    return start, logs.LogChunk(data=data, next_offset=end, eof=end >= size, size=size)
+
+
 @router.get("/{run_id}/logs", response_model=LogPage)
 def read_logs(
     project: str,
@@ -176,7 +233,16 @@ def read_logs(
     principal: PrincipalDep,
     logs_root: LogsRootDep,
     box: BoxDep,
-    offset: Annotated[int, Query(ge=0, le=2**62, description="the next_offset of the previous page")] = 0,
+    offset: Annotated[
+        int | None, Query(ge=0, le=2**62, description="the next_offset of the previous page (default 0)")
+    ] = None,
+    before: Annotated[
+        int | None,
+        Query(ge=0, le=2**62, description="read the max_bytes that end here (the offset of a later page)"),
+    ] = None,
+    from_end: Annotated[
+        int | None, Query(ge=1, le=logs.MAX_LOG_PAGE, description="read the last bytes of the log")
+    ] = None,
     max_bytes: Annotated[int, Query(ge=1, le=logs.MAX_LOG_PAGE)] = logs.DEFAULT_LOG_PAGE,
     attempt: Annotated[
         int | None, Query(ge=1, le=MAX_ATTEMPTS_LISTED, description="default: the latest attempt")
@@ -184,7 +250,9 @@ def read_logs(
 ) -> LogPage:
     """A page of the attempt's output (UTF-8, invalid bytes replaced; the project's secret values
     masked as ``***`` within a page, docs/variables.md). Poll with ``offset=next_offset``;
-    ``complete`` means the run is terminal and no more bytes follow."""
+    ``complete`` means the run is terminal and no more bytes follow. ``from_end`` reads the end of
+    the log and ``before`` pages backwards; both start the page where a line starts."""
+    want = _want(offset, before, from_end)
 
     def unit(tx: Transaction) -> tuple[bool, Attempt | None, LogPage | None, list[str]]:
         found = auth.authorize(tx, principal, project, "run.read")
@@ -193,7 +261,7 @@ def read_logs(
         chosen = lookup.attempt_of(tx, run.id, attempt)
         page = None
         if chosen is not None:
-            page = _stored_page(tx, chosen, terminal, offset, max_bytes, local=logs_root is not None)
+            page = _stored_page(tx, chosen, terminal, want, max_bytes, local=logs_root is not None)
         return terminal, chosen, page, variables.secret_values(tx, found.id, box)
 
     # The status is read before the log: when the run was terminal then, the log was already whole.
@@ -201,23 +269,33 @@ def read_logs(
     if stored is not None:
         return stored.model_copy(update={"data": mask(stored.data, secrets)}) if secrets else stored
     if chosen is None:  # no attempt yet (queued, or cancelled before one): an empty log
-        return LogPage(attempt=None, offset=offset, next_offset=offset, data="", eof=True, complete=terminal)
+        at = want.offset or 0
+        return LogPage(attempt=None, offset=at, next_offset=at, data="", eof=True, complete=terminal, size=0)
     if logs_root is None:  # not reached: without log files every attempt's log is the stored one
         raise logs.LogsUnavailable()
-    chunk = logs.read_chunk(logs_root, chosen.log_artifact_id or chosen.id, offset, max_bytes)
+    artifact = chosen.log_artifact_id or chosen.id
+    if want.offset is not None:
+        start = want.offset
+        chunk = logs.read_chunk(logs_root, artifact, start, max_bytes)
+    else:
+        _, size = logs.read_span(logs_root, artifact, 0, 0)
+        span = want.span(size, max_bytes)
+        data, size = logs.read_span(logs_root, artifact, span.start, span.end - span.start)
+        start, chunk = _aligned(span.start, data, size)
     text, next_offset = logs.split_text(chunk, final=terminal and chunk.eof)
     return LogPage(
         attempt=chosen.attempt,
-        offset=offset,
+        offset=start,
         next_offset=next_offset,
         data=mask(text, secrets),
         eof=chunk.eof,  # a character still being written is held back, but nothing else follows yet
         complete=terminal and chunk.eof,  # a terminal run's last page is never held back
+        size=chunk.size,
     )
 
 
 def _stored_page(
-    tx: Transaction, chosen: Attempt, terminal: bool, offset: int, max_bytes: int, *, local: bool
+    tx: Transaction, chosen: Attempt, terminal: bool, want: _Want, max_bytes: int, *, local: bool
 ) -> LogPage | None:
     """The page of a log a remote worker shipped to the database (docs/cluster.md "Log shipping"),
     or None when the log is a local file (a server with an embedded worker and nothing shipped).
@@ -226,23 +304,116 @@ def _stored_page(
     head = attempt_logs.head(tx, chosen.id)
     if head is None and local:
         return None
-    if head is None:
-        stored = attempt_logs.StoredPage(data=b"", next_offset=offset, eof=True, closed=False)
+    size = 0 if head is None else head.length
+    if want.offset is not None:
+        start = want.offset
+        if head is None:
+            stored = attempt_logs.StoredPage(data=b"", next_offset=start, eof=True, closed=False)
+        else:
+            stored = attempt_logs.read(tx, head, start, max_bytes)
+        chunk = logs.LogChunk(data=stored.data, next_offset=stored.next_offset, eof=stored.eof, size=size)
+        closed = stored.closed
     else:
-        stored = attempt_logs.read(tx, head, offset, max_bytes)
+        span = want.span(size, max_bytes)
+        data = b""
+        if head is not None and span.end > span.start:
+            data = attempt_logs.read(tx, head, span.start, span.end - span.start).data
+        start, chunk = _aligned(span.start, data, size)
+        closed = head is not None and (head.closed or head.truncated)
     ended_at = chosen.finished_at_ms or chosen.created_at_ms
-    closed = stored.closed or tx.now_ms() - ended_at >= attempt_logs.UNCLOSED_COMPLETE_AFTER_MS
-    whole = terminal and stored.eof and closed
-    chunk = logs.LogChunk(data=stored.data, next_offset=stored.next_offset, eof=stored.eof)
+    closed = closed or tx.now_ms() - ended_at >= attempt_logs.UNCLOSED_COMPLETE_AFTER_MS
+    whole = terminal and chunk.eof and closed
     text, next_offset = logs.split_text(chunk, final=whole)
     return LogPage(
         attempt=chosen.attempt,
-        offset=offset,
+        offset=start,
         next_offset=next_offset,
         data=text,
-        eof=stored.eof,
+        eof=chunk.eof,
         complete=whole,
+        size=size,
     )
+
+
+@router.get("/{run_id}/logs/search", response_model=LogSearchPage)
+def search_logs(
+    project: str,
+    run_id: str,
+    db: DbDep,
+    principal: PrincipalDep,
+    logs_root: LogsRootDep,
+    box: BoxDep,
+    q: Annotated[
+        str, Query(min_length=1, max_length=log_ranges.MAX_QUERY_CHARS, description="the text to find")
+    ],
+    after: Annotated[
+        int | None, Query(ge=0, le=2**62, description="find matches starting here or later")
+    ] = None,
+    before: Annotated[
+        int | None, Query(ge=0, le=2**62, description="find matches starting before this")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=log_ranges.MAX_SEARCH_MATCHES)] = 20,
+    attempt: Annotated[
+        int | None, Query(ge=1, le=MAX_ATTEMPTS_LISTED, description="default: the latest attempt")
+    ] = None,
+) -> LogSearchPage:
+    """Byte offsets of the matches of ``q`` in the attempt's whole log (a substring, ASCII letters in
+    any case): forwards from ``after`` or backwards from ``before``, at most ``limit``. One request
+    scans at most 8 MiB; ``next_cursor`` says where to go on from (null: the scan reached the end)."""
+    log_ranges.needle_of(q)  # refused before anything is read
+    if after is not None and before is not None:
+        raise ValidationFailed("give after or before, not both", field="before")
+
+    def unit(tx: Transaction) -> tuple[Attempt | None, attempt_logs.LogHead | None, list[str]]:
+        found = auth.authorize(tx, principal, project, "run.read")
+        run = runs.get_run(tx, found.id, _run_id(run_id))
+        chosen = lookup.attempt_of(tx, run.id, attempt)
+        head = attempt_logs.head(tx, chosen.id) if chosen is not None else None
+        return chosen, head, variables.secret_values(tx, found.id, box)
+
+    chosen, head, secrets = db.transaction(unit, write=False)
+    if chosen is None:
+        return LogSearchPage(attempt=None, matches=[], next_cursor=None, scanned_bytes=0, size=0)
+    read: log_ranges.Reader
+    if head is not None or logs_root is None:
+        size = 0 if head is None else head.length
+        read = partial(_read_stored, db, head)
+    else:
+        root, artifact = logs_root, chosen.log_artifact_id or chosen.id
+        _, size = logs.read_span(root, artifact, 0, 0)
+
+        def read(start: int, count: int) -> bytes:
+            return logs.read_span(root, artifact, start, count)[0]
+
+    result = log_ranges.search(read, size, q, after=after, before=before, limit=limit, secrets=secrets)
+    return LogSearchPage(
+        attempt=chosen.attempt,
+        matches=[LogMatch(offset=at, length=result.length) for at in result.matches],
+        next_cursor=result.next_cursor,
+        scanned_bytes=result.scanned_bytes,
+        size=size,
+    )
+
+
+def _read_stored(db: Database, head: attempt_logs.LogHead | None, start: int, count: int) -> bytes:
+    """Up to ``count`` bytes of a shipped log from ``start``, one bounded read transaction a page."""
+    out = bytearray()
+    for _ in range(count // attempt_logs.MAX_READ_BYTES + 2):
+        if head is None or len(out) >= count:
+            break
+        page = db.transaction(
+            partial(
+                attempt_logs.read,
+                log=head,
+                offset=start + len(out),
+                max_bytes=min(attempt_logs.MAX_READ_BYTES, count - len(out)),
+            ),
+            write=False,
+        )
+        if not page.data:
+            break
+        out += page.data
+    return bytes(out)
 
 
 MAX_RAW_LOG_PAGES = 4096  # 1 GiB at the largest page: a bound on one download, far above any real log
