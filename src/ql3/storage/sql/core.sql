@@ -64,9 +64,26 @@ SELECT id, project_id, name, enabled, revision, created_at_ms, updated_at_ms FRO
 WHERE project_id = :project_id AND name = :ref AND deleted_at_ms IS NULL
 
 -- name: task_list
--- desc: A keyset page of a project's live tasks ordered by name.
+-- desc: A keyset page of a project's live tasks by name after a name; optionally name substring or id prefix.
 SELECT id, project_id, name, enabled, revision, created_at_ms, updated_at_ms FROM tasks
-WHERE project_id = :project_id AND deleted_at_ms IS NULL AND name > :after ORDER BY name LIMIT :limit
+WHERE project_id = :project_id AND deleted_at_ms IS NULL AND name > :after
+  AND (CAST(:name_like AS TEXT) IS NULL OR LOWER(name) LIKE CAST(:name_like AS TEXT) ESCAPE '\'
+       OR id LIKE CAST(:id_like AS TEXT) ESCAPE '\')
+ORDER BY name LIMIT :limit
+
+-- name: task_list_before
+-- desc: The keyset page of a project's live tasks just before a name (returned last name first), optionally searched.
+SELECT id, project_id, name, enabled, revision, created_at_ms, updated_at_ms FROM tasks
+WHERE project_id = :project_id AND deleted_at_ms IS NULL AND name < :before
+  AND (CAST(:name_like AS TEXT) IS NULL OR LOWER(name) LIKE CAST(:name_like AS TEXT) ESCAPE '\'
+       OR id LIKE CAST(:id_like AS TEXT) ESCAPE '\')
+ORDER BY name DESC LIMIT :limit
+
+-- name: task_next_fires
+-- desc: The project's enabled live tasks with the earliest next cron fire times (bounded, by the schedule index).
+SELECT t.id, t.name, s.next_fire_at_ms FROM task_schedules s JOIN tasks t ON t.id = s.task_id
+WHERE s.project_id = :project_id AND s.next_fire_at_ms IS NOT NULL AND t.enabled = 1 AND t.deleted_at_ms IS NULL
+ORDER BY s.next_fire_at_ms, s.task_id LIMIT :limit
 
 -- name: task_update
 -- desc: Compare-and-set of a task's enabled flag and current revision; no row when it changed meanwhile.
