@@ -179,19 +179,24 @@ def list_tasks(
     before: str | None = None,
     search: str | None = None,
     limit: int = MAX_TASK_PAGE,
-) -> list[TaskView]:
+) -> tuple[list[TaskView], bool]:
     """A page of live tasks in name order: after the name ``after``, or (``before`` given) the page
     just before that name; ``search`` keeps names containing it or ids starting with it
-    (docs/api.md "Paging and search")."""
+    (docs/api.md "Paging and search"). The flag says whether more tasks lie beyond the page in the
+    direction read (after it, or before it when ``before`` is given)."""
     if not 1 <= limit <= MAX_TASK_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
     if search is not None and len(search) > MAX_SEARCH:
         raise ValidationFailed("search too long", field="q")
     if before is not None:
-        found = task_store.list_tasks_before(tx, project_id=project_id, before=before, limit=limit, search=search)
+        found = task_store.list_tasks_before(
+            tx, project_id=project_id, before=before, limit=limit + 1, search=search
+        )
+        more, found = len(found) > limit, found[-limit:]
     else:
-        found = task_store.list_tasks(tx, project_id=project_id, after=after, limit=limit, search=search)
-    return [view(tx, t) for t in found]
+        found = task_store.list_tasks(tx, project_id=project_id, after=after, limit=limit + 1, search=search)
+        more, found = len(found) > limit, found[:limit]
+    return [view(tx, t) for t in found], more
 
 
 def next_fires(tx: Transaction, project_id: str, *, limit: int = MAX_NEXT_FIRES) -> list[task_store.NextFire]:

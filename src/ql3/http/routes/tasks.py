@@ -105,14 +105,14 @@ def list_tasks(
             raise ValidationFailed("cursor and before exclude each other", field="before")
         found = auth.authorize(tx, principal, project, "task.read")
         search = q or None
-        views = tasks.list_tasks(tx, found.id, after=cursor or "", before=before, search=search, limit=limit)
-        if before is not None:
-            # a short page before the cursor is the first page; the one after it always exists
-            next_cursor = views[-1].task.name if views else None
-            prev_cursor = views[0].task.name if len(views) == limit else None
+        views, more = tasks.list_tasks(
+            tx, found.id, after=cursor or "", before=before, search=search, limit=limit
+        )
+        first, last = (views[0].task.name, views[-1].task.name) if views else (None, None)
+        if before is not None:  # the page after this one is where ``before`` came from
+            next_cursor, prev_cursor = last, first if more else None
         else:
-            next_cursor = views[-1].task.name if len(views) == limit else None
-            prev_cursor = views[0].task.name if cursor and views else None
+            next_cursor, prev_cursor = last if more else None, first if cursor else None
         reveal = may_see_command(tx, principal, found)
         return TaskPage(
             items=[task_out(v, reveal=reveal) for v in views], next_cursor=next_cursor, prev_cursor=prev_cursor
