@@ -1,5 +1,5 @@
 """``GET .../tasks`` keyset pages both ways and its search, and ``GET .../next-fires``, through the
-HTTP API on both databases (docs/api.md "Paging and search")."""
+HTTP API on both databases (docs/console.md "Paging and search")."""
 
 from __future__ import annotations
 

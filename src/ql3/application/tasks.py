@@ -182,7 +182,7 @@ def list_tasks(
 ) -> tuple[list[TaskView], bool]:
     """A page of live tasks in name order: after the name ``after``, or (``before`` given) the page
     just before that name; ``search`` keeps names containing it or ids starting with it
-    (docs/api.md "Paging and search"). The flag says whether more tasks lie beyond the page in the
+    (docs/console.md "Paging and search"). The flag says whether more tasks lie beyond the page in the
     direction read (after it, or before it when ``before`` is given)."""
     if not 1 <= limit <= MAX_TASK_PAGE:
         raise ValidationFailed("limit out of range", field="limit")

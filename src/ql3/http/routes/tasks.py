@@ -98,7 +98,7 @@ def list_tasks(
     limit: Annotated[int, Query(ge=1, le=tasks.MAX_TASK_PAGE)] = 50,
 ) -> TaskPage:
     """Live tasks in name order, a keyset page at a time: pass ``next_cursor`` back as ``cursor`` for
-    the next page, or ``prev_cursor`` as ``before`` for the previous one (docs/api.md "Paging and search")."""
+    the next page, or ``prev_cursor`` as ``before`` for the previous one (docs/console.md "Paging and search")."""
 
     def unit(tx: Transaction) -> TaskPage:
         if cursor is not None and before is not None:
