@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -88,7 +89,8 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QL3_")}
         env["QL3_HOME"] = str(home)
         extra = ["--database-url", database_url] if database_url else []
-        self.log = open(home.parent / f"serve-{self.port}.log", "wb")  # noqa: SIM115 - closed in stop()
+        # outside the temp directory, so a failed start can still be read
+        self.log = open(Path(tempfile.gettempdir()) / f"ql3-console-bench-serve-{self.port}.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
             [*QL3, "serve", "--listen", f"127.0.0.1:{self.port}", "--slots", "1", "--no-access-log", *extra],
             env=env,
@@ -315,14 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         created = None
         if args.database_url:
             import psycopg
-            from psycopg.conninfo import conninfo_to_dict, make_conninfo
+            from psycopg.conninfo import conninfo_to_dict
 
             created = f"ql3_console_bench_{os.getpid()}"
             with psycopg.connect(args.database_url, autocommit=True) as admin:
                 admin.execute(f'CREATE DATABASE "{created}"'.encode())
             info = conninfo_to_dict(args.database_url)
-            info["dbname"] = created
-            dsn = make_conninfo(**{k: str(v) for k, v in info.items() if v is not None})
+            user, host, port = info.get("user") or "postgres", info.get("host") or "127.0.0.1", info.get("port") or "5432"
+            dsn = f"postgresql://{quote(str(user))}@{quote(str(host), safe='')}:{port}/{created}"
         try:
             server = Server(home, dsn)
             try:
