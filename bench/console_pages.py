@@ -77,7 +77,9 @@ def free_port() -> int:
 def id_at(ms: int) -> str:
     """A UUIDv7-shaped id for an instant, like the server's own ids (sortable by time)."""
     rand = uuid.uuid4().int & ((1 << 74) - 1)
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (rand >> 62) << 64 | 0b10 << 62 | (rand & ((1 << 62) - 1))
+    value = (
+        (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (rand >> 62) << 64 | 0b10 << 62 | (rand & ((1 << 62) - 1))
+    )
     return str(uuid.UUID(int=value))
 
 
@@ -142,9 +144,7 @@ def task_rows(template: dict[str, Any], n: int, now_ms: int) -> dict[str, list[t
         task_id = id_at(now_ms - 400 * DAY_MS + i)
         created = now_ms - 400 * DAY_MS
         out["tasks"].append((task_id, template["project_id"], f"task-{i:05d}", 1, 1, created, created))
-        out["task_revisions"].append(
-            (task_id, 1, template["spec_json"], template["content_digest"], created)
-        )
+        out["task_revisions"].append((task_id, 1, template["spec_json"], template["content_digest"], created))
         # fires spread over the next days, none due while the benchmark runs
         fire = now_ms + DAY_MS + i * 60_000
         out["task_schedules"].append(
@@ -167,7 +167,9 @@ RUN_COLUMNS = (
 )
 
 
-def run_rows(project_id: str, task_ids: list[str], first: int, last: int, now_ms: int, total: int) -> Iterator[tuple[Any, ...]]:
+def run_rows(
+    project_id: str, task_ids: list[str], first: int, last: int, now_ms: int, total: int
+) -> Iterator[tuple[Any, ...]]:
     span = 365 * DAY_MS
     for i in range(first, last):
         at = now_ms - span + (span * i) // total
@@ -175,7 +177,22 @@ def run_rows(project_id: str, task_ids: list[str], first: int, last: int, now_ms
         k = i % 100
         status, code = ("failed", 1) if k < 4 else ("timed_out", None) if k == 4 else ("succeeded", 0)
         trigger = "cron" if i % 3 else "manual"
-        yield (id_at(at), project_id, task_id, 1, trigger, status, 4, 4, at, at, at + 50, at + 1250, code, at + 1250)
+        yield (
+            id_at(at),
+            project_id,
+            task_id,
+            1,
+            trigger,
+            status,
+            4,
+            4,
+            at,
+            at,
+            at + 50,
+            at + 1250,
+            code,
+            at + 1250,
+        )
 
 
 class Sqlite:
@@ -221,10 +238,13 @@ class Postgres:
         return [next(iter(r.values())) for r in self.conn.execute(sql, args)]
 
     def load(self, table: str, columns: str, rows: list[tuple[Any, ...]]) -> None:
-        with self.conn.transaction(), self.conn.cursor() as cur:
-            with cur.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
+        with (
+            self.conn.transaction(),
+            self.conn.cursor() as cur,
+            cur.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
 
     def finish(self) -> None:
         self.conn.commit()
@@ -248,7 +268,11 @@ def load(db: Sqlite | Postgres, tasks: int, runs: int, now_ms: int) -> dict[str,
     task_ids = [template["id"], *(row[0] for row in made["tasks"])]
     batch = 50_000
     for first in range(0, runs, batch):
-        db.load("runs", RUN_COLUMNS, list(run_rows(template["project_id"], task_ids, first, min(runs, first + batch), now_ms, runs)))
+        db.load(
+            "runs",
+            RUN_COLUMNS,
+            list(run_rows(template["project_id"], task_ids, first, min(runs, first + batch), now_ms, runs)),
+        )
         if first and first % 200_000 == 0:
             progress(f"inserted {first:,} runs")
     runs_s = time.perf_counter() - began - task_s
@@ -281,8 +305,13 @@ def measure(server: Server, chromium: str, repeat: int, widths: list[int]) -> li
                         page.goto(server.url + "/" + route)
                         page.wait_for_selector(ready, state="visible")
                         samples.append(time.perf_counter() - began)
-                    row = {"page": name, "route": route, "width": width, "median_s": round(statistics.median(samples), 3),
-                           "max_s": round(max(samples), 3)}
+                    row = {
+                        "page": name,
+                        "route": route,
+                        "width": width,
+                        "median_s": round(statistics.median(samples), 3),
+                        "max_s": round(max(samples), 3),
+                    }
                     progress(f"{width}px {name}: {row['median_s']} s")
                     results.append(row)
                 context.close()
@@ -292,7 +321,9 @@ def measure(server: Server, chromium: str, repeat: int, widths: list[int]) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tasks", type=int, default=10_000, help="tasks to load (default 10,000)")
     parser.add_argument("--runs", type=int, default=1_000_000, help="runs to load (default 1,000,000)")
     parser.add_argument("--repeat", type=int, default=3, help="loads of each page (median reported)")
@@ -323,12 +354,21 @@ def main(argv: list[str] | None = None) -> int:
             with psycopg.connect(args.database_url, autocommit=True) as admin:
                 admin.execute(f'CREATE DATABASE "{created}"'.encode())
             info = conninfo_to_dict(args.database_url)
-            user, host, port = info.get("user") or "postgres", info.get("host") or "127.0.0.1", info.get("port") or "5432"
+            user, host, port = (
+                info.get("user") or "postgres",
+                info.get("host") or "127.0.0.1",
+                info.get("port") or "5432",
+            )
             dsn = f"postgresql://{quote(str(user))}@{quote(str(host), safe='')}:{port}/{created}"
         try:
             server = Server(home, dsn)
             try:
-                api(server, "POST", "/tasks", json={"name": "task-00000", "command": "true", "cron": "0 3 * * *"})
+                api(
+                    server,
+                    "POST",
+                    "/tasks",
+                    json={"name": "task-00000", "command": "true", "cron": "0 3 * * *"},
+                )
             finally:
                 server.stop()
             now_ms = int(time.time() * 1000)

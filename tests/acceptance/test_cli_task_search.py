@@ -12,7 +12,9 @@ def test_task_list_searches_on_the_server_and_pages_through_the_matches(shared_s
 
     # When the matches are listed two at a time
     first = shared_server.cli("task", "list", "--search", "NIGHTLY", "--limit", "2")
-    second = shared_server.cli_json("task", "list", "--search", "NIGHTLY", "--limit", "2", "--cursor", "nightly-a")
+    second = shared_server.cli_json(
+        "task", "list", "--search", "NIGHTLY", "--limit", "2", "--cursor", "nightly-a"
+    )
 
     # Then the first page holds two matches and a hint that keeps the search for the next page
     assert first.returncode == 0, first.stderr

@@ -131,7 +131,16 @@ def test_bad_paging_input_is_refused_with_a_stable_code(client: TestClient, para
 def test_next_fires_are_the_soonest_enabled_schedules_and_bounded(client: TestClient) -> None:
     # Given eight scheduled tasks, one of them disabled and one deleted
     # (made in an order that is not the order they fire in)
-    crons = ["1 1 1 * *", "43 * * * *", "7 * * * *", "0 0 * * *", "31 * * * *", "3 */2 * * *", "19 * * * *", "55 * * * *"]
+    crons = [
+        "1 1 1 * *",
+        "43 * * * *",
+        "7 * * * *",
+        "0 0 * * *",
+        "31 * * * *",
+        "3 */2 * * *",
+        "19 * * * *",
+        "55 * * * *",
+    ]
     for i, cron in enumerate(crons):
         body = {"name": f"cron-{i}", "command": "true", "cron": cron}
         assert client.post(TASKS, json=body).status_code == 201

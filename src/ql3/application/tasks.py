@@ -196,7 +196,16 @@ def list_tasks(
     else:
         found = task_store.list_tasks(tx, project_id=project_id, after=after, limit=limit + 1, search=search)
         more, found = len(found) > limit, found[:limit]
-    return [view(tx, t) for t in found], more
+    views = [
+        TaskView(
+            task=t.task,
+            revision=t.revision,
+            spec=build_spec(t.revision.spec),
+            next_fire_at_ms=t.next_fire_at_ms,
+        )
+        for t in found
+    ]
+    return views, more
 
 
 def next_fires(tx: Transaction, project_id: str, *, limit: int = MAX_NEXT_FIRES) -> list[task_store.NextFire]:

@@ -382,7 +382,9 @@ def register(subparsers: Subparsers) -> None:
     lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
     lst.add_argument("--limit", type=positive_int, default=200, metavar="N", help="page size, at most 200")
     lst.add_argument(
-        "--search", metavar="TEXT", help="only tasks whose name contains TEXT (ASCII case ignored) or whose id starts with it"
+        "--search",
+        metavar="TEXT",
+        help="only tasks whose name contains TEXT (ASCII case ignored) or whose id starts with it",
     )
 
     show = add_command(

@@ -89,16 +89,22 @@ def list_tasks(
     ] = None,
     before: Annotated[
         str | None,
-        Query(min_length=1, max_length=128, description="the first name of the next page: the page before it"),
+        Query(
+            min_length=1, max_length=128, description="the first name of the next page: the page before it"
+        ),
     ] = None,
     q: Annotated[
         str | None,
-        Query(max_length=tasks.MAX_SEARCH, description="names containing this (ASCII case ignored) or ids starting with it"),
+        Query(
+            max_length=tasks.MAX_SEARCH,
+            description="names containing this (ASCII case ignored) or ids starting with it",
+        ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=tasks.MAX_TASK_PAGE)] = 50,
 ) -> TaskPage:
-    """Live tasks in name order, a keyset page at a time: pass ``next_cursor`` back as ``cursor`` for
-    the next page, or ``prev_cursor`` as ``before`` for the previous one (docs/console.md "Paging and search")."""
+    """Live tasks in name order, a keyset page at a time: pass ``next_cursor`` back as ``cursor``
+    for the next page, or ``prev_cursor`` as ``before`` for the previous one (docs/console.md
+    "Paging and search")."""
 
     def unit(tx: Transaction) -> TaskPage:
         if cursor is not None and before is not None:
@@ -115,7 +121,9 @@ def list_tasks(
             next_cursor, prev_cursor = last if more else None, first if cursor else None
         reveal = may_see_command(tx, principal, found)
         return TaskPage(
-            items=[task_out(v, reveal=reveal) for v in views], next_cursor=next_cursor, prev_cursor=prev_cursor
+            items=[task_out(v, reveal=reveal) for v in views],
+            next_cursor=next_cursor,
+            prev_cursor=prev_cursor,
         )
 
     return db.transaction(unit, write=False)
