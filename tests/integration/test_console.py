@@ -142,7 +142,8 @@ def test_the_api_routes_the_console_uses_exist(client: TestClient) -> None:
     js = source("app.js")
     used = {
         "/api/v1/projects": '"/projects?limit=200"',
-        "/api/v1/projects/{project}/tasks": '"/tasks?limit=200"',
+        "/api/v1/projects/{project}/tasks": 'get(pp(listQuery("/tasks", params, TASK_PAGE)))',
+        "/api/v1/projects/{project}/next-fires": '"/next-fires?limit=6"',
         "/api/v1/projects/{project}/tasks/{task}": '"/tasks/" + enc(task.id)',
         "/api/v1/projects/{project}/tasks/{task}/revisions": '"/revisions"',
         "/api/v1/projects/{project}/tasks/{task}/enable": '"/enable"',

@@ -19,6 +19,8 @@ from ql3.repositories import project_settings
 from ql3.repositories import tasks as task_store
 
 MAX_TASK_PAGE: Final = 200
+MAX_SEARCH: Final = 128
+MAX_NEXT_FIRES: Final = 50
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,8 +172,44 @@ def delete_task(tx: Transaction, project_id: str, ref: str) -> Task:
 
 
 def list_tasks(
-    tx: Transaction, project_id: str, *, after: str = "", limit: int = MAX_TASK_PAGE
-) -> list[TaskView]:
+    tx: Transaction,
+    project_id: str,
+    *,
+    after: str = "",
+    before: str | None = None,
+    search: str | None = None,
+    limit: int = MAX_TASK_PAGE,
+) -> tuple[list[TaskView], bool]:
+    """A page of live tasks in name order: after the name ``after``, or (``before`` given) the page
+    just before that name; ``search`` keeps names containing it or ids starting with it
+    (docs/console.md "Paging and search"). The flag says whether more tasks lie beyond the page in the
+    direction read (after it, or before it when ``before`` is given)."""
     if not 1 <= limit <= MAX_TASK_PAGE:
         raise ValidationFailed("limit out of range", field="limit")
-    return [view(tx, t) for t in task_store.list_tasks(tx, project_id=project_id, after=after, limit=limit)]
+    if search is not None and len(search) > MAX_SEARCH:
+        raise ValidationFailed("search too long", field="q")
+    if before is not None:
+        found = task_store.list_tasks_before(
+            tx, project_id=project_id, before=before, limit=limit + 1, search=search
+        )
+        more, found = len(found) > limit, found[-limit:]
+    else:
+        found = task_store.list_tasks(tx, project_id=project_id, after=after, limit=limit + 1, search=search)
+        more, found = len(found) > limit, found[:limit]
+    views = [
+        TaskView(
+            task=t.task,
+            revision=t.revision,
+            spec=build_spec(t.revision.spec),
+            next_fire_at_ms=t.next_fire_at_ms,
+        )
+        for t in found
+    ]
+    return views, more
+
+
+def next_fires(tx: Transaction, project_id: str, *, limit: int = MAX_NEXT_FIRES) -> list[task_store.NextFire]:
+    """The project's soonest cron fires, one per enabled task, earliest first."""
+    if not 1 <= limit <= MAX_NEXT_FIRES:
+        raise ValidationFailed("limit out of range", field="limit")
+    return task_store.list_next_fires(tx, project_id=project_id, limit=limit)

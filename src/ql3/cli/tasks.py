@@ -275,7 +275,8 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     with ApiClient.from_environment() as api:
-        _, page = api.call("GET", _base(args), params={"cursor": args.cursor, "limit": args.limit})
+        params = {"cursor": args.cursor, "limit": args.limit, "q": args.search}
+        _, page = api.call("GET", _base(args), params=params)
     if wants_json(args):
         output.emit_json(page)
         return EXIT_OK
@@ -380,6 +381,11 @@ def register(subparsers: Subparsers) -> None:
     quiet_flag(lst)
     lst.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
     lst.add_argument("--limit", type=positive_int, default=200, metavar="N", help="page size, at most 200")
+    lst.add_argument(
+        "--search",
+        metavar="TEXT",
+        help="only tasks whose name contains TEXT (ASCII case ignored) or whose id starts with it",
+    )
 
     show = add_command(
         actions, "show", cmd_show, "show one task (never env values; --json: the command for editors)", proj

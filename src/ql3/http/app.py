@@ -222,6 +222,7 @@ def create_app(
     for router in (
         projects.router,
         tasks.router,
+        tasks.schedule_router,
         runs.router,
         workers.router,
         cancellation.router,

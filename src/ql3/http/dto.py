@@ -242,6 +242,7 @@ class TaskCreated(TaskOut):
 class TaskPage(BaseModel):
     items: list[TaskOut]
     next_cursor: str | None
+    prev_cursor: str | None = None  # pass as ``before`` for the previous page; null on the first
 
 
 class DispatchReasonOut(BaseModel):

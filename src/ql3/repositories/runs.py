@@ -12,6 +12,10 @@ from ql3.ports.storage import Row, Transaction
 from ql3.repositories.mapping import opt_int
 
 STATUS_SLOTS: Final = 11  # the run_filter_page query's status placeholders, one per run status
+# the statuses of the partial index runs_project_live (migrations 0025 / 0033): few rows at any time
+LIVE_STATUSES: Final = frozenset(
+    ("created", "queued", "dispatching", "running", "waiting_approval", "retry_wait", "lost")
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,8 +160,18 @@ def filter_runs(
             trigger=str(row["trigger_kind"]),
             attempt=opt_int(row.get("attempt_count")),
         )
-        for row in tx.all("run_filter_page", params)
+        for row in tx.all(_filter_query(task_id, statuses), params)
     ]
+
+
+def _filter_query(task_id: str | None, statuses: tuple[str, ...]) -> str:
+    # One plan per shape, so no filter reads the project's whole history to find a few rows: one
+    # task's runs by the task's index, live runs by the live partial index, else by creation time.
+    if task_id is not None:
+        return "run_filter_task_page"
+    if statuses and LIVE_STATUSES.issuperset(statuses):
+        return "run_filter_live_page"
+    return "run_filter_page"
 
 
 def describe_run(tx: Transaction, run: Run) -> RunRow | None:

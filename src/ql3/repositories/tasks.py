@@ -51,10 +51,78 @@ def get_live_task(tx: Transaction, task_id: str) -> Task | None:
     return task_from_row(row)
 
 
-def list_tasks(tx: Transaction, *, project_id: str, after: str, limit: int) -> list[Task]:
-    """Live tasks of the project by name, after ``after``."""
-    found = tx.all("task_list", {"project_id": project_id, "after": after, "limit": limit})
-    return [task_from_row(row) for row in found]
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _ascii_lower(text: str) -> str:
+    # both dialects agree on lowering ASCII letters only (SQLite's LOWER leaves the rest alone)
+    return "".join(c.lower() if c.isascii() else c for c in text)
+
+
+def _search_params(search: str | None) -> dict[str, str | None]:
+    if not search:
+        return {"name_like": None, "id_like": None}
+    return {
+        "name_like": "%" + _like_escape(_ascii_lower(search)) + "%",
+        "id_like": _like_escape(search.lower()) + "%",
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListedTask:
+    """A task as a list shows it: with its current revision and its next fire time, read in one query."""
+
+    task: Task
+    revision: TaskRevision
+    next_fire_at_ms: int | None
+
+
+def _listed(row: Row) -> ListedTask:
+    revision = TaskRevision(
+        task_id=row["id"],
+        revision=int(row["revision"]),
+        spec=json.loads(row["spec_json"]),
+        content_digest=row["content_digest"],
+        created_at_ms=int(row["revision_created_at_ms"]),
+    )
+    return ListedTask(
+        task=task_from_row(row), revision=revision, next_fire_at_ms=opt_int(row["next_fire_at_ms"])
+    )
+
+
+def list_tasks(
+    tx: Transaction, *, project_id: str, after: str, limit: int, search: str | None = None
+) -> list[ListedTask]:
+    """Live tasks of the project by name, after ``after``; with ``search``, only those whose name
+    contains it (ASCII letters compared without case) or whose id starts with it."""
+    params = {"project_id": project_id, "after": after, "limit": limit, **_search_params(search)}
+    return [_listed(row) for row in tx.all("task_list", params)]
+
+
+def list_tasks_before(
+    tx: Transaction, *, project_id: str, before: str, limit: int, search: str | None = None
+) -> list[ListedTask]:
+    """The ``limit`` live tasks just before the name ``before`` (same search as ``list_tasks``),
+    in name order."""
+    params = {"project_id": project_id, "before": before, "limit": limit, **_search_params(search)}
+    return [_listed(row) for row in reversed(tx.all("task_list_before", params))]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NextFire:
+    task_id: str
+    task_name: str
+    next_fire_at_ms: int
+
+
+def list_next_fires(tx: Transaction, *, project_id: str, limit: int) -> list[NextFire]:
+    """The enabled live tasks of the project that fire soonest, earliest first (at most ``limit``)."""
+    found = tx.all("task_next_fires", {"project_id": project_id, "limit": limit})
+    return [
+        NextFire(task_id=r["id"], task_name=r["name"], next_fire_at_ms=int(r["next_fire_at_ms"]))
+        for r in found
+    ]
 
 
 def insert_task(tx: Transaction, *, task_id: str, project_id: str, name: str, enabled: bool) -> bool:

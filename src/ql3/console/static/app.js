@@ -132,6 +132,8 @@
       log_no_more: "No further match",
       log_match_at: "match at {at} of {size}",
       log_range: "showing {from}–{to} of {size}",
+      search: "Search", search_tasks: "Search tasks (name or id)", prev_page: "Previous page", next_page: "Next page",
+      pages: "Pages", task_picker_hint: "Type a task name: the list suggests matches.",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -230,6 +232,8 @@
       log_no_more: "没有更多匹配项",
       log_match_at: "匹配位于 {at} / {size}",
       log_range: "显示 {from}–{to} / {size}",
+      search: "搜索", search_tasks: "搜索任务（名称或编号）", prev_page: "上一页", next_page: "下一页",
+      pages: "分页", task_picker_hint: "输入任务名称：列表会提示匹配项。",
     },
   };
   // Labels for the values the API returns (statuses, event types, triggers, results...). The value
@@ -614,7 +618,7 @@
       overview: () => pageOverview(view, mine),
       tasks: () => parts[1] === "new" ? pageTaskForm(view, mine, null, params.get("from"))
         : parts[1] && parts[2] === "edit" ? pageTaskForm(view, mine, parts[1], null)
-          : parts[1] ? pageTask(view, mine, parts[1]) : pageTasks(view, mine),
+          : parts[1] ? pageTask(view, mine, parts[1]) : pageTasks(view, mine, params),
       runs: () => parts[1] ? pageRun(view, mine, parts[1]) : pageRuns(view, mine, params),
       approvals: () => pageApprovals(view, mine),
       actions: () => parts[1] ? pageAction(view, mine, parts[1]) : pageActions(view, mine),
@@ -697,7 +701,7 @@
     const [running, failed, taskPage, pending, workers, health, actions, parked] = await Promise.all([
       get(pp("/runs?status=running,dispatching&limit=20")),
       get(pp("/runs?status=failed,timed_out&since=" + Math.floor(since) + "&limit=20")),
-      get(pp("/tasks?limit=200")),
+      get(pp("/next-fires?limit=6")),
       get(pp("/approvals?state=pending&limit=100")),
       get(pp("/workers")),
       get(pp("/cancellation/summary")),
@@ -708,8 +712,7 @@
     const runList = (items, emptyKey) => items.length === 0 ? el("p", { class: "muted", text: t(emptyKey) })
       : el("ul", {}, items.slice(0, 8).map((r) => el("li", {}, link("#/runs/" + enc(r.id), r.task_name || short(r.task_id)),
         " ", vbadge("status", r.status), " ", el("span", { class: "muted", text: relTime(r.created_at_ms) }))));
-    const fires = taskPage.items.filter((x) => x.next_fire_at_ms && x.enabled)
-      .sort((a, b) => a.next_fire_at_ms - b.next_fire_at_ms).slice(0, 6);
+    const fires = taskPage.items; // soonest first, enabled tasks only (GET /next-fires)
     const slots = workers.items.reduce((n, w) => n + (w.slots ?? w.max_concurrent_runs ?? 0), 0);
     const busy = workers.items.reduce((n, w) => n + (w.busy ?? w.active_runs ?? 0), 0);
     const online = workers.items.filter((w) => w.status === "online").length;
@@ -720,7 +723,7 @@
         el("div", { class: "stat", text: failed.items.length + (failed.next_cursor ? "+" : "") }), runList(failed.items, "no_failures")),
       el("section", { "aria-labelledby": "ov-fires" }, el("h2", { id: "ov-fires", text: t("next_fires") }),
         fires.length === 0 ? el("p", { class: "muted", text: t("no_cron") })
-          : el("ul", {}, fires.map((x) => el("li", {}, link("#/tasks/" + enc(x.name), x.name), " ", when(x.next_fire_at_ms))))),
+          : el("ul", {}, fires.map((x) => el("li", {}, link("#/tasks/" + enc(x.task_name), x.task_name), " ", when(x.next_fire_at_ms))))),
       el("section", { "aria-labelledby": "ov-approvals" }, el("h2", { id: "ov-approvals" }, link("#/approvals", t("pending_approvals"))),
         el("div", { class: "stat", text: pending.items.length }),
         pending.items.length === 0 ? el("p", { class: "muted", text: t("no_pending") }) : null),
@@ -776,28 +779,36 @@
     await post(pp("/tasks/" + enc(task.id) + (enabled ? "/enable" : "/disable")));
   }
 
-  async function pageTasks(view, mine) {
-    const page = await get(pp("/tasks?limit=200"));
+  async function pageTasks(view, mine, params) {
+    const holder = el("div");
+    const load = async () => {
+      const page = await get(pp(listQuery("/tasks", params, TASK_PAGE)));
+      if (!current(mine)) return;
+      const rows = page.items.map((task) => ({
+        id: task.id,
+        cells: [
+          link("#/tasks/" + enc(task.name), task.name),
+          badge(task.enabled ? "enabled" : "disabled", task.enabled ? t("enabled") : t("disabled")),
+          el("code", { text: task.cron || "—" }),
+          task.next_fire_at_ms ? when(task.next_fire_at_ms) : "",
+          task.approval === "required" ? t("approval") : "",
+          el("span", { class: "actions" },
+            can("run.create") && task.enabled ? btn(t("run_now"), () => startRun(task).catch(fail), "primary") : null,
+            can("task.write") ? btn(task.enabled ? t("disable") : t("enable"),
+              () => setEnabled(task, !task.enabled).then(load).catch(fail)) : null),
+        ],
+      }));
+      put(holder, table([t("name"), t("status"), t("cron"), t("next_fire"), t("approval"), t("actions")], rows, t("no_tasks"), t("nav_tasks")),
+        pager("#/tasks", params, page));
+    };
+    await load();
     if (!current(mine)) return;
-    const rows = page.items.map((task) => ({
-      id: task.id,
-      cells: [
-        link("#/tasks/" + enc(task.name), task.name),
-        badge(task.enabled ? "enabled" : "disabled", task.enabled ? t("enabled") : t("disabled")),
-        el("code", { text: task.cron || "—" }),
-        task.next_fire_at_ms ? when(task.next_fire_at_ms) : "",
-        task.approval === "required" ? t("approval") : "",
-        el("span", { class: "actions" },
-          can("run.create") && task.enabled ? btn(t("run_now"), () => startRun(task).catch(fail), "primary") : null,
-          can("task.write") ? btn(task.enabled ? t("disable") : t("enable"),
-            () => setEnabled(task, !task.enabled).then(() => pageTasks(view, mine)).catch(fail)) : null),
-      ],
-    }));
-    put(view, 
+    put(view,
       el("h1", { text: t("nav_tasks") }),
       can("task.write") ? el("p", { class: "actions" }, link("#/tasks/new", t("new_task"), "button primary")) : null,
-      el("section", {}, table([t("name"), t("status"), t("cron"), t("next_fire"), t("approval"), t("actions")], rows, t("no_tasks"), t("nav_tasks"))));
-    setRefresh(() => pageTasks(view, mine));
+      el("section", {}, searchBox("#/tasks", params, t("search_tasks"))),
+      el("section", {}, holder));
+    setRefresh(load); // only the list: a half-typed search stays as it is
   }
 
   const SPEC_FIELDS = ["command", "cwd", "cron", "env_keys", "timeout_ms", "grace_ms", "require", "prefer",
@@ -1016,6 +1027,58 @@
     put(view, el("h1", { text: editing ? t("edit") + " " + base.name : t("new_task") }), el("section", {}, form));
   }
 
+  // --- list paging and search: keyset pages whose state (q, cursor, before) lives in the URL hash ---
+  const TASK_PAGE = 50;
+
+  function listHash(base, params, changes) {
+    const next = new URLSearchParams(params);
+    for (const [key, value] of Object.entries(changes)) { if (value) next.set(key, value); else next.delete(key); }
+    const s = next.toString();
+    return base + (s ? "?" + s : "");
+  }
+
+  function listQuery(path, params, limit) {
+    const q = new URLSearchParams({ limit: String(limit) });
+    for (const key of ["q", "cursor", "before"]) if (params.get(key)) q.set(key, params.get(key));
+    return path + "?" + q.toString();
+  }
+
+  function searchBox(base, params, label) {
+    const input = el("input", { type: "search", name: "q", value: params.get("q") || "", maxlength: 128, autocomplete: "off" });
+    return el("form", { class: "filters search", role: "search", "aria-label": label, onsubmit: (e) => {
+      e.preventDefault();
+      go(listHash(base, params, { q: input.value.trim(), cursor: null, before: null }));
+    } }, el("label", {}, label, input), el("button", { type: "submit", text: t("search") }));
+  }
+
+  function pager(base, params, page) {
+    const prev = page.prev_cursor ? link(listHash(base, params, { cursor: null, before: page.prev_cursor }), t("prev_page"), "button") : null;
+    const next = page.next_cursor ? link(listHash(base, params, { before: null, cursor: page.next_cursor }), t("next_page"), "button") : null;
+    return prev || next ? el("nav", { class: "actions pager", "aria-label": t("pages") }, prev, next) : null;
+  }
+
+  // A typed task name with suggestions from the server's search, so any of 10,000 tasks can be picked.
+  let pickerCount = 0;
+  function taskPicker(value, onPick) {
+    pickerCount += 1;
+    const listId = "task-options-" + pickerCount;
+    const options = el("datalist", { id: listId });
+    const input = el("input", { type: "search", name: "task", value: value, list: listId, autocomplete: "off",
+      maxlength: 128, placeholder: t("any"), title: t("task_picker_hint") });
+    let asked = 0;
+    input.addEventListener("input", async () => {
+      const mine = ++asked;
+      const typed = input.value.trim();
+      try {
+        const page = await get(pp("/tasks?limit=20" + (typed ? "&q=" + enc(typed) : "")));
+        if (mine !== asked) return;
+        put(options, page.items.map((x) => el("option", { value: x.name })));
+      } catch (e) { fail(e); }
+    });
+    input.addEventListener("change", () => onPick(input.value.trim()));
+    return [input, options];
+  }
+
   // --- runs -----------------------------------------------------------------------------------------
   function runQuery(params, cursor) {
     const q = new URLSearchParams();
@@ -1032,8 +1095,6 @@
   }
 
   async function pageRuns(view, mine, params) {
-    const tasks = (await get(pp("/tasks?limit=200"))).items;
-    if (!current(mine)) return;
     const setParam = (key, value) => {
       const next = new URLSearchParams(params);
       if (value) next.set(key, value); else next.delete(key);
@@ -1044,8 +1105,7 @@
     const statusSel = el("select", { name: "status", "aria-label": t("status"), onchange: (e) => setParam("status", e.target.value) },
       opt("", t("any")), opt("failed,timed_out", t("failed_or_timed_out"), params.get("status") === "failed,timed_out"),
       STATUSES.map((s) => opt(s, lbl("status", s), params.get("status") === s)));
-    const taskSel = el("select", { name: "task", "aria-label": t("task"), onchange: (e) => setParam("task", e.target.value) },
-      opt("", t("any")), tasks.map((x) => opt(x.name, x.name, params.get("task") === x.name)));
+    const taskSel = taskPicker(params.get("task") || "", (name) => setParam("task", name));
     const triggerSel = el("select", { name: "trigger", "aria-label": t("trigger"), onchange: (e) => setParam("trigger", e.target.value) },
       opt("", t("any")), TRIGGERS.map((x) => opt(x, lbl("trigger", x), params.get("trigger") === x)));
     const range = params.get("range") || "";

@@ -40,6 +40,7 @@ from ql3.http.routes.approvals import ApprovalRequested, request_approval
 from ql3.ports.storage import Transaction
 
 router = APIRouter(prefix="/api/v1/projects/{project}/tasks", tags=["tasks"])
+schedule_router = APIRouter(prefix="/api/v1/projects/{project}", tags=["tasks"])
 
 COMMAND_READERS = ("task.write", "approval.decide")
 
@@ -86,14 +87,76 @@ def list_tasks(
     cursor: Annotated[
         str | None, Query(max_length=128, description="the last name of the previous page")
     ] = None,
+    before: Annotated[
+        str | None,
+        Query(
+            min_length=1, max_length=128, description="the first name of the next page: the page before it"
+        ),
+    ] = None,
+    q: Annotated[
+        str | None,
+        Query(
+            max_length=tasks.MAX_SEARCH,
+            description="names containing this (ASCII case ignored) or ids starting with it",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=tasks.MAX_TASK_PAGE)] = 50,
 ) -> TaskPage:
+    """Live tasks in name order, a keyset page at a time: pass ``next_cursor`` back as ``cursor``
+    for the next page, or ``prev_cursor`` as ``before`` for the previous one (docs/console.md
+    "Paging and search")."""
+
     def unit(tx: Transaction) -> TaskPage:
+        if cursor is not None and before is not None:
+            raise ValidationFailed("cursor and before exclude each other", field="before")
         found = auth.authorize(tx, principal, project, "task.read")
-        views = tasks.list_tasks(tx, found.id, after=cursor or "", limit=limit)
-        next_cursor = views[-1].task.name if len(views) == limit else None
+        search = q or None
+        views, more = tasks.list_tasks(
+            tx, found.id, after=cursor or "", before=before, search=search, limit=limit
+        )
+        first, last = (views[0].task.name, views[-1].task.name) if views else (None, None)
+        if before is not None:  # the page after this one is where ``before`` came from
+            next_cursor, prev_cursor = last, first if more else None
+        else:
+            next_cursor, prev_cursor = last if more else None, first if cursor else None
         reveal = may_see_command(tx, principal, found)
-        return TaskPage(items=[task_out(v, reveal=reveal) for v in views], next_cursor=next_cursor)
+        return TaskPage(
+            items=[task_out(v, reveal=reveal) for v in views],
+            next_cursor=next_cursor,
+            prev_cursor=prev_cursor,
+        )
+
+    return db.transaction(unit, write=False)
+
+
+class NextFireOut(BaseModel):
+    task_id: str
+    task_name: str
+    next_fire_at_ms: int
+
+
+class NextFirePage(BaseModel):
+    items: list[NextFireOut]
+
+
+@schedule_router.get("/next-fires", response_model=NextFirePage)
+def list_next_fires(
+    project: str,
+    db: DbDep,
+    principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=tasks.MAX_NEXT_FIRES)] = 10,
+) -> NextFirePage:
+    """The project's soonest cron fires (enabled tasks only), earliest first: the overview's card,
+    read with one bounded query on the schedule index rather than from a page of tasks."""
+
+    def unit(tx: Transaction) -> NextFirePage:
+        found = auth.authorize(tx, principal, project, "task.read")
+        return NextFirePage(
+            items=[
+                NextFireOut(task_id=f.task_id, task_name=f.task_name, next_fire_at_ms=f.next_fire_at_ms)
+                for f in tasks.next_fires(tx, found.id, limit=limit)
+            ]
+        )
 
     return db.transaction(unit, write=False)
 

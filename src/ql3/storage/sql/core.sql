@@ -64,9 +64,32 @@ SELECT id, project_id, name, enabled, revision, created_at_ms, updated_at_ms FRO
 WHERE project_id = :project_id AND name = :ref AND deleted_at_ms IS NULL
 
 -- name: task_list
--- desc: A keyset page of a project's live tasks ordered by name.
-SELECT id, project_id, name, enabled, revision, created_at_ms, updated_at_ms FROM tasks
-WHERE project_id = :project_id AND deleted_at_ms IS NULL AND name > :after ORDER BY name LIMIT :limit
+-- desc: A page of live tasks by name after a name, with revision and next fire; optionally searched.
+SELECT t.id, t.project_id, t.name, t.enabled, t.revision, t.created_at_ms, t.updated_at_ms,
+  r.spec_json, r.content_digest, r.created_at_ms AS revision_created_at_ms, s.next_fire_at_ms
+FROM tasks t JOIN task_revisions r ON r.task_id = t.id AND r.revision = t.revision
+LEFT JOIN task_schedules s ON s.task_id = t.id
+WHERE t.project_id = :project_id AND t.deleted_at_ms IS NULL AND t.name > :after
+  AND (CAST(:name_like AS TEXT) IS NULL OR LOWER(t.name) LIKE CAST(:name_like AS TEXT) ESCAPE '\'
+       OR t.id LIKE CAST(:id_like AS TEXT) ESCAPE '\')
+ORDER BY t.name LIMIT :limit
+
+-- name: task_list_before
+-- desc: The page of live tasks just before a name (last name first), with revision and next fire.
+SELECT t.id, t.project_id, t.name, t.enabled, t.revision, t.created_at_ms, t.updated_at_ms,
+  r.spec_json, r.content_digest, r.created_at_ms AS revision_created_at_ms, s.next_fire_at_ms
+FROM tasks t JOIN task_revisions r ON r.task_id = t.id AND r.revision = t.revision
+LEFT JOIN task_schedules s ON s.task_id = t.id
+WHERE t.project_id = :project_id AND t.deleted_at_ms IS NULL AND t.name < :before
+  AND (CAST(:name_like AS TEXT) IS NULL OR LOWER(t.name) LIKE CAST(:name_like AS TEXT) ESCAPE '\'
+       OR t.id LIKE CAST(:id_like AS TEXT) ESCAPE '\')
+ORDER BY t.name DESC LIMIT :limit
+
+-- name: task_next_fires
+-- desc: The project's enabled live tasks with the earliest next cron fire times (bounded, by the schedule index).
+SELECT t.id, t.name, s.next_fire_at_ms FROM task_schedules s JOIN tasks t ON t.id = s.task_id
+WHERE s.project_id = :project_id AND s.next_fire_at_ms IS NOT NULL AND t.enabled = 1 AND t.deleted_at_ms IS NULL
+ORDER BY s.next_fire_at_ms, s.task_id LIMIT :limit
 
 -- name: task_update
 -- desc: Compare-and-set of a task's enabled flag and current revision; no row when it changed meanwhile.

@@ -28,12 +28,14 @@ CREATE INDEX runs_finished ON runs (finished_at_ms, id) WHERE finished_at_ms IS 
 CREATE UNIQUE INDEX runs_idempotency ON runs (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX runs_live_cancel_intent ON runs (cancel_requested_at_ms, id) WHERE cancel_requested_at_ms IS NOT NULL AND status IN ('created', 'queued', 'dispatching', 'running', 'waiting_approval', 'retry_wait', 'lost');
 CREATE INDEX runs_project_created ON runs (project_id, created_at_ms, id);
+CREATE INDEX runs_project_live ON runs (project_id, created_at_ms, id) WHERE status IN ('created', 'queued', 'dispatching', 'running', 'waiting_approval', 'retry_wait', 'lost');
 CREATE INDEX runs_status ON runs (status, created_at_ms);
-CREATE INDEX runs_task_created ON runs (task_id, created_at_ms);
+CREATE INDEX runs_task_created ON runs (task_id, created_at_ms, id);
 CREATE INDEX runs_task_outcome ON runs (task_id, status, finished_at_ms);
 CREATE INDEX subscription_syncs_by_subscription ON subscription_syncs (subscription_id, started_at_ms);
 CREATE INDEX subscriptions_due ON subscriptions (next_sync_at_ms) WHERE next_sync_at_ms IS NOT NULL;
 CREATE INDEX task_schedules_due ON task_schedules (next_fire_at_ms, task_id) WHERE next_fire_at_ms IS NOT NULL;
+CREATE INDEX task_schedules_project_due ON task_schedules (project_id, next_fire_at_ms, task_id) WHERE next_fire_at_ms IS NOT NULL;
 CREATE UNIQUE INDEX tasks_live_name ON tasks (project_id, name) WHERE deleted_at_ms IS NULL;
 CREATE INDEX tasks_project ON tasks (project_id, created_at_ms, id);
 CREATE INDEX workers_status ON workers (status, worker_id);
