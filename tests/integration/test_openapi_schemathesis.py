@@ -80,6 +80,7 @@ UNSTATABLE_RULES = (
     ("DELETE", f"{P}/variables/{{name}}", "a variable name"),
     ("POST", f"{P}/variables", "KEY=VALUE lines or a QingLong JSON export"),
     ("PUT", f"{P}/scripts/{{path}}", "byte limits of UTF-8 text, no NUL"),
+    ("GET", f"{P}/resolve/{{kind}}/{{prefix}}", "a name of the kind, else an id prefix of 4+ id characters"),
 )
 
 

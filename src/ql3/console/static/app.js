@@ -1738,7 +1738,7 @@
         btn(t("start_again", { task: task.name }), () => startRun(task).catch(fail), null, { id: "action-start-again" })) : null)
       : null;
     put(view,
-      el("h1", {}, t("action") + " " + short(a.dispatch_id) + " ", vbadge("action", a.effective_status)),
+      el("h1", {}, t("action") + " " + short(a.dispatch_id) + " ", copyIdButton(a.dispatch_id), " ", vbadge("action", a.effective_status)),
       blocked,
       needsPerson ? el("section", { "aria-labelledby": "ac-resolve", class: "attention" },
         el("h2", { id: "ac-resolve", text: t("needs_person") }),
