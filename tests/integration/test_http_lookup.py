@@ -26,7 +26,7 @@ def test_a_prefix_resolves_or_is_ambiguous_with_candidates(client: Any, owner: A
     ambiguous = client.get(f"{RESOLVE}/run/{shared}", headers=owner)
     missing = client.get(f"{RESOLVE}/run/ffffffff", headers=owner)
     short = client.get(f"{RESOLVE}/run/01a", headers=owner)
-    kind = client.get(f"{RESOLVE}/worker/{shared}", headers=owner)
+    kind = client.get(f"{RESOLVE}/script/{shared}", headers=owner)
 
     assert unique.status_code == 200 and unique.json() == {"kind": "run", "id": second}
     assert ambiguous.status_code == 409

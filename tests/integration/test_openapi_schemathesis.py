@@ -82,6 +82,7 @@ UNSTATABLE_RULES = (
     ("PUT", f"{P}/scripts/{{path}}", "byte limits of UTF-8 text, no NUL"),
     ("GET", f"{P}/runs/{{run_id}}/logs", "offset, before and from_end exclude each other"),
     ("GET", f"{P}/runs/{{run_id}}/logs/search", "after and before exclude each other"),
+    ("GET", f"{P}/resolve/{{kind}}/{{prefix}}", "a name of the kind, else an id prefix of 4+ id characters"),
 )
 
 

@@ -257,20 +257,25 @@ def register(subparsers: Subparsers) -> None:
     )
     add_command(channel_actions, "list", cmd_channel_list, "list channels (never their URLs)", proj)
     remove = add_command(channel_actions, "remove", cmd_channel_remove, "remove a channel", proj)
-    remove.add_argument("name", metavar="NAME")
+    remove.add_argument("name", metavar="NAME", help="channel name or a unique prefix of its id")
+    remove.set_defaults(refs={"name": "channel"})
 
     rule: Parser = actions.add_parser("rule", help="rules", description="Which events go to which channel.")
     rule_actions = rule.add_subparsers(dest="rule_action", metavar="ACTION", required=True)
     radd = add_command(
         rule_actions, "add", cmd_rule_add, "send events of a task (or all tasks) to a channel", proj
     )
-    radd.add_argument("--channel", required=True, metavar="NAME")
+    radd.add_argument(
+        "--channel", required=True, metavar="NAME", help="channel name or a unique prefix of its id"
+    )
     radd.add_argument("--task", metavar="TASK", help="one task (default: every task of the project)")
     radd.add_argument("--events", metavar="E,E", help="comma-separated events (default: all but succeeded)")
+    radd.set_defaults(refs={"channel": "channel", "task": "task"})
     quiet_flag(radd)
     quiet_flag(add_command(rule_actions, "list", cmd_rule_list, "list rules", proj))
     rremove = add_command(rule_actions, "remove", cmd_rule_remove, "remove a rule", proj)
-    rremove.add_argument("id", metavar="ID")
+    rremove.add_argument("id", metavar="ID", help="rule id or a unique prefix of one")
+    rremove.set_defaults(refs={"id": "rule"})
 
     send = add_command(
         actions,
@@ -290,7 +295,8 @@ def register(subparsers: Subparsers) -> None:
     )
 
     test = add_command(actions, "test", cmd_test, "send a test message and wait for its delivery", proj)
-    test.add_argument("channel", metavar="CHANNEL")
+    test.add_argument("channel", metavar="CHANNEL", help="channel name or a unique prefix of its id")
+    test.set_defaults(refs={"channel": "channel"})
     test.add_argument(
         "--timeout", type=duration_s, default=30.0, metavar="DURATION", help="time to wait (default 30s)"
     )

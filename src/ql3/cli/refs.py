@@ -2,6 +2,7 @@
 
 ``resolve_args`` turns a unique id prefix given on the command line into the full id (the server
 answers ``GET /projects/P/resolve/KIND/PREFIX``, bounded, ``ambiguous_id`` listing candidates);
+tokens, notification channels, subscriptions and workers are also found by name;
 ``TaskNames`` and ``principal_name`` turn ids back into names for tables; ``suggest_task`` finds the
 closest task name for a not-found error.
 """
@@ -23,13 +24,28 @@ KIND_WORDS: Final = {
     "approval": "approval request",
     "action": "approved action",
     "task": "task",
+    "token": "token",
+    "channel": "channel",
+    "rule": "rule",
+    "subscription": "subscription",
+    "worker": "worker",
 }
 LIST_HINT: Final = {
     "run": "ql3 run list",
     "approval": "ql3 approval list",
     "action": "ql3 action list",
     "task": "ql3 task list",
+    "token": "ql3 token list",
+    "channel": "ql3 notify channel list",
+    "rule": "ql3 notify rule list",
+    "subscription": "ql3 subscription list",
+    "worker": "ql3 worker list",
 }
+# Kinds found by name or unique id prefix (``GET .../resolve/KIND/REF``), and which of the two the
+# command's own route then takes: channels and subscriptions are addressed by name, the rest by id.
+NAMED_USE: Final = {"token": "id", "worker": "id", "rule": "id", "channel": "name", "subscription": "name"}
+# Words that are not references: ``ql3 token rotate me``.
+_KEYWORDS: Final = {"token": frozenset({"me"})}
 # Approval ids made from an idempotency key: ``idem.`` and 48 hex digits.
 _IDEM_LENGTH: Final = 53
 
@@ -87,7 +103,38 @@ def resolve_task(api: ApiClient, project: str, value: str) -> str:
     return str(body["id"])
 
 
+def resolve_named(api: ApiClient, project: str, kind: str, value: str) -> str:
+    """What the command's route takes for ``value``, a name or a unique id prefix of a named kind.
+
+    Several matches are an ``ambiguous_id`` error listing them; no match (or no right to look) leaves
+    ``value`` as given, so the command reports its own not-found error."""
+    try:
+        _, body = api.call("GET", f"/projects/{seg(project)}/resolve/{kind}/{seg(value)}")
+    except CliError as exc:
+        if exc.code == "ambiguous_id":
+            raise _explained_named(exc, kind, value) from None
+        if exc.code in ("not_found", "permission_denied", "validation_failed", "invalid_request"):
+            return value
+        raise
+    return str(body[NAMED_USE[kind]] or body["id"])
+
+
+def _explained_named(exc: CliError, kind: str, value: str) -> CliError:
+    candidates = list(exc.details.get("candidates") or [])
+    more = ", ..." if exc.details.get("more") else ""
+    return CliError(
+        "ambiguous_id",
+        f"{value!r} names or starts several {KIND_WORDS[kind]}s: {', '.join(candidates)}{more};"
+        " give more characters or the full id",
+        details=exc.details,
+    )
+
+
 def _needs_lookup(kind: str, value: str) -> bool:
+    if value in _KEYWORDS.get(kind, ()):
+        return False
+    if kind in NAMED_USE:
+        return not (kind == "token" and is_id(value))
     if kind == "task":
         return not is_id(value) and _looks_like_prefix(value)
     return not _is_full(kind, value) and _looks_like_prefix(value)
@@ -108,9 +155,12 @@ def resolve_args(args: argparse.Namespace) -> None:
     with ApiClient.from_environment() as api:
         for attr, kind in lookups.items():
             value = args.given[attr]
-            full = (
-                resolve_task(api, project, value) if kind == "task" else resolve_id(api, project, kind, value)
-            )
+            if kind == "task":
+                full = resolve_task(api, project, value)
+            elif kind in NAMED_USE:
+                full = resolve_named(api, project, kind, value)
+            else:
+                full = resolve_id(api, project, kind, value)
             setattr(args, attr, full)
 
 

@@ -13,6 +13,7 @@ from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
 from ql3.domain import cronexplain
 
 MAX_SECRET_FILE_BYTES = 16384
+_NAME_HELP = "subscription name or a unique prefix of its id"
 
 
 def _base(args: argparse.Namespace) -> str:
@@ -162,9 +163,12 @@ def register(subparsers: Subparsers) -> None:
     add.add_argument("--sync", action="store_true", help="sync once right away")
     quiet_flag(add_command(actions, "list", cmd_list, "the project's subscriptions", proj))
     sync = add_command(actions, "sync", cmd_sync, "sync now and print git's output", proj)
-    sync.add_argument("name", metavar="NAME")
+    sync.add_argument("name", metavar="NAME", help=_NAME_HELP)
+    sync.set_defaults(refs={"name": "subscription"})
     log = add_command(actions, "log", cmd_log, "the latest sync's output", proj)
-    log.add_argument("name", metavar="NAME")
+    log.add_argument("name", metavar="NAME", help=_NAME_HELP)
+    log.set_defaults(refs={"name": "subscription"})
     log.add_argument("--all", action="store_true", help="every kept sync, newest first")
     rm = add_command(actions, "rm", cmd_rm, "remove a subscription (its scripts and tasks stay)", proj)
-    rm.add_argument("name", metavar="NAME")
+    rm.add_argument("name", metavar="NAME", help=_NAME_HELP)
+    rm.set_defaults(refs={"name": "subscription"})

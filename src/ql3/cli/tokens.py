@@ -189,7 +189,10 @@ def register(subparsers: Subparsers) -> None:
     revoke = add_command(
         actions, "revoke", cmd_revoke, "revoke a token: refused from the next request on", project_flag()
     )
-    revoke.add_argument("id", metavar="ID", help="the token's id (ql3 token list)")
+    revoke.add_argument(
+        "id", metavar="ID", help="the token's id, a unique prefix of it, or its name (ql3 token list)"
+    )
+    revoke.set_defaults(refs={"id": "token"})
 
     rotate = add_command(
         actions,
@@ -200,8 +203,12 @@ def register(subparsers: Subparsers) -> None:
         project_flag(),
     )
     rotate.add_argument(
-        "id", metavar="ID", help="the token's id (ql3 token list), or `me` for the token in use"
+        "id",
+        metavar="ID",
+        help="the token's id, a unique prefix of it or its name (ql3 token list), or `me` for the token"
+        " in use",
     )
+    rotate.set_defaults(refs={"id": "token"})
     rotate.add_argument(
         "--expires-in",
         type=_expires_in,

@@ -104,9 +104,11 @@ def register(subparsers: Subparsers) -> None:
     show = add_command(
         actions, "show", cmd_show, "one worker: labels, slots, busy slots, status", project_flag()
     )
-    show.add_argument("worker", metavar="ID", help="worker id")
+    show.add_argument("worker", metavar="ID", help="worker id or a unique prefix of one")
+    show.set_defaults(refs={"worker": "worker"})
     drain = add_command(
         actions, "drain", cmd_drain, "stop giving a worker new runs (owner or admin of default)"
     )
-    drain.add_argument("worker", metavar="ID", help="worker id")
+    drain.add_argument("worker", metavar="ID", help="worker id or a unique prefix of one")
+    drain.set_defaults(refs={"worker": "worker"})
     quiet_flag(drain)

@@ -34,6 +34,11 @@ def script() -> Response:
     return Response(_asset("app.js"), media_type="text/javascript; charset=utf-8", headers=_HEADERS)
 
 
+@router.get("/console/charts.js")
+def charts() -> Response:
+    return Response(_asset("charts.js"), media_type="text/javascript; charset=utf-8", headers=_HEADERS)
+
+
 @router.get("/console/app.css")
 def style() -> Response:
     return Response(_asset("app.css"), media_type="text/css; charset=utf-8", headers=_HEADERS)

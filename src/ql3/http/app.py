@@ -28,6 +28,7 @@ from ql3.http.routes import dependencies as dependency_routes
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
 from ql3.http.routes import scripts as script_routes
+from ql3.http.routes import stats as stats_routes
 from ql3.http.routes import subscriptions as subscription_routes
 from ql3.http.routes import variables as variable_routes
 from ql3.http.run_intake import StartRunFastPath
@@ -238,6 +239,7 @@ def create_app(
         variable_routes.router,
         script_routes.router,
         subscription_routes.router,
+        stats_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     for extension in extensions:

@@ -134,6 +134,14 @@
       log_range: "showing {from}–{to} of {size}",
       search: "Search", search_tasks: "Search tasks (name or id)", prev_page: "Previous page", next_page: "Next page",
       pages: "Pages", task_picker_hint: "Type a task name: the list suggests matches.",
+      copy_id: "Copy id", copied_id: "Copied {id}",
+      recent_runs: "Recent runs", strip_label: "The last {n} runs of {task}, oldest first: colour is the outcome, height the duration",
+      strip_run: "Run {id}: {status}, {duration}, {when}", still_running: "not finished",
+      runs_per_hour: "Runs per hour, last 24 h", runs_per_6h: "Runs per 6 hours, last 7 days",
+      busy_slots: "Busy slots per hour, last 24 h", busy_legend: "busy slots (mean)", capacity_legend: "slots online now",
+      bucket_runs: "{from}: {n} runs {parts}", bucket_busy: "{from}: {busy} busy slots of {capacity}",
+      chart_runs_label: "{n} runs finished, {failed} failed or timed out", chart_busy_label: "Busy slots; peak {peak} of {capacity}",
+      no_runs_yet: "No finished runs yet.",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -234,6 +242,14 @@
       log_range: "显示 {from}–{to} / {size}",
       search: "搜索", search_tasks: "搜索任务（名称或编号）", prev_page: "上一页", next_page: "下一页",
       pages: "分页", task_picker_hint: "输入任务名称：列表会提示匹配项。",
+      copy_id: "复制编号", copied_id: "已复制 {id}",
+      recent_runs: "最近的运行", strip_label: "{task} 最近 {n} 次运行，从旧到新：颜色表示结果，高度表示时长",
+      strip_run: "运行 {id}：{status}，{duration}，{when}", still_running: "未结束",
+      runs_per_hour: "每小时运行数（最近 24 小时）", runs_per_6h: "每 6 小时运行数（最近 7 天）",
+      busy_slots: "每小时占用槽位（最近 24 小时）", busy_legend: "占用槽位（平均）", capacity_legend: "当前在线槽位",
+      bucket_runs: "{from}：{n} 次运行 {parts}", bucket_busy: "{from}：占用 {busy} 个槽位，共 {capacity} 个",
+      chart_runs_label: "{n} 次运行结束，{failed} 次失败或超时", chart_busy_label: "占用槽位；峰值 {peak}，共 {capacity}",
+      no_runs_yet: "还没有结束的运行。",
     },
   };
   // Labels for the values the API returns (statuses, event types, triggers, results...). The value
@@ -350,9 +366,9 @@
   function btn(label, onClick, cls, extra) {
     return el("button", Object.assign({ type: "button", class: cls, text: label, onclick: onClick }, extra || {}));
   }
-  // Ids are UUIDv7, whose first characters are a timestamp shared by runs of the same moment: the
-  // tail tells them apart. Links always carry the whole id.
-  function short(id) { return "…" + String(id || "").slice(-8); }
+  // The start of an id, as the CLI shows and takes it (any unique prefix works there); links and the
+  // copy button carry the whole id.
+  function short(id) { return String(id || "").slice(0, 13); }
   function enc(s) { return encodeURIComponent(s); }
 
   // A table that becomes cards below 600 px: each cell carries its column name as data-label.
@@ -758,7 +774,7 @@
         fields([[t("h_blocked"), health.dispatches.blocked], [t("h_pending"), health.dispatches.pending], [t("h_due"), health.signals.due]]),
         el("p", {}, link("#/cancellations", t("open_blocked")))));
     }
-    put(view, el("h1", { text: t("nav_overview") }), el("div", { class: "grid" }, cards));
+    put(view, el("h1", { text: t("nav_overview") }), el("div", { class: "grid" }, cards), overviewCharts(mine));
     setRefresh(() => pageOverview(view, mine));
   }
 
@@ -923,6 +939,7 @@
         [t("max_attempts"), task.max_attempts],
         [t("run_history"), last ? el("span", {}, vbadge("status", last.status), " ", when(last.finished_at_ms || last.created_at_ms)) : null],
       ])),
+      runStripSection(task, mine),
       el("section", { "aria-labelledby": "task-runs" }, el("h2", { id: "task-runs" }, link("#/runs?task=" + enc(task.name), t("run_history"))),
         runsTable(history.items)),
       el("section", { "aria-labelledby": "task-skipped" }, el("h2", { id: "task-skipped", text: t("skipped") }),
@@ -1516,7 +1533,7 @@
       btn(t("download"), () => downloadLog(run).catch(fail), null, { id: "log-download" }), followState, logRange);
 
     const drawFacts = () => {
-      put(title, t("run") + " " + short(run.id) + " ", vbadge("status", run.status));
+      put(title, t("run") + " " + short(run.id) + " ", copyIdButton(run.id), " ", vbadge("status", run.status));
       drawSaw();
       put(facts, fields([
         [t("task"), run.task_name ? link("#/tasks/" + enc(run.task_name), run.task_name) : short(run.task_id)],
@@ -1959,7 +1976,7 @@
         btn(t("start_again", { task: task.name }), () => startRun(task).catch(fail), null, { id: "action-start-again" })) : null)
       : null;
     put(view,
-      el("h1", {}, t("action") + " " + short(a.dispatch_id) + " ", vbadge("action", a.effective_status)),
+      el("h1", {}, t("action") + " " + short(a.dispatch_id) + " ", copyIdButton(a.dispatch_id), " ", vbadge("action", a.effective_status)),
       blocked,
       needsPerson ? el("section", { "aria-labelledby": "ac-resolve", class: "attention" },
         el("h2", { id: "ac-resolve", text: t("needs_person") }),
@@ -2394,6 +2411,90 @@
       sections.push(form, importer);
     }
     put(view, el("h1", { text: t("nav_variables") }), el("section", {}, sections), el("section", {}, holder));
+  }
+
+  // --- ids and pictures (docs/console.md "Pictures"; the SVG is drawn by charts.js) -------------------
+  function copyIdButton(id) {
+    return btn(t("copy_id"), () => {
+      const done = () => say(t("copied_id", { id: id }));
+      if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(id).then(done, fail);
+      else { // plain http: a hidden text area and the old copy command
+        const area = el("textarea", { class: "offscreen", "aria-hidden": "true" });
+        area.value = id;
+        document.body.append(area);
+        area.select();
+        document.execCommand("copy");
+        area.remove();
+        done();
+      }
+    }, "copy-id", { title: id, "data-id": id });
+  }
+
+  function runDuration(r) {
+    return typeof r.started_at_ms === "number" && typeof r.finished_at_ms === "number"
+      ? Math.max(0, r.finished_at_ms - r.started_at_ms) : null;
+  }
+
+  // A task's last 50 runs as a strip of bars (one bounded list call), filled in when it answers.
+  function runStripSection(task, mine) {
+    const box = el("div", { class: "chart-box", id: "run-strip" }, el("p", { class: "muted", text: t("loading") }));
+    get(pp("/runs?task=" + enc(task.id) + "&limit=50")).then((page) => {
+      if (!current(mine)) return;
+      const runs = page.items.slice().reverse().map((r) => {
+        const ms = runDuration(r);
+        return { href: "#/runs/" + enc(r.id), status: r.status, duration_ms: ms,
+          title: t("strip_run", { id: short(r.id), status: lbl("status", r.status),
+            duration: ms === null ? t("still_running") : duration(ms), when: absTime(r.created_at_ms) }) };
+      });
+      put(box, runs.length ? window.QL3Charts.runStrip(runs, t("strip_label", { n: runs.length, task: task.name }))
+        : el("p", { class: "muted", text: t("no_runs") }));
+    }).catch((e) => { if (current(mine)) put(box, el("p", { class: "muted", text: e.message || String(e) })); });
+    return el("section", { "aria-labelledby": "task-strip" }, el("h2", { id: "task-strip", text: t("recent_runs") }), box);
+  }
+
+  function bucketTick(bucketMs) {
+    return (ms, i) => {
+      const d = new Date(ms);
+      const hour = utc ? d.getUTCHours() : d.getHours();
+      if (bucketMs >= 6 * 3600e3) { // one label a day
+        if (hour >= 6) return null;
+        return utc ? d.toISOString().slice(5, 10) : (d.getMonth() + 1) + "/" + d.getDate();
+      }
+      return i % 6 === 0 ? String(hour).padStart(2, "0") + ":00" : null;
+    };
+  }
+
+  // Runs per hour (24 h) and per 6 h (7 days) by outcome, and busy slots per hour: two aggregate calls.
+  function overviewCharts(mine) {
+    const day = el("div", { class: "chart-box", id: "chart-runs-24h" }, el("p", { class: "muted", text: t("loading") }));
+    const week = el("div", { class: "chart-box", id: "chart-runs-7d" });
+    const busy = el("div", { class: "chart-box", id: "chart-busy" });
+    const runsChart = (stats, box) => {
+      const all = stats.buckets.reduce((n, b) => n + Object.values(b.counts).reduce((a, c) => a + c, 0), 0);
+      const bad = stats.buckets.reduce((n, b) => n + (b.counts.failed || 0) + (b.counts.timed_out || 0), 0);
+      if (!all) { put(box, el("p", { class: "muted", text: t("no_runs_yet") })); return; }
+      put(box, window.QL3Charts.stackedBars(stats.buckets, {
+        ariaLabel: t("chart_runs_label", { n: all, failed: bad }), label: (s) => lbl("status", s),
+        tick: bucketTick(stats.bucket_ms),
+        title: (b, n) => t("bucket_runs", { from: absTime(b.start_ms), n: n,
+          parts: Object.entries(b.counts).map(([s, c]) => lbl("status", s) + " " + c).join(", ") }),
+      }));
+    };
+    Promise.all([get(pp("/stats/runs?range=24h")), get(pp("/stats/runs?range=7d"))]).then(([d, w]) => {
+      if (!current(mine)) return;
+      runsChart(d, day);
+      runsChart(w, week);
+      const peak = Math.max(0, ...d.buckets.map((b) => b.busy_slots));
+      put(busy, window.QL3Charts.busyArea(d.buckets, d.capacity, {
+        ariaLabel: t("chart_busy_label", { peak: peak, capacity: d.capacity }), tick: bucketTick(d.bucket_ms),
+        title: (b) => t("bucket_busy", { from: absTime(b.start_ms), busy: b.busy_slots, capacity: d.capacity }),
+        busyLabel: t("busy_legend"), capacityLabel: t("capacity_legend"),
+      }));
+    }).catch((e) => { if (current(mine)) put(day, el("p", { class: "muted", text: e.message || String(e) })); });
+    return el("div", { class: "charts" },
+      el("section", { "aria-labelledby": "ov-chart-24h" }, el("h2", { id: "ov-chart-24h", text: t("runs_per_hour") }), day),
+      el("section", { "aria-labelledby": "ov-chart-7d" }, el("h2", { id: "ov-chart-7d", text: t("runs_per_6h") }), week),
+      el("section", { "aria-labelledby": "ov-chart-busy" }, el("h2", { id: "ov-chart-busy", text: t("busy_slots") }), busy));
   }
 
   // --- chrome: language, time zone, menu, project, sign out ------------------------------------------
