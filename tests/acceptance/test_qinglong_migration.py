@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -152,6 +153,14 @@ def _cron_runs(server: Server, task: str) -> list[dict[str, Any]]:
     return [r for r in listed["items"] if r.get("trigger_type") == "cron"]
 
 
+def _cron_run_succeeded(server: Server, task: str) -> bool:
+    return any(r["status"] == "succeeded" for r in _cron_runs(server, task))
+
+
+def _received(receiver: Receiver, title: str) -> bool:
+    return any(p.get("title") == title for p in receiver.payloads())
+
+
 def _runs_seen(server: Server, task: str) -> str:
     runs = server.cli_json("run", "list", "--task", task)["items"]
     logs = [server.cli("run", "logs", r["id"]).stdout[-2000:] for r in runs]
@@ -241,7 +250,7 @@ def test_a_qinglong_repository_moves_in_and_runs_on_shanghai_time(tmp_path: Path
         fruit = server.cli("run", "start", "jd_fruit.js", "--follow")
         assert "fruit cn-east 东东农场" in _ok(fruit)
         assert "cookie ***" in fruit.stdout and COOKIE not in fruit.stdout
-        wait_for(lambda: any(p.get("title") == "农场" for p in receiver.payloads()), 30, what="node's notify")
+        wait_for(partial(_received, receiver, "农场"), 30, what="node's notify")
 
         # -- the clock moved to 08:00 in Shanghai: the cron runs happen -------------------------------
         stop(server.process)
@@ -250,10 +259,10 @@ def test_a_qinglong_repository_moves_in_and_runs_on_shanghai_time(tmp_path: Path
         server = start_server(home, "--database-url", pg_url, "--notify-allow", "127.0.0.1", env=env)
         for name in ("jd_sign.py", "checkin.sh"):
             wait_for(
-                lambda name=name: any(r["status"] == "succeeded" for r in _cron_runs(server, name)),
+                partial(_cron_run_succeeded, server, name),
                 90,
                 what=f"the 08:00 Shanghai run of {name}",
-                detail=lambda name=name: _runs_seen(server, name),
+                detail=partial(_runs_seen, server, name),
             )
             (run,) = _cron_runs(server, name)
             assert run["scheduled_for_ms"] == eight, run
@@ -266,11 +275,7 @@ def test_a_qinglong_repository_moves_in_and_runs_on_shanghai_time(tmp_path: Path
         assert "shell cn-east" in shell_log and "cookie ***" in shell_log and COOKIE not in shell_log
 
         for title, message in (("签到完成", "python cn-east"), ("shell done", "from bash cn-east")):
-            wait_for(
-                lambda title=title: any(p.get("title") == title for p in receiver.payloads()),
-                30,
-                what=f"the notification {title!r}",
-            )
+            wait_for(partial(_received, receiver, title), 30, what=f"the notification {title!r}")
             (payload,) = [p for p in receiver.payloads() if p.get("title") == title]
             assert payload["message"] == message and payload["event"] == "script"
         assert all(COOKIE not in json.dumps(p, ensure_ascii=False) for p in receiver.payloads())
