@@ -319,21 +319,10 @@ def attempt_log_artifact(tx: Transaction, credential: str | None) -> str | None:
     return None if attempt is None else attempt.log_artifact_id or attempt.id
 
 
-def send_from_script(
-    tx: Transaction,
-    credential: str | None,
-    title: object,
-    body: object,
-    console_url: str | None,
-    log: LogTail | None = None,
-) -> ScriptSent:
-    """A message from a running task (``ql3 notify``, notify.py, sendNotify.js) to its project's channels.
-
-    The credential is the attempt's id and a secret derived from its callback token
-    (``rules.notify_token``): valid only while that attempt runs, checked against the callback token's
-    digest stored at the running ACK, so it ends with the attempt; neither the callback token nor any
-    other credential reaches the task (docs/notifications.md "From a script").
-    """
+def running_attempt(tx: Transaction, credential: str | None) -> tuple[str, str, Run]:
+    """The attempt id, the secret and the run of a run's own credential (``$QL3_NOTIFY_TOKEN``),
+    valid only while that attempt runs: 401 ``notify_credential_invalid`` otherwise, 409
+    ``attempt_not_running`` before it runs."""
     parsed = rules.parse_notify_token(credential)
     if parsed is None:
         raise NotifyCredentialInvalid()
@@ -349,11 +338,30 @@ def send_from_script(
         or not hmac.compare_digest(rules.notify_secret(attempt.callback_token_hash), token)
     ):
         raise NotifyCredentialInvalid()
-    title_text, body_text = rules.script_text(title, body)
     run = run_store.get_run(tx, attempt.run_id)
     if run is None:
         raise NotifyCredentialInvalid()
-    prefix = f"script:{attempt.id}:"
+    return attempt.id, token, run
+
+
+def send_from_script(
+    tx: Transaction,
+    credential: str | None,
+    title: object,
+    body: object,
+    console_url: str | None,
+    log: LogTail | None = None,
+) -> ScriptSent:
+    """A message from a running task (``ql3 notify``, notify.py, sendNotify.js) to its project's channels.
+
+    The credential is the attempt's id and a secret derived from its callback token
+    (``rules.notify_token``): valid only while that attempt runs, checked against the callback token's
+    digest stored at the running ACK, so it ends with the attempt; neither the callback token nor any
+    other credential reaches the task (docs/notifications.md "From a script").
+    """
+    attempt_id, token, run = running_attempt(tx, credential)
+    title_text, body_text = rules.script_text(title, body)
+    prefix = f"script:{attempt_id}:"
     if repo.count_outcomes(tx, run.project_id, prefix) >= rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT:
         raise NotifyLimitReached(limit=rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT)
     link = None if console_url is None else f"{console_url.rstrip('/')}/#/runs/{run.id}"
@@ -362,7 +370,7 @@ def send_from_script(
         # The task's env values and the run's own tokens never leave in an excerpt.
         revision = task_store.get_revision(tx, run.task_id, run.task_revision)
         env = (revision.spec.get("env") if revision is not None else None) or {}
-        secrets = [str(v) for v in env.values()] + [token, f"{rules.NOTIFY_TOKEN_PREFIX}{attempt.id}.{token}"]
+        secrets = [str(v) for v in env.values()] + [token, f"{rules.NOTIFY_TOKEN_PREFIX}{attempt_id}.{token}"]
         facts["log"] = rules.log_excerpt(log.data, log.lines, secrets, whole=log.whole)
         facts = rules.fit_payload(facts, "log")
     facts = rules.fit_payload(facts, "message")

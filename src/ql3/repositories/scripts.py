@@ -137,6 +137,7 @@ def _sync(row: Row) -> SubscriptionSync:
         log=row["log"],
         started_at_ms=int(row["started_at_ms"]),
         ended_at_ms=None if ended is None else int(ended),
+        run_id=row["run_id"],
     )
 
 
@@ -185,8 +186,11 @@ def set_next_sync(tx: Transaction, subscription_id: str, *, expected: int, next_
     return tx.run("subscription_set_next", params) == 1
 
 
-def insert_sync(tx: Transaction, *, sync_id: str, sub: Subscription, trigger_type: str) -> None:
+def insert_sync(
+    tx: Transaction, *, sync_id: str, sub: Subscription, trigger_type: str, run_id: str | None = None
+) -> None:
     params = {
+        "run_id": run_id,
         "id": sync_id,
         "subscription_id": sub.id,
         "project_id": sub.project_id,
