@@ -177,7 +177,9 @@ def cmd_log(args: argparse.Namespace) -> int:
     if not items:
         output.note(f"subscription {args.name} has not synced yet")
     for item in items:
-        output.line(f"== sync {item['id']} ({item['trigger']}): {item['status']} {item['summary'] or ''}")
+        run = f", run {item['run_id']}" if item.get("run_id") else ""
+        summary = item["summary"] or ""
+        output.line(f"== sync {item['id']} ({item['trigger']}{run}): {item['status']} {summary}")
         sys.stdout.write(item["log"])
     return EXIT_OK
 
