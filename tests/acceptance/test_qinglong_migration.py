@@ -221,7 +221,14 @@ def test_a_qinglong_repository_moves_in_and_runs_on_shanghai_time(tmp_path: Path
         failed = server.cli("subscription", "sync", "gone")
         assert failed.returncode == 1 and "sync failed" in failed.stderr
         assert server.cli_json("script", "list")["items"] == []
-        assert [t["name"] for t in server.cli_json("task", "list")["items"]] == ["ql3-deps"]
+        # (the failed sync was a run of its own task, which failed)
+        assert sorted(t["name"] for t in server.cli_json("task", "list")["items"]) == [
+            "ql3-deps",
+            "ql3-sync-gone",
+        ]
+        assert [r["status"] for r in server.cli_json("run", "list", "--task", "ql3-sync-gone")["items"]] == [
+            "failed"
+        ]
 
         # -- the subscription: its scripts become tasks in the project's zone --------------------------
         synced_at = datetime.now(UTC)
