@@ -180,11 +180,11 @@ def sync_in_run(
     """The sync itself, asked by a running sync run with its own credential (``$QL3_NOTIFY_TOKEN``):
     answers when it has ended (at most the fetch timeout), 201 with ``status: failed`` too. 401
     ``notify_credential_invalid`` once the run has ended; 422 for a run that is not a sync run."""
+    token = credentials.credentials if credentials else None
+    target = db.transaction(lambda tx: subscriptions.sync_target(tx, token), write=False)
     fetcher: GitFetcher | None = request.app.state.git
     if fetcher is None:
         raise SyncUnavailable("this server does not sync subscriptions")
-    token = credentials.credentials if credentials else None
-    target = db.transaction(lambda tx: subscriptions.sync_target(tx, token), write=False)
     return sync_out(
         subscriptions.Syncer(db, fetcher).sync(target.subscription_id, target.trigger, target.run_id)
     )
