@@ -165,13 +165,23 @@ def test_a_subscription_syncs_a_git_repository_into_scripts_and_tasks(
     ran = server.cli("run", "start", "jobs_checkin.sh", "--follow")
     assert ran.returncode == 0 and "checked-in" in ran.stdout, ran.stderr
 
-    # the log of the last sync is kept; an unreachable repository fails and changes nothing
-    assert "checked out" in server.cli("subscription", "log", "qinglong").stdout
+    # the sync was a run of ql3-sync-qinglong: its log is git's output, and the sync's record names it
+    last = server.cli("subscription", "log", "qinglong").stdout
+    assert "checked out" in last
+    run_id = last.split(", run ", 1)[1].split(")", 1)[0]
+    sync_run = server.cli_json("run", "show", run_id)
+    assert (sync_run["task_name"], sync_run["status"]) == ("ql3-sync-qinglong", "succeeded")
+    run_log = server.cli("run", "logs", run_id).stdout
+    assert "$ git clone --depth 1" in run_log and "created task jobs_checkin.sh" in run_log
+    assert "not-a-real-key" not in run_log + json.dumps(sync_run)
+    # an unreachable repository fails (its run too) and changes nothing
     before = _get(server, "/scripts")["items"]
     server.cli_json("subscription", "add", "gone", "--repo", f"file://{tmp_path / 'missing.git'}")
     failed = server.cli("subscription", "sync", "gone")
     assert failed.returncode == 1 and "sync failed" in failed.stderr
     assert "does not appear to be a git repository" in failed.stdout or "fatal" in failed.stdout
+    failed_run = server.cli_json("run", "list", "--task", "ql3-sync-gone")["items"]
+    assert [r["status"] for r in failed_run] == ["failed"]
     assert _get(server, "/scripts")["items"] == before
 
     bad = server.cli("subscription", "add", "evil", "--repo", "ext::sh -c id")

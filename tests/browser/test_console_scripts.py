@@ -73,10 +73,17 @@ def test_add_and_sync_a_subscription(console: Console, open_page: Any, tmp_path:
     page.click("form.stack button[type=submit]")
     row = page.locator("tr[data-id='upstream']")
     expect(row).to_contain_text(url)
+    # The sync is a run (of the task ql3-sync-upstream): its page streams git's output.
     row.locator("button:has-text('Sync now')").click()
-    expect(page.locator("#sync-log pre.log")).to_contain_text("created task daily.sh", timeout=30_000)
-    expect(page.locator("#sync-log h2")).to_have_text("Sync succeeded")
+    page.wait_for_url("**/#/runs/*")
+    expect(page.locator("#run-log")).to_contain_text("created task daily.sh", timeout=30_000)
+    run_id = page.url.rsplit("/", 1)[1]
     assert console.api("GET", "/tasks/daily.sh").json()["cron"] == "0 7 * * *"
+    # The subscription's last sync says how it went and links its run.
+    page.goto(f"{console.url}/#/subscriptions")
+    page.locator("tr[data-id='upstream'] button:has-text('Last sync')").click()
+    expect(page.locator("#sync-log h2")).to_have_text("Sync succeeded")
+    expect(page.locator(f"#sync-log a[href='#/runs/{run_id}']")).to_be_visible()
 
 
 def test_scripts_pages_fit_a_phone(console: Console, open_page: Any) -> None:

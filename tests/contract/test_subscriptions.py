@@ -12,12 +12,17 @@ from pathlib import Path
 import pytest
 
 from ql3.application import scripts, subscription_credentials, subscriptions, tasks
+from ql3.application.notifications import NotifyCredentialInvalid
+from ql3.domain import notifications as notify_rules
 from ql3.domain.errors import NameTaken, SecretsUnavailable, ValidationFailed
-from ql3.domain.scripts import Subscription
+from ql3.domain.scripts import Subscription, SubscriptionSync
 from ql3.ports.vcs import FetchResult, GitCredentials
 from ql3.storage.secret_box import AesGcmBox
 from tests.support.builders import count, seed_project
 from tests.support.databases import Harness
+from tests.support.execution_builders import dispatcher, queued, register, start
+
+CB_TOKEN = "cb-token-for-the-sync-run"
 
 
 @dataclass
@@ -141,8 +146,65 @@ def test_bad_subscriptions_are_refused_and_a_due_one_is_synced_once(harness: Har
     harness.advance_clock(sub.next_sync_at_ms - harness.now_ms() + 1)
     assert syncer.sync_due() == 1
     assert syncer.sync_due() == 0  # its next time moved on
-    done = harness.db.transaction(lambda tx: subscriptions.syncs(tx, project.id, "repo"), write=False)
-    assert [(s.trigger_type, s.status) for s in done] == [("schedule", "succeeded")]
+    # The schedule queued one run of the subscription's sync task; the sync happens when it runs.
+    (run,) = [dict(r) for r in harness.db.raw("SELECT id, task_id, trigger_type FROM runs")]
+    assert run["trigger_type"] == "schedule"
+    assert _tasks(harness, project.id)["ql3-sync-repo"] == (True, None, None)
+    done = _run_the_sync(harness, run["id"], repo)
+    assert (done.trigger_type, done.status, done.run_id) == ("schedule", "succeeded", run["id"])
+    assert [s.run_id for s in harness.db.transaction(
+        lambda tx: subscriptions.syncs(tx, project.id, "repo"), write=False
+    )] == [run["id"]]  # fmt: skip
+
+
+def _run_the_sync(harness: Harness, run_id: str, repo: FakeRepo) -> SubscriptionSync:
+    """A worker takes the sync run; its command calls back with the run's credential."""
+    register(harness.db, lease_ms=600_000)
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None and offer.fence.run_id == run_id
+    start(harness.db, offer, token=CB_TOKEN)
+    credential = notify_rules.notify_token(offer.fence.attempt_id, CB_TOKEN)
+    target = harness.db.transaction(lambda tx: subscriptions.sync_target(tx, credential), write=False)
+    assert target.run_id == run_id
+    return subscriptions.Syncer(harness.db, repo, box=BOX).sync(
+        target.subscription_id, target.trigger, target.run_id
+    )
+
+
+def test_an_on_demand_sync_is_a_run_and_only_a_sync_runs_credential_syncs(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    sub = _add(harness, project.id)
+    run = harness.db.transaction(
+        lambda tx: subscriptions.queue_sync(tx, sub, trigger_type="manual", actor_type="user", actor_id="u1")
+    )
+    assert (run.trigger_type, run.status) == ("manual", "queued")
+    view = _tasks(harness, project.id)
+    assert view["ql3-sync-repo"] == (True, None, None)
+    spec = harness.db.transaction(
+        lambda tx: tasks.view(tx, tasks.find_task(tx, project.id, "ql3-sync-repo")).spec, write=False
+    )
+    assert spec.command == "ql3 subscription sync-run repo"
+
+    done = _run_the_sync(harness, run.id, FakeRepo(files={"jobs/sign.py": SIGN}))
+
+    assert (done.trigger_type, done.status, done.run_id) == ("manual", "succeeded", run.id)
+    assert "jobs_sign.py" in _tasks(harness, project.id)
+    # A credential that is not a running sync run's syncs nothing.
+    with pytest.raises(NotifyCredentialInvalid):
+        harness.db.transaction(lambda tx: subscriptions.sync_target(tx, "ql3r_nope"), write=False)
+
+
+def test_a_run_of_another_task_cannot_sync(harness: Harness) -> None:
+    project, _, (run,) = queued(harness.db)
+    _add(harness, project.id)
+    register(harness.db, lease_ms=600_000)
+    offer = dispatcher(harness.db).dispatch_once().offer
+    assert offer is not None and offer.fence.run_id == run.id
+    start(harness.db, offer, token=CB_TOKEN)
+    credential = notify_rules.notify_token(offer.fence.attempt_id, CB_TOKEN)
+
+    with pytest.raises(ValidationFailed, match="not a subscription's sync run"):
+        harness.db.transaction(lambda tx: subscriptions.sync_target(tx, credential), write=False)
 
 
 def _stored(harness: Harness) -> dict[str, str | None]:

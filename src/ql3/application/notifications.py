@@ -321,6 +321,31 @@ def attempt_log_artifact(tx: Transaction, credential: str | None) -> str | None:
     return None if attempt is None else attempt.log_artifact_id or attempt.id
 
 
+def running_attempt(tx: Transaction, credential: str | None) -> tuple[str, str, Run]:
+    """The attempt id, the secret and the run of a run's own credential (``$QL3_NOTIFY_TOKEN``),
+    valid only while that attempt runs: 401 ``notify_credential_invalid`` otherwise, 409
+    ``attempt_not_running`` before it runs."""
+    parsed = rules.parse_notify_token(credential)
+    if parsed is None:
+        raise NotifyCredentialInvalid()
+    attempt_id, token = parsed
+    attempt = run_store.get_attempt(tx, attempt_id)
+    if attempt is None:
+        raise NotifyCredentialInvalid()
+    if attempt.status in ("claimed", "starting"):
+        raise AttemptNotRunning()
+    if (
+        attempt.status != "running"
+        or attempt.callback_token_hash is None
+        or not hmac.compare_digest(rules.notify_secret(attempt.callback_token_hash), token)
+    ):
+        raise NotifyCredentialInvalid()
+    run = run_store.get_run(tx, attempt.run_id)
+    if run is None:
+        raise NotifyCredentialInvalid()
+    return attempt.id, token, run
+
+
 def send_from_script(
     tx: Transaction,
     credential: str | None,
@@ -341,29 +366,12 @@ def send_from_script(
     excerpt, the task's own env values in the excerpt too: a message is a way out of the server like
     any other (docs/variables.md "Secrets").
     """
-    parsed = rules.parse_notify_token(credential)
-    if parsed is None:
-        raise NotifyCredentialInvalid()
-    attempt_id, token = parsed
-    attempt = run_store.get_attempt(tx, attempt_id)
-    if attempt is None:
-        raise NotifyCredentialInvalid()
-    if attempt.status in ("claimed", "starting"):
-        raise AttemptNotRunning()
-    if (
-        attempt.status != "running"
-        or attempt.callback_token_hash is None
-        or not hmac.compare_digest(rules.notify_secret(attempt.callback_token_hash), token)
-    ):
-        raise NotifyCredentialInvalid()
+    attempt_id, token, run = running_attempt(tx, credential)
     title_text, body_text = rules.script_text(title, body)
-    run = run_store.get_run(tx, attempt.run_id)
-    if run is None:
-        raise NotifyCredentialInvalid()
-    tokens = [token, f"{rules.NOTIFY_TOKEN_PREFIX}{attempt.id}.{token}"]
+    tokens = [token, f"{rules.NOTIFY_TOKEN_PREFIX}{attempt_id}.{token}"]
     hidden = variables.secret_values(tx, run.project_id, box) + tokens
     title_text, body_text = mask(title_text, hidden), mask(body_text, hidden)
-    prefix = f"script:{attempt.id}:"
+    prefix = f"script:{attempt_id}:"
     if repo.count_outcomes(tx, run.project_id, prefix) >= rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT:
         raise NotifyLimitReached(limit=rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT)
     link = None if console_url is None else f"{console_url.rstrip('/')}/#/runs/{run.id}"

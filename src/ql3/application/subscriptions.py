@@ -2,24 +2,31 @@
 on a schedule and on demand. Scripts whose header has a QingLong-style ``cron:`` line become tasks:
 created, updated, and disabled (never deleted) when the script or its line disappears.
 
-A sync is a row of ``subscription_syncs`` with git's output as its log. It fetches first, outside any
-transaction, then applies everything (scripts, tasks, the file map, the sync's outcome) in one
-transaction: a sync that fails, at the fetch or while applying, changes nothing but its own row.
+A sync is a run of the project's task ``ql3-sync-NAME`` (``queue_sync``: on demand or on the
+subscription's schedule), whose command (``ql3 subscription sync-run NAME``) asks the control plane,
+with the run's own credential, to sync (``sync_target`` then ``Syncer.sync``) and prints the sync's log:
+the run's log is git's output. The sync itself is a row of ``subscription_syncs`` naming that run, with
+the same log. It fetches first, outside any transaction, then applies everything (scripts, tasks, the
+file map, the sync's outcome) in one transaction: a sync that fails, at the fetch or while applying,
+changes nothing but its own row (and its run fails).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import shlex
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
-from ql3.application import scripts, tasks
+from ql3.application import notifications, scripts, tasks
 from ql3.application import subscription_credentials as credentials
+from ql3.application.runs import CreateRun, create_run
 from ql3.domain.errors import NameTaken, NotFound, Ql3Error, ValidationFailed
 from ql3.domain.ids import new_id
+from ql3.domain.model import Run
 from ql3.domain.scripts import (
     INTERPRETERS,
     MAX_SCRIPT_BYTES,
@@ -47,6 +54,9 @@ MAX_SYNCS_SHOWN: Final = 20
 FETCH_TIMEOUT_S: Final = 120.0
 DUE_PAGE: Final = 4
 MIN_TOKEN_CHARS: Final = 8
+SYNC_TASK_PREFIX: Final = "ql3-sync-"
+# The sync run waits for the control plane's answer: the fetch's timeout and the apply, with room.
+SYNC_RUN_TIMEOUT_MS: Final = int(FETCH_TIMEOUT_S * 1000) + 120_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,10 +74,21 @@ def _author(sub: Subscription) -> str:
     return f"subscription:{sub.name}"
 
 
+def sync_task_name(name: str) -> str:
+    """The task whose runs sync the subscription ``name``."""
+    return SYNC_TASK_PREFIX + name
+
+
+def sync_command(name: str) -> str:
+    return "ql3 subscription sync-run " + shlex.quote(name)
+
+
 def add(tx: Transaction, project_id: str, new: NewSubscription, box: SecretBox | None = None) -> Subscription:
     """Validated before anything is written; the credential is kept sealed with ``box`` (the project
     secrets' key) and never shown again."""
     validate_name(new.name)
+    # Its sync task's name must be a valid task name too (the length cap).
+    validate_name(sync_task_name(new.name))
     url = validate_repo_url(new.repo_url)
     branch = None if new.branch is None else validate_branch(new.branch)
     glob = None if new.path_glob is None else validate_glob(new.path_glob)
@@ -123,6 +144,57 @@ def remove(tx: Transaction, project_id: str, name: str) -> Subscription:
 
 def syncs(tx: Transaction, project_id: str, name: str) -> list[SubscriptionSync]:
     return store.list_syncs(tx, find(tx, project_id, name).id, limit=MAX_SYNCS_SHOWN)
+
+
+def queue_sync(
+    tx: Transaction, sub: Subscription, *, trigger_type: str, actor_type: str, actor_id: str | None
+) -> Run:
+    """Queue a run of the subscription's sync task (made, or set back to the sync command and enabled,
+    when needed): the sync happens when a worker runs it, with its own log."""
+    name = sync_task_name(sub.name)
+    spec = {"command": sync_command(sub.name), "timeout_ms": SYNC_RUN_TIMEOUT_MS}
+    try:
+        task = tasks.find_task(tx, sub.project_id, name)
+    except NotFound:
+        task = tasks.create_task(tx, sub.project_id, name, spec).task
+    else:
+        if tasks.view(tx, task).spec.command != spec["command"]:
+            task = tasks.edit_task(tx, sub.project_id, task.id, spec).task
+        if not task.enabled:
+            task = tasks.set_enabled(tx, sub.project_id, task.id, True).task
+    run, _ = create_run(
+        tx,
+        CreateRun(
+            project_id=sub.project_id,
+            task=task,
+            trigger_type=trigger_type,
+            trigger_id=sub.id if trigger_type == "schedule" else None,
+            actor_type=actor_type,
+            actor_id=actor_id,
+        ),
+    )
+    return run
+
+
+@dataclass(frozen=True, slots=True)
+class SyncTarget:
+    subscription_id: str
+    trigger: str
+    run_id: str
+
+
+def sync_target(tx: Transaction, credential: str | None) -> SyncTarget:
+    """The subscription a running sync run syncs, from the run's own credential: the run must be of
+    the task ``ql3-sync-NAME`` whose command is the sync command of subscription ``NAME``."""
+    _, _, run = notifications.running_attempt(tx, credential)
+    task = tasks.find_task(tx, run.project_id, run.task_id)
+    sub = None
+    if task.name.startswith(SYNC_TASK_PREFIX):
+        sub = store.get_subscription(tx, run.project_id, task.name[len(SYNC_TASK_PREFIX) :])
+    if sub is None or tasks.view(tx, task).spec.command != sync_command(sub.name):
+        raise ValidationFailed("this run is not a subscription's sync run", field="credential")
+    trigger = "schedule" if run.trigger_type == "schedule" else "manual"
+    return SyncTarget(subscription_id=sub.id, trigger=trigger, run_id=run.id)
 
 
 def credentials_of(sub: Subscription, box: SecretBox | None = None) -> GitCredentials:
@@ -282,14 +354,14 @@ class Syncer:
         self._fetcher = fetcher
         self._timeout_s = timeout_s
 
-    def sync(self, subscription_id: str, trigger: str) -> SubscriptionSync:
+    def sync(self, subscription_id: str, trigger: str, run_id: str | None = None) -> SubscriptionSync:
         sync_id = new_id()
 
         def begin(tx: Transaction) -> Subscription:
             sub = store.get_subscription_by_id(tx, subscription_id)
             if sub is None:
                 raise NotFound("subscription not found")
-            store.insert_sync(tx, sync_id=sync_id, sub=sub, trigger_type=trigger)
+            store.insert_sync(tx, sync_id=sync_id, sub=sub, trigger_type=trigger, run_id=run_id)
             return sub
 
         sub = self._db.transaction(begin)
@@ -353,10 +425,10 @@ class Syncer:
         raise NotFound("sync not found")
 
     def sync_due(self) -> int:
-        """Sync the subscriptions whose scheduled time has come (each claimed by moving its next time
-        first, so one replica syncs it); returns how many were synced."""
+        """Queue a sync run of each subscription whose scheduled time has come, in the transaction that
+        claims it by moving its next time (so one replica queues it); returns how many were queued."""
         due = self._db.transaction(lambda tx: store.due_subscriptions(tx, now_ms=tx.now_ms(), limit=DUE_PAGE))
-        synced = 0
+        queued = 0
         for subscription_id in due:
 
             def claim(tx: Transaction, sid: str = subscription_id) -> bool:
@@ -364,12 +436,14 @@ class Syncer:
                 if sub is None or sub.cron is None or sub.next_sync_at_ms is None:
                     return False
                 nxt = next_fire_ms(sub.cron, max(tx.now_ms(), sub.next_sync_at_ms))
-                return store.set_next_sync(tx, sid, expected=sub.next_sync_at_ms, next_ms=nxt)
+                if not store.set_next_sync(tx, sid, expected=sub.next_sync_at_ms, next_ms=nxt):
+                    return False
+                queue_sync(tx, sub, trigger_type="schedule", actor_type="scheduler", actor_id=None)
+                return True
 
             if self._db.transaction(claim):
-                self.sync(subscription_id, "schedule")
-                synced += 1
-        return synced
+                queued += 1
+        return queued
 
     def earliest_due(self) -> tuple[int | None, int]:
         """The earliest scheduled sync and the database's now."""

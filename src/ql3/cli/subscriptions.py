@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from typing import Any
 
-from ql3.cli import output
+import httpx
+
+from ql3.cli import output, watch
 from ql3.cli.client import ApiClient, seg
 from ql3.cli.common import Parser, Subparsers, add_command, project_flag, quiet_flag, wants_json, wants_quiet
-from ql3.cli.errors import EXIT_ERROR, EXIT_OK, UsageError
+from ql3.cli.errors import EXIT_ERROR, EXIT_OK, CliError, UsageError
+from ql3.cli.notify import _error_of
 from ql3.domain import cronexplain
 
 MAX_SECRET_FILE_BYTES = 16384
 _NAME_HELP = "subscription name or a unique prefix of its id"
+SYNC_RUN_TIMEOUT_S = 300.0  # the control plane answers within its fetch timeout (120 s) and the apply
+SYNC_RUN_RETRY_S = 15.0  # a run starts before its credential is accepted: 409 attempt_not_running
 
 
 def _base(args: argparse.Namespace) -> str:
@@ -62,19 +69,65 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def _sync(api: ApiClient, args: argparse.Namespace, name: str, *, quiet_header: bool = False) -> int:
-    _, done = api.call("POST", f"{_base(args)}/{seg(name)}/syncs")
+    """Queue a sync run, stream its log (git's output and what changed) and exit with its outcome."""
+    _, started = api.call("POST", f"{_base(args)}/{seg(name)}/syncs")
+    run_id = started["run_id"]
+    output.note(f"sync run {run_id} of task {started['task']} queued")
+    poller = watch.Poller()
+    run: dict[str, Any] = {"id": run_id, "status": "queued"}
+    run = watch.wait_while_queued(api, args.project, run, poller, output.note)
+    out = sys.stderr if wants_json(args) else sys.stdout
+    try:
+        watch.print_log(api, args.project, run_id, follow=True, poller=poller, out=out)
+    except CliError as exc:
+        if exc.code != "logs_unavailable":
+            raise
+    run = watch.wait_for_run(api, args.project, run, poller)
     if wants_json(args):
-        output.emit_json(done)
-    else:
-        sys.stdout.write(done["log"])
-        output.note(f"sync {done['status']}: {done['summary'] or ''}")
-    return EXIT_OK if done["status"] == "succeeded" else EXIT_ERROR
+        output.emit_json(run)
+    if run["status"] == "succeeded":
+        return EXIT_OK
+    output.note(f"sync failed: run {run_id} {run['status']} (ql3 run logs {run_id})")
+    return EXIT_ERROR
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
     """Sync now: print git's output and what changed; exit 1 when the sync failed (it changed nothing)."""
     with ApiClient.from_environment() as api:
         return _sync(api, args, args.name)
+
+
+def cmd_sync_run(args: argparse.Namespace) -> int:
+    """The command of a sync run (task ql3-sync-NAME): asks the control plane, with the run's own
+    credential, to sync, then prints the sync's log; exit 1 when the sync failed."""
+    url, token = os.environ.get("QL3_NOTIFY_URL"), os.environ.get("QL3_NOTIFY_TOKEN")
+    if not url or not token:
+        raise UsageError(
+            "QL3_NOTIFY_URL and QL3_NOTIFY_TOKEN are set only inside a ql3 run", code="not_in_a_run"
+        )
+    deadline = time.monotonic() + SYNC_RUN_RETRY_S
+    delay = 0.1
+    with httpx.Client(timeout=SYNC_RUN_TIMEOUT_S) as client:
+        while True:
+            try:
+                answer = client.post(
+                    url.rstrip("/") + "/api/v1/subscription-sync",
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+            except httpx.HTTPError as exc:
+                raise CliError("unreachable", f"{url}: {type(exc).__name__}", EXIT_ERROR) from None
+            if answer.is_success:
+                break
+            error = _error_of(answer)
+            if error[0] != "attempt_not_running" or time.monotonic() >= deadline:
+                raise CliError(error[0], error[1], EXIT_ERROR)
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+    done = answer.json()
+    sys.stdout.write(done["log"])
+    sys.stdout.write(f"sync {done['status']}: {done['summary'] or ''}\n")
+    sys.stdout.flush()
+    return EXIT_OK if done["status"] == "succeeded" else EXIT_ERROR
 
 
 def _row(sub: dict[str, Any]) -> tuple[object, ...]:
@@ -125,7 +178,9 @@ def cmd_log(args: argparse.Namespace) -> int:
     if not items:
         output.note(f"subscription {args.name} has not synced yet")
     for item in items:
-        output.line(f"== sync {item['id']} ({item['trigger']}): {item['status']} {item['summary'] or ''}")
+        run = f", run {item['run_id']}" if item.get("run_id") else ""
+        summary = item["summary"] or ""
+        output.line(f"== sync {item['id']} ({item['trigger']}{run}): {item['status']} {summary}")
         sys.stdout.write(item["log"])
     return EXIT_OK
 
@@ -165,6 +220,10 @@ def register(subparsers: Subparsers) -> None:
     sync = add_command(actions, "sync", cmd_sync, "sync now and print git's output", proj)
     sync.add_argument("name", metavar="NAME", help=_NAME_HELP)
     sync.set_defaults(refs={"name": "subscription"})
+    sync_run = add_command(
+        actions, "sync-run", cmd_sync_run, "the command of a sync run (task ql3-sync-NAME), inside it", proj
+    )
+    sync_run.add_argument("name", metavar="NAME")
     log = add_command(actions, "log", cmd_log, "the latest sync's output", proj)
     log.add_argument("name", metavar="NAME", help=_NAME_HELP)
     log.set_defaults(refs={"name": "subscription"})

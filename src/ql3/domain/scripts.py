@@ -230,3 +230,4 @@ class SubscriptionSync:
     log: str
     started_at_ms: int
     ended_at_ms: int | None
+    run_id: str | None = None  # the run of the task ql3-sync-NAME that made it

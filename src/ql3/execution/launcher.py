@@ -22,8 +22,10 @@ import os
 import pwd
 import re
 import select
+import shlex
 import signal
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -133,6 +135,8 @@ class LocalLauncher:
         env = self._child_environment(request, user)
         if request.script is not None:
             env.update(self._write_script(request.script, os.path.dirname(receipt_dir), user))
+        if user is None:
+            self._add_ql3_command(env, os.path.dirname(receipt_dir))
         env.update(self._shim_variables(request, receipt_dir, receipt, identity, head, user))
         argv = [self._shell, "-c", self._script, "sh"]
         if isinstance(request.command, ArgvCommand):
@@ -308,6 +312,35 @@ class LocalLauncher:
                 root = tempfile.mkdtemp(prefix=f"ql3-scripts-{os.geteuid()}-")
             self._scripts_roots[home] = root
         return root
+
+    def _add_ql3_command(self, env: dict[str, str], home: str) -> None:
+        """Append ``<worker home>/bin`` to the task's ``PATH``: it holds a ``ql3`` command that runs
+        this worker's own ql3, so a script's ``ql3 notify`` works whatever the task's PATH (an isolated
+        task's is ``/usr/local/bin:/usr/bin:/bin``). Appended, so a ``ql3`` earlier on the PATH wins.
+        Only for tasks run as the worker's user: a task user cannot read ``$QL3_HOME``
+        (docs/notifications.md)."""
+        folder = os.path.join(home, "bin")
+        if folder not in self._known_dirs:
+            if not sys.executable:
+                return
+            target = os.path.join(folder, "ql3")
+            text = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m ql3.cli.main "$@"\n'
+            try:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+                current = None
+                if os.path.exists(target):
+                    with open(target, encoding="utf-8") as found:
+                        current = found.read()
+                if current != text:
+                    tmp = f"{target}.{os.getpid()}.tmp"
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o700)
+                    with os.fdopen(fd, "w", encoding="utf-8") as out:
+                        out.write(text)
+                    os.rename(tmp, target)
+            except OSError:
+                return  # the task still runs; only a bare `ql3` is not found
+            self._known_dirs.add(folder)
+        env["PATH"] = os.pathsep.join(p for p in (env.get("PATH", ""), folder) if p)
 
     def _ensure_dir(self, path: str) -> None:
         if path not in self._known_dirs:

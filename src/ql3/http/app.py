@@ -234,6 +234,7 @@ def create_app(
         lookup.router,
         notification_routes.router,
         notification_routes.script_router,
+        subscription_routes.run_router,
         parking_routes.router,
         dependency_routes.router,
         variable_routes.router,

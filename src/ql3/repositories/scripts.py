@@ -137,6 +137,7 @@ def _sync(row: Row) -> SubscriptionSync:
         log=row["log"],
         started_at_ms=int(row["started_at_ms"]),
         ended_at_ms=None if ended is None else int(ended),
+        run_id=row["run_id"],
     )
 
 
@@ -198,8 +199,11 @@ def replace_credential(
     return tx.run("subscription_replace_credential", params) == 1
 
 
-def insert_sync(tx: Transaction, *, sync_id: str, sub: Subscription, trigger_type: str) -> None:
+def insert_sync(
+    tx: Transaction, *, sync_id: str, sub: Subscription, trigger_type: str, run_id: str | None = None
+) -> None:
     params = {
+        "run_id": run_id,
         "id": sync_id,
         "subscription_id": sub.id,
         "project_id": sub.project_id,

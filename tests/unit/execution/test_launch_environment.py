@@ -44,8 +44,11 @@ def test_isolated_environment_is_the_minimal_base_plus_task_env_plus_ids(ex: Exe
     assert ex.token not in "".join(env.values())
     assert env["PYTHONPATH"] == env["NODE_PATH"] == launcher_module.HELPERS_DIR
     assert {"notify.py", "sendNotify.js"} <= set(os.listdir(launcher_module.HELPERS_DIR))
-    # No dependency set is installed for this project: PATH stays the minimal one.
-    assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    # No dependency set is installed for this project: PATH is the minimal one, then the folder of
+    # the worker's own `ql3` command (a script's `ql3 notify`), private to the worker's user.
+    ql3_dir = os.path.join(os.path.dirname(os.path.abspath(ex.receipts)), "bin")
+    assert env["PATH"] == f"/usr/local/bin:/usr/bin:/bin:{ql3_dir}"
+    assert stat.S_IMODE(os.stat(os.path.join(ql3_dir, "ql3")).st_mode) == 0o700
     assert env["QL3_DEPS_DIR"] == os.path.join(env["HOME"], ".ql3-deps", "no-project")
     assert env["LANG"] == "en_US.UTF-8"  # the task may override the base
     assert env["TASK_VAR"] == "v 1"
@@ -314,3 +317,12 @@ def test_an_installed_dependency_set_goes_first_on_path_and_node_path(tmp_path: 
     other: dict[str, str] = {}
     launcher_module.add_dependencies(other, str(tmp_path), "p2")
     assert other == {"QL3_DEPS_DIR": str(tmp_path / ".ql3-deps" / "p2")}
+
+
+def test_a_task_finds_the_workers_own_ql3_command(ex: ExecHarness) -> None:
+    # An isolated task's PATH has no ql3 of its own: the one the launcher appends runs this ql3.
+    ex.launch("att-ql3", ShellCommand(command="ql3 --version"))
+
+    ex.wait_exit("att-ql3")
+
+    assert ex.log_path("att-ql3").read_text().startswith("ql3 ")

@@ -2186,7 +2186,8 @@
     const logBox = el("div", { id: "sync-log" });
     function showSync(s) {
       put(logBox, el("h2", { text: t("sync_of", { status: lbl("sync", s.status) }) }),
-        el("p", {}, s.summary || ""), el("pre", { class: "log", text: s.log }));
+        el("p", {}, s.summary || "", s.run_id ? " · " : "", s.run_id ? link("#/runs/" + enc(s.run_id), short(s.run_id), "mono") : null),
+        el("pre", { class: "log", text: s.log }));
     }
     const rows = page.items.map((s) => ({
       id: s.name,
@@ -2203,10 +2204,10 @@
             ev.target.disabled = true;
             say(t("syncing"));
             try {
+              // The sync is a run of the task ql3-sync-NAME: its page streams git's output.
               const res = await post(pp("/subscriptions/" + enc(s.name) + "/syncs"));
-              showSync(res.body);
-              say(t("sync_of", { status: lbl("sync", res.body.status) }), res.body.status !== "succeeded");
-            } catch (e) { fail(e); } finally { ev.target.disabled = false; }
+              go("#/runs/" + enc(res.body.run_id));
+            } catch (e) { fail(e); ev.target.disabled = false; }
           }, "primary") : null,
           admin ? btn(t("delete"), async () => {
             if (!(await confirmAction(t("subscription_delete_confirm", { name: s.name }), t("delete")))) return;

@@ -4,18 +4,23 @@ is write-only: no response carries it (``has_credential`` says whether one is ke
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response, status
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, Field
 
 from ql3.application import auth, subscriptions
 from ql3.domain.errors import SyncUnavailable
 from ql3.domain.scripts import MAX_DEPLOY_KEY_CHARS, Subscription, SubscriptionSync
-from ql3.http.auth import DbDep, PrincipalDep
+from ql3.http.auth import DbDep, PrincipalDep, bearer
 from ql3.http.dto import Body
 from ql3.ports.storage import Transaction
 from ql3.ports.vcs import GitFetcher
 
 router = APIRouter(prefix="/api/v1/projects/{project}/subscriptions", tags=["subscriptions"])
+# The sync run's own call (``ql3 subscription sync-run``), authenticated by the run's credential.
+run_router = APIRouter(prefix="/api/v1", tags=["subscriptions"])
 ADMIN = "project.admin"
 
 
@@ -56,6 +61,12 @@ class SyncOut(BaseModel):
     log: str
     started_at_ms: int
     ended_at_ms: int | None
+    run_id: str | None = Field(description="the run of the task ql3-sync-NAME that made this sync")
+
+
+class SyncStarted(BaseModel):
+    run_id: str = Field(description="the sync run: follow its log, its outcome is the sync's")
+    task: str
 
 
 class SyncPage(BaseModel):
@@ -86,6 +97,7 @@ def sync_out(found: SubscriptionSync) -> SyncOut:
         log=found.log,
         started_at_ms=found.started_at_ms,
         ended_at_ms=found.ended_at_ms,
+        run_id=found.run_id,
     )
 
 
@@ -147,18 +159,35 @@ def list_syncs(project: str, name: str, db: DbDep, principal: PrincipalDep) -> S
     return db.transaction(unit, write=False)
 
 
-@router.post("/{name}/syncs", response_model=SyncOut, status_code=status.HTTP_201_CREATED)
-def sync_now(project: str, name: str, request: Request, db: DbDep, principal: PrincipalDep) -> SyncOut:
-    """Sync now and answer when it has ended (at most the fetch timeout): a failed sync is a 201 too,
-    with ``status: failed`` and git's output in its log; it changed nothing."""
+@router.post("/{name}/syncs", response_model=SyncStarted, status_code=status.HTTP_201_CREATED)
+def sync_now(project: str, name: str, db: DbDep, principal: PrincipalDep) -> SyncStarted:
+    """Queue a sync run now (a run of the task ``ql3-sync-NAME``): its log is git's output and what
+    changed; it fails when the sync failed, which changed nothing."""
+
+    def unit(tx: Transaction) -> SyncStarted:
+        found = auth.authorize(tx, principal, project, ADMIN)
+        sub = subscriptions.find(tx, found.id, name)
+        run = subscriptions.queue_sync(
+            tx, sub, trigger_type="manual", actor_type="user", actor_id=principal.id
+        )
+        return SyncStarted(run_id=run.id, task=subscriptions.sync_task_name(sub.name))
+
+    return db.transaction(unit)
+
+
+@run_router.post("/subscription-sync", response_model=SyncOut, status_code=status.HTTP_201_CREATED)
+def sync_in_run(
+    request: Request,
+    db: DbDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> SyncOut:
+    """The sync itself, asked by a running sync run with its own credential (``$QL3_NOTIFY_TOKEN``):
+    answers when it has ended (at most the fetch timeout), 201 with ``status: failed`` too. 401
+    ``notify_credential_invalid`` once the run has ended; 422 for a run that is not a sync run."""
+    token = credentials.credentials if credentials else None
+    target = db.transaction(lambda tx: subscriptions.sync_target(tx, token), write=False)
     fetcher: GitFetcher | None = request.app.state.git
     if fetcher is None:
         raise SyncUnavailable("this server does not sync subscriptions")
-
-    def unit(tx: Transaction) -> str:
-        found = auth.authorize(tx, principal, project, ADMIN)
-        return subscriptions.find(tx, found.id, name).id
-
-    subscription_id = db.transaction(unit, write=False)
     syncer = subscriptions.Syncer(db, fetcher, box=request.app.state.secret_box)
-    return sync_out(syncer.sync(subscription_id, "manual"))
+    return sync_out(syncer.sync(target.subscription_id, target.trigger, target.run_id))

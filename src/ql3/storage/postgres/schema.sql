@@ -347,6 +347,7 @@ COLUMN subscription_syncs.summary text null=YES default=None
 COLUMN subscription_syncs.log text null=NO default=None
 COLUMN subscription_syncs.started_at_ms bigint null=NO default=None
 COLUMN subscription_syncs.ended_at_ms bigint null=YES default=None
+COLUMN subscription_syncs.run_id text null=YES default=None
 COLUMN subscriptions.id text null=NO default=None
 COLUMN subscriptions.project_id text null=NO default=None
 COLUMN subscriptions.name text null=NO default=None

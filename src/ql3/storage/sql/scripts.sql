@@ -90,8 +90,8 @@ UPDATE subscriptions SET deploy_key = :credential WHERE id = :id AND deploy_key 
 
 -- name: subscription_sync_insert
 -- desc: A sync in state running.
-INSERT INTO subscription_syncs (id, subscription_id, project_id, trigger_type, status, log, started_at_ms)
-VALUES (:id, :subscription_id, :project_id, :trigger_type, 'running', '', :now)
+INSERT INTO subscription_syncs (id, subscription_id, project_id, trigger_type, status, log, started_at_ms, run_id)
+VALUES (:id, :subscription_id, :project_id, :trigger_type, 'running', '', :now, :run_id)
 
 -- name: subscription_sync_finish
 -- desc: Ends a running sync with its outcome, commit, summary and log.
@@ -100,7 +100,8 @@ UPDATE subscription_syncs SET status = :status, commit_sha = :commit_sha, summar
 
 -- name: subscription_sync_list
 -- desc: A subscription's syncs, newest first, with their logs.
-SELECT id, subscription_id, project_id, trigger_type, status, commit_sha, summary, log, started_at_ms, ended_at_ms
+SELECT id, subscription_id, project_id, trigger_type, status, commit_sha, summary, log, started_at_ms, ended_at_ms,
+  run_id
 FROM subscription_syncs WHERE subscription_id = :subscription_id ORDER BY started_at_ms DESC, id DESC LIMIT :limit
 
 -- name: subscription_file_list
