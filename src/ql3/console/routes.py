@@ -34,6 +34,11 @@ def script() -> Response:
     return Response(_asset("app.js"), media_type="text/javascript; charset=utf-8", headers=_HEADERS)
 
 
+@router.get("/console/admin.js")
+def admin_script() -> Response:
+    return Response(_asset("admin.js"), media_type="text/javascript; charset=utf-8", headers=_HEADERS)
+
+
 @router.get("/console/app.css")
 def style() -> Response:
     return Response(_asset("app.css"), media_type="text/css; charset=utf-8", headers=_HEADERS)
