@@ -2201,7 +2201,7 @@
     current, setRefresh, confirmAction, ApiError, me, project: () => project(), lang: () => lang,
   };
 
-  // --- theme: auto (the OS), light or dark, kept in localStorage --------------------------------------
+  // --- theme: auto (the OS), light or dark, kept in prefs ----------------------------------------------
   const THEMES = ["auto", "light", "dark"];
   let theme = THEMES.includes(prefs.getItem("ql3.theme")) ? prefs.getItem("ql3.theme") : "auto";
   function applyTheme() {
