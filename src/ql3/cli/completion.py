@@ -29,6 +29,9 @@ install:
   bash   ql3 completion bash > ~/.local/share/bash-completion/completions/ql3
   zsh    ql3 completion zsh > "${fpath[1]}/_ql3"     (or: eval "$(ql3 completion zsh)" in ~/.zshrc)
   fish   ql3 completion fish > ~/.config/fish/completions/ql3.fish
+
+TASK arguments complete the project's task names, asked from the server with ql3's credentials
+(nothing is offered when it cannot be reached within 2 s).
 """
 
 
