@@ -197,7 +197,14 @@ def list_deliveries(
     project: str,
     db: DbDep,
     principal: PrincipalDep,
-    cursor: Annotated[str | None, Query(max_length=128)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=128,
+            pattern=r"^[0-9]{1,18}\.[0-9a-f-]{1,64}$",
+            description="the next_cursor of the previous page",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=notifications.MAX_HISTORY_PAGE)] = 50,
 ) -> HistoryPage:
     """The delivery history, newest first (settled messages are kept a week): pass ``next_cursor``
