@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # the fixture imports it (and silences its deprecation notice
     from fastapi.testclient import TestClient
 
 STATIC = resources.files("ql3.console").joinpath("static")
-FILES = ("index.html", "app.js", "app.css")
+FILES = ("index.html", "app.js", "admin.js", "app.css")
 
 
 def source(name: str) -> str:
@@ -37,13 +37,18 @@ def test_index_is_html_under_a_strict_content_security_policy(client: TestClient
     assert "unsafe-inline" not in resp.headers["content-security-policy"]
     assert "unsafe-eval" not in resp.headers["content-security-policy"]
     assert resp.headers["x-content-type-options"] == "nosniff"
-    assert '<script src="/console/app.js"></script>' in resp.text
+    # admin.js registers its pages before app.js renders the first one
+    assert '<script src="/console/admin.js"></script>\n<script src="/console/app.js"></script>' in resp.text
     assert 'href="/console/app.css"' in resp.text
 
 
 @pytest.mark.parametrize(
     ("path", "media_type", "name"),
-    [("/console/app.js", "text/javascript", "app.js"), ("/console/app.css", "text/css", "app.css")],
+    [
+        ("/console/app.js", "text/javascript", "app.js"),
+        ("/console/admin.js", "text/javascript", "admin.js"),
+        ("/console/app.css", "text/css", "app.css"),
+    ],
 )
 def test_script_and_style_are_served(client: TestClient, path: str, media_type: str, name: str) -> None:
     resp = client.get(path)
@@ -81,8 +86,9 @@ def test_the_page_has_nothing_inline_the_policy_would_block() -> None:
     assert not re.search(r"\son[a-z]+=", html, re.IGNORECASE), "inline event handler"
 
 
-def test_script_never_renders_text_as_markup() -> None:
-    js = source("app.js")
+@pytest.mark.parametrize("name", ["app.js", "admin.js"])
+def test_script_never_renders_text_as_markup(name: str) -> None:
+    js = source(name)
     sinks = (
         r"\.innerHTML\b",
         r"\.outerHTML\b",
@@ -95,7 +101,8 @@ def test_script_never_renders_text_as_markup() -> None:
     )
     for sink in sinks:
         assert not re.search(sink, js), sink
-    assert "textContent" in js
+    # app.js's el() writes text through textContent; admin.js builds its nodes with that el()
+    assert "textContent" in js if name == "app.js" else "const { t, lbl, el, put," in js
 
 
 def test_script_calls_only_the_api_of_its_own_origin() -> None:
@@ -107,10 +114,12 @@ def test_script_calls_only_the_api_of_its_own_origin() -> None:
 def test_the_token_lives_only_for_the_session_and_preferences_hold_no_secret() -> None:
     js = source("app.js")
     assert "const session = window.sessionStorage;" in js and "const prefs = window.localStorage;" in js
-    # localStorage (kept across sessions) holds only the language and the time zone choice
-    assert set(re.findall(r'prefs\.setItem\("([^"]+)"', js)) == {"ql3.lang", "ql3.tz"}
+    # localStorage (kept across sessions) holds only the language, time zone and theme choices
+    assert set(re.findall(r'prefs\.setItem\("([^"]+)"', js)) == {"ql3.lang", "ql3.tz", "ql3.theme"}
     assert re.findall(r"(\w+)\.setItem\(TOKEN_KEY", js) == ["session", "session"]
     assert "localStorage" not in js.replace("const prefs = window.localStorage;", "")
+    admin = source("admin.js")
+    assert "Storage" not in admin and "fetch(" not in admin  # admin.js calls the API through app.js
 
 
 def test_log_text_is_parsed_for_colours_into_fixed_class_names() -> None:
@@ -132,7 +141,7 @@ def test_the_tab_icon_is_served_so_no_page_load_has_a_404(client: TestClient) ->
 
 def test_every_element_the_script_looks_up_exists_in_the_page() -> None:
     html_ids = set(re.findall(r'\bid="([^"]+)"', source("index.html")))
-    used = set(re.findall(r'\$\("([^"]+)"\)', source("app.js")))
+    used = set(re.findall(r'\$\("([^"]+)"\)', source("app.js") + source("admin.js")))
     assert used, "the script looks elements up by id"
     assert used <= html_ids, sorted(used - html_ids)
 
@@ -173,6 +182,26 @@ def test_the_api_routes_the_console_uses_exist(client: TestClient) -> None:
     for route, fragment in used.items():
         assert route in paths, route
         assert fragment in js, fragment
+    admin = source("admin.js")
+    admin_used = {
+        ("get", "/api/v1/projects/{project}/notifications/channels"): 'base + "/channels"',
+        ("post", "/api/v1/projects/{project}/notifications/channels/{name}/test"): '"/test"',
+        (
+            "delete",
+            "/api/v1/projects/{project}/notifications/channels/{name}",
+        ): '"DELETE", base + "/channels/"',
+        ("post", "/api/v1/projects/{project}/notifications/rules"): 'post(base + "/rules"',
+        ("delete", "/api/v1/projects/{project}/notifications/rules/{rule_id}"): '"DELETE", base + "/rules/"',
+        ("get", "/api/v1/projects/{project}/notifications/deliveries"): '"/deliveries?limit="',
+        ("put", "/api/v1/projects/{project}/retention"): '"PUT", pp("/retention")',
+        ("get", "/api/v1/backup"): '"GET", "/backup"',
+        ("post", "/api/v1/projects"): 'post("/projects"',
+        ("post", "/api/v1/projects/{project}/tokens"): "post(base, {",
+        ("post", "/api/v1/projects/{project}/tokens/{token_id}/revoke"): '"/revoke"',
+    }
+    for (method, route), fragment in admin_used.items():
+        assert method in paths.get(route, {}), (method, route)
+        assert fragment in admin, fragment
     assert "/" not in paths and "/console/app.js" not in paths  # the console is not part of the API
     # an older server lacks them: the console falls back on a 404 or 405
     assert '"/whoami"' in js and 'pp("/tokens/" + enc(k.id) + "/revoke")' in js

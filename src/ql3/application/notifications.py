@@ -407,6 +407,27 @@ def get_delivery(tx: Transaction, project: Project, delivery_id: str) -> Deliver
     return found
 
 
+MAX_HISTORY_PAGE: Final = 200
+
+
+def delivery_history(
+    tx: Transaction, project: Project, *, cursor: str | None, limit: int
+) -> tuple[list[repo.HistoryEntry], str | None]:
+    """A page of the project's deliveries, newest first, and the cursor of the next page (None at the
+    end). The cursor is ``<created_at_ms>.<id>`` of the page's last entry; any other text is 422."""
+    if not 1 <= limit <= MAX_HISTORY_PAGE:
+        raise ValidationFailed("limit must be between 1 and 200", limit=MAX_HISTORY_PAGE)
+    before_ms, before_id = repo.FIRST_PAGE_MS, ""
+    if cursor:
+        ms_text, _, before_id = cursor.partition(".")
+        if not ms_text.isdigit() or not before_id or len(cursor) > 128 or int(ms_text) >= repo.FIRST_PAGE_MS:
+            raise ValidationFailed("invalid cursor: pass back the next_cursor of the previous page")
+        before_ms = int(ms_text)
+    page = repo.list_history(tx, project.id, before_ms=before_ms, before_id=before_id, limit=limit)
+    last = page[-1].delivery if len(page) == limit else None
+    return page, (f"{last.created_at_ms}.{last.id}" if last is not None else None)
+
+
 # -- delivery -----------------------------------------------------------------------------------------
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sqlite3
 from pathlib import Path
 from typing import Final
@@ -15,8 +13,8 @@ from ql3.cli.common import Parser, Subparsers, add_command, wants_json
 from ql3.cli.config import database_url, home
 from ql3.cli.errors import EXIT_OK, CliError, UsageError
 from ql3.cli.lock import home_lock
+from ql3.storage.sqlite import backup as online
 
-MIGRATIONS_TABLE: Final = "ql3_schema_migrations"
 BACKUP_HELP: Final = """\
 SQLite only; for PostgreSQL use pg_dump / pg_restore (docs/operations.md).
 The copy is consistent while ql3 serve runs and writes (SQLite's online backup API reads one
@@ -75,24 +73,9 @@ def _sqlite_path(args: argparse.Namespace) -> Path:
 def _check_ql3_database(conn: sqlite3.Connection, what: str) -> int:
     """Fail unless ``conn`` is a sound ql3 database; return its schema version."""
     try:
-        verdict = conn.execute("PRAGMA quick_check").fetchone()
-        has_table = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (MIGRATIONS_TABLE,)
-        ).fetchone()
-        row = conn.execute(f"SELECT max(version) FROM {MIGRATIONS_TABLE}").fetchone() if has_table else None
-    except sqlite3.DatabaseError as exc:
-        raise CliError("not_a_backup", f"{what} is not a ql3 SQLite database") from exc
-    if not verdict or verdict[0] != "ok":
-        raise CliError("corrupt_backup", f"{what} failed SQLite's integrity check")
-    if not row or row[0] is None:
-        raise CliError("not_a_backup", f"{what} has no ql3 schema")
-    return int(row[0])
-
-
-def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
-    if read_only:
-        return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30)
-    return sqlite3.connect(path, timeout=30)
+        return online.check_ql3_database(conn, what)
+    except online.BackupInvalid as exc:
+        raise CliError(exc.code, str(exc)) from exc
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -104,29 +87,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
         raise UsageError(f"{target} exists; give --force to replace it")
     if target.resolve() == source_path.resolve():
         raise UsageError("FILE is the database itself")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     try:
-        source = _connect(source_path, read_only=True)
-        try:
-            copy = sqlite3.connect(tmp)
-            try:
-                # pages=-1: the whole database in one step, from one read snapshot (WAL: writers go on)
-                source.backup(copy, pages=-1)
-                version = _check_ql3_database(copy, "the copy")
-                copy.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
-            finally:
-                copy.close()
-        finally:
-            source.close()
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+        version = online.online_backup(source_path, target)
+    except online.BackupInvalid as exc:
+        raise CliError(exc.code, str(exc)) from exc
     size = target.stat().st_size
     if wants_json(args):
         output.emit_json({"file": str(target), "bytes": size, "schema_version": version})
@@ -136,11 +100,11 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def _restore(backup: Path, target_path: Path) -> int:
-    source = _connect(backup, read_only=True)
+    source = online.connect(backup, read_only=True)
     try:
         version = _check_ql3_database(source, str(backup))
         target_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        target = _connect(target_path, read_only=False)
+        target = online.connect(target_path, read_only=False)
         try:
             source.backup(target, pages=-1)  # page by page into the live file, WAL included
         finally:

@@ -24,6 +24,7 @@ from ql3.http.auth import DbDep
 from ql3.http.dto import ErrorOut, Status
 from ql3.http.limits import MAX_BODY_BYTES, BodySizeLimit, CatchAll, SecurityHeaders, StrictJson
 from ql3.http.routes import actions, approvals, cancellation, lookup, projects, runs, tasks, tokens, workers
+from ql3.http.routes import backup as backup_routes
 from ql3.http.routes import dependencies as dependency_routes
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
@@ -241,6 +242,7 @@ def create_app(
         script_routes.router,
         subscription_routes.router,
         stats_routes.router,
+        backup_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     for extension in extensions:

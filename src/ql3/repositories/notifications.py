@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from ql3.domain.notifications import (
     CHANNEL_KINDS,
@@ -245,6 +245,28 @@ def insert_outbox(
 def get_delivery(tx: Transaction, project_id: str, delivery_id: str) -> Delivery | None:
     row = tx.one("notify_outbox_get_in_project", {"id": delivery_id, "project_id": project_id})
     return None if row is None else _delivery(row)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryEntry:
+    """A delivery in the project's history, with its channel's name (None once the channel is gone)."""
+
+    delivery: Delivery
+    channel_name: str | None
+
+
+FIRST_PAGE_MS: Final = 2**62  # a created_at_ms above every stored one: the history's first page
+
+
+def list_history(
+    tx: Transaction, project_id: str, *, before_ms: int, before_id: str, limit: int
+) -> list[HistoryEntry]:
+    """The project's deliveries created before (``before_ms``, ``before_id``), newest first."""
+    rows = tx.all(
+        "notify_outbox_history",
+        {"project_id": project_id, "before_ms": before_ms, "before_id": before_id, "limit": limit},
+    )
+    return [HistoryEntry(delivery=_delivery(r), channel_name=r["channel_name"]) for r in rows]
 
 
 def get_outbox_message(tx: Transaction, delivery_id: str) -> OutboxMessage | None:

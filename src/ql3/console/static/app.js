@@ -142,6 +142,13 @@
       bucket_runs: "{from}: {n} runs {parts}", bucket_busy: "{from}: {busy} busy slots of {capacity}",
       chart_runs_label: "{n} runs finished, {failed} failed or timed out", chart_busy_label: "Busy slots; peak {peak} of {capacity}",
       no_runs_yet: "No finished runs yet.",
+      theme_auto: "Auto", theme_light: "Light", theme_dark: "Dark", theme_label: "Theme: {theme} (change)",
+      nav_admin: "Admin", err_client: "Error in the page",
+      err_network_error: "The server did not answer", err_unauthenticated: "Not signed in or the token is no longer valid",
+      err_permission_denied: "Your role does not allow this", err_not_found: "Not found",
+      err_validation_failed: "Invalid input", err_conflict: "It changed meanwhile", err_name_taken: "The name is taken",
+      err_storage_busy: "The server is busy; try again", err_egress_refused: "The server may not send to that address",
+      err_backup_not_supported: "Online backup works on SQLite only; use pg_dump for PostgreSQL",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -250,6 +257,13 @@
       bucket_runs: "{from}：{n} 次运行 {parts}", bucket_busy: "{from}：占用 {busy} 个槽位，共 {capacity} 个",
       chart_runs_label: "{n} 次运行结束，{failed} 次失败或超时", chart_busy_label: "占用槽位；峰值 {peak}，共 {capacity}",
       no_runs_yet: "还没有结束的运行。",
+      theme_auto: "自动", theme_light: "浅色", theme_dark: "深色", theme_label: "主题：{theme}（切换）",
+      nav_admin: "管理", err_client: "页面出错",
+      err_network_error: "服务器没有响应", err_unauthenticated: "未登录或令牌已失效",
+      err_permission_denied: "你的角色无权执行此操作", err_not_found: "未找到",
+      err_validation_failed: "输入无效", err_conflict: "数据已被更改", err_name_taken: "名称已被占用",
+      err_storage_busy: "服务器繁忙，请重试", err_egress_refused: "服务器不允许向该地址发送",
+      err_backup_not_supported: "在线备份仅支持 SQLite；PostgreSQL 请使用 pg_dump",
     },
   };
   // Labels for the values the API returns (statuses, event types, triggers, results...). The value
@@ -533,7 +547,14 @@
     line.textContent = text;
     line.classList.toggle("error", Boolean(isError));
   }
-  function fail(e) { say(e instanceof ApiError ? e.message : "client_error: " + e.message, true); }
+  function fail(e) { say(e instanceof ApiError ? errorText(e) : t("err_client") + ": " + e.message, true); }
+  // An API error in the page's language: the code's label when there is one (the server's English
+  // message after it in English, the code in Chinese), else the server's message.
+  function errorText(e) {
+    const key = "err_" + e.code;
+    if (!I18N.en[key]) return e.message;
+    return lang === "zh" ? t(key) + "（" + e.code + "）" : t(key) + (e.message ? ": " + e.message : "");
+  }
 
   // --- who is signed in, and what the role may do ---------------------------------------------------
   const me = { name: null, principalId: session.getItem(ME_KEY), role: null, projects: [] };
@@ -572,6 +593,8 @@
     const signedIn = Boolean(token());
     $("whoami").textContent = !signedIn ? "" : me.name ? t("signed_in_as", { name: me.name, role: me.role || "?" })
       : t("signed_in_role", { role: me.role || "?" });
+    $("whoami").title = $("whoami").textContent; // cut with an ellipsis in a narrow header
+    $("project").title = project();
     $("signout").hidden = !signedIn;
   }
 
@@ -610,7 +633,12 @@
     return { parts: path.split("/").filter(Boolean).map(decodeURIComponent), params: params };
   }
 
-  function go(hash) { location.hash = hash; }
+  let carryStatus = false; // the next page keeps the status line: an action said something, then moved on
+  function go(hash) {
+    const before = location.hash;
+    location.hash = hash;
+    if (location.hash !== before) carryStatus = true;
+  }
 
   function setRefresh(fn) { refreshFn = fn; }
 
@@ -620,6 +648,8 @@
     for (const fn of cleanup) fn();
     cleanup = [];
     refreshFn = null;
+    if (!carryStatus) say("");
+    carryStatus = false;
     $("top").classList.remove("open");
     $("menu").setAttribute("aria-expanded", "false");
     const view = $("view");
@@ -646,6 +676,7 @@
       scripts: () => parts[1] ? pageScript(view, mine, parts[1], params) : pageScripts(view, mine),
       subscriptions: () => pageSubscriptions(view, mine),
     };
+    for (const [name, fn] of Object.entries(extensionPages)) pages[name] = () => fn(view, mine, parts, params);
     try {
       if (!me.role) await loadIdentity();
       if (mine !== generation) return;
@@ -1830,8 +1861,8 @@
         const note = el("input", { type: "text", placeholder: t("free_text"), "aria-label": t("free_text"), maxlength: 500 });
         controls = el("span", { class: "actions" },
           btn(t("approve"), () => decide(a, "approve", "approved", note.value), "primary", { "data-action": "approve" }),
-          reason, note,
-          btn(t("reject"), () => decide(a, "reject", reason.value, note.value), "danger", { "data-action": "reject" }));
+          btn(t("reject"), () => decide(a, "reject", reason.value, note.value), "danger", { "data-action": "reject" }),
+          reason, note);
       }
       const details = can("approval.decide") ? el("details", { ontoggle: (e) => { if (e.target.open) whatRuns(a, taskById, box).catch(fail); } },
         el("summary", { text: t("what_runs") }), box) : null;
@@ -2496,6 +2527,28 @@
       el("section", { "aria-labelledby": "ov-chart-24h" }, el("h2", { id: "ov-chart-24h", text: t("runs_per_hour") }), day),
       el("section", { "aria-labelledby": "ov-chart-7d" }, el("h2", { id: "ov-chart-7d", text: t("runs_per_6h") }), week),
       el("section", { "aria-labelledby": "ov-chart-busy" }, el("h2", { id: "ov-chart-busy", text: t("busy_slots") }), busy));
+  // --- extensions: pages that live in other files (admin.js) register here ---------------------------
+  // A file loaded before this one pushes a setup function onto window.ql3Extensions; init() calls it
+  // with these helpers before the first render. Its routes are #/NAME/...; its I18N keys merge in.
+  const extensionPages = {};
+  const extensionApi = {
+    page: (name, fn) => { extensionPages[name] = fn; },
+    i18n: (en, zh) => { Object.assign(I18N.en, en); Object.assign(I18N.zh, zh); },
+    labels: (kind, en, zh) => { VALUE_LABELS.en[kind] = en; VALUE_LABELS.zh[kind] = zh; },
+    t, lbl, el, put, link, badge, btn, short, enc, table, fields, when, say, fail, can, go, pp, get, post, request,
+    current, setRefresh, confirmAction, ApiError, me, project: () => project(), lang: () => lang,
+  };
+
+  // --- theme: auto (the OS), light or dark, kept in prefs ----------------------------------------------
+  const THEMES = ["auto", "light", "dark"];
+  let theme = THEMES.includes(prefs.getItem("ql3.theme")) ? prefs.getItem("ql3.theme") : "auto";
+  function applyTheme() {
+    if (theme === "auto") delete document.documentElement.dataset.theme;
+    else document.documentElement.dataset.theme = theme;
+    const b = $("theme");
+    b.textContent = t("theme_" + theme);
+    b.setAttribute("aria-label", t("theme_label", { theme: t("theme_" + theme) }));
+    b.dataset.theme = theme;
   }
 
   // --- chrome: language, time zone, menu, project, sign out ------------------------------------------
@@ -2507,6 +2560,7 @@
     toggle.setAttribute("lang", lang === "zh" ? "en" : "zh");
     $("tz").setAttribute("aria-pressed", String(utc));
     $("tz").textContent = utc ? "UTC" : (lang === "zh" ? "本地时间" : "Local time");
+    applyTheme();
     showIdentity();
   }
 
@@ -2546,6 +2600,12 @@
       go("#/");
       render();
     });
+    $("theme").addEventListener("click", () => {
+      theme = THEMES[(THEMES.indexOf(theme) + 1) % THEMES.length];
+      prefs.setItem("ql3.theme", theme);
+      applyTheme();
+    });
+    for (const setup of window.ql3Extensions || []) setup(extensionApi);
     window.addEventListener("hashchange", render);
     refreshTimer = setInterval(tick, REFRESH_MS);
     applyLanguage();

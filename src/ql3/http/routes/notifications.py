@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Request, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, Field
 
@@ -72,6 +72,15 @@ class DeliveryOut(BaseModel):
     last_error: str | None
     created_at_ms: int
     updated_at_ms: int
+
+
+class HistoryItem(DeliveryOut):
+    channel: str | None = Field(description="the channel's name; null once the channel was removed")
+
+
+class HistoryPage(BaseModel):
+    items: list[HistoryItem]
+    next_cursor: str | None = None
 
 
 class RetentionIn(Body):
@@ -181,6 +190,33 @@ def test_channel(project: str, name: str, db: DbDep, principal: PrincipalDep) ->
         return _delivery(notifications.enqueue_test(tx, found, name))
 
     return db.transaction(unit)
+
+
+@router.get("/notifications/deliveries", response_model=HistoryPage)
+def list_deliveries(
+    project: str,
+    db: DbDep,
+    principal: PrincipalDep,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=128,
+            pattern=r"^[0-9]{1,18}\.[0-9a-f-]{1,64}$",
+            description="the next_cursor of the previous page",
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=notifications.MAX_HISTORY_PAGE)] = 50,
+) -> HistoryPage:
+    """The delivery history, newest first (settled messages are kept a week): pass ``next_cursor``
+    back as ``cursor`` for the next page."""
+
+    def unit(tx: Transaction) -> HistoryPage:
+        found = auth.authorize(tx, principal, project, ADMIN)
+        page, next_cursor = notifications.delivery_history(tx, found, cursor=cursor, limit=limit)
+        items = [HistoryItem(**_delivery(e.delivery).model_dump(), channel=e.channel_name) for e in page]
+        return HistoryPage(items=items, next_cursor=next_cursor)
+
+    return db.transaction(unit, write=False)
 
 
 @router.get("/notifications/deliveries/{delivery_id}", response_model=DeliveryOut)

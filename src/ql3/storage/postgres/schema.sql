@@ -441,6 +441,7 @@ INDEX CREATE UNIQUE INDEX notification_channels_project_id_name_key ON public.no
 INDEX CREATE UNIQUE INDEX notification_outbox_channel_id_outcome_key_key ON public.notification_outbox USING btree (channel_id, outcome_key)
 INDEX CREATE INDEX notification_outbox_due ON public.notification_outbox USING btree (due_at_ms, id) WHERE (due_at_ms IS NOT NULL)
 INDEX CREATE UNIQUE INDEX notification_outbox_pkey ON public.notification_outbox USING btree (id)
+INDEX CREATE INDEX notification_outbox_project_created ON public.notification_outbox USING btree (project_id, created_at_ms, id)
 INDEX CREATE INDEX notification_outbox_settled ON public.notification_outbox USING btree (updated_at_ms, id) WHERE (due_at_ms IS NULL)
 INDEX CREATE UNIQUE INDEX notification_rules_pkey ON public.notification_rules USING btree (id)
 INDEX CREATE INDEX notification_rules_project ON public.notification_rules USING btree (project_id, channel_id)

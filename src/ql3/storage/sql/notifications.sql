@@ -94,3 +94,12 @@ SELECT status, count(*) AS n FROM notification_outbox GROUP BY status
 -- desc: How many distinct outcomes with keys in [lo, hi) a project's outbox holds: the messages one attempt sent.
 SELECT count(DISTINCT outcome_key) AS n FROM notification_outbox
 WHERE project_id = :project_id AND outcome_key >= :lo AND outcome_key < :hi
+
+-- name: notify_outbox_history
+-- desc: A project's deliveries newest first, keyset-paged by (created_at_ms, id), with the channel's name.
+SELECT o.id, o.channel_id, c.name AS channel_name, o.event, o.status, o.attempts, o.last_error,
+  o.created_at_ms, o.updated_at_ms
+FROM notification_outbox o LEFT JOIN notification_channels c ON c.id = o.channel_id
+WHERE o.project_id = :project_id
+  AND (o.created_at_ms < :before_ms OR (o.created_at_ms = :before_ms AND o.id < :before_id))
+ORDER BY o.created_at_ms DESC, o.id DESC LIMIT :limit

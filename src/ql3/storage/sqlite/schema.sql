@@ -13,6 +13,7 @@ CREATE INDEX cancellation_dispatches_due ON cancellation_dispatches (status, nex
 CREATE INDEX cancellation_dispatches_project ON cancellation_dispatches (project_id, status);
 CREATE INDEX cron_skips_project ON cron_skips (project_id, created_at_ms);
 CREATE INDEX notification_outbox_due ON notification_outbox (due_at_ms, id) WHERE due_at_ms IS NOT NULL;
+CREATE INDEX notification_outbox_project_created ON notification_outbox (project_id, created_at_ms, id);
 CREATE INDEX notification_outbox_settled ON notification_outbox (updated_at_ms, id) WHERE due_at_ms IS NULL;
 CREATE INDEX notification_rules_project ON notification_rules (project_id, channel_id);
 CREATE INDEX parked_items_loop ON parked_items (loop, last_failed_at_ms, item_kind, item_key);
