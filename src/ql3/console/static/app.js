@@ -2527,6 +2527,8 @@
       el("section", { "aria-labelledby": "ov-chart-24h" }, el("h2", { id: "ov-chart-24h", text: t("runs_per_hour") }), day),
       el("section", { "aria-labelledby": "ov-chart-7d" }, el("h2", { id: "ov-chart-7d", text: t("runs_per_6h") }), week),
       el("section", { "aria-labelledby": "ov-chart-busy" }, el("h2", { id: "ov-chart-busy", text: t("busy_slots") }), busy));
+  }
+
   // --- extensions: pages that live in other files (admin.js) register here ---------------------------
   // A file loaded before this one pushes a setup function onto window.ql3Extensions; init() calls it
   // with these helpers before the first render. Its routes are #/NAME/...; its I18N keys merge in.
