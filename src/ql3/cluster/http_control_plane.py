@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Literal, Protocol
 
 import httpx
@@ -194,6 +195,7 @@ class HttpControlPlane:
         # Lease steps from several threads at once travel together (worker/group_commit.py): the ACKs,
         # completions and loss reports within the ACK window, lease probes within the short one.
         self._batch_route = True  # False once a replica without the batch route answered 404
+        self._multi_pull = True  # False once a replica refused a pull of several pairs (422)
         # A completion carries the rest of its attempt's log when it fits one chunk (one request and
         # one transaction fewer per run); False once a replica refused the step (an older one).
         self.final_logs: FinalLogs | None = None
@@ -387,24 +389,60 @@ class HttpControlPlane:
         wait_ms: int,
         replay_only: bool = False,
     ) -> Offer | None:
-        """One long-poll; raises ``ControlPlaneUnreachable`` at once on a transport failure (the
-        caller retries with the same pair, and so gets the same offer if the first one was claimed)."""
-        data = self._post(
+        """One long-poll for one run (see ``pull_many``)."""
+        offers = self.pull_many(
+            session, pairs=[(offer_id, lease_token)], wait_ms=wait_ms, replay_only=replay_only
+        )
+        return offers[0] if offers else None
+
+    def pull_many(
+        self,
+        session: SessionInfo,
+        *,
+        pairs: Sequence[tuple[str, str]],
+        wait_ms: int,
+        replay_only: bool = False,
+        fresh: bool = False,
+    ) -> list[Offer]:
+        """One long-poll proposing ``pairs`` (offer id, lease token), one per free slot: up to one
+        offer per pair. Raises ``ControlPlaneUnreachable`` at once on a transport failure (the caller
+        retries with the same pairs, and so gets the same offers if the first pull claimed; ``fresh``
+        only for pairs never sent before). A replica
+        that knows only single pulls (an older version, 422 on ``more``) is asked for one run."""
+        if not pairs:
+            raise ValueError("at least one pair")
+        body: dict[str, Any] = {
+            "sessionId": session.session_id,
+            "generation": session.generation,
+            "offerId": pairs[0][0],
+            "leaseToken": pairs[0][1],
+            "waitMs": wait_ms,
+            "replayOnly": replay_only,
+        }
+        if fresh and self._multi_pull:
+            body["fresh"] = True
+        if len(pairs) > 1 and self._multi_pull:
+            body["more"] = [{"offerId": o, "leaseToken": t} for o, t in pairs[1:]]
+        post = partial(
+            self._post,
             "/api/v1/worker/pull",
-            {
-                "sessionId": session.session_id,
-                "generation": session.generation,
-                "offerId": offer_id,
-                "leaseToken": lease_token,
-                "waitMs": wait_ms,
-                "replayOnly": replay_only,
-            },
             window_s=0.0,
             read_timeout_s=wait_ms / 1000 + READ_TIMEOUT_S,
             long_poll=wait_ms > 0,
         )
-        offer = data.get("offer")
-        return None if offer is None else Offer.from_json(offer)
+        try:
+            data = post(body)
+        except ValidationFailed:
+            if "more" not in body and "fresh" not in body:
+                raise
+            body.pop("more", None)  # refused before anything was claimed: ask as an older replica knows
+            body.pop("fresh", None)
+            data = post(body)
+            self._multi_pull = False  # only once one pair alone was accepted
+        raw = data.get("offers")
+        if not isinstance(raw, list):  # an older replica: one offer or none
+            raw = [] if data.get("offer") is None else [data["offer"]]
+        return [Offer.from_json(offer) for offer in raw]
 
     def stops(self, session: SessionInfo, *, wait_ms: int, known: list[str]) -> list[str]:
         data = self._post(

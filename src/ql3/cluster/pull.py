@@ -46,6 +46,7 @@ PULL_OFFER_DOMAIN: Final = "ql3.pull-offer.v1"
 LEASE_TOKEN_RE: Final = re.compile(r"^[A-Za-z0-9_-]{43,128}$")
 OFFER_ID_RE: Final = re.compile(r"^[0-9a-f]{64}$")
 MAX_WAIT_MS: Final = 20_000
+MAX_PULL_PAIRS: Final = 16  # offers one pull may claim (the worker proposes one pair a free slot)
 LIVE_LEASE_PAGE: Final = 64
 LIVE_LEASE_PAGES: Final = 16  # 1,024 = the largest worker capacity
 SPEC_CACHE_SIZE: Final = 256
@@ -80,6 +81,17 @@ class PullBudget:
         lease_rules.RUN.validate(self.lease_ms)
 
 
+@dataclass(frozen=True, slots=True)
+class PullPair:
+    """One more (offer id, lease token) pair of a pull that may claim several runs."""
+
+    offer_id: str
+    lease_token: str
+
+    def __repr__(self) -> str:  # the token never reaches a log line
+        return f"PullPair(offer_id={self.offer_id[:12]}…)"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PullRequest:
     worker_id: str  # from the credential, never from the body
@@ -87,15 +99,24 @@ class PullRequest:
     generation: int
     offer_id: str
     lease_token: str
+    # Further pairs, one per further free slot: the pull claims up to 1 + len(more) runs in its
+    # transaction, each under its own pair (docs/cluster.md "Pull").
+    more: tuple[PullPair, ...] = ()
 
     def __repr__(self) -> str:  # the token never reaches a log line
-        return f"PullRequest(worker_id={self.worker_id}, offer_id={self.offer_id[:12]}…)"
+        return (
+            f"PullRequest(worker_id={self.worker_id}, offer_id={self.offer_id[:12]}…, more={len(self.more)})"
+        )
+
+    def pairs(self) -> list[PullPair]:
+        return [PullPair(self.offer_id, self.lease_token), *self.more]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PullResult:
     reason: str  # claimed | replayed | no_candidates | no_match | no_capacity | draining | ...
     offer: Offer | None = None
+    more_offers: tuple[Offer, ...] = ()  # claimed (or replayed) under the request's further pairs
     truncated: bool = False
     cursor: QueuedCandidate | None = None  # where the next pass resumes after a truncated one
     walked_to_end: bool = False  # the pass reached the end of the queue: the next starts at the head
@@ -108,29 +129,43 @@ IDLE_REASONS: Final = frozenset({"no_candidates", "no_match", "no_capacity", "cl
 
 
 def validate_request(req: PullRequest) -> None:
-    if not LEASE_TOKEN_RE.fullmatch(req.lease_token):
-        raise ValidationFailed("the lease token must be 43-128 URL-safe characters", field="leaseToken")
-    if not OFFER_ID_RE.fullmatch(req.offer_id):
-        raise ValidationFailed("invalid offer id", field="offerId")
-    if not digest_equals(req.offer_id, pull_offer_id(req.worker_id, req.lease_token)):
-        # The same offer id can only ever carry one token: anything else is drift.
-        raise OfferConflict(reason="offer_token_mismatch")
+    if len(req.more) > MAX_PULL_PAIRS - 1:
+        raise ValidationFailed(f"a pull proposes at most {MAX_PULL_PAIRS} pairs", field="more")
+    seen: set[str] = set()
+    for pair in req.pairs():
+        if not LEASE_TOKEN_RE.fullmatch(pair.lease_token):
+            raise ValidationFailed("the lease token must be 43-128 URL-safe characters", field="leaseToken")
+        if not OFFER_ID_RE.fullmatch(pair.offer_id):
+            raise ValidationFailed("invalid offer id", field="offerId")
+        if pair.offer_id in seen:
+            raise ValidationFailed("a pull proposes each offer id once", field="more")
+        seen.add(pair.offer_id)
+        if not digest_equals(pair.offer_id, pull_offer_id(req.worker_id, pair.lease_token)):
+            # The same offer id can only ever carry one token: anything else is drift.
+            raise OfferConflict(reason="offer_token_mismatch")
 
 
-def _find_live(tx: Transaction, worker_id: str, digest: str) -> leases.Lease | None:
-    """The worker's live lease under ``digest``, if any (bounded index pages; every digest is
-    compared, so the time does not depend on where a match is)."""
-    found: leases.Lease | None = None
+def _find_live(tx: Transaction, worker_id: str, digests: list[str]) -> list[tuple[int, leases.Lease]]:
+    """The worker's live leases under any of ``digests``, each with the index of its digest, in
+    that order (bounded index pages; every digest is compared with every lease, so the time does
+    not depend on where a match is)."""
+    found: dict[int, str] = {}
     after = ""
     for _ in range(LIVE_LEASE_PAGES):
         page = worker_repo.live_leases(tx, worker_id, after=after, limit=LIVE_LEASE_PAGE)
         for live in page:
-            if digest_equals(live.lease_token_digest, digest) and found is None:
-                found = leases.get_lease(tx, live.attempt_id)
+            for i, digest in enumerate(digests):
+                if digest_equals(live.lease_token_digest, digest) and i not in found:
+                    found[i] = live.attempt_id
         if len(page) < LIVE_LEASE_PAGE:
             break
         after = page[-1].attempt_id
-    return found
+    out: list[tuple[int, leases.Lease]] = []
+    for i in sorted(found):
+        lease = leases.get_lease(tx, found[i])
+        if lease is not None:
+            out.append((i, lease))
+    return out
 
 
 def _check_session(tx: Transaction, req: PullRequest) -> WorkerRecord:
@@ -146,11 +181,11 @@ def _check_session(tx: Transaction, req: PullRequest) -> WorkerRecord:
     return worker
 
 
-def _offer(lease: leases.Lease, req: PullRequest, spec: ExecutionSpec) -> Offer:
+def _offer(lease: leases.Lease, pair: PullPair, spec: ExecutionSpec) -> Offer:
     return Offer(
-        offer_id=req.offer_id,
+        offer_id=pair.offer_id,
         delivery_kind="new_claim",
-        fence=leases.fence_of(lease, req.lease_token),
+        fence=leases.fence_of(lease, pair.lease_token),
         lease_expires_at_ms=lease.expires_at_ms,
         spec=spec,
         spec_digest=spec.digest(),
@@ -159,7 +194,7 @@ def _offer(lease: leases.Lease, req: PullRequest, spec: ExecutionSpec) -> Offer:
 
 
 def _rebuild(
-    tx: Transaction, lease: leases.Lease, req: PullRequest, shared: SharedEnvironments | None
+    tx: Transaction, lease: leases.Lease, req: PullRequest, pair: PullPair, shared: SharedEnvironments | None
 ) -> Offer:
     """The identical offer of a live lease, for a retry whose first response was lost."""
     if (lease.worker_session_id, lease.worker_generation) != (req.session_id, req.generation):
@@ -170,7 +205,27 @@ def _rebuild(
     spec, _ = build_plan(
         tx, lease.run_id, lease.attempt_id, run.project_id, run.task_id, run.task_revision, shared
     )
-    return _offer(lease, req, spec)
+    return _offer(lease, pair, spec)
+
+
+def _replayed(
+    tx: Transaction,
+    req: PullRequest,
+    live: list[tuple[int, leases.Lease]],
+    shared: SharedEnvironments | None,
+) -> PullResult:
+    """Every live lease of the request's pairs, re-delivered: a retry of a pull whose response was
+    lost claims nothing more (its other pairs are dropped by the worker), so a pull still in flight
+    and its retry never both claim."""
+    pairs = req.pairs()
+    offers = [_rebuild(tx, lease, req, pairs[i], shared) for i, lease in live]
+    return PullResult(reason="replayed", offer=offers[0], more_offers=tuple(offers[1:]))
+
+
+def _claimed(offers: list[Offer], *, queue_empty: bool) -> PullResult:
+    return PullResult(
+        reason="claimed", offer=offers[0], more_offers=tuple(offers[1:]), queue_empty=queue_empty
+    )
 
 
 class PullService:
@@ -265,20 +320,16 @@ class PullService:
         every pull of this worker, on any replica, serialises there, and the second of two
         identical retries finds the first one's lease."""
         validate_request(req)
-        digest = leases.lease_digest(req.lease_token)
+        digests = [leases.lease_digest(pair.lease_token) for pair in req.pairs()]
 
         def first(tx: Transaction) -> tuple[PullResult, WorkerSnapshot | None, QueuedCandidate | None]:
             if not replay_only and worker_repo.lock_worker(tx, req.worker_id) is None:
                 _check_session(tx, req)  # names why: unregistered, replaced, offline
                 return PullResult(reason="draining"), None, cursor
             _check_session(tx, req)
-            live = _find_live(tx, req.worker_id, digest)
-            if live is not None:
-                return (
-                    PullResult(reason="replayed", offer=_rebuild(tx, live, req, self._shared)),
-                    None,
-                    cursor,
-                )
+            live = _find_live(tx, req.worker_id, digests)
+            if live:
+                return _replayed(tx, req, live, self._shared), None, cursor
             if replay_only:
                 return PullResult(reason="not_live"), None, cursor
             snap = workers.snapshot_one(tx, worker_id=req.worker_id)
@@ -288,14 +339,16 @@ class PullService:
                 raise FenceConflict(reason="worker_session_mismatch")
             if snap[0].free_slots <= 0:
                 return PullResult(reason="no_capacity"), None, cursor
-            result, last = self._page(tx, req, snap[0], digest, cursor, 0, locked=True)
+            result, last = self._page(tx, req, snap[0], digests, cursor, 0, locked=True)
             return result, snap[0], last
 
         result, snapshot, cursor = self._db.transaction(first, write=not replay_only)
         page_no = 1
         while result.reason == "next_page" and snapshot is not None:
             result, cursor = self._db.transaction(
-                partial(self._page, req=req, snapshot=snapshot, digest=digest, cursor=cursor, page_no=page_no)
+                partial(
+                    self._page, req=req, snapshot=snapshot, digests=digests, cursor=cursor, page_no=page_no
+                )
             )
             page_no += 1
         return result
@@ -305,18 +358,22 @@ class PullService:
         tx: Transaction,
         req: PullRequest,
         snapshot: WorkerSnapshot,
-        digest: str,
+        digests: list[str],
         cursor: QueuedCandidate | None,
         page_no: int,
         locked: bool = False,
     ) -> tuple[PullResult, QueuedCandidate | None]:
-        """One page of candidates from ``cursor``, placed and claimed in ``tx``: an offer, the end of
-        the walk, the end of the budget, or ``next_page`` (with where it stopped)."""
+        """One page of candidates from ``cursor``, placed and claimed in ``tx``: offers (up to one
+        per pair and per free slot), the end of the walk, the end of the budget, or ``next_page``
+        (with where it stopped)."""
         from_head = cursor is None and page_no == 0
         page = self._candidates(tx, cursor)
         # Only a short first page read from the head shows the whole queue.
         whole = from_head and len(page) < self.budget.candidate_page
         reason = "no_candidates"
+        pairs = req.pairs()
+        want = max(1, min(len(pairs), snapshot.free_slots))
+        offers: list[Offer] = []
         for cand in page:
             cursor = cand
             if cand.attempt_id is None or cand.attempt_status != "claimed":
@@ -334,20 +391,27 @@ class PullService:
             except Ql3Error:
                 reason, whole = "plans_unavailable", False
                 continue
+            pair = pairs[len(offers)]
             outcome = self._claim(
-                tx, req=req, cand=cand, attempt_id=cand.attempt_id, digest=digest, locked=locked
+                tx, req=req, cand=cand, attempt_id=cand.attempt_id, pair=pair, digests=digests, locked=locked
             )
             locked = True  # the first claim took the lock and looked: the rest of this unit holds it
-            if isinstance(outcome, Offer):
-                return PullResult(reason="replayed", offer=outcome), cursor
+            if isinstance(outcome, PullResult):
+                return outcome, cursor  # a retry whose first pull claimed: re-delivered, nothing more
             if outcome.status == "claimed" and outcome.lease is not None:
-                offer = _offer(outcome.lease, req, spec)
-                last = whole and cand is page[-1]  # nothing skipped before it, nothing after it
-                return PullResult(reason="claimed", offer=offer, queue_empty=last), cursor
+                offers.append(_offer(outcome.lease, pair, spec))
+                if len(offers) >= want:
+                    last = whole and cand is page[-1]  # nothing skipped before it, nothing after it
+                    return _claimed(offers, queue_empty=last), cursor
+                continue
             if outcome.status in ("worker_unavailable", "capacity_exhausted"):
+                if offers:
+                    return _claimed(offers, queue_empty=False), cursor
                 status = "no_capacity" if outcome.status == "capacity_exhausted" else "draining"
                 return PullResult(reason=status), cursor
             reason, whole = "claim_raced", False
+        if offers:  # the page ended before every pair was used
+            return _claimed(offers, queue_empty=whole), cursor
         if len(page) < self.budget.candidate_page:
             return PullResult(reason=reason, walked_to_end=True, queue_empty=whole), cursor
         if page_no >= self.budget.candidate_pages - 1:
@@ -365,18 +429,19 @@ class PullService:
         req: PullRequest,
         cand: QueuedCandidate,
         attempt_id: str,
-        digest: str,
+        pair: PullPair,
+        digests: list[str],
         locked: bool = False,
-    ) -> lease_claims.RunClaim | Offer:
+    ) -> lease_claims.RunClaim | PullResult:
         # The worker's registry row is locked first: every pull of this worker, on any replica,
         # serialises here, and the second of two identical retries finds the first one's lease.
         # ``locked``: this transaction took the lock and looked for the pair's lease already.
         if not locked:
             if worker_repo.lock_worker(tx, req.worker_id) is None:
                 return lease_claims.RunClaim(status="worker_unavailable")
-            live = _find_live(tx, req.worker_id, digest)
-            if live is not None:
-                return _rebuild(tx, live, req, self._shared)
+            live = _find_live(tx, req.worker_id, digests)
+            if live:
+                return _replayed(tx, req, live, self._shared)
         return lease_claims.claim(
             tx,
             run_id=cand.run_id,
@@ -384,7 +449,7 @@ class PullService:
             worker_id=req.worker_id,
             session_id=req.session_id,
             worker_generation=req.generation,
-            token_for_generation=lambda generation: req.lease_token,
+            token_for_generation=lambda generation: pair.lease_token,
             lease_ms=self.budget.lease_ms,
         )
 
@@ -399,10 +464,17 @@ class PullService:
             self._empty_at = marks.get(channels.RUNS) if result.queue_empty else None
         return result
 
-    def pull(self, req: PullRequest, *, wait_ms: int, replay_only: bool = False) -> PullResult:
+    def pull(
+        self, req: PullRequest, *, wait_ms: int, replay_only: bool = False, fresh: bool = False
+    ) -> PullResult:
         """Passes from where this session's walk stopped, at most ``1 + MAX_IMMEDIATE_RETRIES`` in a
         row; a walk still not at the end answers at once (the worker's next pull continues it), one
-        that reached the end of the queue waits for a wake-up and looks again from the head."""
+        that reached the end of the queue waits for a wake-up and looks again from the head.
+
+        ``fresh``: the worker never sent these pairs before, so there is nothing to re-deliver; such
+        a pull skips its first pass, as a woken one does, when no "runs" event came since a pass
+        found the queue empty (a worker that just took the last run asks again without a
+        transaction). A retried pair is never fresh: its first pass finds what it claimed."""
         if isinstance(wait_ms, bool) or not 0 <= wait_ms <= MAX_WAIT_MS:
             raise ValidationFailed(f"waitMs must be 0-{MAX_WAIT_MS}", field="waitMs")
         if replay_only:
@@ -412,7 +484,7 @@ class PullService:
         woken = False
         result = PullResult(reason="no_candidates", walked_to_end=True)
         while True:
-            if woken and self._counters is not None:
+            if (woken or fresh) and self._counters is not None:
                 # Woken pulls on this replica look one at a time, so the herd a new run wakes costs
                 # one pass, not one per waiting worker: the first takes it, the rest see that no
                 # "runs" event came since a pass found the queue empty and wait again.

@@ -25,7 +25,7 @@ from typing import Final
 from ql3.application.lifecycle import LifecycleRunner
 from ql3.cluster.http_control_plane import HttpControlPlane
 from ql3.cluster.log_shipper import LogShipper
-from ql3.cluster.pull import pull_offer_id
+from ql3.cluster.pull import MAX_PULL_PAIRS, pull_offer_id
 from ql3.domain.digests import new_token
 from ql3.domain.errors import Conflict, FenceConflict, Ql3Error
 from ql3.domain.offers import Offer
@@ -47,9 +47,10 @@ LOG_FLUSH_S: Final = 5.0  # a draining worker's last logs, at most this long bef
 
 
 @dataclass(slots=True)
-class _Pair:
-    offer_id: str
-    token: str
+class _Pairs:
+    """The (offer id, lease token) pairs of one pull, one per free slot when it was proposed."""
+
+    pairs: list[tuple[str, str]]
     failed_at: float | None = None
     sent: bool = False  # sent in a pull before (or saved by an earlier run of the worker)
 
@@ -81,6 +82,10 @@ class RemoteWorker:
         self._stopping = threading.Event()  # stop now: processes keep running, re-adopted later
         self._draining = threading.Event()
         self._slot_freed = threading.Event()
+        # Offers handed to the intake threads and not yet in the agent's active set (nor settled):
+        # they hold a lease on the server, so they hold a slot here too (``_busy``).
+        self._offered: dict[str, float] = {}
+        self._offered_lock = threading.Lock()
         self._agent_lock = threading.RLock()  # re-registration vs. the loops' use of the agent
         # Each attempt's log goes to the database through the server (docs/cluster.md "Log shipping").
         self.logs = LogShipper(plane, config.logs_dir, lambda: self.agent.session)
@@ -90,12 +95,30 @@ class RemoteWorker:
         self._maintain: LifecycleRunner | None = None
 
     def _settled(self, attempt_id: str) -> None:
+        with self._offered_lock:
+            self._offered.pop(attempt_id, None)
         self._slot_freed.set()
         self.logs.settled(attempt_id)  # the final flush; never blocks the agent
 
     def _submit(self, offer: Offer, *, asked_at: float | None = None) -> None:
         self.logs.track(offer.fence.attempt_id)
+        with self._offered_lock:
+            self._offered[offer.fence.attempt_id] = time.monotonic()
         self.agent.submit(offer, asked_at=asked_at)
+
+    def _busy(self) -> int:
+        """Slots taken: the active attempts and the offers still on their way into the active set
+        (without them a pull right after an offer would ask for a slot the server still counts as
+        held, and be answered ``no_capacity`` after a transaction). An offer whose intake failed
+        stops counting once its lease would have run out."""
+        now = time.monotonic()
+        horizon_s = self.config.run_lease_ms / 1000
+        with self._offered_lock:
+            for attempt_id, at in list(self._offered.items()):
+                if now - at > horizon_s or self.agent.is_active(attempt_id):
+                    del self._offered[attempt_id]
+            waiting = len(self._offered)
+        return self.agent.active_count + waiting
 
     def _track_in_flight(self) -> None:
         """After a restart: the attempts the journal still runs (re-adopted processes) are tailed
@@ -282,48 +305,48 @@ class RemoteWorker:
 
     # -- the pull long-poll ---------------------------------------------------------------------------
 
-    def _fresh_pair(self) -> _Pair:
-        token = new_token()
-        return _Pair(offer_id=pull_offer_id(self.config.worker_id, token), token=token)
+    def _fresh_pairs(self, count: int) -> _Pairs:
+        pairs = []
+        for _ in range(max(1, min(count, MAX_PULL_PAIRS))):
+            token = new_token()
+            pairs.append((pull_offer_id(self.config.worker_id, token), token))
+        return _Pairs(pairs=pairs)
 
     def _pair_file(self) -> Path:
         return self.config.home / "pull.json"
 
-    def _save_pair(self, pair: _Pair) -> None:
-        """Before a pull is sent: a worker killed while it waits retries the same pair when it is
-        back, so an offer claimed for a response it never read is received, not left to expire."""
+    def _save_pairs(self, pulls: _Pairs) -> None:
+        """Before a pull is sent: a worker killed while it waits retries the same pairs when it is
+        back, so offers claimed for a response it never read are received, not left to expire."""
         path = self._pair_file()
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
-            json.dump({"offer_id": pair.offer_id, "token": pair.token, "at_ms": time.time_ns() // 10**6}, fh)
+            json.dump({"pairs": pulls.pairs, "at_ms": time.time_ns() // 10**6}, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
 
-    def _saved_pair(self) -> _Pair | None:
+    def _saved_pairs(self) -> _Pairs | None:
         try:
             data = json.loads(self._pair_file().read_text())
             age_ms = time.time_ns() // 10**6 - int(data["at_ms"])
             if not 0 <= age_ms < self.config.run_lease_ms // 2:
                 return None  # any offer it claimed has expired or is about to: never reuse it
-            if pull_offer_id(self.config.worker_id, str(data["token"])) != data["offer_id"]:
+            raw = data["pairs"] if "pairs" in data else [[data["offer_id"], data["token"]]]
+            pairs = [(str(o), str(t)) for o, t in raw][:MAX_PULL_PAIRS]
+            if not pairs or any(pull_offer_id(self.config.worker_id, t) != o for o, t in pairs):
                 return None
-            return _Pair(
-                offer_id=str(data["offer_id"]),
-                token=str(data["token"]),
-                failed_at=time.monotonic(),
-                sent=True,
-            )
+            return _Pairs(pairs=pairs, failed_at=time.monotonic(), sent=True)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _clear_pair(self) -> None:
+    def _clear_pairs(self) -> None:
         with contextlib.suppress(OSError):
             self._pair_file().unlink()
 
     def _pull_loop(self) -> None:
-        pair: _Pair | None = self._saved_pair()
+        pulls: _Pairs | None = self._saved_pairs()
         failures = 0
         reuse_s = self.config.run_lease_ms / 3000
         while not self._stopping.is_set() and not self._draining.is_set():
@@ -331,44 +354,47 @@ class RemoteWorker:
             if session is None:
                 self._reregister()
                 continue
-            if self.agent.active_count >= self.config.slots:
+            free = self.config.slots - self._busy()
+            if free <= 0:
                 self._slot_freed.wait(MAINTAIN_BACKSTOP_S)
                 self._slot_freed.clear()
                 continue
-            if pair is None or (pair.failed_at is not None and time.monotonic() - pair.failed_at > reuse_s):
-                # A pair is retried only shortly after a lost response, well within the lease of an
-                # offer it may have claimed; after that a fresh one is proposed.
-                pair = self._fresh_pair()
+            if pulls is None or (
+                pulls.failed_at is not None and time.monotonic() - pulls.failed_at > reuse_s
+            ):
+                # Pairs are retried only shortly after a lost response, well within the lease of an
+                # offer they may have claimed; after that fresh ones are proposed, one a free slot.
+                pulls = self._fresh_pairs(free)
             # A pair never sent before can only be answered with a claim made for this request: its
             # offer is fresh (OfferIntake.receive). A retried or saved pair may replay an older claim.
-            asked_at = None if pair.sent else time.monotonic()
-            pair.sent = True
+            asked_at = None if pulls.sent else time.monotonic()
+            pulls.sent = True
             try:
-                self._save_pair(pair)
-                offer = self.plane.pull(
-                    session, offer_id=pair.offer_id, lease_token=pair.token, wait_ms=PULL_WAIT_MS
+                self._save_pairs(pulls)
+                offers = self.plane.pull_many(
+                    session, pairs=pulls.pairs, wait_ms=PULL_WAIT_MS, fresh=asked_at is not None
                 )
             except ControlPlaneUnreachable:
-                if pair.failed_at is None:
-                    pair.failed_at = time.monotonic()
+                if pulls.failed_at is None:
+                    pulls.failed_at = time.monotonic()
                 self._stopping.wait(self._backoff(failures))
                 failures += 1
                 continue
             except FenceConflict:
-                pair = None
-                self._clear_pair()
+                pulls = None
+                self._clear_pairs()
                 self._fence_lost()
                 continue
             except Ql3Error as exc:  # a refused pull (e.g. a revoked credential): back off, keep going
                 log.warning("pull refused", extra={"action": "worker.pull_refused", "error": exc.code})
-                pair = None
+                pulls = None
                 self._stopping.wait(self._backoff(failures))
                 failures += 1
                 continue
             failures = 0
-            pair = None
-            self._clear_pair()
-            if offer is not None:
+            pulls = None
+            self._clear_pairs()
+            for offer in offers:
                 self._submit(offer, asked_at=asked_at)
 
     def _fence_lost(self) -> None:

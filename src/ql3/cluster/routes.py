@@ -23,7 +23,7 @@ from ql3.application import attempt_logs, auth, worker_labels, workers
 from ql3.application import worker_credentials as credentials
 from ql3.application.gateway import InProcessControlPlane
 from ql3.cluster.auth_cache import WorkerAuthCache
-from ql3.cluster.pull import PullRequest, PullService
+from ql3.cluster.pull import MAX_PULL_PAIRS, PullPair, PullRequest, PullService
 from ql3.cluster.stops import StopWatch, lease_control
 from ql3.domain.auth import role_allows
 from ql3.domain.errors import NotFound, PermissionDenied, Ql3Error, ValidationFailed
@@ -118,11 +118,19 @@ class StatusIn(SessionIn):
     status: Literal["draining", "offline"]
 
 
+class PairIn(Body):
+    offerId: str = Field(min_length=1, max_length=64)
+    leaseToken: str = _TOKEN
+
+
 class PullIn(SessionIn):
     offerId: str = Field(min_length=1, max_length=64)
     leaseToken: str = _TOKEN
+    # one further pair per further free slot: the pull claims up to 1 + len(more) runs
+    more: list[PairIn] = Field(default_factory=list, max_length=MAX_PULL_PAIRS - 1)
     waitMs: int = Field(default=0, ge=0, le=20_000)
     replayOnly: bool = False  # only re-deliver this pair's live lease, never claim
+    fresh: bool = False  # never sent before: nothing to re-deliver (PullService.pull)
 
 
 class StopsIn(SessionIn):
@@ -256,8 +264,9 @@ def set_status(body: StatusIn, worker_id: WorkerDep, db: DbDep, request: Request
 
 @router.post("/api/v1/worker/pull")
 def pull(body: PullIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]:
-    """Place and claim one run for this session (long-poll up to ``waitMs``). ``offer`` is null when
-    nothing could be placed; an identical retry returns the identical offer."""
+    """Place and claim runs for this session, one per proposed pair at most (long-poll up to
+    ``waitMs``). ``offers`` lists them (``offer`` is the first, null when nothing could be placed);
+    an identical retry returns the identical offers."""
     service: PullService = _state(request).pull_service
     result = service.pull(
         PullRequest(
@@ -266,12 +275,15 @@ def pull(body: PullIn, worker_id: WorkerDep, request: Request) -> dict[str, Any]
             generation=body.generation,
             offer_id=body.offerId,
             lease_token=body.leaseToken,
+            more=tuple(PullPair(p.offerId, p.leaseToken) for p in body.more),
         ),
         wait_ms=body.waitMs,
         replay_only=body.replayOnly,
+        fresh=body.fresh,
     )
-    offer = None if result.offer is None else json.loads(result.offer.to_json())
-    return {"reason": result.reason, "offer": offer}
+    offers = [] if result.offer is None else [result.offer, *result.more_offers]
+    encoded = [json.loads(offer.to_json()) for offer in offers]
+    return {"reason": result.reason, "offer": encoded[0] if encoded else None, "offers": encoded}
 
 
 @router.post("/api/v1/worker/stops")

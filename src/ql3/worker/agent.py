@@ -170,6 +170,9 @@ class WorkerAgent:
     def active_count(self) -> int:
         return len(self._attempts)
 
+    def is_active(self, attempt_id: str) -> bool:
+        return self._attempts.get(attempt_id) is not None
+
     # -- the parts' entry points -----------------------------------------------------------------
 
     def submit(self, offer: Offer, *, asked_at: float | None = None) -> None:
