@@ -194,6 +194,7 @@ BOUNDED_WITHOUT_LIMIT = {
     "lease_claim_batch": "one row per claim passed in (lease_claims.claim_many refuses more than 64)",
     "metrics_parked_counts": "one row per loop and reason of parked_items, at most 500 rows a loop"
     " (application/parking.py)",
+    "task_active_page": "at most one row per task id passed in (a cron page: application/cron.py HARD_PAGE)",
 }
 
 
