@@ -13,7 +13,7 @@ from ql3.application import notifications, schedules, tasks
 from ql3.application.cron import CronScheduler
 from ql3.domain.egress import EgressPolicy
 from ql3.domain.tasks import next_fire_ms, random_delay_ms
-from tests.support.builders import count, seed_project, seed_task
+from tests.support.builders import count, seed_project, seed_task, start_run
 from tests.support.databases import Harness
 
 MINUTE = 60_000
@@ -314,6 +314,130 @@ def test_a_busy_minute_is_admitted_in_one_write_per_page(harness: Harness) -> No
     assert {(r["next_occurrence_ms"], r["last_scheduled_at_ms"]) for r in cursors} == {
         (boundary + MINUTE, boundary)
     }
+
+
+class _CountingTx:
+    """A transaction that counts the statements run through it."""
+
+    def __init__(self, tx: Any, counter: list[int]) -> None:
+        self._tx = tx
+        self._counter = counter
+
+    def one(self, query: str, params: Any = None) -> Any:
+        self._counter[0] += 1
+        return self._tx.one(query, params)
+
+    def all(self, query: str, params: Any = None) -> Any:
+        self._counter[0] += 1
+        return self._tx.all(query, params)
+
+    def run(self, query: str, params: Any = None) -> Any:
+        self._counter[0] += 1
+        return self._tx.run(query, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+
+class _StatementCountingDb:
+    """The harness database, counting the statements of each transaction."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+        self.statements: list[int] = []
+
+    def transaction(self, fn: Any, *, write: bool = True) -> Any:
+        counter = [0]
+        result = self._db.transaction(lambda tx: fn(_CountingTx(tx, counter)), write=write)
+        self.statements.append(counter[0])
+        return result
+
+
+def test_a_page_is_written_in_the_same_few_statements_whatever_its_size(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    for i in range(24):
+        spec: dict[str, Any] = {"overlap": "skip"} if i % 2 else {"max_attempts": 3, "retry_safe": True}
+        seed_task(harness.db, project, name=f"t{i:02d}", cron=EVERY_MINUTE, **spec)
+    _to_next_boundary(harness)
+    counting = _StatementCountingDb(harness.db)
+
+    small = CronScheduler(counting, page=4).schedule_once()  # type: ignore[arg-type]
+    large = CronScheduler(counting, page=20).schedule_once()  # type: ignore[arg-type]
+
+    assert (small.admitted, large.admitted) == (4, 20)
+    # the page's read, the running check, runs, attempts, events, retry policies, the cursors' move
+    assert counting.statements[0] == counting.statements[1] <= 7
+    assert count(harness.db, "run_attempts") == 24 and count(harness.db, "run_events") == 48
+    assert count(harness.db, "run_retry_policies") == 12
+
+
+def test_a_run_admitted_with_its_page_is_the_run_create_run_makes(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    alone = seed_task(harness.db, project, name="alone", cron=EVERY_MINUTE, max_attempts=3, retry_safe=True)
+    paged = seed_task(harness.db, project, name="paged", cron=EVERY_MINUTE, max_attempts=3, retry_safe=True)
+    boundary = _to_next_boundary(harness)
+    spec = harness.db.transaction(lambda tx: tasks.view(tx, alone).spec, write=False)
+    # The occurrence of "alone" is admitted one run at a time (create_run); its page meets the key.
+    assert harness.db.transaction(lambda tx: schedules.admit(tx, alone, spec, boundary)) == "admitted"
+
+    report = _cycle(harness)
+
+    assert report.decisions == ["admitted", "admitted"] and count(harness.db, "runs") == 2
+
+    def shape(task_id: str) -> dict[str, Any]:
+        run = harness.db.raw(f"SELECT * FROM runs WHERE task_id = '{task_id}'")[0]
+        attempts = harness.db.raw(f"SELECT * FROM run_attempts WHERE run_id = '{run['id']}'")
+        events = harness.db.raw(f"SELECT * FROM run_events WHERE run_id = '{run['id']}' ORDER BY sequence")
+        policy = harness.db.raw(f"SELECT * FROM run_retry_policies WHERE run_id = '{run['id']}'")
+        ids = {run["id"]: "run", task_id: "task", **{a["id"]: "attempt" for a in attempts}}
+
+        def plain(row: dict[str, Any]) -> dict[str, Any]:
+            out = {k: ids.get(v, v) for k, v in row.items() if k not in ("request_digest",)}
+            if "idempotency_key" in out:
+                out["idempotency_key"] = str(out["idempotency_key"]).replace(task_id, "task")
+            return out
+
+        return {
+            "run": plain(dict(run)),
+            "attempts": [plain(dict(a)) for a in attempts],
+            "events": [{**plain(dict(e)), "id": None} for e in events],
+            "policy": [plain(dict(p)) for p in policy],
+            "digest_set": run["request_digest"] is not None,
+        }
+
+    assert shape(paged.id) == shape(alone.id)
+    assert [e["type"] for e in shape(paged.id)["events"]] == ["run.created", "run.queued"]
+    cursors = harness.db.raw("SELECT next_occurrence_ms FROM task_schedules")
+    assert [r["next_occurrence_ms"] for r in cursors] == [boundary + MINUTE] * 2
+
+
+def test_a_mixed_page_decides_each_task_by_its_policy(harness: Harness) -> None:
+    project = seed_project(harness.db)
+    plain = seed_task(harness.db, project, name="plain", cron=EVERY_MINUTE)
+    busy = seed_task(harness.db, project, name="busy", cron=EVERY_MINUTE, overlap="skip")
+    idle = seed_task(harness.db, project, name="idle", cron=EVERY_MINUTE, overlap="skip")
+    replace = seed_task(harness.db, project, name="replace", cron=EVERY_MINUTE, overlap="cancel_previous")
+    start_run(harness.db, project, busy)
+    start_run(harness.db, project, replace)
+    boundary = _to_next_boundary(harness)
+
+    report = _cycle(harness)
+
+    assert (report.admitted, report.skipped_overlap) == (3, 1)
+    rows = harness.db.raw("SELECT task_id, status, cancel_reason, scheduled_for_ms FROM runs")
+    by_task = sorted((r["task_id"], r["status"], r["cancel_reason"], r["scheduled_for_ms"]) for r in rows)
+    assert by_task == sorted(
+        [
+            (plain.id, "queued", None, boundary),
+            (busy.id, "queued", None, None),
+            (idle.id, "queued", None, boundary),
+            (replace.id, "cancelled", "policy", None),
+            (replace.id, "queued", None, boundary),
+        ]
+    )
+    assert _skips(harness, busy.id) == [("overlap", boundary, boundary, 1)]
+    cursors = harness.db.raw("SELECT next_occurrence_ms FROM task_schedules")
+    assert [r["next_occurrence_ms"] for r in cursors] == [boundary + MINUTE] * 4
 
 
 # -- 5. --on-start ------------------------------------------------------------------------------------

@@ -173,6 +173,7 @@ POSTGRES_ONLY = {
     "run_write": "ql3_write_run (migration 0011): runs.write_run; SQLite runs run_cas, attempt_cas, events",
     "lease_claim_last": "ql3_claim_or_raise (migration 0015): lease_claims.claim, last; SQLite: lease_claim",
     "lease_result": "ql3_lease_result (migration 0014): the ACKs and completion; SQLite runs their steps",
+    "run_insert_page_all": "a cron page's runs, attempts, events, policies; SQLite: run_insert_page, ...",
 }
 
 
@@ -194,6 +195,8 @@ BOUNDED_WITHOUT_LIMIT = {
     "lease_claim_batch": "one row per claim passed in (lease_claims.claim_many refuses more than 64)",
     "metrics_parked_counts": "one row per loop and reason of parked_items, at most 500 rows a loop"
     " (application/parking.py)",
+    "task_active_page": "at most one row per task id passed in (a cron page: application/cron.py HARD_PAGE)",
+    "run_insert_page_all": "at most one row per run passed in (a cron page: application/cron.py HARD_PAGE)",
 }
 
 

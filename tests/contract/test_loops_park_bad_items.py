@@ -15,6 +15,7 @@ from ql3.application.retention import RetentionPruner
 from ql3.application.settings import PROFILES, ServeSettings
 from ql3.domain.egress import EgressPolicy
 from ql3.domain.notifications import ChannelTarget, Message
+from ql3.domain.tasks import build_spec
 from tests.support.approval_builders import World, approved, user
 from tests.support.approval_builders import world as approval_world
 from tests.support.builders import count, seed_project, seed_task, start_run
@@ -147,18 +148,19 @@ def test_a_due_schedule_that_fails_is_parked_and_the_other_is_admitted(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     project = seed_project(harness.db)
-    bad = seed_task(harness.db, project, name="bad", cron="* * * * *")
+    bad = seed_task(harness.db, project, name="bad", cron="* * * * *", command="echo bad")
     good = seed_task(harness.db, project, name="good", cron="* * * * *")
     harness.advance_clock(2 * MINUTE)
-    real = cron._decide
+    real = build_spec
 
-    def poisoned(tx: Any, item: Any, moves: Any) -> Any:
-        decided = real(tx, item, moves)  # the bad task's run is written, then undone with its savepoint
-        if item.schedule.task_id == bad.id:
+    def poisoned(raw: Any) -> Any:
+        # Read for each task of the page, whether the page is decided at once or task by task (the
+        # page that failed is undone, then decided again with a savepoint a task).
+        if raw.get("command") == "echo bad":
             raise Poison("boom")
-        return decided
+        return real(raw)
 
-    monkeypatch.setattr(cron, "_decide", poisoned)
+    monkeypatch.setattr(cron, "build_spec", poisoned)
 
     _cycle(_loops(harness)["cron"])
 

@@ -10,9 +10,10 @@ from typing import Final
 
 from ql3.application import notifications
 from ql3.application.parking import ItemGuard, is_transient
-from ql3.application.schedules import Decision, admit, decide_due, start_key
+from ql3.application.schedules import Decision, admit, decide_due, decide_page, start_key
 from ql3.domain.errors import NotFound, ValidationFailed
-from ql3.domain.tasks import build_spec
+from ql3.domain.model import Task, TaskSchedule
+from ql3.domain.tasks import TaskSpec, build_spec
 from ql3.ports.storage import Database, Savepoints, Transaction
 from ql3.repositories import tasks as task_store
 from ql3.repositories.tasks import DueSchedule
@@ -71,20 +72,22 @@ class CronScheduler:
             decided.clear()
             out: list[Decision] = []
             moves: list[task_store.CursorMove] = []
-            for item in task_store.lock_due_page(tx, now_ms=tx.now_ms(), limit=self._page):
+            items = task_store.lock_due_page(tx, now_ms=tx.now_ms(), limit=self._page)
+            if not isolate:
+                out = _decide_page(tx, items, moves)
+                decided.extend(item.schedule.task_id for item in items)
+                task_store.move_schedules(tx, moves)
+                return out
+            for item in items:
                 task_id = item.schedule.task_id
                 mine: list[task_store.CursorMove] = []  # queued only once the task's decision stands
-                decide = partial(_decide, item=item, moves=mine)
-                if not isolate:
-                    out.append(decide(tx))
-                else:
-                    try:
-                        out.append(_in_savepoint(tx, decide))
-                    except Exception as exc:
-                        if is_transient(exc):
-                            raise
-                        failed.append((task_id, exc))
-                        continue
+                try:
+                    out.append(_in_savepoint(tx, partial(_decide, item=item, moves=mine)))
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    failed.append((task_id, exc))
+                    continue
                 moves.extend(mine)
                 decided.append(task_id)
             task_store.move_schedules(tx, moves)
@@ -178,6 +181,26 @@ def _fire_on_start_page(tx: Transaction, task_ids: list[str], start_epoch: int) 
 
 def _in_savepoint(tx: Transaction, fn: Callable[[Transaction], Decision]) -> Decision:
     return tx.savepoint(fn) if isinstance(tx, Savepoints) else fn(tx)
+
+
+def _decide_page(
+    tx: Transaction, items: list[DueSchedule], moves: list[task_store.CursorMove]
+) -> list[Decision]:
+    """A page at once (``decide_page``): a deleted task's schedule goes, a missing revision fails the
+    page (decided again task by task, so that one task is parked)."""
+    out: list[Decision | None] = []
+    live: list[tuple[TaskSchedule, Task, TaskSpec]] = []
+    for item in items:
+        if item.task is None:
+            task_store.delete_schedule(tx, item.schedule.task_id)
+            out.append(Decision())
+            continue
+        if item.spec is None:
+            raise NotFound("task revision not found")
+        live.append((item.schedule, item.task, build_spec(item.spec)))
+        out.append(None)
+    decided = iter(decide_page(tx, live, moves))
+    return [next(decided) if d is None else d for d in out]
 
 
 def _decide(tx: Transaction, item: DueSchedule, moves: list[task_store.CursorMove]) -> Decision:

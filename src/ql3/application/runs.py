@@ -396,6 +396,84 @@ def create_run(tx: Transaction, cmd: CreateRun) -> tuple[Run, bool]:
     return current, True
 
 
+def create_queued_runs(tx: Transaction, cmds: list[CreateRun]) -> list[bool]:
+    """A page of new queued runs, each as ``create_run`` makes it (its first claimed attempt, its
+    created and queued events, its retry policy), in a constant number of statements whatever the
+    page's size. Every command names its spec and an idempotency key and is not a manual run (the
+    scheduler's runs). Returns, per command, whether its run was created: one whose key is already
+    taken is not, and the caller decides it alone with ``create_run`` (the existing run, or the
+    conflict)."""
+    now = tx.now_ms()
+    rows: list[repo.NewQueuedRun] = []
+    for cmd in cmds:
+        if cmd.spec is None or cmd.idempotency_key is None or cmd.trigger_type == "manual":
+            raise ValueError("a page of runs needs specs, idempotency keys and no manual run")
+        if not -(2**31) <= cmd.priority < 2**31:
+            raise ValidationFailed("priority out of range", field="priority")
+        run_id, attempt_id = new_id(), new_id()
+        payload: dict[str, Any] = {"trigger_type": cmd.trigger_type, "task_revision": cmd.task.revision}
+        if cmd.scheduled_for_ms is not None:
+            payload["scheduled_for_ms"] = cmd.scheduled_for_ms
+        if cmd.trigger_type == "approved_action":
+            payload["approval_request_id"] = cmd.request_id
+            payload["dispatch_id"] = cmd.idempotency_key
+        spec = cmd.spec
+        retry = None
+        if spec.max_attempts > 1 and spec.retry_safe:  # as _insert_retry_policy decides
+            retry = {
+                "max_attempts": spec.max_attempts,
+                "retry_on_lost": 1,
+                "safety": "idempotent",
+                "backoff_min_ms": RETRY_BACKOFF_MIN_MS,
+                "backoff_max_ms": RETRY_BACKOFF_MAX_MS,
+            }
+        events = (
+            repo.NewEvent(
+                event_id=new_id(),
+                sequence=1,
+                type="run.created",
+                dedupe_key=None,
+                actor_type=cmd.actor_type,
+                actor_id=cmd.actor_id,
+                attempt_id=None,
+                payload_json=event_payload_json(payload),
+            ),
+            repo.NewEvent(
+                event_id=new_id(),
+                sequence=2,
+                type="run.queued",
+                dedupe_key=None,
+                actor_type="system",
+                actor_id=None,
+                attempt_id=attempt_id,
+                payload_json=event_payload_json({"attempt": 1}),
+            ),
+        )
+        rows.append(
+            repo.NewQueuedRun(
+                run_id=run_id,
+                attempt_id=attempt_id,
+                project_id=cmd.project_id,
+                task_id=cmd.task.id,
+                task_revision=cmd.task.revision,
+                trigger_type=cmd.trigger_type,
+                trigger_id=cmd.trigger_id,
+                priority=cmd.priority,
+                idempotency_key=cmd.idempotency_key,
+                request_digest=request_digest(cmd),
+                request_id=cmd.request_id,
+                retry_of_run_id=cmd.retry_of_run_id,
+                scheduled_for_ms=cmd.scheduled_for_ms,
+                events=events,
+                retry=retry,
+            )
+        )
+    inserted = repo.insert_queued_runs(tx, rows, now=now)
+    if inserted:
+        tx.notify(channels.RUNS)
+    return [row.run_id in inserted for row in rows]
+
+
 RETRY_BACKOFF_MIN_MS: Final = 1_000
 RETRY_BACKOFF_MAX_MS: Final = 60_000
 

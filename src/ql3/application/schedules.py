@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 from ql3.application.cancellation import request_cancel
-from ql3.application.runs import CreateRun, create_run
+from ql3.application.runs import CreateRun, create_queued_runs, create_run
 from ql3.domain.errors import ValidationFailed
 from ql3.domain.model import Task, TaskSchedule
 from ql3.domain.tasks import TaskSpec, next_fire_ms, random_delay_ms
@@ -242,16 +242,8 @@ def decide_due(
     ``moves``: the cursor move is appended there, for the caller to write with its page's others.
     """
     decision = Decision()
-    first = cursor_occurrence(schedule)
-    if first is None:
-        return decision
     now = tx.now_ms()
-    expr = schedule.cron_expr
-    due: list[int] = []
-    occurrence = first
-    while len(due) < MAX_STEPS and due_at(task.id, occurrence, spec) <= now:
-        due.append(occurrence)
-        occurrence = next_fire_ms(expr, occurrence)
+    due, occurrence = _due(task.id, schedule, spec, now)
     if not due:
         return decision
     decision.more = due_at(task.id, occurrence, spec) <= now
@@ -284,6 +276,88 @@ def decide_due(
             )
         )
     return decision
+
+
+def _due(task_id: str, schedule: TaskSchedule, spec: TaskSpec, now: int) -> tuple[list[int], int]:
+    """The cursor's occurrences due by ``now`` (at most ``MAX_STEPS``) and the occurrence after them."""
+    first = cursor_occurrence(schedule)
+    if first is None:
+        return [], 0
+    due: list[int] = []
+    occurrence = first
+    while len(due) < MAX_STEPS and due_at(task_id, occurrence, spec) <= now:
+        due.append(occurrence)
+        occurrence = next_fire_ms(schedule.cron_expr, occurrence)
+    return due, occurrence
+
+
+def decide_page(
+    tx: Transaction, items: list[tuple[TaskSchedule, Task, TaskSpec]], moves: list[task_store.CursorMove]
+) -> list[Decision]:
+    """``decide_due`` for a page of tasks (their schedule rows held by the caller's transaction), one
+    decision a task in the page's order, each cursor move appended to ``moves``.
+
+    The common case, a task with one occurrence due and on time whose overlap policy lets it run, is
+    decided for the whole page at once: one statement reads which of the page's ``overlap: skip`` tasks
+    still have a run going, and ``create_queued_runs`` writes every run in a constant number of
+    statements. Every other task (several occurrences due, a late one, a running one under ``skip``,
+    ``cancel_previous``, an occurrence whose run already exists) is decided alone by ``decide_due``,
+    exactly as before: the outcome is the same either way, only the number of statements differs."""
+    now = tx.now_ms()
+    decisions: list[Decision | None] = [None] * len(items)
+    batch: list[tuple[int, int, int]] = []  # (index, occurrence, next occurrence)
+    for index, (schedule, task, spec) in enumerate(items):
+        due, after = _due(task.id, schedule, spec, now)
+        if not due:
+            decisions[index] = Decision()
+        elif (
+            len(due) == 1
+            and due_at(task.id, after, spec) > now
+            and now - due_at(task.id, due[0], spec) <= spec.misfire_grace_ms
+            and spec.overlap != "cancel_previous"
+        ):
+            batch.append((index, due[0], after))
+    busy = task_store.tasks_with_active_runs(
+        tx, [items[i][1].id for i, _, _ in batch if items[i][2].overlap == "skip"]
+    )
+    batch = [entry for entry in batch if items[entry[0]][1].id not in busy]
+    created = create_queued_runs(
+        tx,
+        [
+            CreateRun(
+                project_id=items[i][1].project_id,
+                task=items[i][1],
+                spec=items[i][2],
+                trigger_type="cron",
+                trigger_id=items[i][1].id,
+                idempotency_key=cron_key(items[i][1].id, occurrence),
+                scheduled_for_ms=occurrence,
+                actor_type="scheduler",
+            )
+            for i, occurrence, _ in batch
+        ],
+    )
+    for (index, occurrence, after), new in zip(batch, created, strict=True):
+        if not new:
+            continue  # its key has a run already: decided alone below, as create_run answers it
+        _, task, spec = items[index]
+        decisions[index] = Decision(admitted=1)
+        moves.append(
+            task_store.CursorMove(
+                task_id=task.id,
+                task_revision=task.revision,
+                next_occurrence_ms=after,
+                next_fire_at_ms=due_at(task.id, after, spec),
+                last_scheduled_at_ms=occurrence,
+            )
+        )
+    out: list[Decision] = []
+    for index, decision in enumerate(decisions):
+        if decision is None:
+            schedule, task, spec = items[index]
+            decision = decide_due(tx, schedule, task, spec, moves)
+        out.append(decision)
+    return out
 
 
 def _move(

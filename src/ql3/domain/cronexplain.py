@@ -7,6 +7,7 @@ behind a ``CRON_TZ=ZONE`` prefix (ql3.domain.timezones).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from itertools import pairwise
 from typing import Final
 
@@ -56,8 +57,11 @@ def _seconds_gap(seconds_field: str) -> int:
     return min(gaps)
 
 
+@lru_cache(maxsize=1024)
 def explain(expr: str) -> str | None:
-    """None for a valid expression, else a sentence naming the wrong part and why."""
+    """None for a valid expression, else a sentence naming the wrong part and why. Remembered per
+    expression (a pure function of the text): the cron loop validates every due task's spec, and a
+    busy minute has a thousand tasks on a handful of expressions."""
     zone_name, text = timezones.split_cron(expr)
     if zone_name is not None:
         problem = timezones.zone_problem(zone_name)

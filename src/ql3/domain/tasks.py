@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Final, Literal
 
 from cronsim import CronSim
@@ -121,6 +122,7 @@ def validate_cron(expr: object) -> str:
     return timezones.join_cron(zone_name, body)
 
 
+@lru_cache(maxsize=4096)
 def next_fire_ms(expr: str, after_ms: int) -> int:
     """The first occurrence of ``expr`` strictly after ``after_ms``, evaluated as wall-clock time in
     the expression's zone (UTC without a ``CRON_TZ=`` prefix). Daylight saving (docs/tasks.md), as
@@ -128,7 +130,8 @@ def next_fire_ms(expr: str, after_ms: int) -> int:
     hour field starts with ``*``) follows the wall clock: a time skipped by a forward jump fires once
     at the first instant after the jump, a time repeated by a backward jump fires once (first pass).
     Other schedules (``*/30 * * * *``, six fields) follow elapsed time: nothing fires in a skipped
-    hour, and a repeated hour fires in both passes."""
+    hour, and a repeated hour fires in both passes. Remembered per expression and instant (a pure
+    function of both): the tasks of a busy minute share a few expressions and one boundary."""
     zone_name, body = timezones.split_cron(expr)
     start = datetime.fromtimestamp(after_ms / 1000, tz=timezones.zone(zone_name or timezones.DEFAULT_ZONE))
     it = CronSim(body, start)

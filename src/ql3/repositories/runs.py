@@ -542,3 +542,96 @@ def queued_candidates(
         )
         for row in found
     ]
+
+
+# -- a page of new runs at once (cron admission) ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewQueuedRun:
+    """One queued run of a page written by ``insert_queued_runs``: the run, its first (claimed) attempt,
+    its events (sequences from 1) and its retry policy when it has one."""
+
+    run_id: str
+    attempt_id: str
+    project_id: str
+    task_id: str
+    task_revision: int
+    trigger_type: str
+    trigger_id: str | None
+    priority: int
+    idempotency_key: str
+    request_digest: str
+    request_id: str | None
+    retry_of_run_id: str | None
+    scheduled_for_ms: int | None
+    events: tuple[NewEvent, ...]
+    retry: dict[str, Any] | None  # max_attempts, retry_on_lost, safety, backoff_min_ms, backoff_max_ms
+
+
+def insert_queued_runs(tx: Transaction, runs: list[NewQueuedRun], *, now: int) -> set[str]:
+    """A page of queued runs in a constant number of statements (runs, attempts, events, retry
+    policies: each one JSON array; on PostgreSQL all four in one statement, ``run_insert_page_all``).
+    Returns the ids inserted: a run whose idempotency key is already taken is not inserted (nor its
+    attempt, events or policy); the caller decides it alone."""
+    if not runs:
+        return set()
+    body = json.dumps(
+        [
+            {
+                "id": r.run_id,
+                "project_id": r.project_id,
+                "task_id": r.task_id,
+                "task_revision": r.task_revision,
+                "trigger_type": r.trigger_type,
+                "trigger_id": r.trigger_id,
+                "priority": r.priority,
+                "idempotency_key": r.idempotency_key,
+                "request_digest": r.request_digest,
+                "request_id": r.request_id,
+                "retry_of_run_id": r.retry_of_run_id,
+                "scheduled_for_ms": r.scheduled_for_ms,
+            }
+            for r in runs
+        ]
+    )
+    attempts = [{"id": r.attempt_id, "run_id": r.run_id} for r in runs]
+    events = [
+        {
+            "id": e.event_id,
+            "run_id": r.run_id,
+            "sequence": e.sequence,
+            "type": e.type,
+            "dedupe_key": e.dedupe_key,
+            "actor_type": e.actor_type,
+            "actor_id": e.actor_id,
+            "attempt_id": e.attempt_id,
+            "payload_json": e.payload_json,
+        }
+        for r in runs
+        for e in r.events
+    ]
+    policies = [{"run_id": r.run_id, **r.retry} for r in runs if r.retry is not None]
+    attempt_columns = {"status": "claimed", "executor_type": "local_process", "now": now}
+    if tx.dialect == "postgres":
+        # One statement (its inserts joined to the runs it inserted): one round trip a page.
+        params = {
+            "runs": body,
+            "attempts": json.dumps(attempts),
+            "events": json.dumps(events),
+            "policies": json.dumps(policies),
+            **attempt_columns,
+        }
+        return {str(row["id"]) for row in tx.all("run_insert_page_all", params)}
+    inserted = {str(row["id"]) for row in tx.all("run_insert_page", {"runs": body, "now": now})}
+    if len(inserted) < len(runs):  # the rows of a run not inserted are not written
+        attempts = [a for a in attempts if a["run_id"] in inserted]
+        events = [e for e in events if e["run_id"] in inserted]
+        policies = [p for p in policies if p["run_id"] in inserted]
+    if attempts:
+        tx.run("attempt_insert_page", {"attempts": json.dumps(attempts), **attempt_columns})
+    if events:
+        tx.run("event_insert_page", {"events": json.dumps(events), "now": now})
+    if policies:
+        tx.run("retry_policy_insert_page", {"policies": json.dumps(policies)})
+    return inserted

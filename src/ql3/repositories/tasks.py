@@ -152,6 +152,14 @@ def delete_task(tx: Transaction, task_id: str) -> None:
     tx.run("task_delete", {"id": task_id, "now": tx.now_ms()})
 
 
+def tasks_with_active_runs(tx: Transaction, task_ids: list[str]) -> set[str]:
+    """Which of the tasks have a run that has not ended (the overlap policy of a page, one statement)."""
+    if not task_ids:
+        return set()
+    found = tx.all("task_active_page", {"task_ids": json.dumps(task_ids)})
+    return {str(row["task_id"]) for row in found}
+
+
 def active_run_ids(tx: Transaction, task_id: str, *, limit: int) -> list[str]:
     """Ids of the task's runs that have not ended, oldest first (for the cron overlap policy)."""
     return [str(row["id"]) for row in tx.all("task_active_runs", {"task_id": task_id, "limit": limit})]
