@@ -20,6 +20,7 @@ from ql3.ports.storage import Database
 from ql3.ports.vcs import GitFetcher
 from ql3.storage.migrations import MigrationState, chain
 from ql3.storage.notify import LocalNotifier
+from ql3.storage.sqlite import backup as _sqlite_backup
 from ql3.vcs.git import GitCli
 
 if TYPE_CHECKING:
@@ -324,3 +325,6 @@ def _embedded_worker(
 def git_fetcher() -> GitFetcher:
     """The subscriptions' fetcher: the ``git`` command (docs/scripts.md)."""
     return GitCli()
+
+
+sqlite_backup = _sqlite_backup  # the CLI's `ql3 db backup|restore` (its only way to the storage layer)

@@ -190,6 +190,8 @@ def test_every_query_the_code_runs_exists_in_both_dialects_and_both_name_the_sam
 
 # Queries read with ``all`` whose size is bounded by the schema rather than by a LIMIT.
 BOUNDED_WITHOUT_LIMIT = {
+    "stats_runs_by_bucket": "one row per bucket and outcome (GROUP BY; at most 28 buckets of 11 statuses)",
+    "stats_busy_by_bucket": "one row per bucket (at most 28: the 7-day range in 6-hour buckets)",
     "worker_snapshot_one": "one worker by its primary key",
     "notify_outbox_counts": "one row per delivery status (GROUP BY status)",
     "lease_claim_batch": "one row per claim passed in (lease_claims.claim_many refuses more than 64)",

@@ -57,7 +57,7 @@ def _add(harness: Harness, project_id: str, **fields: object) -> Subscription:
 
 
 def _tasks(harness: Harness, project_id: str) -> dict[str, tuple[bool, str | None, str | None]]:
-    views = harness.db.transaction(lambda tx: tasks.list_tasks(tx, project_id), write=False)
+    views, _ = harness.db.transaction(lambda tx: tasks.list_tasks(tx, project_id), write=False)
     return {v.task.name: (v.task.enabled, v.spec.cron, v.spec.script) for v in views}
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Final
 
 from ql3.bootstrap import open_database
+from ql3.bootstrap import sqlite_backup as online
 from ql3.cli import output
 from ql3.cli.common import Parser, Subparsers, add_command, wants_json
 from ql3.cli.config import database_url, home
 from ql3.cli.errors import EXIT_OK, CliError, UsageError
 from ql3.cli.lock import home_lock
-from ql3.storage.sqlite import backup as online
 
 BACKUP_HELP: Final = """\
 SQLite only; for PostgreSQL use pg_dump / pg_restore (docs/operations.md).

@@ -37,6 +37,8 @@ def script() -> Response:
 @router.get("/console/charts.js")
 def charts() -> Response:
     return Response(_asset("charts.js"), media_type="text/javascript; charset=utf-8", headers=_HEADERS)
+
+
 @router.get("/console/admin.js")
 def admin_script() -> Response:
     return Response(_asset("admin.js"), media_type="text/javascript; charset=utf-8", headers=_HEADERS)

@@ -20,7 +20,6 @@ from starlette.background import BackgroundTask
 
 from ql3.domain.errors import Conflict, PermissionDenied
 from ql3.http.auth import DbDep, PrincipalDep
-from ql3.storage.sqlite import backup as online
 
 router = APIRouter(prefix="/api/v1", tags=["backup"])
 audit = logging.getLogger("ql3.audit")
@@ -43,7 +42,8 @@ def download_backup(db: DbDep, principal: PrincipalDep) -> FileResponse:
     if not principal.is_owner:
         raise PermissionDenied("only the owner downloads backups", permission="server.backup")
     path = getattr(db, "path", None)
-    if not isinstance(path, str):
+    backup = getattr(db, "online_backup", None)
+    if not isinstance(path, str) or backup is None:
         raise BackupNotSupported(
             "online backup works on SQLite; back PostgreSQL up with pg_dump (docs/operations.md)"
         )
@@ -51,7 +51,7 @@ def download_backup(db: DbDep, principal: PrincipalDep) -> FileResponse:
     workdir = Path(tempfile.mkdtemp(prefix=".ql3-backup-", dir=source.parent))
     try:
         target = workdir / "ql3-backup.db"
-        version = online.online_backup(source, target)
+        version = int(backup(target))
         size = target.stat().st_size
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)

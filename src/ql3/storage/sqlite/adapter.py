@@ -103,6 +103,13 @@ class SqliteDatabase:
 
     dialect = "sqlite"
 
+    def online_backup(self, target: Path) -> int:
+        """A consistent copy of this database at ``target`` while it is in use (``backup.online_backup``:
+        SQLite's online backup API, checked); returns the copy's schema version."""
+        from ql3.storage.sqlite import backup
+
+        return backup.online_backup(Path(self.path), target)
+
     def __init__(self, path: str | Path, *, clock: Clock | None = None, busy_timeout_ms: int = 5000) -> None:
         self.path = str(path)
         self.clock: Clock = clock or system_clock_ms
