@@ -24,7 +24,9 @@ def _owner(harness: Harness) -> auth.IssuedToken:
     return issued
 
 
-def _user(harness: Harness, owner: auth.IssuedToken, name: str = "alice", role: str = "operator") -> sessions.Login:
+def _user(
+    harness: Harness, owner: auth.IssuedToken, name: str = "alice", role: str = "operator"
+) -> sessions.Login:
     digest = sessions.hash_password(PASSWORD)
     created: sessions.Login = harness.db.transaction(
         lambda tx: sessions.create_user(
@@ -34,7 +36,9 @@ def _user(harness: Harness, owner: auth.IssuedToken, name: str = "alice", role: 
     return created
 
 
-def _sign_in(harness: Harness, name: str, password: str = PASSWORD, totp: str | None = None) -> sessions.SignInResult:
+def _sign_in(
+    harness: Harness, name: str, password: str = PASSWORD, totp: str | None = None
+) -> sessions.SignInResult:
     seen = harness.db.transaction(lambda tx: sessions.read_login(tx, name), write=False)
     ok = seen is not None and sessions.verify_password(seen.password_hash, password)
     result: sessions.SignInResult = harness.db.transaction(
@@ -64,7 +68,9 @@ def test_a_user_signs_in_and_only_the_digest_of_the_session_is_stored(harness: H
     use = _use(harness, created.secret)
     assert use is not None and use.principal.id == user.principal.id and use.principal.name == "alice"
     stored = harness.db.transaction(lambda tx: store.get_session(tx, created.session.id), write=False)
-    assert stored is not None and created.secret not in stored.secret_digest and len(stored.secret_digest) == 64
+    assert (
+        stored is not None and created.secret not in stored.secret_digest and len(stored.secret_digest) == 64
+    )
     assert stored.expires_at_ms == stored.created_at_ms + POLICY.max_ms
     assert created.csrf_token == sessions.csrf_token(created.secret) != created.secret
     assert sessions.csrf_matches(created.secret, created.csrf_token)
@@ -126,7 +132,9 @@ def test_sessions_are_listed_revoked_and_signing_out_revokes(harness: Harness) -
     )
     assert revoked.revoked_at_ms is not None
     assert _use(harness, second.secret) is None
-    assert harness.db.transaction(lambda tx: sessions.list_own_sessions(tx, user.principal), write=False) == []
+    assert (
+        harness.db.transaction(lambda tx: sessions.list_own_sessions(tx, user.principal), write=False) == []
+    )
     # another user cannot see or revoke alice's session
     bob = _user(harness, owner, "bob", role="viewer")
     third = _sign_in(harness, "alice").created
@@ -150,7 +158,9 @@ def test_a_new_password_and_a_revoked_principal_end_every_session(harness: Harne
     later = _sign_in(harness, "alice", "another long password").created
     assert later is not None and _use(harness, later.secret) is not None
 
-    harness.db.transaction(lambda tx: auth.revoke_token(tx, owner.principal, owner.project, user.principal.id))
+    harness.db.transaction(
+        lambda tx: auth.revoke_token(tx, owner.principal, owner.project, user.principal.id)
+    )
     assert _use(harness, later.secret) is None
     assert _sign_in(harness, "alice", "another long password").outcome == "failed"
 
@@ -229,14 +239,24 @@ def test_names_are_unique_and_passwords_validated(harness: Harness) -> None:
     digest = sessions.hash_password(PASSWORD)
     harness.db.transaction(
         lambda tx: sessions.create_user(
-            tx, owner.principal, owner.project, login="root", role="admin", password_hash=digest,
+            tx,
+            owner.principal,
+            owner.project,
+            login="root",
+            role="admin",
+            password_hash=digest,
             attach_to_caller=True,
         )
     )
     with pytest.raises(Conflict):
         harness.db.transaction(
             lambda tx: sessions.create_user(
-                tx, owner.principal, owner.project, login="root2", role="admin", password_hash=digest,
+                tx,
+                owner.principal,
+                owner.project,
+                login="root2",
+                role="admin",
+                password_hash=digest,
                 attach_to_caller=True,
             )
         )
@@ -244,7 +264,10 @@ def test_names_are_unique_and_passwords_validated(harness: Harness) -> None:
     assert created is not None and created.principal.id == owner.principal.id and created.principal.is_owner
     users = harness.db.transaction(lambda tx: sessions.list_users(tx, owner.project), write=False)
     assert [u.login for u in users] == ["alice", "root"]
-    assert harness.db.transaction(lambda tx: sessions.remove_user(tx, owner.principal, owner.project, "root")) == 1
+    assert (
+        harness.db.transaction(lambda tx: sessions.remove_user(tx, owner.principal, owner.project, "root"))
+        == 1
+    )
     assert _use(harness, created.secret) is None
     assert _sign_in(harness, "root").outcome == "failed"
 
@@ -257,7 +280,10 @@ def test_ended_sessions_are_pruned_at_the_next_sign_in(harness: Harness) -> None
     harness.advance_clock(POLICY.max_ms + sessions.PRUNE_AFTER_MS + 1)
     assert _sign_in(harness, "alice").outcome == "ok"
     assert harness.db.transaction(lambda tx: store.get_session(tx, old.session.id), write=False) is None
-    assert len(harness.db.transaction(lambda tx: sessions.list_own_sessions(tx, user.principal), write=False)) == 1
+    assert (
+        len(harness.db.transaction(lambda tx: sessions.list_own_sessions(tx, user.principal), write=False))
+        == 1
+    )
 
 
 def test_the_address_limiter_locks_and_stays_bounded() -> None:

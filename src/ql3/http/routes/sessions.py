@@ -122,6 +122,7 @@ def sign_in(body: SignIn, request: Request, response: Response, db: DbDep, box: 
     if address_lock is not None:
         raise _locked(address_lock - now)
     if seen is not None and seen.locked_until_ms is not None and seen.locked_until_ms > now:
+        limiter.failed(client, now)  # hammering a locked name counts against the address too
         raise _locked(seen.locked_until_ms - now)
     # The slow hash is checked outside any transaction; an unknown name costs the same.
     if seen is None:

@@ -103,7 +103,7 @@ SELECT id, principal_id, secret_digest, created_at_ms, last_seen_at_ms, idle_tim
 FROM user_sessions
 WHERE principal_id = :principal_id AND revoked_at_ms IS NULL AND expires_at_ms > :now
   AND last_seen_at_ms + idle_timeout_ms > :now
-ORDER BY created_at_ms DESC, id LIMIT :limit
+ORDER BY created_at_ms DESC, id DESC LIMIT :limit
 
 -- name: session_prune_principal
 -- desc: Deletes a principal's sessions that ended (revoked or expired) before :before.
