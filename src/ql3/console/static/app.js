@@ -679,7 +679,7 @@
   function renderSignIn(view) {
     const byPassword = passwordSignIn(view);
     put(view, byPassword, tokenSignIn(view));
-    $("signin-name").focus();
+    byPassword.querySelector("input").focus();
   }
 
   function tokenSignIn(view) {
@@ -717,8 +717,8 @@
     learnPrincipal(body.principal_id);
   }
 
-  // A new tab or a restarted browser: the cookie is still there; learn its CSRF token (a hint in
-  // localStorage says a session may exist, so a signed-out page asks nothing).
+  // A new tab or a restarted browser: the cookie is still there; learn its CSRF token (a hint among
+  // the kept preferences, "1" and never a secret, says one may exist, so a signed-out page asks nothing).
   async function resumeSession() {
     if (token() || !prefs.getItem(SESSION_HINT)) return;
     try {
