@@ -108,7 +108,8 @@ def test_sign_in_survives_a_new_context_csrf_guards_changes_and_sign_out_ends_it
     answer = again.evaluate(
         """async () => {
           const r = await fetch('/api/v1/projects/default/tasks', {method: 'POST',
-            headers: {'Content-Type': 'application/json'}, body: JSON.stringify({name: 'x', command: 'true'})});
+            headers: {'Content-Type': 'application/json'},
+            body: JSON.stringify({name: 'x', command: 'true'})});
           return [r.status, (await r.json()).error.code];
         }"""
     )

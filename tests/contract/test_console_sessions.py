@@ -111,7 +111,7 @@ def test_the_idle_end_and_the_absolute_end_sign_out(harness: Harness) -> None:
     for _ in range(POLICY.max_ms // (POLICY.idle_ms // 2)):  # used every half idle period
         use = _use(harness, again.created.secret)
         assert use is not None
-        harness.db.transaction(lambda tx, u=use: sessions.touch(tx, u.session))  # type: ignore[misc]
+        harness.db.transaction(lambda tx, u=use: sessions.touch(tx, u.session))
         harness.advance_clock(POLICY.idle_ms // 2)
     assert _use(harness, again.created.secret) is None  # the absolute end, however much it is used
 

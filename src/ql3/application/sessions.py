@@ -38,7 +38,8 @@ from ql3.domain.tasks import validate_name
 from ql3.ports.secrets import SecretBox
 from ql3.ports.storage import Transaction
 from ql3.repositories import sessions as store
-from ql3.repositories.sessions import Login, Session
+from ql3.repositories.sessions import Login as Login
+from ql3.repositories.sessions import Session as Session
 
 SESSION_DOMAIN: Final = "ql3.console-session.v1"
 CSRF_DOMAIN: Final = "ql3.console-csrf.v1"

@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 import ql3
 from ql3.application.disk_space import full_disks
-from ql3.application.sessions import AddressLimiter, SessionPolicy
 from ql3.application.health import schema_version as applied_schema_version
+from ql3.application.sessions import AddressLimiter, SessionPolicy
 from ql3.console import routes as console
 from ql3.domain.egress import EgressPolicy
 from ql3.domain.errors import Ql3Error
