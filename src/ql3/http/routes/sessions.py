@@ -8,7 +8,7 @@ password hash or a session's secret other than the cookie that sign-in sets.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from pydantic import BaseModel, Field
@@ -17,7 +17,7 @@ from ql3.application import auth, sessions
 from ql3.domain.errors import Ql3Error, Unauthenticated
 from ql3.domain.model import Principal
 from ql3.http.auth import SESSION_COOKIE, DbDep, PrincipalDep, session_principal
-from ql3.http.dto import Body
+from ql3.http.dto import NAME_SCHEMA, Body
 from ql3.http.routes.variables import BoxDep
 from ql3.ports.storage import Transaction
 
@@ -234,17 +234,28 @@ def revoke_my_session(session_id: str, db: DbDep, principal: PrincipalDep) -> Se
 # -- a project's users ----------------------------------------------------------------------------
 
 
+NewPassword = Annotated[
+    str,
+    Field(
+        min_length=sessions.MIN_PASSWORD,
+        max_length=sessions.MAX_PASSWORD,
+        pattern=r"^[^\x00]*$",
+        description="8-1024 characters, no NUL",
+    ),
+]
+
+
 class UserIn(Body):
-    name: str = Field(min_length=1, max_length=128)
-    password: str = Field(min_length=1, max_length=sessions.MAX_PASSWORD)
-    role: str = "viewer"
+    name: str = Field(min_length=1, max_length=128, json_schema_extra=NAME_SCHEMA)
+    password: NewPassword
+    role: Literal["viewer", "operator", "approver", "admin", "metrics"] = "viewer"
     attach_to_caller: bool = Field(
         default=False, description="give the caller itself this sign-in name (role is then ignored)"
     )
 
 
 class PasswordIn(Body):
-    password: str = Field(min_length=1, max_length=sessions.MAX_PASSWORD)
+    password: NewPassword
 
 
 class UserOut(BaseModel):
