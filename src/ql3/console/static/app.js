@@ -477,9 +477,10 @@
   function project() { return session.getItem(PROJECT_KEY) || "default"; }
   function pp(rest) { return "/projects/" + enc(project()) + rest; }
 
-  async function request(method, path, body, raw) {
+  async function request(method, path, body, raw, csrf) {
     const headers = token() ? { "Authorization": "Bearer " + token() } : {};
-    if (!token() && cookie.csrf && method !== "GET") headers["X-CSRF-Token"] = cookie.csrf;
+    const csrfToken = csrf || cookie.csrf;
+    if (!token() && csrfToken && method !== "GET") headers["X-CSRF-Token"] = csrfToken;
     const init = { method: method, headers: headers, cache: "no-store" };
     if (method !== "GET" && method !== "DELETE") {
       headers["Content-Type"] = "application/json";
@@ -2316,8 +2317,10 @@
       render();
     });
     $("signout").addEventListener("click", async () => {
-      if (!token() && cookie.csrf) {
-        try { await request("DELETE", "/session"); } catch (e) { fail(e); }
+      const csrfWas = token() ? "" : cookie.csrf;
+      if (csrfWas) {
+        cookie.csrf = ""; // signed out from here on: no refresh goes out with the session being revoked
+        try { await request("DELETE", "/session", null, false, csrfWas); } catch (e) { if (e.status !== 401) fail(e); }
       }
       signedOut();
       $("approvals-badge").hidden = true;
