@@ -116,6 +116,11 @@ def test_the_token_lives_only_for_the_session_and_preferences_hold_no_secret() -
     assert "const session = window.sessionStorage;" in js and "const prefs = window.localStorage;" in js
     # localStorage (kept across sessions) holds only the language, time zone and theme choices
     assert set(re.findall(r'prefs\.setItem\("([^"]+)"', js)) == {"ql3.lang", "ql3.tz", "ql3.theme"}
+    # ...and a hint that a cookie session may exist ("1"): the session's secret is an HttpOnly cookie
+    # and its CSRF token lives in memory only
+    assert re.findall(r"prefs\.setItem\((\w+), ([^)]+)\)", js) == [("SESSION_HINT", '"1"')]
+    assert 'const SESSION_HINT = "ql3.cookie-session";' in js
+    assert not re.findall(r"(?:session|prefs)\.setItem\([^)]*csrf", js)
     assert re.findall(r"(\w+)\.setItem\(TOKEN_KEY", js) == ["session", "session"]
     assert "localStorage" not in js.replace("const prefs = window.localStorage;", "")
     admin = source("admin.js")
@@ -178,6 +183,9 @@ def test_the_api_routes_the_console_uses_exist(client: TestClient) -> None:
         "/api/v1/projects/{project}/actions/{dispatch_id}": 'pp("/actions/" + enc(id))',
         "/api/v1/projects/{project}/actions/{dispatch_id}/resolve": '"/resolve"',
         "/api/v1/projects/{project}/tokens": 'pp("/tokens")',
+        "/api/v1/session": 'post("/session", body)',
+        "/api/v1/sessions": 'get("/sessions")',
+        "/api/v1/sessions/{session_id}/revoke": '"/sessions/" + enc(x.id) + "/revoke"',
     }
     for route, fragment in used.items():
         assert route in paths, route

@@ -261,6 +261,12 @@ def _managed_token(
     return found
 
 
+def managed_principal(tx: Transaction, caller: Principal, project: Project, principal_id: str) -> TokenRecord:
+    """The principal ``principal_id`` of ``project``, if ``caller`` may manage it (as its token's
+    management requires: see ``_managed_token``); its sign-in name and sessions are managed the same way."""
+    return _managed_token(tx, caller, project, principal_id).record
+
+
 def revoke_token(tx: Transaction, caller: Principal, project: Project, principal_id: str) -> TokenRecord:
     """Disable the principal: its token is refused from the next request on. Idempotent.
 

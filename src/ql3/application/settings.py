@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from ql3.application.sessions import SessionPolicy
 from ql3.domain import approvals as approval_rules
 from ql3.domain import cancellation as cancel_rules
 from ql3.domain import leases as lease_rules
@@ -216,7 +217,65 @@ CRON_LATE = EnvVar(
     help="a cron run still queued (waiting for a free slot) this long after it was admitted raises a"
     " cron_late notification (docs/cron.md)",
 )
-ENV_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE, LOG_CAP, FENCE_MARGIN, CRON_LATE)
+SESSION_IDLE = EnvVar(
+    name="QL3_SESSION_IDLE_S",
+    default=12 * 3600,
+    low=5,
+    high=366 * 86400,
+    help="a console session not used for this many seconds is signed out (docs/security.md)",
+)
+SESSION_MAX = EnvVar(
+    name="QL3_SESSION_MAX_S",
+    default=30 * 86400,
+    low=5,
+    high=366 * 86400,
+    help="a console session ends this many seconds after sign-in however much it is used (at least"
+    " QL3_SESSION_IDLE_S); its cookie lasts as long",
+)
+SIGNIN_MAX_FAILURES = EnvVar(
+    name="QL3_SIGNIN_MAX_FAILURES",
+    default=5,
+    low=1,
+    high=1000,
+    help="failed sign-ins in a row that lock a user name for QL3_SIGNIN_LOCKOUT_S",
+)
+SIGNIN_ADDRESS_MAX_FAILURES = EnvVar(
+    name="QL3_SIGNIN_ADDRESS_MAX_FAILURES",
+    default=20,
+    low=1,
+    high=100_000,
+    help="failed sign-ins from one client address (any names) that lock the address for QL3_SIGNIN_LOCKOUT_S",
+)
+SIGNIN_LOCKOUT = EnvVar(
+    name="QL3_SIGNIN_LOCKOUT_S",
+    default=900,
+    low=1,
+    high=86400,
+    help="how long a locked user name or client address is refused sign-in, in seconds",
+)
+_CORE_VARS: Final = (RUN_LEASE, CANCEL_LEASE, ACTION_LEASE, NOTIFY_LEASE, LOG_CAP, FENCE_MARGIN, CRON_LATE)
+SESSION_VARS: Final = (
+    SESSION_IDLE,
+    SESSION_MAX,
+    SIGNIN_MAX_FAILURES,
+    SIGNIN_ADDRESS_MAX_FAILURES,
+    SIGNIN_LOCKOUT,
+)
+ENV_VARS: Final = _CORE_VARS + SESSION_VARS
+
+
+def load_session_policy(environ: Mapping[str, str]) -> SessionPolicy:
+    """The console sessions' lifetimes and the sign-in lock-out from QL3_SESSION_* / QL3_SIGNIN_*."""
+    idle_s, max_s, failures, address_failures, lockout_s = (var.parse(environ) for var in SESSION_VARS)
+    if idle_s > max_s:
+        raise SettingsError(SESSION_IDLE.name, f"must be at most QL3_SESSION_MAX_S ({max_s})")
+    return SessionPolicy(
+        idle_ms=idle_s * 1000,
+        max_ms=max_s * 1000,
+        max_failures=failures,
+        lockout_ms=lockout_s * 1000,
+        address_max_failures=address_failures,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -239,6 +298,7 @@ class ServeSettings:
     fault: str | None = None  # QL3_FAULT: crash injection for the fault tests only
     # Where notifications may go besides global addresses (--notify-allow, docs/notifications.md).
     egress: EgressPolicy = field(default_factory=EgressPolicy)
+    sessions: SessionPolicy = field(default_factory=SessionPolicy)
 
     @property
     def profile(self) -> str:
@@ -297,7 +357,7 @@ def load_serve_settings(
         log_cap_bytes,
         fence_margin_ms,
         cron_late_after_ms,
-    ) = (var.parse(environ) for var in ENV_VARS)
+    ) = (var.parse(environ) for var in _CORE_VARS)
     if not environ.get(FENCE_MARGIN.name, "").strip():
         # Unset: the default, raised to the floor a long run lease needs (never refused for it).
         fence_margin_ms = max(FENCE_MARGIN.default, time_model.min_fence_margin_ms(run_lease_ms))
@@ -318,7 +378,9 @@ def load_serve_settings(
         egress = parse_allow(notify_allow)
     except ValidationFailed as exc:
         raise SettingsError("--notify-allow", exc.message) from None
+    sessions = load_session_policy(environ)
     return ServeSettings(
+        sessions=sessions,
         egress=egress,
         budgets=budgets,
         home=home,

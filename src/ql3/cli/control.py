@@ -169,6 +169,7 @@ def _control(
             egress=egress,
             secret_box=variables_box(settings.home),
             git=git_fetcher(),
+            session_policy=settings.sessions,
         )
         config = uvicorn.Config(
             app,

@@ -29,6 +29,7 @@ from ql3.cli import (
     subscriptions,
     tasks,
     tokens,
+    users,
     whoami,
     workers,
 )
@@ -128,6 +129,7 @@ def build_parser() -> Parser:
     notify.register(commands)
     deps.register(commands)
     env.register(commands)
+    users.register(commands)
     return parser
 
 

@@ -308,6 +308,7 @@ def _serve(
             egress=egress,
             secret_box=variables_box(settings.home),
             git=git_fetcher(),
+            session_policy=settings.sessions,
         )
         config = uvicorn.Config(
             app,

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 import ql3
 from ql3.application.disk_space import full_disks
 from ql3.application.health import schema_version as applied_schema_version
+from ql3.application.sessions import AddressLimiter, SessionPolicy
 from ql3.console import routes as console
 from ql3.domain.egress import EgressPolicy
 from ql3.domain.errors import Ql3Error
@@ -30,6 +31,7 @@ from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
 from ql3.http.routes import scripts as script_routes
 from ql3.http.routes import stats as stats_routes
+from ql3.http.routes import sessions as session_routes
 from ql3.http.routes import subscriptions as subscription_routes
 from ql3.http.routes import variables as variable_routes
 from ql3.http.run_intake import StartRunFastPath
@@ -144,6 +146,7 @@ def create_app(
     egress: EgressPolicy | None = None,
     secret_box: SecretBox | None = None,
     git: GitFetcher | None = None,
+    session_policy: SessionPolicy | None = None,
 ) -> FastAPI:
     """Build the API over ``db``; ``lifecycle`` components run while the app is being served.
 
@@ -153,6 +156,7 @@ def create_app(
     the database's applied version differs (None: not checked). ``egress``: the notification egress
     policy new channels are checked against (default: nothing opened). ``secret_box`` seals project
     secrets (docs/variables.md); without one, secrets are refused (503 ``secrets_unavailable``).
+    ``session_policy``: the console sessions' lifetimes and the sign-in lock-out (docs/security.md).
     """
     components = tuple(lifecycle)
 
@@ -181,6 +185,11 @@ def create_app(
     app.state.logs_root = logs_root
     app.state.egress = egress if egress is not None else EgressPolicy()
     app.state.secret_box = secret_box
+    policy = session_policy if session_policy is not None else SessionPolicy()
+    app.state.session_policy = policy
+    app.state.signin_limiter = AddressLimiter(
+        max_failures=policy.address_max_failures, lockout_ms=policy.lockout_ms
+    )
     errors.install(app)
     # Starlette wraps later additions around earlier ones.
     app.add_middleware(StartRunFastPath, db=db)  # innermost: inside the cap, the 500 and the headers
@@ -243,6 +252,7 @@ def create_app(
         subscription_routes.router,
         stats_routes.router,
         backup_routes.router,
+        session_routes.router,
     ):
         app.include_router(router, responses=errors.API_ERROR_RESPONSES)
     for extension in extensions:

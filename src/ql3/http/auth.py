@@ -1,4 +1,5 @@
-"""Bearer-token authentication as a FastAPI dependency."""
+"""Authentication as a FastAPI dependency: a bearer token, or else the console's session cookie
+(with its CSRF token on state-changing requests; docs/security.md "Console sign-in")."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ql3.application import auth
-from ql3.domain.errors import PermissionDenied, StorageBusy, StorageUnavailable
+from ql3.application import auth, sessions
+from ql3.domain.errors import PermissionDenied, StorageBusy, StorageUnavailable, Unauthenticated
 from ql3.domain.model import Principal
 from ql3.ports.storage import Database, Transaction
 
@@ -31,12 +32,33 @@ DbDep = Annotated[Database, Depends(get_db)]
 bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>`")
 
 
+SESSION_COOKIE = "ql3_session"
+CSRF_HEADER = "X-CSRF-Token"
+# Requests that change nothing: a cookie session needs no CSRF token for these.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class CsrfRefused(PermissionDenied):
+    """A state-changing request from a console session without its CSRF token (header X-CSRF-Token)."""
+
+    code = "csrf_token_invalid"
+
+
 def current_principal(
+    request: Request,
     db: DbDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    """The authenticated caller; a missing, malformed or unknown token is ``unauthenticated``."""
+    """The authenticated caller; a missing, malformed or unknown token is ``unauthenticated``.
+
+    Without an ``Authorization`` header, the console's session cookie authenticates instead; a
+    state-changing method then needs the session's CSRF token in ``X-CSRF-Token`` (403
+    ``csrf_token_invalid``). A bearer token is never combined with the cookie."""
     token = credentials.credentials if credentials else None
+    if token is None and request.headers.get("authorization") is None:
+        secret = request.cookies.get(SESSION_COOKIE)
+        if secret:
+            return session_principal(request, db, secret)
     found = db.transaction(lambda tx: _management_caller(tx, token), write=False)
     if found.needs_touch:
         # last_used_at_ms, at most once a minute per principal (so reads stay reads otherwise). Best
@@ -50,6 +72,24 @@ def current_principal(
 
 
 PrincipalDep = Annotated[Principal, Depends(current_principal)]
+
+
+def session_principal(request: Request, db: Database, secret: str) -> Principal:
+    """The principal of a live console session (``unauthenticated`` otherwise), its CSRF token
+    checked on a state-changing method, its use recorded when due (best effort, as a token's)."""
+    found = db.transaction(lambda tx: sessions.authenticate_session(tx, secret), write=False)
+    if found is None:
+        raise Unauthenticated()
+    if request.method not in SAFE_METHODS and not sessions.csrf_matches(
+        secret, request.headers.get(CSRF_HEADER)
+    ):
+        raise CsrfRefused()
+    if found.needs_touch:
+        try:
+            db.transaction(lambda tx: sessions.touch(tx, found.session))
+        except (StorageUnavailable, StorageBusy):
+            log.warning("session use not recorded", extra={"action": "session.touch_failed"})
+    return found.principal
 
 
 def refuse_unless_management_caller(tx: Transaction, token: str | None) -> None:

@@ -149,6 +149,12 @@
       err_validation_failed: "Invalid input", err_conflict: "It changed meanwhile", err_name_taken: "The name is taken",
       err_storage_busy: "The server is busy; try again", err_egress_refused: "The server may not send to that address",
       err_backup_not_supported: "Online backup works on SQLite only; use pg_dump for PostgreSQL",
+      user_name: "Name", password: "Password", totp_code: "Code from your authenticator app", use_token: "Or sign in with a token",
+      sign_in_pw_hint: "A name and password an admin gave you (`ql3 user add`).",
+      totp_needed: "Enter the 6-digit code from your authenticator app.", nav_sessions: "Sessions",
+      sessions_intro: "Where you are signed in to the console. Revoke a session to sign it out at once.",
+      this_session: "this session", no_sessions: "No console sessions (signed in with a token).", client: "Client",
+      browser: "Browser", idle_end: "Idle end", session_end: "Ends", revoke_session_confirm: "Sign out this session?",
     },
     zh: {
       menu: "菜单", nav_overview: "概览", nav_tasks: "任务", nav_runs: "运行", nav_approvals: "审批",
@@ -264,6 +270,12 @@
       err_validation_failed: "输入无效", err_conflict: "数据已被更改", err_name_taken: "名称已被占用",
       err_storage_busy: "服务器繁忙，请重试", err_egress_refused: "服务器不允许向该地址发送",
       err_backup_not_supported: "在线备份仅支持 SQLite；PostgreSQL 请使用 pg_dump",
+      user_name: "用户名", password: "密码", totp_code: "身份验证器中的验证码", use_token: "或使用令牌登录",
+      sign_in_pw_hint: "管理员为你设置的用户名和密码（`ql3 user add`）。",
+      totp_needed: "请输入身份验证器中的 6 位验证码。", nav_sessions: "会话",
+      sessions_intro: "你在控制台登录的地方。撤销一个会话即可立即使其退出。",
+      this_session: "当前会话", no_sessions: "没有控制台会话（使用令牌登录）。", client: "客户端",
+      browser: "浏览器", idle_end: "空闲到期", session_end: "到期", revoke_session_confirm: "退出此会话？",
     },
   };
   // Labels for the values the API returns (statuses, event types, triggers, results...). The value
@@ -503,11 +515,18 @@
   }
 
   function token() { return session.getItem(TOKEN_KEY) || ""; }
+  // A console session (a name and password sign-in): the cookie is HttpOnly; its CSRF token is kept in
+  // memory only and read again from GET /session in a new tab. SESSION_HINT says one may exist.
+  const SESSION_HINT = "ql3.cookie-session";
+  const cookie = { csrf: "", id: null };
+  function signedIn() { return Boolean(token() || cookie.csrf); }
   function project() { return session.getItem(PROJECT_KEY) || "default"; }
   function pp(rest) { return "/projects/" + enc(project()) + rest; }
 
-  async function request(method, path, body, raw) {
-    const headers = { "Authorization": "Bearer " + token() };
+  async function request(method, path, body, raw, csrf) {
+    const headers = token() ? { "Authorization": "Bearer " + token() } : {};
+    const csrfToken = csrf || cookie.csrf;
+    if (!token() && csrfToken && method !== "GET") headers["X-CSRF-Token"] = csrfToken;
     const init = { method: method, headers: headers, cache: "no-store" };
     if (method !== "GET" && method !== "DELETE") {
       headers["Content-Type"] = "application/json";
@@ -590,16 +609,20 @@
   }
 
   function showIdentity() {
-    const signedIn = Boolean(token());
-    $("whoami").textContent = !signedIn ? "" : me.name ? t("signed_in_as", { name: me.name, role: me.role || "?" })
+    const signed = signedIn();
+    $("whoami").textContent = !signed ? "" : me.name ? t("signed_in_as", { name: me.name, role: me.role || "?" })
       : t("signed_in_role", { role: me.role || "?" });
     $("whoami").title = $("whoami").textContent; // cut with an ellipsis in a narrow header
     $("project").title = project();
-    $("signout").hidden = !signedIn;
+    $("signout").hidden = !signed;
+    $("sessions-link").hidden = !signed || Boolean(token());
   }
 
   function signedOut() {
     session.removeItem(TOKEN_KEY);
+    cookie.csrf = "";
+    cookie.id = null;
+    prefs.removeItem(SESSION_HINT);
     session.removeItem(ME_KEY);
     me.principalId = null;
     me.role = null;
@@ -658,7 +681,7 @@
     for (const a of document.querySelectorAll("nav a")) {
       if (a.dataset.page === page) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
     }
-    if (!token()) { renderSignIn(view); return; }
+    if (!signedIn()) { renderSignIn(view); return; }
     put(view, el("p", { class: "muted", text: t("loading") }));
     const pages = {
       overview: () => pageOverview(view, mine),
@@ -675,6 +698,7 @@
       variables: () => pageVariables(view, mine),
       scripts: () => parts[1] ? pageScript(view, mine, parts[1], params) : pageScripts(view, mine),
       subscriptions: () => pageSubscriptions(view, mine),
+      sessions: () => pageSessions(view, mine),
     };
     for (const [name, fn] of Object.entries(extensionPages)) pages[name] = () => fn(view, mine, parts, params);
     try {
@@ -686,7 +710,7 @@
     } catch (e) {
       if (mine !== generation) return;
       if (e instanceof ApiError && e.status === 404) put(view, el("h1", { text: t("not_found") }));
-      else if (!token()) renderSignIn(view);
+      else if (!signedIn()) renderSignIn(view);
       fail(e);
     }
   }
@@ -694,7 +718,7 @@
   function current(mine) { return mine === generation; }
 
   async function tick() {
-    if (!refreshFn || !token() || document.hidden) return;
+    if (!refreshFn || !signedIn() || document.hidden) return;
     const mine = generation;
     try {
       await refreshFn();
@@ -705,7 +729,7 @@
   }
 
   async function refreshBadge() {
-    if (!token()) return;
+    if (!signedIn()) return;
     const page = await get(pp("/approvals?state=pending&limit=100"));
     const n = page.items.length;
     const b = $("approvals-badge");
@@ -715,11 +739,18 @@
   }
 
   // --- sign in --------------------------------------------------------------------------------------
+  // Two ways in: a name and password (a cookie session), or a bearer token kept for this tab.
   function renderSignIn(view) {
+    const byPassword = passwordSignIn(view);
+    put(view, byPassword, tokenSignIn(view));
+    byPassword.querySelector("input").focus();
+  }
+
+  function tokenSignIn(view) {
     const input = el("input", { id: "signin-token", type: "password", autocomplete: "off", required: true,
       "aria-describedby": "signin-hint" });
-    const form = el("form", { class: "panel signin", "aria-label": t("sign_in") },
-      el("h1", { text: t("sign_in") }),
+    const form = el("form", { class: "panel signin", "aria-label": t("use_token") },
+      el("h2", { text: t("use_token") }),
       el("label", {}, t("token"), input),
       el("p", { id: "signin-hint", class: "muted", text: t("sign_in_hint") }),
       el("p", { class: "actions" }, el("button", { type: "submit", class: "primary", text: t("sign_in") })));
@@ -738,8 +769,93 @@
         input.focus(); // the value stays, so a typo can be fixed
       }
     });
-    put(view, form);
-    input.focus();
+    return form;
+  }
+
+  // --- sign-in with a name and password; the session page (docs/security.md "Console sign-in") ------
+  function startCookieSession(body) {
+    cookie.csrf = body.csrf_token;
+    cookie.id = body.session ? body.session.id : null;
+    prefs.setItem(SESSION_HINT, "1");
+    session.removeItem(TOKEN_KEY);
+    learnPrincipal(body.principal_id);
+  }
+
+  // A new tab or a restarted browser: the cookie is still there; learn its CSRF token (a hint among
+  // the kept preferences, "1" and never a secret, says one may exist, so a signed-out page asks nothing).
+  async function resumeSession() {
+    if (token() || !prefs.getItem(SESSION_HINT)) return;
+    try {
+      startCookieSession(await get("/session"));
+    } catch (e) {
+      signedOut();
+    }
+  }
+
+  function passwordSignIn(view) {
+    const name = el("input", { id: "signin-name", name: "username", autocomplete: "username", required: true, maxlength: 128 });
+    const password = el("input", { id: "signin-password", name: "password", type: "password", autocomplete: "current-password",
+      required: true, maxlength: 1024, "aria-describedby": "signin-pw-hint" });
+    const code = el("input", { id: "signin-totp", name: "totp", autocomplete: "one-time-code", inputmode: "numeric",
+      maxlength: 8, pattern: "[0-9]{6}" });
+    const codeRow = el("label", { hidden: true }, t("totp_code"), code);
+    const form = el("form", { class: "panel signin-pw", "aria-label": t("sign_in") },
+      el("h1", { text: t("sign_in") }),
+      el("label", {}, t("user_name"), name),
+      el("label", {}, t("password"), password),
+      codeRow,
+      el("p", { id: "signin-pw-hint", class: "muted", text: t("sign_in_pw_hint") }),
+      el("p", { class: "actions" }, el("button", { type: "submit", class: "primary", id: "signin-submit", text: t("sign_in") })));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const body = { name: name.value.trim(), password: password.value };
+      if (!codeRow.hidden && code.value.trim()) body.totp = code.value.trim();
+      try {
+        const res = await post("/session", body);
+        startCookieSession(res.body);
+        me.role = null;
+        await loadIdentity();
+        say("");
+        render();
+      } catch (e) {
+        if (e instanceof ApiError && e.code === "totp_required") {
+          codeRow.hidden = false;
+          code.required = true;
+          say(t("totp_needed"));
+          code.focus();
+          return;
+        }
+        fail(e);
+        password.value = "";
+        password.focus();
+      }
+    });
+    return form;
+  }
+
+  async function pageSessions(view, mine) {
+    const page = await get("/sessions");
+    if (!current(mine)) return;
+    const holder = el("div", { id: "sessions" });
+    const draw = (items) => put(holder, table([t("created"), t("last_used"), t("idle_end"), t("session_end"), t("client"),
+      t("browser"), t("actions")],
+      items.map((x) => ({
+        id: x.id,
+        cells: [
+          when(x.created_at_ms), when(x.last_seen_at_ms), when(x.idle_expires_at_ms), when(x.expires_at_ms), x.client,
+          el("span", { class: "muted", title: x.user_agent, text: x.user_agent.slice(0, 40) }),
+          el("span", {}, x.current ? badge("enabled", t("this_session")) : "", " ", btn(t("revoke"), async () => {
+            if (!(await confirmAction(t("revoke_session_confirm"), t("revoke")))) return;
+            try {
+              await post("/sessions/" + enc(x.id) + "/revoke");
+              if (x.current) { signedOut(); go("#/"); render(); return; }
+              draw((await get("/sessions")).items);
+            } catch (e) { fail(e); }
+          }, "danger")),
+        ],
+      })), t("no_sessions"), t("nav_sessions")));
+    draw(page.items);
+    put(view, el("h1", { text: t("nav_sessions") }), el("p", { class: "muted", text: t("sessions_intro") }), holder);
   }
 
   // --- overview -------------------------------------------------------------------------------------
@@ -2596,7 +2712,12 @@
       go("#/");
       render();
     });
-    $("signout").addEventListener("click", () => {
+    $("signout").addEventListener("click", async () => {
+      const csrfWas = token() ? "" : cookie.csrf;
+      if (csrfWas) {
+        cookie.csrf = ""; // signed out from here on: no refresh goes out with the session being revoked
+        try { await request("DELETE", "/session", null, false, csrfWas); } catch (e) { if (e.status !== 401) fail(e); }
+      }
       signedOut();
       $("approvals-badge").hidden = true;
       go("#/");
@@ -2611,7 +2732,7 @@
     window.addEventListener("hashchange", render);
     refreshTimer = setInterval(tick, REFRESH_MS);
     applyLanguage();
-    render();
+    resumeSession().then(render);
   }
 
   init();

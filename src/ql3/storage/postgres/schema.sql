@@ -380,6 +380,25 @@ COLUMN tasks.revision integer null=NO default=None
 COLUMN tasks.created_at_ms bigint null=NO default=None
 COLUMN tasks.updated_at_ms bigint null=NO default=None
 COLUMN tasks.deleted_at_ms bigint null=YES default=None
+COLUMN user_logins.principal_id text null=NO default=None
+COLUMN user_logins.login text null=NO default=None
+COLUMN user_logins.password_hash text null=NO default=None
+COLUMN user_logins.totp_sealed text null=YES default=None
+COLUMN user_logins.totp_last_step bigint null=YES default=None
+COLUMN user_logins.failed_count integer null=NO default=0
+COLUMN user_logins.locked_until_ms bigint null=YES default=None
+COLUMN user_logins.created_at_ms bigint null=NO default=None
+COLUMN user_logins.updated_at_ms bigint null=NO default=None
+COLUMN user_sessions.id text null=NO default=None
+COLUMN user_sessions.principal_id text null=NO default=None
+COLUMN user_sessions.secret_digest text null=NO default=None
+COLUMN user_sessions.created_at_ms bigint null=NO default=None
+COLUMN user_sessions.last_seen_at_ms bigint null=NO default=None
+COLUMN user_sessions.idle_timeout_ms bigint null=NO default=None
+COLUMN user_sessions.expires_at_ms bigint null=NO default=None
+COLUMN user_sessions.revoked_at_ms bigint null=YES default=None
+COLUMN user_sessions.client text null=NO default=None
+COLUMN user_sessions.user_agent text null=NO default=None
 COLUMN worker_label_approvals.worker_id text null=NO default=None
 COLUMN worker_label_approvals.labels_json text null=NO default=None
 COLUMN worker_label_approvals.approved_by text null=YES default=None
@@ -498,6 +517,12 @@ INDEX CREATE INDEX task_schedules_project_due ON public.task_schedules USING btr
 INDEX CREATE UNIQUE INDEX tasks_live_name ON public.tasks USING btree (project_id, name) WHERE (deleted_at_ms IS NULL)
 INDEX CREATE UNIQUE INDEX tasks_pkey ON public.tasks USING btree (id)
 INDEX CREATE INDEX tasks_project ON public.tasks USING btree (project_id, created_at_ms, id)
+INDEX CREATE UNIQUE INDEX user_logins_login_key ON public.user_logins USING btree (login)
+INDEX CREATE UNIQUE INDEX user_logins_pkey ON public.user_logins USING btree (principal_id)
+INDEX CREATE INDEX user_sessions_by_expiry ON public.user_sessions USING btree (expires_at_ms)
+INDEX CREATE INDEX user_sessions_by_principal ON public.user_sessions USING btree (principal_id, created_at_ms)
+INDEX CREATE UNIQUE INDEX user_sessions_pkey ON public.user_sessions USING btree (id)
+INDEX CREATE UNIQUE INDEX user_sessions_secret_digest_key ON public.user_sessions USING btree (secret_digest)
 INDEX CREATE UNIQUE INDEX worker_label_approvals_pkey ON public.worker_label_approvals USING btree (worker_id)
 INDEX CREATE UNIQUE INDEX workers_pkey ON public.workers USING btree (worker_id)
 INDEX CREATE INDEX workers_status ON public.workers USING btree (status, worker_id)
@@ -808,6 +833,21 @@ CONSTRAINT tasks.tasks_enabled_check CHECK ((enabled = ANY (ARRAY[0, 1])))
 CONSTRAINT tasks.tasks_pkey PRIMARY KEY (id)
 CONSTRAINT tasks.tasks_project_id_fkey FOREIGN KEY (project_id) REFERENCES projects(id)
 CONSTRAINT tasks.tasks_revision_check CHECK ((revision >= 1))
+CONSTRAINT user_logins.user_logins_failed_count_check CHECK ((failed_count >= 0))
+CONSTRAINT user_logins.user_logins_login_check CHECK (((length(login) >= 1) AND (length(login) <= 128)))
+CONSTRAINT user_logins.user_logins_login_key UNIQUE (login)
+CONSTRAINT user_logins.user_logins_password_hash_check CHECK (((length(password_hash) >= 1) AND (length(password_hash) <= 512)))
+CONSTRAINT user_logins.user_logins_pkey PRIMARY KEY (principal_id)
+CONSTRAINT user_logins.user_logins_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES principals(id)
+CONSTRAINT user_logins.user_logins_totp_sealed_check CHECK (((totp_sealed IS NULL) OR ((length(totp_sealed) >= 1) AND (length(totp_sealed) <= 512))))
+CONSTRAINT user_sessions.user_sessions_check CHECK (((expires_at_ms > created_at_ms) AND (last_seen_at_ms >= created_at_ms)))
+CONSTRAINT user_sessions.user_sessions_client_check CHECK ((length(client) <= 64))
+CONSTRAINT user_sessions.user_sessions_idle_timeout_ms_check CHECK ((idle_timeout_ms >= 1000))
+CONSTRAINT user_sessions.user_sessions_pkey PRIMARY KEY (id)
+CONSTRAINT user_sessions.user_sessions_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES principals(id)
+CONSTRAINT user_sessions.user_sessions_secret_digest_check CHECK ((length(secret_digest) = 64))
+CONSTRAINT user_sessions.user_sessions_secret_digest_key UNIQUE (secret_digest)
+CONSTRAINT user_sessions.user_sessions_user_agent_check CHECK ((length(user_agent) <= 256))
 CONSTRAINT worker_label_approvals.worker_label_approvals_approved_by_check CHECK (((approved_by IS NULL) OR ((length(approved_by) >= 1) AND (length(approved_by) <= 64))))
 CONSTRAINT worker_label_approvals.worker_label_approvals_check CHECK (((requested_labels_json IS NULL) = (requested_at_ms IS NULL)))
 CONSTRAINT worker_label_approvals.worker_label_approvals_labels_json_check CHECK (((length(labels_json) >= 2) AND (length(labels_json) <= 65536)))
