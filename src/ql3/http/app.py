@@ -30,8 +30,8 @@ from ql3.http.routes import dependencies as dependency_routes
 from ql3.http.routes import notifications as notification_routes
 from ql3.http.routes import parking as parking_routes
 from ql3.http.routes import scripts as script_routes
-from ql3.http.routes import stats as stats_routes
 from ql3.http.routes import sessions as session_routes
+from ql3.http.routes import stats as stats_routes
 from ql3.http.routes import subscriptions as subscription_routes
 from ql3.http.routes import variables as variable_routes
 from ql3.http.run_intake import StartRunFastPath
