@@ -243,6 +243,7 @@ def build_standalone_runtime(
                 local_worker_id=wid,
                 git=GitCli(),
                 box=variables_box(home),
+                console_url=notify_url,  # the link a script's own message carries too
             ),
         ),
     ]

@@ -67,6 +67,8 @@ class Adapters:
     local_worker_id: str
     git: GitFetcher | None = None  # the subscription loop's fetcher (docs/scripts.md); None: no loop
     box: SecretBox | None = None  # opens subscription credentials (the project secrets' key)
+    # This server's URL as a link in a run's notifications (None: sent without a link).
+    console_url: str | None = None
 
 
 LoopFactory = Callable[..., LifecycleRunner]
@@ -321,7 +323,16 @@ def _notifications_loop(w: _Wiring) -> LifecycleRunner:
     delivery = notifications.DeliveryBudget(lease_ms=w.settings.notify_lease_ms)
     guard = ItemGuard(w.db, "notifications")
     deliverer = notifications.NotificationDeliverer(
-        w.db, w.adapters.sender, w.owner, budget=delivery, fault=w.fault, guard=guard
+        w.db,
+        w.adapters.sender,
+        w.owner,
+        budget=delivery,
+        fault=w.fault,
+        guard=guard,
+        # A run's outcome goes out with its link and last log lines (docs/notifications.md).
+        excerpts=notifications.RunExcerpts(
+            console_url=w.adapters.console_url, logs=w.adapters.logs, box=w.adapters.box
+        ),
     )
 
     def notify_cycle() -> bool:

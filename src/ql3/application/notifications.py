@@ -14,11 +14,11 @@ import json
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import auth, variables
+from ql3.application import attempt_logs, auth, log_ranges, variables
 from ql3.application.parking import UNEXPECTED, ItemGuard, Parked, is_transient
 from ql3.domain import leases as lease_rules
 from ql3.domain import notifications as rules
@@ -30,6 +30,7 @@ from ql3.domain.notifications import ChannelTarget, DeliveryFailed, DeliveryStat
 from ql3.domain.tasks import validate_name
 from ql3.domain.variables import mask, mask_bytes
 from ql3.ports import channels
+from ql3.ports.logs import LogFiles
 from ql3.ports.notifications import NotificationSender
 from ql3.ports.secrets import SecretBox
 from ql3.ports.storage import Database, Transaction
@@ -374,7 +375,7 @@ def send_from_script(
     prefix = f"script:{attempt_id}:"
     if repo.count_outcomes(tx, run.project_id, prefix) >= rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT:
         raise NotifyLimitReached(limit=rules.MAX_SCRIPT_MESSAGES_PER_ATTEMPT)
-    link = None if console_url is None else f"{console_url.rstrip('/')}/#/runs/{run.id}"
+    link = None if console_url is None else rules.run_link(console_url, run.id)
     facts: dict[str, Any] = {"run_id": run.id, "title": title_text, "message": body_text, "link": link}
     if log is not None and log.lines > 0:
         # The project's secrets, the task's env values and the run's own tokens never leave in an
@@ -383,7 +384,7 @@ def send_from_script(
         env = (revision.spec.get("env") if revision is not None else None) or {}
         data = mask_bytes(log.data, hidden)
         facts["log"] = rules.log_excerpt(data, log.lines, [str(v) for v in env.values()], whole=log.whole)
-        facts = rules.fit_payload(facts, "log")
+        facts = rules.fit_payload(facts, "log", keep_end=True)
     facts = rules.fit_payload(facts, "message")
     ids = _enqueue(
         tx,
@@ -465,6 +466,46 @@ class BatchReport:
     dead: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunExcerpts:
+    """What the deliverer adds to a run's outcome as it sends it (docs/notifications.md "Log excerpt
+    and link"): ``console_url`` (None: no link), the local log files (None: shipped logs only) and
+    the box that opens the project's secrets, which are masked in the excerpt."""
+
+    console_url: str | None = None
+    logs: LogFiles | None = None
+    box: SecretBox | None = None
+    lines: int = rules.OUTCOME_LOG_LINES
+
+
+def run_log_excerpt(tx: Transaction, run_id: str, excerpts: RunExcerpts) -> str | None:
+    """The last lines of the run's latest attempt's log, read from its end (at most
+    ``rules.LOG_TAIL_BYTES``): the shipped log in the database when there is one, else the local log
+    file. The project's secret values and the task's env values are masked as in a script's message.
+    None when the run has no attempt or this server holds no log of it."""
+    run = run_store.get_run(tx, run_id)
+    attempt = None if run is None else run_store.latest_attempt(tx, run_id)
+    if run is None or attempt is None:
+        return None
+    head = attempt_logs.head(tx, attempt.id)
+    if head is not None:
+        span = log_ranges.tail_span(head.length, rules.LOG_TAIL_BYTES)
+        data = b""
+        if span.end > span.start:
+            data = attempt_logs.read(tx, head, span.start, span.end - span.start).data
+        whole = span.start == 0
+    elif excerpts.logs is not None:
+        data, whole = excerpts.logs.tail(attempt.log_artifact_id or attempt.id, rules.LOG_TAIL_BYTES)
+    else:
+        return None
+    hidden = variables.secret_values(tx, run.project_id, excerpts.box)
+    revision = task_store.get_revision(tx, run.task_id, run.task_revision)
+    env = (revision.spec.get("env") if revision is not None else None) or {}
+    return rules.log_excerpt(
+        mask_bytes(data, hidden), excerpts.lines, [str(v) for v in env.values()], whole=whole
+    )
+
+
 def _message(stored: OutboxMessage) -> Message:
     body = stored.payload
     return Message(
@@ -491,6 +532,7 @@ class NotificationDeliverer:
         budget: DeliveryBudget | None = None,
         fault: Callable[[str], None] = lambda point: None,
         guard: ItemGuard | None = None,
+        excerpts: RunExcerpts | None = None,
     ) -> None:
         if not owner or len(owner) > 128:
             raise ValidationFailed("invalid lease owner")
@@ -500,6 +542,7 @@ class NotificationDeliverer:
         self._budget = budget or DeliveryBudget()
         self._fault = fault
         self._guard = guard
+        self._excerpts = excerpts
 
     def claim(self, tx: Transaction) -> list[Claimed]:
         """Lease up to one page of due rows (pending, or leased with an expired lease)."""
@@ -583,12 +626,42 @@ class NotificationDeliverer:
             error = "channel_missing"
         else:
             try:
-                self._sender.send(item.target, item.message)
+                self._sender.send(item.target, self._with_run_context(item))
             except DeliveryFailed as exc:
                 error = exc.reason
         self._fault("notify_after_send")
         status: str = self._db.transaction(partial(self.settle, claimed=item, error=error))
         return status, error
+
+    def _with_run_context(self, item: Claimed) -> Message:
+        """A run's outcome with its console link and, for a failure, its last log lines, read as it
+        is sent (a finished run's log is whole by then). A log that cannot be read never holds the
+        message back: it goes without the excerpt."""
+        message, excerpts = item.message, self._excerpts
+        run_id = message.body.get("run_id")
+        if excerpts is None or message.event not in rules.RUN_EVENTS or not isinstance(run_id, str):
+            return message
+        body = dict(message.body)
+        if excerpts.console_url and not body.get("link"):
+            body["link"] = rules.run_link(excerpts.console_url, run_id)
+        if message.event in rules.EXCERPT_EVENTS and excerpts.lines > 0:
+            try:
+                excerpt = self._db.transaction(
+                    partial(run_log_excerpt, run_id=run_id, excerpts=excerpts), write=False
+                )
+            except Exception as exc:
+                log.warning(
+                    "the run's log excerpt could not be read; sending without it",
+                    extra={
+                        "action": "notify.excerpt_unavailable",
+                        "delivery_id": item.id,
+                        "error": type(exc).__name__,
+                    },
+                )
+                excerpt = None
+            if excerpt:
+                body = rules.fit_payload({**body, "log": excerpt}, "log", keep_end=True)
+        return replace(message, body=body)
 
     def _settle_parked(self, item: Claimed) -> str:
         """A delivery that failed unexpectedly counts as a failed attempt (backoff, then dead)."""

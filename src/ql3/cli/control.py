@@ -160,7 +160,7 @@ def _control(
         if issued is not None:
             write_credentials_file(creds, Credentials(url=url, token=issued.token))
         egress = egress_policy(settings, host)
-        runtime = build_control_runtime(db, settings, replica_id=replica_id, egress=egress)
+        runtime = build_control_runtime(db, settings, replica_id=replica_id, egress=egress, console_url=url)
         app = create_app(
             db,
             lifecycle=[runtime],

@@ -79,12 +79,18 @@ class ControlRuntime:
 
 
 def build_control_runtime(
-    db: ManagedDatabase, settings: ServeSettings, *, replica_id: str, egress: EgressPolicy | None = None
+    db: ManagedDatabase,
+    settings: ServeSettings,
+    *,
+    replica_id: str,
+    egress: EgressPolicy | None = None,
+    console_url: str | None = None,
 ) -> ControlRuntime:
     """Every control-plane loop of ``ql3 serve`` except the dispatcher and the embedded worker:
     lease expiry and lost retry, timeouts and the cancellation supervisor (which signals nothing
     itself: remote workers stop through lease control), approved actions, cron, notifications and
-    retention. Correct with any number of replicas: each step is a fenced, locked transaction."""
+    retention. Correct with any number of replicas: each step is a fenced, locked transaction.
+    ``console_url``: this replica's URL, the link a run's notifications carry (None: no link)."""
     from ql3.application.control_loops import Adapters, control_loops
     from ql3.application.gateway import InProcessControlPlane
     from ql3.application.variables import SharedEnvironments
@@ -110,6 +116,7 @@ def build_control_runtime(
             local_worker_id=NO_LOCAL_WORKER,
             git=GitCli(),
             box=variables_box(settings.home),
+            console_url=console_url,
         ),
     )
     # Project variables travel in offers over the authenticated worker channel (docs/variables.md).

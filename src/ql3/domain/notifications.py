@@ -47,6 +47,13 @@ DEFAULT_EVENTS: Final = (
     "timed_out",
 )
 RUN_STATUS_EVENTS: Final = frozenset({"failed", "timed_out", "lost", "succeeded"})
+# Events about one run: delivered with a console link to it when the server knows its URL.
+RUN_EVENTS: Final = frozenset(
+    {"failed", "timed_out", "lost", "succeeded", "cancellation_blocked", "cron_late"}
+)
+# Outcomes delivered with the run's last log lines too (docs/notifications.md "Log excerpt and link").
+EXCERPT_EVENTS: Final = frozenset({"failed", "timed_out", "lost"})
+OUTCOME_LOG_LINES: Final = 20
 MAX_CHANNELS_PER_PROJECT: Final = 32
 MAX_RULES_PER_PROJECT: Final = 64
 MAX_TARGET_BYTES: Final = 2048
@@ -221,13 +228,23 @@ def script_text(title: object, body: object) -> tuple[str, str]:
     return title, body
 
 
-def fit_payload(facts: dict[str, Any], key: str) -> dict[str, Any]:
-    """Shorten ``facts[key]`` (marked with an ellipsis) until the JSON form fits the outbox's cap."""
+def run_link(console_url: str, run_id: str) -> str:
+    """The console page of a run on the server at ``console_url``."""
+    return f"{console_url.rstrip('/')}/#/runs/{run_id}"
+
+
+def fit_payload(facts: dict[str, Any], key: str, *, keep_end: bool = False) -> dict[str, Any]:
+    """Shorten ``facts[key]`` (marked with an ellipsis) until the JSON form fits the outbox's cap;
+    ``keep_end``: drop its start instead of its end (a log excerpt keeps its newest lines)."""
     text = str(facts[key])
     fitted = dict(facts)
     while len(json.dumps(fitted, separators=(",", ":"), sort_keys=True)) > MAX_PAYLOAD_CHARS and text:
-        text = text[: len(text) * 3 // 4]
-        fitted[key] = text + "\u2026"
+        if keep_end:
+            text = text[len(text) - len(text) * 3 // 4 :]
+            fitted[key] = "\u2026" + text
+        else:
+            text = text[: len(text) * 3 // 4]
+            fitted[key] = text + "\u2026"
     return fitted
 
 
