@@ -121,7 +121,7 @@ def _deliver(harness: Harness, excerpts: RunExcerpts) -> list[Message]:
 
 def _assert_excerpt(message: Message, run_id: str) -> None:
     body = json.loads(message.json_bytes())  # what the webhook receives (and signs)
-    assert message.event == "failed" and body["run_id"] == run_id
+    assert message.event == "failed" and body["run_id"] == run_id and body["attempt"] == 1
     assert body["link"] == f"http://ql3.example:5700/#/runs/{run_id}"
     expected = [f"step {i} ok" for i in range(11, 28)]
     expected += ["connecting with password ***", "header X-Key: ***", "Traceback: boom"]
@@ -142,6 +142,20 @@ def test_a_failed_runs_notification_carries_its_link_and_last_lines_from_the_loc
     (message,) = _deliver(harness, RunExcerpts(console_url=CONSOLE, logs=LogDirectory(tmp_path), box=box))
 
     _assert_excerpt(message, fence.run_id)
+    # The excerpt is the log of the attempt the outcome is about, by its number (a retry's is not).
+    excerpts = RunExcerpts(logs=LogDirectory(tmp_path), box=box)
+    assert (
+        harness.db.transaction(
+            lambda tx: notifications.run_log_excerpt(tx, fence.run_id, excerpts, 1), write=False
+        )
+        == message.body["log"]
+    )
+    assert (
+        harness.db.transaction(
+            lambda tx: notifications.run_log_excerpt(tx, fence.run_id, excerpts, 2), write=False
+        )
+        is None
+    )
     # The excerpt is added as the message is sent: the outbox row keeps the outcome's facts only.
     (row,) = harness.db.raw("SELECT payload_json, status FROM notification_outbox")
     assert row["status"] == "delivered" and "log" not in json.loads(row["payload_json"])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Final
 
-from ql3.application import attempt_logs, auth, log_ranges, variables
+from ql3.application import auth, log_ranges, variables
 from ql3.application.parking import UNEXPECTED, ItemGuard, Parked, is_transient
 from ql3.domain import leases as lease_rules
 from ql3.domain import notifications as rules
@@ -210,6 +210,7 @@ def on_run_status(tx: Transaction, run: Run) -> None:
     """Called by the one Run write path whenever a Run's status changes (``written`` is the new row)."""
     if run.status not in rules.RUN_STATUS_EVENTS:
         return
+    attempt = run_store.latest_attempt(tx, run.id)
     _enqueue(
         tx,
         project_id=run.project_id,
@@ -223,6 +224,8 @@ def on_run_status(tx: Transaction, run: Run) -> None:
             "exit_code": run.exit_code,
             "error_code": run.error_code,
             "trigger": run.trigger_type,
+            # The attempt the outcome is about: its log is the excerpt's, even once a retry starts.
+            "attempt": None if attempt is None else attempt.attempt,
         },
     )
 
@@ -478,13 +481,22 @@ class RunExcerpts:
     lines: int = rules.OUTCOME_LOG_LINES
 
 
-def run_log_excerpt(tx: Transaction, run_id: str, excerpts: RunExcerpts) -> str | None:
-    """The last lines of the run's latest attempt's log, read from its end (at most
-    ``rules.LOG_TAIL_BYTES``): the shipped log in the database when there is one, else the local log
-    file. The project's secret values and the task's env values are masked as in a script's message.
-    None when the run has no attempt or this server holds no log of it."""
+def run_log_excerpt(
+    tx: Transaction, run_id: str, excerpts: RunExcerpts, attempt_number: int | None = None
+) -> str | None:
+    """The last lines of the log of the run's attempt ``attempt_number`` (None: its latest attempt),
+    read from its end (at most ``rules.LOG_TAIL_BYTES``): the shipped log in the database when there
+    is one, else the local log file. The project's secret values and the task's env values are masked
+    as in a script's message. None when there is no such attempt or this server holds no log of it."""
+    # Imported here: attempt_logs -> workers -> tasks -> runs imports this module.
+    from ql3.application import attempt_logs
+
     run = run_store.get_run(tx, run_id)
-    attempt = None if run is None else run_store.latest_attempt(tx, run_id)
+    attempt = None
+    if run is not None and attempt_number is None:
+        attempt = run_store.latest_attempt(tx, run_id)
+    elif run is not None:
+        attempt = next((a for a in run_store.list_attempts(tx, run_id) if a.attempt == attempt_number), None)
     if run is None or attempt is None:
         return None
     head = attempt_logs.head(tx, attempt.id)
@@ -645,9 +657,11 @@ class NotificationDeliverer:
         if excerpts.console_url and not body.get("link"):
             body["link"] = rules.run_link(excerpts.console_url, run_id)
         if message.event in rules.EXCERPT_EVENTS and excerpts.lines > 0:
+            number = body.get("attempt") if type(body.get("attempt")) is int else None
             try:
                 excerpt = self._db.transaction(
-                    partial(run_log_excerpt, run_id=run_id, excerpts=excerpts), write=False
+                    partial(run_log_excerpt, run_id=run_id, excerpts=excerpts, attempt_number=number),
+                    write=False,
                 )
             except Exception as exc:
                 log.warning(
