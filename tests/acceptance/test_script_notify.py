@@ -176,3 +176,17 @@ def test_a_failing_runs_message_masks_the_projects_secrets_in_its_excerpt_and_te
     raw = json.dumps(payload)
     for value in ("s3cr3t-db-pass-7781", "K9z", "eu-north-key"):
         assert value not in raw
+
+    # And the run's own failure notification carries its console link and its last lines, masked
+    wait_for(
+        lambda: any(p.get("event") == "failed" and p.get("run_id") == run["id"] for p in receiver.payloads()),
+        30,
+    )
+    (failed,) = [
+        p for p in receiver.payloads() if p.get("event") == "failed" and p.get("run_id") == run["id"]
+    ]
+    assert failed["link"] == f"{server.url.rstrip('/')}/#/runs/{run['id']}"
+    assert failed["log"].startswith("connecting with *** and pin ***\nregion ***")
+    raw = json.dumps(failed)
+    for value in ("s3cr3t-db-pass-7781", "K9z", "eu-north-key"):
+        assert value not in raw
