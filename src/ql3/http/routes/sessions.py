@@ -308,7 +308,8 @@ def list_users(
     project: str,
     db: DbDep,
     principal: PrincipalDep,
-    cursor: Annotated[str, Query(max_length=128)] = "",
+    # a sign-in name is text: a NUL byte (which PostgreSQL refuses in text) is a 422, not a 500
+    cursor: Annotated[str, Query(max_length=128, pattern=r"^[^\x00]*$")] = "",
     limit: Annotated[int, Query(ge=1, le=sessions.MAX_USER_PAGE)] = 100,
 ) -> UserPage:
     """The sign-in names of the project's principals, by name (admins: ``token.manage``)."""
